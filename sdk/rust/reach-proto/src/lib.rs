@@ -1,0 +1,17 @@
+//! Rust bindings for the `reach.v1` protobuf contracts.
+//!
+//! # Layout
+//! - [`v1`]: messages, clients (`*_client`) and servers (`*_server`) generated from
+//!   `proto/reach/v1/*.proto` by `build.rs` (protox + tonic-prost-build; no protoc needed).
+//! - [`FILE_DESCRIPTOR_SET`]: the encoded descriptor set of every reach.v1 file, for gRPC
+//!   server reflection (`tonic-reflection`).
+
+/// The `reach.v1` package: envelope, registry, agent and router contracts.
+#[allow(missing_docs, clippy::all, clippy::pedantic)]
+pub mod v1 {
+    tonic::include_proto!("reach.v1");
+}
+
+/// The encoded `google.protobuf.FileDescriptorSet` of every `reach.v1` file (and its imports).
+pub const FILE_DESCRIPTOR_SET: &[u8] =
+    include_bytes!(concat!(env!("OUT_DIR"), "/reach_descriptor.bin"));

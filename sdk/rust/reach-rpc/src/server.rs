@@ -1,0 +1,145 @@
+//! Serving tonic services with health and reflection on a listener the caller bound.
+//!
+//! Services are served through axum's HTTP/2 server rather than `tonic::transport::Server`:
+//! tonic's server answers an expired `grpc-timeout` with `CANCELLED`, while Reach enforces
+//! deadlines itself (router and SDK) and answers `DEADLINE_EXCEEDED`, as the gRPC spec asks.
+
+use std::convert::Infallible;
+use std::future::Future;
+
+use axum::serve::ListenerExt;
+use tonic::body::Body;
+use tonic::server::NamedService;
+use tonic::service::Routes;
+use tonic_health::ServingStatus;
+use tonic_health::server::HealthReporter;
+use tower::Service;
+
+/// A set of gRPC services to serve on one listener, plus `grpc.health.v1.Health` and server
+/// reflection (`grpc.reflection.v1` and `grpc.reflection.v1alpha`).
+///
+/// Every added service is reported `SERVING` by the health service once serving starts, and
+/// `NOT_SERVING` when the shutdown future resolves (so probes fail while in-flight calls drain).
+pub struct GrpcServer {
+    routes: Routes,
+    health: HealthReporter,
+    health_service:
+        tonic_health::pb::health_server::HealthServer<tonic_health::server::HealthService>,
+    service_names: Vec<&'static str>,
+    descriptor_sets: Vec<&'static [u8]>,
+}
+
+impl Default for GrpcServer {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl GrpcServer {
+    /// An empty server that already knows the reach.v1 and grpc.health.v1 descriptors.
+    pub fn new() -> Self {
+        let health = HealthReporter::new();
+        let health_service = tonic_health::pb::health_server::HealthServer::new(
+            tonic_health::server::HealthService::from_health_reporter(health.clone()),
+        );
+        Self {
+            routes: Routes::default(),
+            health,
+            health_service,
+            service_names: Vec::new(),
+            descriptor_sets: vec![
+                reach_proto::FILE_DESCRIPTOR_SET,
+                tonic_health::pb::FILE_DESCRIPTOR_SET,
+            ],
+        }
+    }
+
+    /// Adds a tonic service; it is reported SERVING once the server runs.
+    pub fn add_service<S>(mut self, svc: S) -> Self
+    where
+        S: Service<http::Request<Body>, Error = Infallible>
+            + NamedService
+            + Clone
+            + Send
+            + Sync
+            + 'static,
+        S::Response: axum::response::IntoResponse,
+        S::Future: Send + 'static,
+    {
+        self.service_names.push(S::NAME);
+        self.routes = self.routes.add_service(svc);
+        self
+    }
+
+    /// Adds an encoded `FileDescriptorSet` to reflection, for services outside reach.v1.
+    pub fn add_file_descriptor_set(mut self, encoded: &'static [u8]) -> Self {
+        self.descriptor_sets.push(encoded);
+        self
+    }
+
+    /// A handle to change the health status of the served services.
+    pub fn health_reporter(&self) -> HealthReporter {
+        self.health.clone()
+    }
+
+    /// Serves until `shutdown` resolves, then stops accepting connections and waits for
+    /// in-flight calls to finish.
+    ///
+    /// # Errors
+    /// Returns an error when a descriptor set cannot be decoded (a build bug) or accepting
+    /// connections fails.
+    pub async fn serve(
+        self,
+        listener: tokio::net::TcpListener,
+        shutdown: impl Future<Output = ()> + Send + 'static,
+    ) -> Result<(), ServeError> {
+        let mut v1 = tonic_reflection::server::Builder::configure();
+        let mut v1alpha = tonic_reflection::server::Builder::configure();
+        for set in &self.descriptor_sets {
+            v1 = v1.register_encoded_file_descriptor_set(set);
+            v1alpha = v1alpha.register_encoded_file_descriptor_set(set);
+        }
+        let v1 = v1.build_v1().map_err(ServeError::Reflection)?;
+        let v1alpha = v1alpha.build_v1alpha().map_err(ServeError::Reflection)?;
+        for name in &self.service_names {
+            self.health
+                .set_service_status(*name, ServingStatus::Serving)
+                .await;
+        }
+        let router = self
+            .routes
+            .add_service(self.health_service)
+            .add_service(v1)
+            .add_service(v1alpha)
+            .prepare()
+            .into_axum_router();
+        let listener = listener.tap_io(|tcp| {
+            // Small gRPC frames must not wait for Nagle's algorithm.
+            let _ = tcp.set_nodelay(true);
+        });
+        let health = self.health.clone();
+        let names = self.service_names.clone();
+        axum::serve(listener, router)
+            .with_graceful_shutdown(async move {
+                shutdown.await;
+                for name in names {
+                    health
+                        .set_service_status(name, ServingStatus::NotServing)
+                        .await;
+                }
+            })
+            .await
+            .map_err(ServeError::Io)
+    }
+}
+
+/// Why serving failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    /// A file descriptor set could not be decoded.
+    #[error("cannot build the reflection service: {0}")]
+    Reflection(#[from] tonic_reflection::server::Error),
+    /// The listener failed.
+    #[error("serving failed: {0}")]
+    Io(#[from] std::io::Error),
+}
