@@ -3,6 +3,8 @@
 //! # Layout
 //! - [`v1`]: messages, clients (`*_client`) and servers (`*_server`) generated from
 //!   `proto/reach/v1/*.proto` by `build.rs` (protox + tonic-prost-build; no protoc needed).
+//! - [`json`]: conversions between `serde_json::Value` and `google.protobuf.Value`, and
+//!   helpers to build and read message parts.
 //! - [`FILE_DESCRIPTOR_SET`]: the encoded descriptor set of every reach.v1 file, for gRPC
 //!   server reflection (`tonic-reflection`).
 
@@ -15,3 +17,5 @@ pub mod v1 {
 /// The encoded `google.protobuf.FileDescriptorSet` of every `reach.v1` file (and its imports).
 pub const FILE_DESCRIPTOR_SET: &[u8] =
     include_bytes!(concat!(env!("OUT_DIR"), "/reach_descriptor.bin"));
+
+pub mod json;

@@ -6,6 +6,7 @@
 
 use std::convert::Infallible;
 use std::future::Future;
+use std::time::Duration;
 
 use axum::serve::ListenerExt;
 use tonic::body::Body;
@@ -14,6 +15,9 @@ use tonic::service::Routes;
 use tonic_health::ServingStatus;
 use tonic_health::server::HealthReporter;
 use tower::Service;
+
+/// How long in-flight calls may run after shutdown begins, by default.
+pub const DEFAULT_GRACE: Duration = Duration::from_secs(10);
 
 /// A set of gRPC services to serve on one listener, plus `grpc.health.v1.Health` and server
 /// reflection (`grpc.reflection.v1` and `grpc.reflection.v1alpha`).
@@ -27,6 +31,7 @@ pub struct GrpcServer {
         tonic_health::pb::health_server::HealthServer<tonic_health::server::HealthService>,
     service_names: Vec<&'static str>,
     descriptor_sets: Vec<&'static [u8]>,
+    grace: Duration,
 }
 
 impl Default for GrpcServer {
@@ -51,6 +56,7 @@ impl GrpcServer {
                 reach_proto::FILE_DESCRIPTOR_SET,
                 tonic_health::pb::FILE_DESCRIPTOR_SET,
             ],
+            grace: DEFAULT_GRACE,
         }
     }
 
@@ -77,13 +83,20 @@ impl GrpcServer {
         self
     }
 
+    /// Sets how long in-flight calls (and open streams, such as registry watches) may run after
+    /// shutdown begins before their connections are closed. Default 10 s.
+    pub fn with_grace(mut self, grace: Duration) -> Self {
+        self.grace = grace;
+        self
+    }
+
     /// A handle to change the health status of the served services.
     pub fn health_reporter(&self) -> HealthReporter {
         self.health.clone()
     }
 
     /// Serves until `shutdown` resolves, then stops accepting connections and waits for
-    /// in-flight calls to finish.
+    /// in-flight calls to finish, at most the grace period (see [`GrpcServer::with_grace`]).
     ///
     /// # Errors
     /// Returns an error when a descriptor set cannot be decoded (a build bug) or accepting
@@ -119,17 +132,30 @@ impl GrpcServer {
         });
         let health = self.health.clone();
         let names = self.service_names.clone();
-        axum::serve(listener, router)
-            .with_graceful_shutdown(async move {
-                shutdown.await;
-                for name in names {
-                    health
-                        .set_service_status(name, ServingStatus::NotServing)
-                        .await;
+        let (began, shutdown_began) = tokio::sync::oneshot::channel::<()>();
+        let serve = axum::serve(listener, router).with_graceful_shutdown(async move {
+            shutdown.await;
+            for name in names {
+                health
+                    .set_service_status(name, ServingStatus::NotServing)
+                    .await;
+            }
+            let _ = began.send(());
+        });
+        let grace = self.grace;
+        tokio::select! {
+            result = serve => result.map_err(ServeError::Io),
+            () = async move {
+                if shutdown_began.await.is_ok() {
+                    tokio::time::sleep(grace).await;
+                } else {
+                    std::future::pending::<()>().await;
                 }
-            })
-            .await
-            .map_err(ServeError::Io)
+            } => {
+                tracing::warn!(grace = ?grace, "grace period over; closing remaining connections");
+                Ok(())
+            }
+        }
     }
 }
 

@@ -1,0 +1,117 @@
+//! Agent configuration.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+/// How an agent registers and behaves.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct AgentConfig {
+    /// The service name instances of this agent share (for example `executor.servicing`).
+    pub service: String,
+    /// This instance's id; empty means `<service>-<random>`.
+    pub instance_id: String,
+    /// The registry to register with (`http://127.0.0.1:7070`).
+    pub registry_endpoint: String,
+    /// The host the router should dial; empty means the listener's IP address.
+    pub advertise_host: String,
+    /// The protocol version this agent speaks.
+    pub protocol_version: String,
+    /// How many messages are handled at once; more wait (within their deadline). Default 8.
+    pub max_concurrency: usize,
+    /// The longest a drain waits for in-flight work before the process exits anyway.
+    #[serde(with = "humantime_serde")]
+    pub max_drain: Duration,
+    /// The lease TTL to ask for; heartbeats go every third of the granted TTL.
+    #[serde(with = "humantime_serde")]
+    pub lease_ttl: Duration,
+    /// How long a handled message id is remembered, so a redelivery gets the first reply
+    /// instead of running the handler again.
+    #[serde(with = "humantime_serde")]
+    pub dedupe_window: Duration,
+    /// The most message ids remembered at once.
+    pub dedupe_capacity: usize,
+    /// The relative weight for weighted balancing.
+    pub weight: u32,
+    /// Topics to subscribe to.
+    pub topics: Vec<String>,
+    /// Free-form labels shown by `reach agents`.
+    pub labels: HashMap<String, String>,
+    /// The largest message accepted or sent, in bytes.
+    pub max_message_bytes: usize,
+}
+
+impl Default for AgentConfig {
+    fn default() -> Self {
+        Self {
+            service: String::new(),
+            instance_id: String::new(),
+            registry_endpoint: "http://127.0.0.1:7070".into(),
+            advertise_host: String::new(),
+            protocol_version: "1.0".into(),
+            max_concurrency: 8,
+            max_drain: Duration::from_secs(30),
+            lease_ttl: Duration::from_secs(10),
+            dedupe_window: Duration::from_secs(300),
+            dedupe_capacity: 100_000,
+            weight: 1,
+            topics: Vec::new(),
+            labels: HashMap::new(),
+            max_message_bytes: 4 * 1024 * 1024,
+        }
+    }
+}
+
+impl AgentConfig {
+    /// A config for `service` registering with `registry_endpoint`, defaults elsewhere.
+    pub fn new(service: impl Into<String>, registry_endpoint: impl Into<String>) -> Self {
+        Self {
+            service: service.into(),
+            registry_endpoint: registry_endpoint.into(),
+            ..Self::default()
+        }
+    }
+
+    /// Sets the instance id.
+    pub fn with_instance_id(mut self, id: impl Into<String>) -> Self {
+        self.instance_id = id.into();
+        self
+    }
+
+    /// Sets the concurrency limit.
+    pub fn with_max_concurrency(mut self, n: usize) -> Self {
+        self.max_concurrency = n;
+        self
+    }
+
+    /// Sets the maximum drain time.
+    pub fn with_max_drain(mut self, d: Duration) -> Self {
+        self.max_drain = d;
+        self
+    }
+
+    /// Sets the requested lease TTL.
+    pub fn with_lease_ttl(mut self, d: Duration) -> Self {
+        self.lease_ttl = d;
+        self
+    }
+
+    /// Checks the settings.
+    ///
+    /// # Errors
+    /// A message naming the setting to fix.
+    pub fn validate(&self) -> Result<(), String> {
+        if self.service.is_empty() {
+            return Err("agent.service must be set (for example \"executor.servicing\")".into());
+        }
+        if self.max_concurrency == 0 {
+            return Err("agent.max_concurrency must be at least 1".into());
+        }
+        if self.lease_ttl.is_zero() {
+            return Err("agent.lease_ttl must be above zero".into());
+        }
+        Ok(())
+    }
+}

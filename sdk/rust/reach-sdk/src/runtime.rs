@@ -1,0 +1,639 @@
+//! [`AgentRuntime`]: serves `reach.v1.AgentService` around the handlers, registers with the
+//! registry, keeps the lease alive, and drains on shutdown.
+//!
+//! Lifecycle: bind → serve → register (REGISTERED; READY once the registry's health probe
+//! passes) → heartbeat every third of the lease, reporting READY or BUSY (in flight ≥
+//! `max_concurrency`) → on shutdown: report DRAINING, refuse new messages with UNAVAILABLE
+//! (`INSTANCE_DRAINING`, so the router redelivers them elsewhere), wait for in-flight work up
+//! to `max_drain`, deregister, stop serving.
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::time::Duration;
+
+use futures::{Stream, StreamExt};
+use reach_proto::v1::agent_service_server::{AgentService, AgentServiceServer};
+use reach_proto::v1::registry_service_client::RegistryServiceClient;
+use reach_proto::v1::{
+    Capability, DeregisterRequest, HandleRequest, HandleResponse, HandleStreamRequest,
+    HandleStreamResponse, Header, HeartbeatRequest, InstanceSpec, InstanceState, Payload,
+    ReachMessage, RegisterRequest, header,
+};
+use reach_rpc::errors::{reason, status_with_reason};
+use reach_rpc::{GrpcServer, deadline, trace};
+use tokio::sync::{Notify, Semaphore, watch};
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+use tonic::transport::Channel;
+use tonic::{Code, Request, Response, Status, Streaming};
+use tracing::{Instrument, debug, info, info_span, warn};
+
+use crate::config::AgentConfig;
+use crate::dedupe::DedupeCache;
+use crate::handler::{Handler, HandlerContext, StreamHandler};
+
+/// Why an agent could not run.
+#[derive(Debug, thiserror::Error)]
+pub enum AgentError {
+    /// The configuration is invalid; the message names the setting.
+    #[error("invalid agent config: {0}")]
+    Config(String),
+    /// The listener's address could not be read.
+    #[error("cannot read the listener address: {0}")]
+    Listener(std::io::Error),
+    /// Serving failed.
+    #[error(transparent)]
+    Serve(#[from] reach_rpc::server::ServeError),
+}
+
+/// An agent process: handlers by capability, served and registered.
+pub struct AgentRuntime {
+    config: AgentConfig,
+    handlers: HashMap<String, Arc<dyn Handler>>,
+    stream_handlers: HashMap<String, Arc<dyn StreamHandler>>,
+    capabilities: Vec<Capability>,
+}
+
+impl AgentRuntime {
+    /// A runtime with no handlers yet.
+    pub fn new(config: AgentConfig) -> Self {
+        Self {
+            config,
+            handlers: HashMap::new(),
+            stream_handlers: HashMap::new(),
+            capabilities: Vec::new(),
+        }
+    }
+
+    /// Serves unary messages for `capability` (semver `version`) with `handler`.
+    pub fn handle(mut self, capability: &str, version: &str, handler: impl Handler) -> Self {
+        self.declare(capability, version);
+        self.handlers
+            .insert(capability.to_string(), Arc::new(handler));
+        self
+    }
+
+    /// Serves streams for `capability` (semver `version`) with `handler`.
+    pub fn handle_stream(
+        mut self,
+        capability: &str,
+        version: &str,
+        handler: impl StreamHandler,
+    ) -> Self {
+        self.declare(capability, version);
+        self.stream_handlers
+            .insert(capability.to_string(), Arc::new(handler));
+        self
+    }
+
+    fn declare(&mut self, capability: &str, version: &str) {
+        if !self.capabilities.iter().any(|c| c.name == capability) {
+            self.capabilities.push(Capability {
+                name: capability.to_string(),
+                version: version.to_string(),
+            });
+        }
+    }
+
+    /// Serves on `listener` and registers, until `shutdown` resolves; then drains and
+    /// deregisters. Returns once the instance has left the mesh.
+    ///
+    /// Registration is retried (20 ms doubling to 2 s) while the registry is unreachable, and
+    /// repeated when the registry has lost the lease (for example after it restarted).
+    ///
+    /// # Errors
+    /// [`AgentError`] when the config is invalid or serving fails.
+    pub async fn run(
+        self,
+        listener: tokio::net::TcpListener,
+        shutdown: impl Future<Output = ()> + Send + 'static,
+    ) -> Result<(), AgentError> {
+        let (running, _) = self.start(listener).await?;
+        shutdown.await;
+        running.drain().await
+    }
+
+    /// Starts serving and registering, and returns a handle to drain it later plus the
+    /// instance's endpoint URL. [`AgentRuntime::run`] is `start` + wait + drain.
+    ///
+    /// # Errors
+    /// [`AgentError`] when the config is invalid or the listener address is unreadable.
+    pub async fn start(
+        self,
+        listener: tokio::net::TcpListener,
+    ) -> Result<(RunningAgent, String), AgentError> {
+        let mut config = self.config;
+        config.validate().map_err(AgentError::Config)?;
+        if config.instance_id.is_empty() {
+            config.instance_id = format!(
+                "{}-{}",
+                config.service,
+                &uuid::Uuid::new_v4().simple().to_string()[..8]
+            );
+        }
+        let addr: SocketAddr = listener.local_addr().map_err(AgentError::Listener)?;
+        let host = if config.advertise_host.is_empty() {
+            addr.ip().to_string()
+        } else {
+            config.advertise_host.clone()
+        };
+        let endpoint = if host.contains(':') {
+            format!("http://[{host}]:{}", addr.port())
+        } else {
+            format!("http://{host}:{}", addr.port())
+        };
+
+        let shared = Arc::new(Shared {
+            instance_id: Arc::from(config.instance_id.as_str()),
+            source: format!("{}.{}", config.service, config.instance_id),
+            protocol_version: config.protocol_version.clone(),
+            handlers: self.handlers,
+            stream_handlers: self.stream_handlers,
+            permits: Semaphore::new(config.max_concurrency),
+            max_concurrency: config.max_concurrency,
+            in_flight: AtomicU32::new(0),
+            idle: Notify::new(),
+            draining: AtomicBool::new(false),
+            dedupe: DedupeCache::new(config.dedupe_window, config.dedupe_capacity),
+        });
+
+        let (stop_serving, serving_stopped) = watch::channel(false);
+        let server = GrpcServer::new().add_service(
+            AgentServiceServer::new(AgentGrpc {
+                shared: shared.clone(),
+            })
+            .max_decoding_message_size(config.max_message_bytes)
+            .max_encoding_message_size(config.max_message_bytes),
+        );
+        let serve = tokio::spawn(server.serve(listener, async move {
+            let mut stopped = serving_stopped;
+            let _ = stopped.wait_for(|stop| *stop).await;
+        }));
+
+        let spec = InstanceSpec {
+            service: config.service.clone(),
+            instance_id: config.instance_id.clone(),
+            endpoint: endpoint.clone(),
+            capabilities: self.capabilities,
+            protocol_version: config.protocol_version.clone(),
+            weight: config.weight,
+            max_concurrency: u32::try_from(config.max_concurrency).unwrap_or(u32::MAX),
+            topics: config.topics.clone(),
+            labels: config.labels.clone(),
+        };
+        let registry = tonic::transport::Endpoint::from_shared(config.registry_endpoint.clone())
+            .map_err(|e| {
+                AgentError::Config(format!(
+                    "agent.registry_endpoint {:?}: {e}",
+                    config.registry_endpoint
+                ))
+            })?
+            .connect_timeout(Duration::from_secs(1))
+            .tcp_nodelay(true)
+            .connect_lazy();
+        let lease = Arc::new(tokio::sync::Mutex::new(None::<String>));
+        let stop_heartbeats = CancellationToken::new();
+        let heartbeats = tokio::spawn(
+            keep_registered(
+                RegistryServiceClient::new(registry.clone()),
+                spec,
+                config.lease_ttl,
+                shared.clone(),
+                lease.clone(),
+                stop_heartbeats.clone(),
+            )
+            .instrument(info_span!("agent", instance = %config.instance_id)),
+        );
+        info!(instance = %config.instance_id, %endpoint, "agent serving");
+        Ok((
+            RunningAgent {
+                shared,
+                registry: RegistryServiceClient::new(registry),
+                lease,
+                stop_heartbeats,
+                heartbeats,
+                stop_serving,
+                serve,
+                max_drain: config.max_drain,
+            },
+            endpoint,
+        ))
+    }
+}
+
+/// A started agent. Call [`RunningAgent::drain`] to take it out of the mesh.
+pub struct RunningAgent {
+    shared: Arc<Shared>,
+    registry: RegistryServiceClient<Channel>,
+    lease: Arc<tokio::sync::Mutex<Option<String>>>,
+    stop_heartbeats: CancellationToken,
+    heartbeats: tokio::task::JoinHandle<()>,
+    stop_serving: watch::Sender<bool>,
+    serve: tokio::task::JoinHandle<Result<(), reach_rpc::server::ServeError>>,
+    max_drain: Duration,
+}
+
+impl RunningAgent {
+    /// This instance's id.
+    pub fn instance_id(&self) -> &str {
+        &self.shared.instance_id
+    }
+
+    /// Messages being handled now.
+    pub fn in_flight(&self) -> u32 {
+        self.shared.in_flight.load(Ordering::SeqCst)
+    }
+
+    /// Drains: reports DRAINING, refuses new messages, waits up to `max_drain` for in-flight
+    /// work, deregisters and stops serving.
+    ///
+    /// # Errors
+    /// [`AgentError::Serve`] when the server had failed.
+    pub async fn drain(self) -> Result<(), AgentError> {
+        let instance = self.shared.instance_id.clone();
+        self.shared.draining.store(true, Ordering::SeqCst);
+        self.stop_heartbeats.cancel();
+        let _ = self.heartbeats.await;
+        let lease = self.lease.lock().await.clone();
+        let mut registry = self.registry;
+        if let Some(lease_id) = &lease {
+            let report = HeartbeatRequest {
+                instance_id: instance.to_string(),
+                lease_id: lease_id.clone(),
+                state: InstanceState::Draining as i32,
+                in_flight: self.shared.in_flight.load(Ordering::SeqCst),
+            };
+            if let Err(status) = registry.heartbeat(report).await {
+                warn!(instance = %instance, error = %status.message(), "could not report draining");
+            }
+        }
+        info!(instance = %instance, in_flight = self.shared.in_flight.load(Ordering::SeqCst), "draining");
+        let drained = tokio::time::timeout(self.max_drain, self.shared.wait_idle())
+            .await
+            .is_ok();
+        if !drained {
+            warn!(
+                instance = %instance,
+                in_flight = self.shared.in_flight.load(Ordering::SeqCst),
+                max_drain = ?self.max_drain,
+                "drain time exceeded; abandoning in-flight work"
+            );
+        }
+        if let Some(lease_id) = lease {
+            let request = DeregisterRequest {
+                instance_id: instance.to_string(),
+                lease_id,
+            };
+            if let Err(status) = registry.deregister(request).await {
+                warn!(instance = %instance, error = %status.message(), "could not deregister; the lease will expire");
+            }
+        }
+        let _ = self.stop_serving.send(true);
+        match tokio::time::timeout(Duration::from_secs(5), self.serve).await {
+            Ok(Ok(result)) => result?,
+            Ok(Err(_)) | Err(_) => warn!(instance = %instance, "server did not stop in time"),
+        }
+        info!(instance = %instance, "agent stopped");
+        Ok(())
+    }
+}
+
+/// Registers, then heartbeats every third of the granted lease until `stop`; registers
+/// again whenever the registry no longer knows the lease.
+async fn keep_registered(
+    mut registry: RegistryServiceClient<Channel>,
+    spec: InstanceSpec,
+    lease_ttl: Duration,
+    shared: Arc<Shared>,
+    lease: Arc<tokio::sync::Mutex<Option<String>>>,
+    stop: CancellationToken,
+) {
+    let mut backoff = Duration::from_millis(20);
+    'register: loop {
+        let request = RegisterRequest {
+            instance: Some(spec.clone()),
+            lease_ttl: Some(reach_rpc::time::proto_duration(lease_ttl)),
+        };
+        let granted = tokio::select! {
+            _ = stop.cancelled() => return,
+            result = registry.register(request) => result,
+        };
+        let response = match granted {
+            Ok(response) => response.into_inner(),
+            Err(status) => {
+                warn!(error = %status.message(), code = ?status.code(), "registration failed; retrying");
+                tokio::select! {
+                    _ = stop.cancelled() => return,
+                    _ = tokio::time::sleep(backoff) => {}
+                }
+                backoff = (backoff * 2).min(Duration::from_secs(2));
+                continue;
+            }
+        };
+        backoff = Duration::from_millis(20);
+        let granted_ttl = response
+            .lease_ttl
+            .as_ref()
+            .and_then(reach_rpc::time::std_duration)
+            .unwrap_or(lease_ttl);
+        *lease.lock().await = Some(response.lease_id.clone());
+        info!(lease_ttl = ?granted_ttl, "registered");
+        let period = (granted_ttl / 3).max(Duration::from_millis(10));
+        loop {
+            tokio::select! {
+                _ = stop.cancelled() => return,
+                _ = tokio::time::sleep(period) => {}
+            }
+            let in_flight = shared.in_flight.load(Ordering::SeqCst);
+            let state = if in_flight as usize >= shared.max_concurrency {
+                InstanceState::Busy
+            } else {
+                InstanceState::Ready
+            };
+            let beat = HeartbeatRequest {
+                instance_id: spec.instance_id.clone(),
+                lease_id: response.lease_id.clone(),
+                state: state as i32,
+                in_flight,
+            };
+            match registry.heartbeat(beat).await {
+                Ok(_) => {}
+                Err(status) if status.code() == Code::NotFound => {
+                    warn!("registry lost the lease; registering again");
+                    continue 'register;
+                }
+                Err(status) => warn!(error = %status.message(), "heartbeat failed"),
+            }
+        }
+    }
+}
+
+/// State shared by the gRPC service and the runtime.
+struct Shared {
+    instance_id: Arc<str>,
+    source: String,
+    protocol_version: String,
+    handlers: HashMap<String, Arc<dyn Handler>>,
+    stream_handlers: HashMap<String, Arc<dyn StreamHandler>>,
+    permits: Semaphore,
+    max_concurrency: usize,
+    in_flight: AtomicU32,
+    idle: Notify,
+    draining: AtomicBool,
+    dedupe: DedupeCache<Result<HandleResponse, Status>>,
+}
+
+impl Shared {
+    async fn wait_idle(&self) {
+        loop {
+            let notified = self.idle.notified();
+            if self.in_flight.load(Ordering::SeqCst) == 0 {
+                return;
+            }
+            notified.await;
+        }
+    }
+
+    fn refuse_if_draining(&self) -> Result<(), Status> {
+        if self.draining.load(Ordering::SeqCst) {
+            return Err(status_with_reason(
+                Code::Unavailable,
+                format!(
+                    "instance {} is draining and takes no new work; send it elsewhere",
+                    self.instance_id
+                ),
+                reason::INSTANCE_DRAINING,
+                [("instance_id".to_string(), self.instance_id.to_string())],
+            ));
+        }
+        Ok(())
+    }
+
+    fn context(&self, message: &ReachMessage, deadline: Option<Instant>) -> HandlerContext {
+        let header = message.header.clone().unwrap_or_default();
+        let capability = match header.target {
+            Some(header::Target::Capability(name)) => name,
+            _ => String::new(),
+        };
+        HandlerContext {
+            trace_id: header.trace_id,
+            task_id: header.task_id,
+            message_id: header.message_id,
+            capability,
+            deadline,
+            cancellation: CancellationToken::new(),
+            instance_id: self.instance_id.clone(),
+        }
+    }
+
+    /// Picks the handler: by the addressed capability, else (service-addressed) by the payload
+    /// type when it names a capability, else the only handler there is.
+    fn pick<'a, T: ?Sized>(
+        &self,
+        handlers: &'a HashMap<String, Arc<T>>,
+        message: &ReachMessage,
+    ) -> Result<&'a Arc<T>, Status> {
+        let header = message.header.as_ref();
+        let wanted = match header.and_then(|h| h.target.as_ref()) {
+            Some(header::Target::Capability(name)) => Some(name.as_str()),
+            _ => message
+                .payload
+                .as_ref()
+                .map(|p| p.r#type.as_str())
+                .filter(|t| handlers.contains_key(*t)),
+        };
+        let found = match wanted {
+            Some(name) => handlers.get(name),
+            None if handlers.len() == 1 => handlers.values().next(),
+            None => None,
+        };
+        found.ok_or_else(|| {
+            let mut known: Vec<&str> = handlers.keys().map(String::as_str).collect();
+            known.sort_unstable();
+            status_with_reason(
+                Code::Unimplemented,
+                format!(
+                    "instance {} has no handler for {}; it handles: {}",
+                    self.instance_id,
+                    wanted.map_or_else(
+                        || "this message (address a capability)".to_string(),
+                        |w| format!("capability {w:?}")
+                    ),
+                    known.join(", ")
+                ),
+                reason::CAPABILITY_NOT_HANDLED,
+                [],
+            )
+        })
+    }
+
+    /// The reply envelope for `payload`, answering `request`.
+    fn reply(&self, request_header: &Header, payload: Payload) -> ReachMessage {
+        ReachMessage {
+            header: Some(Header {
+                message_id: trace::new_message_id(),
+                trace_id: request_header.trace_id.clone(),
+                task_id: request_header.task_id.clone(),
+                source: self.source.clone(),
+                protocol_version: self.protocol_version.clone(),
+                created_at: Some(reach_rpc::time::now()),
+                correlation_id: request_header.message_id.clone(),
+                turn: request_header.turn.saturating_add(1),
+                ..Header::default()
+            }),
+            payload: Some(payload),
+        }
+    }
+
+    fn enter(self: &Arc<Self>) -> InFlightGuard {
+        self.in_flight.fetch_add(1, Ordering::SeqCst);
+        InFlightGuard {
+            shared: self.clone(),
+        }
+    }
+}
+
+/// Counts one message in flight; the last one out wakes a waiting drain.
+struct InFlightGuard {
+    shared: Arc<Shared>,
+}
+
+impl Drop for InFlightGuard {
+    fn drop(&mut self) {
+        if self.shared.in_flight.fetch_sub(1, Ordering::SeqCst) == 1 {
+            self.shared.idle.notify_waiters();
+        }
+    }
+}
+
+fn read_deadline(
+    request_metadata: &tonic::metadata::MetadataMap,
+) -> Result<Option<Instant>, Status> {
+    let timeout = deadline::grpc_timeout(request_metadata).map_err(Status::invalid_argument)?;
+    Ok(timeout.map(|t| Instant::now() + t))
+}
+
+/// The `reach.v1.AgentService` face of the runtime.
+struct AgentGrpc {
+    shared: Arc<Shared>,
+}
+
+#[tonic::async_trait]
+impl AgentService for AgentGrpc {
+    async fn handle(
+        &self,
+        request: Request<HandleRequest>,
+    ) -> Result<Response<HandleResponse>, Status> {
+        self.shared.refuse_if_draining()?;
+        let deadline = read_deadline(request.metadata())?;
+        let message = request
+            .into_inner()
+            .message
+            .ok_or_else(|| Status::invalid_argument("the request has no message"))?;
+        let handler = self.shared.pick(&self.shared.handlers, &message)?.clone();
+        let ctx = self.shared.context(&message, deadline);
+        let span = info_span!("handle", trace_id = %ctx.trace_id, task_id = %ctx.task_id, capability = %ctx.capability);
+        let guard = self.shared.enter();
+        let message_id = ctx.message_id.clone();
+
+        // Cancels the handler when this call goes away (caller cancelled, deadline passed).
+        let cancel_on_drop = ctx.cancellation.clone().drop_guard();
+        let shared = self.shared.clone();
+        let run = async move {
+            let slot = if message_id.is_empty() {
+                Default::default()
+            } else {
+                shared.dedupe.slot(&message_id)
+            };
+            let outcome = slot
+                .get_or_init(|| async {
+                    let _permit = shared
+                        .permits
+                        .acquire()
+                        .await
+                        .map_err(|_| Status::unavailable("instance is shutting down"))?;
+                    let request_header = message.header.clone().unwrap_or_default();
+                    // The handler runs on its own task so that it can observe cancellation
+                    // and finish cleanly; in-flight accounting lasts until it returns.
+                    let handler_guard = shared.enter();
+                    let task = tokio::spawn(
+                        async move {
+                            let result = handler.handle(ctx, message).await;
+                            drop(handler_guard);
+                            result
+                        }
+                        .in_current_span(),
+                    );
+                    match task.await {
+                        Ok(Ok(payload)) => Ok(HandleResponse {
+                            message: Some(shared.reply(&request_header, payload)),
+                        }),
+                        Ok(Err(status)) => Err(status),
+                        Err(join) => Err(Status::internal(format!("handler panicked: {join}"))),
+                    }
+                })
+                .await;
+            outcome.clone()
+        }
+        .instrument(span);
+        let result = match deadline {
+            Some(deadline) => match tokio::time::timeout_at(deadline, run).await {
+                Ok(result) => result,
+                Err(_) => Err(status_with_reason(
+                    Code::DeadlineExceeded,
+                    "the caller's deadline passed before the handler finished",
+                    reason::DEADLINE_EXCEEDED,
+                    [],
+                )),
+            },
+            None => run.await,
+        };
+        drop(cancel_on_drop);
+        drop(guard);
+        result.map(Response::new)
+    }
+
+    type HandleStreamStream =
+        Pin<Box<dyn Stream<Item = Result<HandleStreamResponse, Status>> + Send>>;
+
+    async fn handle_stream(
+        &self,
+        request: Request<Streaming<HandleStreamRequest>>,
+    ) -> Result<Response<Self::HandleStreamStream>, Status> {
+        self.shared.refuse_if_draining()?;
+        let deadline = read_deadline(request.metadata())?;
+        let mut inbound = request.into_inner();
+        let first = inbound
+            .message()
+            .await?
+            .and_then(|m| m.message)
+            .ok_or_else(|| {
+                Status::invalid_argument("the stream closed before its first message")
+            })?;
+        let handler = self
+            .shared
+            .pick(&self.shared.stream_handlers, &first)?
+            .clone();
+        let ctx = self.shared.context(&first, deadline);
+        let first_header = first.header.clone().unwrap_or_default();
+        debug!(trace_id = %ctx.trace_id, capability = %ctx.capability, "stream opened");
+        let rest = inbound
+            .map(|item| item.map(|m| m.message.unwrap_or_default()))
+            .boxed();
+        let guard = self.shared.enter();
+        let cancel_on_drop = ctx.cancellation.clone().drop_guard();
+        let shared = self.shared.clone();
+        let replies = handler.handle(ctx, first, rest).map(move |item| {
+            // Keep the stream counted and its cancellation armed for as long as it lives.
+            let _ = (&guard, &cancel_on_drop);
+            item.map(|payload| HandleStreamResponse {
+                message: Some(shared.reply(&first_header, payload)),
+            })
+        });
+        Ok(Response::new(Box::pin(replies)))
+    }
+}

@@ -1,0 +1,133 @@
+//! Starts the example fleet: ingest, coordinator and two executors per category, each on its
+//! own 127.0.0.1 ephemeral port, registered with the given registry.
+
+use std::time::Duration;
+
+use reach_proto::v1::ReachMessage;
+use reach_sdk::runtime::RunningAgent;
+use reach_sdk::{AgentConfig, AgentError, AgentRuntime, HandlerContext, MeshClient};
+use tokio::net::TcpListener;
+
+use crate::classifier::Category;
+use crate::coordinator::{DEFAULT_REVIEW_THRESHOLD, classify_handler, triage_handler};
+use crate::ingest::{INGEST_CAPABILITY, TRIAGE_CAPABILITY, ingest_handler};
+
+/// How big a fleet to start.
+#[derive(Debug, Clone)]
+pub struct FleetOptions {
+    /// Executor instances per category (at least 2 shows balancing).
+    pub executors_per_category: usize,
+    /// Coordinator instances.
+    pub coordinators: usize,
+    /// The coordinator's human-review threshold.
+    pub review_threshold: f64,
+    /// The lease TTL agents ask for.
+    pub lease_ttl: Duration,
+    /// How long a drain may take.
+    pub max_drain: Duration,
+}
+
+impl Default for FleetOptions {
+    fn default() -> Self {
+        Self {
+            executors_per_category: 2,
+            coordinators: 1,
+            review_threshold: DEFAULT_REVIEW_THRESHOLD,
+            lease_ttl: Duration::from_secs(10),
+            max_drain: Duration::from_secs(10),
+        }
+    }
+}
+
+/// A started agent and where it serves.
+pub struct FleetMember {
+    /// The running agent.
+    pub agent: RunningAgent,
+    /// Its service name.
+    pub service: String,
+    /// Its endpoint URL.
+    pub endpoint: String,
+}
+
+/// The running example fleet.
+pub struct Fleet {
+    /// Every agent, in start order.
+    pub members: Vec<FleetMember>,
+}
+
+impl Fleet {
+    /// Starts the fleet. Agents call other agents through the router at `router_endpoint`.
+    ///
+    /// # Errors
+    /// [`AgentError`] when an agent cannot start (bad endpoint, no port).
+    pub async fn start(
+        registry_endpoint: &str,
+        router_endpoint: &str,
+        options: &FleetOptions,
+    ) -> Result<Self, AgentError> {
+        let router = tonic::transport::Endpoint::from_shared(router_endpoint.to_string())
+            .map_err(|e| AgentError::Config(format!("router endpoint {router_endpoint:?}: {e}")))?
+            .tcp_nodelay(true)
+            .connect_lazy();
+        let config = |service: &str, index: usize| {
+            AgentConfig::new(service, registry_endpoint)
+                .with_instance_id(format!("{service}-{index}"))
+                .with_lease_ttl(options.lease_ttl)
+                .with_max_drain(options.max_drain)
+        };
+        let mut members = Vec::new();
+        for category in Category::ALL {
+            let service = format!("executor.{}", category.name());
+            for index in 1..=options.executors_per_category {
+                let runtime = AgentRuntime::new(config(&service, index)).handle(
+                    category.capability(),
+                    "1.0.0",
+                    move |ctx: HandlerContext, message: ReachMessage| {
+                        crate::executor::handle(category, ctx, message)
+                    },
+                );
+                members.push(start(runtime, &service).await?);
+            }
+        }
+        for index in 1..=options.coordinators.max(1) {
+            let mesh = MeshClient::new(router.clone(), format!("coordinator.{index}"));
+            let threshold = options.review_threshold;
+            let runtime = AgentRuntime::new(config("coordinator", index))
+                .handle(TRIAGE_CAPABILITY, "1.0.0", move |ctx, message| {
+                    triage_handler(mesh.clone(), threshold, ctx, message)
+                })
+                .handle("complaint.classify", "1.0.0", classify_handler);
+            members.push(start(runtime, "coordinator").await?);
+        }
+        let mesh = MeshClient::new(router, "ingest.1");
+        let runtime = AgentRuntime::new(config("ingest", 1)).handle(
+            INGEST_CAPABILITY,
+            "1.0.0",
+            move |ctx, message| ingest_handler(mesh.clone(), ctx, message),
+        );
+        members.push(start(runtime, "ingest").await?);
+        Ok(Self { members })
+    }
+
+    /// Drains every agent (they deregister), concurrently.
+    pub async fn drain(self) {
+        let drains = self.members.into_iter().map(|m| m.agent.drain());
+        for result in futures::future::join_all(drains).await {
+            if let Err(error) = result {
+                tracing::warn!(%error, "agent did not drain cleanly");
+            }
+        }
+    }
+}
+
+async fn start(runtime: AgentRuntime, service: &str) -> Result<FleetMember, AgentError> {
+    let listener = TcpListener::bind("127.0.0.1:0")
+        .await
+        .map_err(AgentError::Listener)?;
+    let (agent, endpoint) = runtime.start(listener).await?;
+    Ok(FleetMember {
+        agent,
+        service: service.to_string(),
+        endpoint,
+    })
+}

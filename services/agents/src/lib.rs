@@ -1,0 +1,34 @@
+//! Reach's example agents, triaging real consumer complaints (CFPB student-loan complaints,
+//! public domain; see `examples/data/README.md`).
+//!
+//! The roles follow the original design: an *ingest* (gateway) turns each CSV row into a
+//! message; a *coordinator* classifies the narrative and dispatches it by capability, or
+//! marks it for human review when unsure; *executors* return a structured handling
+//! suggestion.
+//!
+//! # Layout
+//! - [`complaint`]: the CSV record and its loader.
+//! - [`classifier`]: the deterministic weighted-term classifier and the `Issue` → category
+//!   mapping used to score it.
+//! - [`extract`]: key fields from the text (company, state, dollar amounts).
+//! - [`executor`]: the executor handler (`complaint.<category>` capabilities).
+//! - [`coordinator`]: the coordinator handlers (`complaint.triage`, `complaint.classify`).
+//! - [`ingest`]: sends complaints through the mesh and collects the outcomes.
+//! - [`fleet`]: starts the whole example fleet on ephemeral ports.
+
+pub mod classifier;
+pub mod complaint;
+pub mod coordinator;
+pub mod executor;
+pub mod extract;
+pub mod fleet;
+pub mod ingest;
+
+/// The message type of a complaint as submitted to the coordinator.
+pub const COMPLAINT_SUBMITTED: &str = "complaint.submitted";
+/// The message type of a classification.
+pub const COMPLAINT_CLASSIFICATION: &str = "complaint.classification";
+/// The message type of an executor's handling suggestion.
+pub const COMPLAINT_SUGGESTION: &str = "complaint.suggestion";
+/// The message type of the coordinator's triage result.
+pub const COMPLAINT_TRIAGE: &str = "complaint.triage_result";

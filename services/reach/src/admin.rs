@@ -1,0 +1,66 @@
+//! The HTTP admin port: `GET /health` and `GET /agents` (JSON), as users of the original
+//! gateway expect.
+
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::response::IntoResponse;
+use axum::routing::get;
+use axum::{Json, Router};
+use reach_registry::Registry;
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+
+/// The admin routes over an optional local registry.
+pub fn routes(registry: Option<Registry>) -> Router {
+    Router::new()
+        .route("/health", get(health))
+        .route("/agents", get(agents))
+        .with_state(registry)
+}
+
+async fn health() -> impl IntoResponse {
+    Json(serde_json::json!({"status": "serving"}))
+}
+
+async fn agents(State(registry): State<Option<Registry>>) -> impl IntoResponse {
+    let Some(registry) = registry else {
+        return (
+            StatusCode::NOT_FOUND,
+            Json(serde_json::json!({"error": "this process runs no registry; ask the registry's admin port"})),
+        )
+            .into_response();
+    };
+    let list = registry.list("", "");
+    let instances: Vec<serde_json::Value> = list
+        .instances
+        .iter()
+        .map(|i| {
+            let spec = i.spec.clone().unwrap_or_default();
+            serde_json::json!({
+                "service": spec.service,
+                "instance_id": spec.instance_id,
+                "endpoint": spec.endpoint,
+                "state": i.state().as_str_name(),
+                "in_flight": i.in_flight,
+                "max_concurrency": spec.max_concurrency,
+                "capabilities": spec.capabilities.iter().map(|c| format!("{}@{}", c.name, c.version)).collect::<Vec<_>>(),
+                "revision": i.revision,
+            })
+        })
+        .collect();
+    Json(serde_json::json!({"revision": list.revision, "instances": instances})).into_response()
+}
+
+/// Serves `routes` on `listener` until `shutdown` is cancelled.
+///
+/// # Errors
+/// When accepting connections fails.
+pub async fn serve(
+    listener: TcpListener,
+    routes: Router,
+    shutdown: CancellationToken,
+) -> std::io::Result<()> {
+    axum::serve(listener, routes)
+        .with_graceful_shutdown(async move { shutdown.cancelled().await })
+        .await
+}

@@ -1,0 +1,96 @@
+//! Client commands against a running mesh.
+
+use std::io::Write;
+use std::time::SystemTime;
+
+use reach_proto::v1::ListInstancesRequest;
+use reach_proto::v1::registry_service_client::RegistryServiceClient;
+
+/// `reach agents`: the registered instances as a table (or JSON), sorted by service.
+///
+/// # Errors
+/// When the registry is unreachable or answers with an error.
+pub async fn agents(endpoint: &str, json: bool, out: &mut impl Write) -> anyhow::Result<()> {
+    let channel = tonic::transport::Endpoint::from_shared(endpoint.to_string())?
+        .connect()
+        .await
+        .map_err(|e| {
+            anyhow::anyhow!(
+                "cannot reach the registry at {endpoint}: {e}; is `reach dev` running? (--endpoint)"
+            )
+        })?;
+    let list = RegistryServiceClient::new(channel)
+        .list_instances(ListInstancesRequest::default())
+        .await
+        .map_err(|s| anyhow::anyhow!("registry at {endpoint} refused: {}", s.message()))?
+        .into_inner();
+    if json {
+        let rows: Vec<serde_json::Value> = list
+            .instances
+            .iter()
+            .map(|i| {
+                let spec = i.spec.clone().unwrap_or_default();
+                serde_json::json!({
+                    "service": spec.service,
+                    "instance_id": spec.instance_id,
+                    "state": i.state().as_str_name().trim_start_matches("INSTANCE_STATE_"),
+                    "in_flight": i.in_flight,
+                    "max_concurrency": spec.max_concurrency,
+                    "endpoint": spec.endpoint,
+                    "capabilities": spec.capabilities.iter().map(|c| format!("{}@{}", c.name, c.version)).collect::<Vec<_>>(),
+                })
+            })
+            .collect();
+        writeln!(out, "{}", serde_json::to_string_pretty(&rows)?)?;
+        return Ok(());
+    }
+    let mut table = comfy_table::Table::new();
+    table
+        .load_preset(comfy_table::presets::NOTHING)
+        .set_header(vec![
+            "SERVICE",
+            "INSTANCE",
+            "STATE",
+            "LOAD",
+            "ENDPOINT",
+            "CAPABILITIES",
+            "LEASE",
+        ]);
+    let now = SystemTime::now();
+    for i in &list.instances {
+        let spec = i.spec.clone().unwrap_or_default();
+        let lease = i
+            .lease_expires_at
+            .as_ref()
+            .and_then(reach_rpc::time::system_time)
+            .and_then(|t| t.duration_since(now).ok())
+            .map_or_else(
+                || "expired".to_string(),
+                |d| format!("{:.1}s", d.as_secs_f64()),
+            );
+        table.add_row(vec![
+            spec.service,
+            spec.instance_id,
+            i.state()
+                .as_str_name()
+                .trim_start_matches("INSTANCE_STATE_")
+                .to_string(),
+            format!("{}/{}", i.in_flight, spec.max_concurrency),
+            spec.endpoint,
+            spec.capabilities
+                .iter()
+                .map(|c| format!("{}@{}", c.name, c.version))
+                .collect::<Vec<_>>()
+                .join(","),
+            lease,
+        ]);
+    }
+    writeln!(out, "{table}")?;
+    writeln!(
+        out,
+        "{} instances at registry revision {}",
+        list.instances.len(),
+        list.revision
+    )?;
+    Ok(())
+}

@@ -1,0 +1,142 @@
+//! Configuration of the `reach` services, layered with figment: built-in defaults, then a
+//! TOML file (`--config`), then `REACH_*` environment variables (`__` separates nesting:
+//! `REACH_ROUTER__MAX_MESSAGE_BYTES=8388608`), then command-line flags.
+
+use std::path::Path;
+
+use figment::Figment;
+use figment::providers::{Env, Format, Serialized, Toml};
+use reach_registry::RegistryConfig;
+use reach_router::RouterConfig;
+use serde::{Deserialize, Serialize};
+
+/// Every setting of the `reach` services.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ReachConfig {
+    /// Where the gRPC services listen (`host:port`).
+    pub listen: String,
+    /// Where the HTTP admin port listens (`host:port`); empty disables it.
+    pub admin_listen: String,
+    /// The registry's settings.
+    pub registry: RegistryConfig,
+    /// The router's settings.
+    pub router: RouterConfig,
+}
+
+impl Default for ReachConfig {
+    fn default() -> Self {
+        Self {
+            listen: "127.0.0.1:7070".into(),
+            admin_listen: "127.0.0.1:7071".into(),
+            registry: RegistryConfig::default(),
+            router: RouterConfig::default(),
+        }
+    }
+}
+
+/// Why the configuration could not be loaded.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// A layer failed to parse or a value has the wrong type; figment names the key and source.
+    #[error("invalid configuration: {0}")]
+    Load(#[from] Box<figment::Error>),
+    /// A value is out of range; the message names the key.
+    #[error("invalid configuration: {0}")]
+    Invalid(String),
+}
+
+impl ReachConfig {
+    /// Loads defaults ← `file` ← `REACH_*` env ← `overrides` (a serializable map of flags
+    /// that were given), then validates.
+    ///
+    /// # Errors
+    /// [`ConfigError`] naming the bad key and where it came from.
+    pub fn load(file: Option<&Path>, overrides: impl Serialize) -> Result<Self, ConfigError> {
+        let mut figment = Figment::from(Serialized::defaults(ReachConfig::default()));
+        if let Some(file) = file {
+            if !file.exists() {
+                return Err(ConfigError::Invalid(format!(
+                    "config file {} does not exist",
+                    file.display()
+                )));
+            }
+            figment = figment.merge(Toml::file(file));
+        }
+        let config: ReachConfig = figment
+            .merge(
+                Env::prefixed("REACH_")
+                    .split("__")
+                    // REACH_LOG and REACH_LOG_FORMAT configure logging, not the services.
+                    .filter(|key| !key.as_str().starts_with("log")),
+            )
+            .merge(Serialized::defaults(overrides))
+            .extract()
+            .map_err(Box::new)?;
+        config.validate()?;
+        Ok(config)
+    }
+
+    /// Checks every section.
+    ///
+    /// # Errors
+    /// [`ConfigError::Invalid`] naming the key.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        self.listen.parse::<std::net::SocketAddr>().map_err(|e| {
+            ConfigError::Invalid(format!("listen {:?} is not host:port ({e})", self.listen))
+        })?;
+        if !self.admin_listen.is_empty() {
+            self.admin_listen
+                .parse::<std::net::SocketAddr>()
+                .map_err(|e| {
+                    ConfigError::Invalid(format!(
+                        "admin_listen {:?} is not host:port ({e})",
+                        self.admin_listen
+                    ))
+                })?;
+        }
+        self.registry.validate().map_err(ConfigError::Invalid)?;
+        self.router.validate().map_err(ConfigError::Invalid)?;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn file_then_overrides_apply_in_order() {
+        let dir = std::env::temp_dir().join(format!("reach-config-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("reach.toml");
+        std::fs::write(
+            &file,
+            "listen = \"127.0.0.1:9000\"\n[router]\nmax_message_bytes = 2048\n",
+        )
+        .unwrap();
+        let config = ReachConfig::load(
+            Some(&file),
+            serde_json::json!({"router": {"max_message_bytes": 4096}}),
+        )
+        .unwrap();
+        assert_eq!(config.listen, "127.0.0.1:9000");
+        assert_eq!(config.router.max_message_bytes, 4096);
+    }
+
+    #[test]
+    fn unknown_keys_and_bad_values_are_named() {
+        let dir = std::env::temp_dir().join(format!("reach-config-bad-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("reach.toml");
+        std::fs::write(&file, "[router]\nmax_mesage_bytes = 1\n").unwrap();
+        let err = ReachConfig::load(Some(&file), serde_json::json!({}))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("max_mesage_bytes"), "{err}");
+        let err = ReachConfig::load(None, serde_json::json!({"listen": "nowhere"}))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("listen"), "{err}");
+    }
+}

@@ -1,0 +1,156 @@
+//! The control plane: registry and router served together on one gRPC listener (as in
+//! `reach dev`), or either alone (`reach registry`, `reach router`).
+
+use std::net::SocketAddr;
+
+use reach_registry::{Registry, RegistryGrpc};
+use reach_router::Router;
+use reach_rpc::GrpcServer;
+use tokio::net::TcpListener;
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+use tracing::info;
+
+use crate::config::ReachConfig;
+
+/// Which services a control plane runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Services {
+    /// Run the registry.
+    pub registry: bool,
+    /// Run the router. With the registry alongside, the router watches it over loopback.
+    pub router: bool,
+}
+
+impl Services {
+    /// Registry and router together.
+    pub const ALL: Services = Services {
+        registry: true,
+        router: true,
+    };
+}
+
+/// Why the control plane could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    /// A setting is invalid.
+    #[error("invalid configuration: {0}")]
+    Config(String),
+    /// The listener could not be used.
+    #[error("cannot use the listener: {0}")]
+    Io(#[from] std::io::Error),
+}
+
+/// A running control plane.
+pub struct ControlPlane {
+    addr: SocketAddr,
+    registry: Option<Registry>,
+    router: Option<Router>,
+    shutdown: CancellationToken,
+    serve: JoinHandle<Result<(), reach_rpc::server::ServeError>>,
+    background: Vec<JoinHandle<()>>,
+}
+
+impl ControlPlane {
+    /// Starts the chosen services on `listener`.
+    ///
+    /// # Errors
+    /// [`StartError`] for invalid settings or an unusable listener.
+    pub async fn start(
+        listener: TcpListener,
+        config: &ReachConfig,
+        services: Services,
+    ) -> Result<Self, StartError> {
+        let addr = listener.local_addr()?;
+        let mut server = GrpcServer::new();
+        let mut background = Vec::new();
+        let registry = if services.registry {
+            let registry = Registry::new(config.registry.clone()).map_err(StartError::Config)?;
+            background.push(tokio::spawn(registry.clone().run_sweeper()));
+            server = server.add_service(RegistryGrpc::new(registry.clone()).into_server());
+            Some(registry)
+        } else {
+            None
+        };
+        let router = if services.router {
+            let mut router_config = config.router.clone();
+            if services.registry {
+                router_config.registry_endpoint = format!("http://{addr}");
+            }
+            let router = Router::new(router_config).map_err(StartError::Config)?;
+            background.push(router.spawn_registry_watch());
+            server = server.add_service(router.clone().into_server());
+            Some(router)
+        } else {
+            None
+        };
+        let shutdown = CancellationToken::new();
+        let stop = shutdown.clone();
+        let serve = tokio::spawn(server.serve(listener, async move { stop.cancelled().await }));
+        info!(%addr, registry = services.registry, router = services.router, "control plane serving");
+        Ok(Self {
+            addr,
+            registry,
+            router,
+            shutdown,
+            serve,
+            background,
+        })
+    }
+
+    /// The gRPC address.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// The gRPC endpoint URL (`http://127.0.0.1:7070`).
+    pub fn endpoint(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// The registry, when this control plane runs one.
+    pub fn registry(&self) -> Option<&Registry> {
+        self.registry.as_ref()
+    }
+
+    /// The router, when this control plane runs one.
+    pub fn router(&self) -> Option<&Router> {
+        self.router.as_ref()
+    }
+
+    /// A token that stops serving when cancelled.
+    pub fn shutdown_token(&self) -> CancellationToken {
+        self.shutdown.clone()
+    }
+
+    /// Waits until serving stops (after [`ControlPlane::shutdown_token`] is cancelled).
+    ///
+    /// # Errors
+    /// The server's failure, if it failed.
+    pub async fn wait(self) -> Result<(), reach_rpc::server::ServeError> {
+        if let Some(registry) = self.registry.clone() {
+            let token = self.shutdown.clone();
+            tokio::spawn(async move {
+                token.cancelled().await;
+                registry.close_watches();
+            });
+        }
+        let result = self.serve.await.unwrap_or(Ok(()));
+        for task in self.background {
+            task.abort();
+        }
+        result
+    }
+
+    /// Stops serving, waiting for in-flight calls.
+    ///
+    /// # Errors
+    /// The server's failure, if it failed.
+    pub async fn shutdown(self) -> Result<(), reach_rpc::server::ServeError> {
+        self.shutdown.cancel();
+        if let Some(registry) = &self.registry {
+            registry.close_watches();
+        }
+        self.wait().await
+    }
+}

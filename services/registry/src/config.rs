@@ -1,0 +1,80 @@
+//! Registry configuration.
+
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+/// How the registry grants leases and probes instances.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct RegistryConfig {
+    /// The lease time to live granted when an instance asks for none.
+    #[serde(with = "humantime_serde")]
+    pub default_lease_ttl: Duration,
+    /// The shortest lease granted; shorter requests are raised to it.
+    #[serde(with = "humantime_serde")]
+    pub min_lease_ttl: Duration,
+    /// The longest lease granted; longer requests are lowered to it.
+    #[serde(with = "humantime_serde")]
+    pub max_lease_ttl: Duration,
+    /// How often expired leases are swept. Expiry is observed within this interval.
+    #[serde(with = "humantime_serde")]
+    pub sweep_interval: Duration,
+    /// Whether a new instance must pass a `grpc.health.v1` probe before it becomes READY.
+    /// When false, instances are READY as soon as they register.
+    pub health_probe: bool,
+    /// How long a single probe attempt may take.
+    #[serde(with = "humantime_serde")]
+    pub probe_timeout: Duration,
+}
+
+impl Default for RegistryConfig {
+    fn default() -> Self {
+        Self {
+            default_lease_ttl: Duration::from_secs(10),
+            min_lease_ttl: Duration::from_millis(100),
+            max_lease_ttl: Duration::from_secs(300),
+            sweep_interval: Duration::from_millis(50),
+            health_probe: true,
+            probe_timeout: Duration::from_secs(1),
+        }
+    }
+}
+
+impl RegistryConfig {
+    /// Checks that the bounds are consistent.
+    ///
+    /// # Errors
+    /// A message naming the setting to fix.
+    pub fn validate(&self) -> Result<(), String> {
+        if self.min_lease_ttl.is_zero() {
+            return Err("registry.min_lease_ttl must be above zero".into());
+        }
+        if self.min_lease_ttl > self.max_lease_ttl {
+            return Err(format!(
+                "registry.min_lease_ttl ({:?}) must not exceed registry.max_lease_ttl ({:?})",
+                self.min_lease_ttl, self.max_lease_ttl
+            ));
+        }
+        if self.default_lease_ttl < self.min_lease_ttl
+            || self.default_lease_ttl > self.max_lease_ttl
+        {
+            return Err(format!(
+                "registry.default_lease_ttl ({:?}) must lie between min_lease_ttl and max_lease_ttl",
+                self.default_lease_ttl
+            ));
+        }
+        if self.sweep_interval.is_zero() {
+            return Err("registry.sweep_interval must be above zero".into());
+        }
+        Ok(())
+    }
+
+    /// The lease TTL granted for a request of `requested` (`None`: the default).
+    pub fn grant(&self, requested: Option<Duration>) -> Duration {
+        requested
+            .filter(|d| !d.is_zero())
+            .unwrap_or(self.default_lease_ttl)
+            .clamp(self.min_lease_ttl, self.max_lease_ttl)
+    }
+}

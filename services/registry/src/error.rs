@@ -1,0 +1,42 @@
+//! Registry errors and their gRPC statuses.
+
+use reach_rpc::errors::{reason, status_with_reason};
+use tonic::{Code, Status};
+
+/// Why a registry operation was refused.
+#[derive(Debug, thiserror::Error)]
+pub enum RegistryError {
+    /// The registration is malformed; the message names the field and the fix.
+    #[error("invalid registration: {0}")]
+    InvalidRegistration(String),
+    /// The instance or its lease is unknown (never registered, expired or deregistered).
+    #[error(
+        "no live lease {lease_id:?} for instance {instance_id:?}: it expired or was never granted; register again"
+    )]
+    LeaseNotFound {
+        /// The instance id the caller sent.
+        instance_id: String,
+        /// The lease id the caller sent.
+        lease_id: String,
+    },
+}
+
+impl From<RegistryError> for Status {
+    fn from(err: RegistryError) -> Self {
+        match &err {
+            RegistryError::InvalidRegistration(_) => Status::invalid_argument(err.to_string()),
+            RegistryError::LeaseNotFound {
+                instance_id,
+                lease_id,
+            } => status_with_reason(
+                Code::NotFound,
+                err.to_string(),
+                reason::LEASE_NOT_FOUND,
+                [
+                    ("instance_id".to_string(), instance_id.clone()),
+                    ("lease_id".to_string(), lease_id.clone()),
+                ],
+            ),
+        }
+    }
+}

@@ -1,0 +1,23 @@
+//! The Reach capability registry: which agent instances exist, what they can do, and whether
+//! they may take work.
+//!
+//! Registration is soft state held by leases, in the manner of etcd leases and Consul
+//! sessions: an instance stays routable only while it renews its lease with heartbeats.
+//!
+//! # Layout
+//! - [`config`]: [`RegistryConfig`], lease bounds and probing.
+//! - [`store`]: [`Registry`], the in-memory instance table, its revisions and its watchers.
+//! - [`service`]: the `reach.v1.RegistryService` gRPC implementation over a [`Registry`].
+//! - [`probe`]: the first health probe that moves an instance from REGISTERED to READY.
+//! - [`error`]: [`RegistryError`] and its mapping to gRPC statuses.
+
+pub mod config;
+pub mod error;
+pub mod probe;
+pub mod service;
+pub mod store;
+
+pub use config::RegistryConfig;
+pub use error::RegistryError;
+pub use service::RegistryGrpc;
+pub use store::Registry;

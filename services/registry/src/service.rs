@@ -1,0 +1,151 @@
+//! `reach.v1.RegistryService` over a [`Registry`].
+
+use std::pin::Pin;
+
+use futures::Stream;
+use reach_proto::v1::registry_service_server::{RegistryService, RegistryServiceServer};
+use reach_proto::v1::{
+    DeregisterRequest, DeregisterResponse, HeartbeatRequest, HeartbeatResponse, InstanceState,
+    ListInstancesRequest, ListInstancesResponse, RegisterRequest, RegisterResponse, WatchRequest,
+    WatchResponse,
+};
+use tokio::sync::{broadcast, mpsc};
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::{Request, Response, Status};
+use tracing::warn;
+
+use crate::error::RegistryError;
+use crate::probe::probe_until_ready;
+use crate::store::Registry;
+
+/// The gRPC face of a [`Registry`].
+#[derive(Clone)]
+pub struct RegistryGrpc {
+    registry: Registry,
+}
+
+impl RegistryGrpc {
+    /// Serves `registry` over gRPC.
+    pub fn new(registry: Registry) -> Self {
+        Self { registry }
+    }
+
+    /// The tonic service, ready to add to a server.
+    pub fn into_server(self) -> RegistryServiceServer<Self> {
+        RegistryServiceServer::new(self)
+    }
+}
+
+#[tonic::async_trait]
+impl RegistryService for RegistryGrpc {
+    async fn register(
+        &self,
+        request: Request<RegisterRequest>,
+    ) -> Result<Response<RegisterResponse>, Status> {
+        let request = request.into_inner();
+        let spec = request
+            .instance
+            .ok_or_else(|| RegistryError::InvalidRegistration("instance is required".into()))?;
+        let requested = match request.lease_ttl.as_ref() {
+            None => None,
+            Some(d) => Some(reach_rpc::time::std_duration(d).ok_or_else(|| {
+                RegistryError::InvalidRegistration("lease_ttl must not be negative".into())
+            })?),
+        };
+        let endpoint = spec.endpoint.clone();
+        let registration = self.registry.register(spec, requested)?;
+        if self.registry.config().health_probe {
+            tokio::spawn(probe_until_ready(
+                self.registry.clone(),
+                crate::store::instance_id(&registration.instance).to_string(),
+                registration.lease_id.clone(),
+                endpoint,
+            ));
+        }
+        Ok(Response::new(RegisterResponse {
+            lease_id: registration.lease_id,
+            lease_ttl: Some(reach_rpc::time::proto_duration(registration.lease_ttl)),
+            instance: Some(registration.instance),
+        }))
+    }
+
+    async fn heartbeat(
+        &self,
+        request: Request<HeartbeatRequest>,
+    ) -> Result<Response<HeartbeatResponse>, Status> {
+        let request = request.into_inner();
+        let reported = InstanceState::try_from(request.state).map_err(|_| {
+            Status::invalid_argument(format!(
+                "state {} is not a reach.v1.InstanceState",
+                request.state
+            ))
+        })?;
+        let (expires, state) = self.registry.heartbeat(
+            &request.instance_id,
+            &request.lease_id,
+            reported,
+            request.in_flight,
+        )?;
+        Ok(Response::new(HeartbeatResponse {
+            lease_expires_at: Some(reach_rpc::time::timestamp(expires)),
+            state: state as i32,
+        }))
+    }
+
+    async fn deregister(
+        &self,
+        request: Request<DeregisterRequest>,
+    ) -> Result<Response<DeregisterResponse>, Status> {
+        let request = request.into_inner();
+        self.registry
+            .deregister(&request.instance_id, &request.lease_id)?;
+        Ok(Response::new(DeregisterResponse {}))
+    }
+
+    async fn list_instances(
+        &self,
+        request: Request<ListInstancesRequest>,
+    ) -> Result<Response<ListInstancesResponse>, Status> {
+        let request = request.into_inner();
+        Ok(Response::new(
+            self.registry.list(&request.service, &request.capability),
+        ))
+    }
+
+    type WatchStream = Pin<Box<dyn Stream<Item = Result<WatchResponse, Status>> + Send>>;
+
+    async fn watch(
+        &self,
+        _request: Request<WatchRequest>,
+    ) -> Result<Response<Self::WatchStream>, Status> {
+        let (snapshot, mut events) = self.registry.watch();
+        let (tx, rx) = mpsc::channel(256);
+        let registry = self.registry.clone();
+        tokio::spawn(async move {
+            if tx.send(Ok(snapshot)).await.is_err() {
+                return;
+            }
+            loop {
+                let received = tokio::select! {
+                    () = registry.watches_closed() => return,
+                    received = events.recv() => received,
+                };
+                let event = match received {
+                    Ok(event) => event,
+                    Err(broadcast::error::RecvError::Lagged(missed)) => {
+                        // The watcher fell behind the buffer: start it over from a snapshot.
+                        warn!(missed, "watcher lagged; resending a snapshot");
+                        let (snapshot, fresh) = registry.watch();
+                        events = fresh;
+                        snapshot
+                    }
+                    Err(broadcast::error::RecvError::Closed) => return,
+                };
+                if tx.send(Ok(event)).await.is_err() {
+                    return;
+                }
+            }
+        });
+        Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
+    }
+}

@@ -1,0 +1,446 @@
+//! The instance table: leases, lifecycle states, revisions and watchers.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, SystemTime};
+
+use reach_proto::v1::{
+    Instance, InstanceSpec, InstanceState, ListInstancesResponse, WatchResponse, WatchSnapshot,
+    watch_response,
+};
+use tokio::sync::broadcast;
+use tokio::time::Instant;
+use tracing::{debug, info};
+
+use crate::config::RegistryConfig;
+use crate::error::RegistryError;
+
+/// How many watch events a slow watcher may lag before it is resent a snapshot.
+const WATCH_BUFFER: usize = 4096;
+
+/// The registry: a table of instances with leases, shared by the gRPC service, the lease
+/// sweeper and the health prober. Cloning shares the same table.
+#[derive(Clone)]
+pub struct Registry {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    config: RegistryConfig,
+    table: Mutex<Table>,
+    /// Cancelled when the registry shuts down: open watch streams end.
+    closed: tokio_util::sync::CancellationToken,
+    /// Every change, in revision order. Sent while the table lock is held, so a watcher that
+    /// subscribes under the lock sees exactly the changes after its snapshot.
+    events: broadcast::Sender<WatchResponse>,
+}
+
+#[derive(Default)]
+struct Table {
+    instances: HashMap<String, Entry>,
+    /// Increases by one with every change.
+    revision: u64,
+}
+
+struct Entry {
+    instance: Instance,
+    /// When the lease ends unless renewed.
+    lease_deadline: Instant,
+    /// The granted lease TTL; every heartbeat extends the lease by it.
+    lease_ttl: Duration,
+    /// Whether the first health probe passed (or probing is off).
+    probed: bool,
+}
+
+/// An accepted registration.
+#[derive(Debug, Clone)]
+pub struct Registration {
+    /// The new lease id.
+    pub lease_id: String,
+    /// The granted lease TTL.
+    pub lease_ttl: Duration,
+    /// The instance as registered.
+    pub instance: Instance,
+}
+
+impl Registry {
+    /// An empty registry. Call [`Registry::run_sweeper`] to expire leases.
+    ///
+    /// # Errors
+    /// The config's validation message.
+    pub fn new(config: RegistryConfig) -> Result<Self, String> {
+        config.validate()?;
+        let (events, _) = broadcast::channel(WATCH_BUFFER);
+        Ok(Self {
+            inner: Arc::new(Inner {
+                config,
+                table: Mutex::new(Table::default()),
+                closed: tokio_util::sync::CancellationToken::new(),
+                events,
+            }),
+        })
+    }
+
+    /// Ends every open watch stream (at shutdown, so that graceful shutdown is not held up by
+    /// watchers, which reconnect to another replica).
+    pub fn close_watches(&self) {
+        self.inner.closed.cancel();
+    }
+
+    /// Resolves when [`Registry::close_watches`] is called.
+    pub async fn watches_closed(&self) {
+        self.inner.closed.cancelled().await;
+    }
+
+    /// The registry's configuration.
+    pub fn config(&self) -> &RegistryConfig {
+        &self.inner.config
+    }
+
+    fn table(&self) -> MutexGuard<'_, Table> {
+        self.inner
+            .table
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Registers (or replaces) an instance and grants a lease of `requested_ttl`, clamped to
+    /// the configured bounds. The instance is REGISTERED until its health probe passes, or
+    /// READY at once when probing is off.
+    ///
+    /// # Errors
+    /// [`RegistryError::InvalidRegistration`] naming the bad field.
+    pub fn register(
+        &self,
+        spec: InstanceSpec,
+        requested_ttl: Option<Duration>,
+    ) -> Result<Registration, RegistryError> {
+        validate_spec(&spec)?;
+        let ttl = self.inner.config.grant(requested_ttl);
+        let lease_id = uuid::Uuid::new_v4().simple().to_string();
+        let probed = !self.inner.config.health_probe;
+        let now = SystemTime::now();
+        let mut table = self.table();
+        table.revision += 1;
+        let instance = Instance {
+            state: if probed {
+                InstanceState::Ready
+            } else {
+                InstanceState::Registered
+            } as i32,
+            in_flight: 0,
+            lease_id: lease_id.clone(),
+            lease_expires_at: Some(reach_rpc::time::timestamp(now + ttl)),
+            registered_at: Some(reach_rpc::time::timestamp(now)),
+            revision: table.revision,
+            spec: Some(spec),
+        };
+        let id = instance_id(&instance).to_string();
+        info!(instance = %id, service = %service_of(&instance), lease_ttl = ?ttl, "instance registered");
+        table.instances.insert(
+            id,
+            Entry {
+                instance: instance.clone(),
+                lease_deadline: Instant::now() + ttl,
+                lease_ttl: ttl,
+                probed,
+            },
+        );
+        self.publish(&table, watch_response::Event::Upserted(instance.clone()));
+        Ok(Registration {
+            lease_id,
+            lease_ttl: ttl,
+            instance,
+        })
+    }
+
+    /// Marks the first health probe of `lease_id` as passed: REGISTERED becomes READY.
+    /// Does nothing when the lease has since been replaced or removed.
+    pub fn probe_passed(&self, instance_id: &str, lease_id: &str) {
+        let mut table = self.table();
+        let Some(entry) = table.instances.get_mut(instance_id) else {
+            return;
+        };
+        if entry.instance.lease_id != lease_id || entry.probed {
+            return;
+        }
+        entry.probed = true;
+        if entry.instance.state == InstanceState::Registered as i32 {
+            entry.instance.state = InstanceState::Ready as i32;
+        }
+        debug!(instance = %instance_id, "health probe passed");
+        self.touch_and_publish(&mut table, instance_id);
+    }
+
+    /// Whether `lease_id` is still the live lease of `instance_id`.
+    pub fn holds_lease(&self, instance_id: &str, lease_id: &str) -> bool {
+        self.table()
+            .instances
+            .get(instance_id)
+            .is_some_and(|e| e.instance.lease_id == lease_id)
+    }
+
+    /// Renews the lease and records the state and load the instance reports.
+    ///
+    /// DRAINING is final: an instance that reported it never becomes READY again on this lease.
+    ///
+    /// # Errors
+    /// [`RegistryError::LeaseNotFound`] when the instance or lease is unknown or expired.
+    pub fn heartbeat(
+        &self,
+        instance_id: &str,
+        lease_id: &str,
+        reported: InstanceState,
+        in_flight: u32,
+    ) -> Result<(SystemTime, InstanceState), RegistryError> {
+        let mut table = self.table();
+        let not_found = || RegistryError::LeaseNotFound {
+            instance_id: instance_id.to_string(),
+            lease_id: lease_id.to_string(),
+        };
+        let entry = table.instances.get_mut(instance_id).ok_or_else(not_found)?;
+        if entry.instance.lease_id != lease_id {
+            return Err(not_found());
+        }
+        let ttl = entry.lease_ttl;
+        entry.lease_deadline = Instant::now() + ttl;
+        let expires = SystemTime::now() + ttl;
+        entry.instance.lease_expires_at = Some(reach_rpc::time::timestamp(expires));
+        let current = entry.instance.state();
+        let next = next_state(current, reported, entry.probed);
+        let changed = next != current || entry.instance.in_flight != in_flight;
+        entry.instance.state = next as i32;
+        entry.instance.in_flight = in_flight;
+        if changed {
+            if next != current {
+                info!(instance = %instance_id, from = ?current, to = ?next, "instance state changed");
+            }
+            self.touch_and_publish(&mut table, instance_id);
+        }
+        Ok((expires, next))
+    }
+
+    /// Removes an instance at once.
+    ///
+    /// # Errors
+    /// [`RegistryError::LeaseNotFound`] when the instance or lease is unknown.
+    pub fn deregister(&self, instance_id: &str, lease_id: &str) -> Result<(), RegistryError> {
+        let mut table = self.table();
+        match table.instances.get(instance_id) {
+            Some(entry) if entry.instance.lease_id == lease_id => {}
+            _ => {
+                return Err(RegistryError::LeaseNotFound {
+                    instance_id: instance_id.to_string(),
+                    lease_id: lease_id.to_string(),
+                });
+            }
+        }
+        info!(instance = %instance_id, "instance deregistered");
+        self.remove(&mut table, instance_id);
+        Ok(())
+    }
+
+    /// Removes every instance of `service` (an operator's forced removal). Returns how many.
+    pub fn remove_service(&self, service: &str) -> usize {
+        let mut table = self.table();
+        let ids: Vec<String> = table
+            .instances
+            .values()
+            .filter(|e| service_of(&e.instance) == service)
+            .map(|e| instance_id(&e.instance).to_string())
+            .collect();
+        for id in &ids {
+            self.remove(&mut table, id);
+        }
+        ids.len()
+    }
+
+    /// Expires every lease whose deadline has passed; returns the expired instance ids.
+    pub fn expire_leases(&self) -> Vec<String> {
+        let now = Instant::now();
+        let mut table = self.table();
+        let expired: Vec<String> = table
+            .instances
+            .iter()
+            .filter(|(_, e)| e.lease_deadline <= now)
+            .map(|(id, _)| id.clone())
+            .collect();
+        for id in &expired {
+            info!(instance = %id, "lease expired");
+            self.remove(&mut table, id);
+        }
+        expired
+    }
+
+    /// Expires leases every `sweep_interval`, forever. Spawn it next to the service.
+    pub async fn run_sweeper(self) {
+        let mut tick = tokio::time::interval(self.inner.config.sweep_interval);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tick.tick().await;
+            self.expire_leases();
+        }
+    }
+
+    /// The instances matching the filters (empty filters match all), sorted by service then
+    /// instance id, and the current revision.
+    pub fn list(&self, service: &str, capability: &str) -> ListInstancesResponse {
+        let table = self.table();
+        let mut instances: Vec<Instance> = table
+            .instances
+            .values()
+            .map(|e| e.instance.clone())
+            .filter(|i| service.is_empty() || service_of(i) == service)
+            .filter(|i| {
+                capability.is_empty()
+                    || i.spec
+                        .as_ref()
+                        .is_some_and(|s| s.capabilities.iter().any(|c| c.name == capability))
+            })
+            .collect();
+        instances
+            .sort_by(|a, b| (service_of(a), instance_id(a)).cmp(&(service_of(b), instance_id(b))));
+        ListInstancesResponse {
+            instances,
+            revision: table.revision,
+        }
+    }
+
+    /// Starts a watch: the snapshot at the current revision and a receiver of every later
+    /// change, with no gap and no overlap between the two.
+    pub fn watch(&self) -> (WatchResponse, broadcast::Receiver<WatchResponse>) {
+        let table = self.table();
+        let receiver = self.inner.events.subscribe();
+        (snapshot_of(&table), receiver)
+    }
+
+    /// A fresh snapshot (for a watcher that lagged behind).
+    pub fn snapshot(&self) -> WatchResponse {
+        snapshot_of(&self.table())
+    }
+
+    fn remove(&self, table: &mut Table, id: &str) {
+        if let Some(mut entry) = table.instances.remove(id) {
+            table.revision += 1;
+            entry.instance.state = InstanceState::Offline as i32;
+            entry.instance.revision = table.revision;
+            self.publish(table, watch_response::Event::Removed(entry.instance));
+        }
+    }
+
+    fn touch_and_publish(&self, table: &mut Table, id: &str) {
+        table.revision += 1;
+        let revision = table.revision;
+        if let Some(entry) = table.instances.get_mut(id) {
+            entry.instance.revision = revision;
+            let instance = entry.instance.clone();
+            self.publish(table, watch_response::Event::Upserted(instance));
+        }
+    }
+
+    fn publish(&self, table: &Table, event: watch_response::Event) {
+        // No receivers is fine: nobody watches yet.
+        let _ = self.inner.events.send(WatchResponse {
+            revision: table.revision,
+            event: Some(event),
+        });
+    }
+}
+
+fn snapshot_of(table: &Table) -> WatchResponse {
+    WatchResponse {
+        revision: table.revision,
+        event: Some(watch_response::Event::Snapshot(WatchSnapshot {
+            instances: table
+                .instances
+                .values()
+                .map(|e| e.instance.clone())
+                .collect(),
+        })),
+    }
+}
+
+fn next_state(current: InstanceState, reported: InstanceState, probed: bool) -> InstanceState {
+    use InstanceState as S;
+    match (current, reported) {
+        (S::Draining, _) | (_, S::Unspecified) => current,
+        (_, S::Draining) => S::Draining,
+        (S::Registered, _) if !probed => S::Registered,
+        (_, S::Ready) => S::Ready,
+        (_, S::Busy) => S::Busy,
+        // An instance cannot report itself REGISTERED or OFFLINE through a heartbeat.
+        (_, S::Registered | S::Offline) => current,
+    }
+}
+
+/// The instance id of an instance ("" when it has no spec).
+pub fn instance_id(instance: &Instance) -> &str {
+    instance
+        .spec
+        .as_ref()
+        .map_or("", |s| s.instance_id.as_str())
+}
+
+/// The service name of an instance ("" when it has no spec).
+pub fn service_of(instance: &Instance) -> &str {
+    instance.spec.as_ref().map_or("", |s| s.service.as_str())
+}
+
+fn validate_spec(spec: &InstanceSpec) -> Result<(), RegistryError> {
+    let bad = |msg: String| Err(RegistryError::InvalidRegistration(msg));
+    if !is_name(&spec.service) {
+        return bad(format!(
+            "instance.service {:?} must be a non-empty dotted name of letters, digits, '_' and '-' (e.g. \"executor.servicing\")",
+            spec.service
+        ));
+    }
+    if spec.instance_id.is_empty() || spec.instance_id.len() > 256 {
+        return bad("instance.instance_id must be 1 to 256 characters".into());
+    }
+    match spec.endpoint.parse::<http::Uri>() {
+        Ok(uri)
+            if matches!(uri.scheme_str(), Some("http" | "https"))
+                && uri.host().is_some()
+                && uri.port_u16().is_some() => {}
+        _ => {
+            return bad(format!(
+                "instance.endpoint {:?} must be an http(s) URL with host and port, e.g. \"http://127.0.0.1:50051\"",
+                spec.endpoint
+            ));
+        }
+    }
+    for (i, capability) in spec.capabilities.iter().enumerate() {
+        if !is_name(&capability.name) {
+            return bad(format!(
+                "instance.capabilities[{i}].name {:?} must be a non-empty dotted name (e.g. \"complaint.servicing\")",
+                capability.name
+            ));
+        }
+        if !capability.version.is_empty() && semver::Version::parse(&capability.version).is_err() {
+            return bad(format!(
+                "instance.capabilities[{i}].version {:?} must be a semver version such as \"1.2.0\"",
+                capability.version
+            ));
+        }
+    }
+    for (i, topic) in spec.topics.iter().enumerate() {
+        if !is_name(topic) {
+            return bad(format!(
+                "instance.topics[{i}] {topic:?} must be a non-empty dotted name"
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Whether `s` is a dotted name: segments of ASCII letters, digits, `_` and `-`.
+pub fn is_name(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= 256
+        && s.split('.').all(|seg| {
+            !seg.is_empty()
+                && seg
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+        })
+}

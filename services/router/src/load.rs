@@ -1,0 +1,139 @@
+//! The load signal the balancer compares: peak-EWMA round-trip time multiplied by the number
+//! of requests in flight plus one, as in Finagle's `PeakEwma` balancer (and tower's
+//! `load::PeakEwma`). Unlike tower's type, one [`LoadTracker`] is shared by every route an
+//! instance is on, so a capability route and a service-name route see the same load.
+
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+/// Per-instance load: requests in flight and a peak-sensitive latency estimate.
+#[derive(Debug)]
+pub struct LoadTracker {
+    pending: AtomicUsize,
+    estimate: Mutex<RttEstimate>,
+    decay_ns: f64,
+}
+
+#[derive(Debug)]
+struct RttEstimate {
+    rtt_ns: f64,
+    updated_at: Instant,
+}
+
+impl LoadTracker {
+    /// A tracker that assumes `default_rtt` until it measures, forgetting peaks over `decay`.
+    pub fn new(default_rtt: Duration, decay: Duration) -> Self {
+        Self {
+            pending: AtomicUsize::new(0),
+            estimate: Mutex::new(RttEstimate {
+                rtt_ns: default_rtt.as_nanos() as f64,
+                updated_at: Instant::now(),
+            }),
+            decay_ns: decay.as_nanos().max(1) as f64,
+        }
+    }
+
+    /// Counts a request as in flight until the returned guard drops, then feeds its latency
+    /// into the estimate.
+    pub fn start(self: &std::sync::Arc<Self>) -> InFlight {
+        self.pending.fetch_add(1, Ordering::Relaxed);
+        InFlight {
+            tracker: self.clone(),
+            started: Instant::now(),
+        }
+    }
+
+    /// Requests in flight now.
+    pub fn pending(&self) -> usize {
+        self.pending.load(Ordering::Relaxed)
+    }
+
+    /// The cost the balancer compares: decayed RTT estimate (ns) × (pending + 1).
+    pub fn cost(&self) -> f64 {
+        let pending = self.pending() as f64;
+        let mut estimate = self.estimate.lock().unwrap_or_else(|p| p.into_inner());
+        let now = Instant::now();
+        let rtt = estimate.decay(now, self.decay_ns);
+        estimate.rtt_ns = rtt;
+        estimate.updated_at = now;
+        rtt * (pending + 1.0)
+    }
+
+    fn observe(&self, rtt: Duration) {
+        let rtt_ns = rtt.as_nanos() as f64;
+        let mut estimate = self.estimate.lock().unwrap_or_else(|p| p.into_inner());
+        let now = Instant::now();
+        if rtt_ns > estimate.rtt_ns {
+            // A peak is taken at once; it decays only with time.
+            estimate.rtt_ns = rtt_ns;
+        } else {
+            let decayed = estimate.decay(now, self.decay_ns);
+            let elapsed = now
+                .saturating_duration_since(estimate.updated_at)
+                .as_nanos() as f64;
+            let weight = (-elapsed / self.decay_ns).exp();
+            estimate.rtt_ns = decayed * weight + rtt_ns * (1.0 - weight);
+        }
+        estimate.updated_at = now;
+    }
+}
+
+impl RttEstimate {
+    fn decay(&self, now: Instant, decay_ns: f64) -> f64 {
+        let elapsed = now.saturating_duration_since(self.updated_at).as_nanos() as f64;
+        self.rtt_ns * (-elapsed / decay_ns).exp()
+    }
+}
+
+/// A request in flight on one instance; dropping it ends the request.
+#[derive(Debug)]
+pub struct InFlight {
+    tracker: std::sync::Arc<LoadTracker>,
+    started: Instant,
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.tracker.pending.fetch_sub(1, Ordering::Relaxed);
+        self.tracker.observe(self.started.elapsed());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn pending_requests_raise_the_cost() {
+        let tracker = Arc::new(LoadTracker::new(
+            Duration::from_millis(5),
+            Duration::from_secs(10),
+        ));
+        let idle = tracker.cost();
+        let a = tracker.start();
+        let _b = tracker.start();
+        assert!(tracker.cost() > 2.5 * idle);
+        drop(a);
+        assert_eq!(tracker.pending(), 1);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_slow_response_is_a_peak_that_decays() {
+        let tracker = Arc::new(LoadTracker::new(
+            Duration::from_millis(1),
+            Duration::from_secs(1),
+        ));
+        let slow = tracker.start();
+        tokio::time::advance(Duration::from_millis(100)).await;
+        drop(slow);
+        let peak = tracker.cost();
+        assert!(peak > 90e6, "{peak}");
+        tokio::time::advance(Duration::from_secs(5)).await;
+        assert!(tracker.cost() < peak / 100.0);
+    }
+}

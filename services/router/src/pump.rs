@@ -1,0 +1,166 @@
+//! The two halves of a routed stream, as concrete `Stream`s.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+use futures::StreamExt;
+use prost::Message as _;
+use reach_proto::v1::{
+    HandleStreamRequest, HandleStreamResponse, Header, ReachMessage, StreamRequest, StreamResponse,
+};
+use reach_rpc::trace::{self, TraceId};
+use tokio::sync::oneshot;
+use tokio::time::Instant;
+use tonic::{Status, Streaming};
+
+use crate::error::RouteError;
+use crate::load::InFlight;
+
+/// The caller-to-instance half of a routed stream: the first message, then the rest, each
+/// checked (size, trace id) and completed (trace id, message id). A violation ends the
+/// inbound half and hands the error to the outbound half, which ends the call with it.
+pub struct InboundPump {
+    first: Option<ReachMessage>,
+    rest: Streaming<StreamRequest>,
+    trace_id: String,
+    limit: usize,
+    abort: Option<oneshot::Sender<Status>>,
+}
+
+impl InboundPump {
+    /// A pump that sends `first` (already checked) and then checks and forwards `rest`.
+    pub fn new(
+        first: ReachMessage,
+        rest: Streaming<StreamRequest>,
+        trace_id: String,
+        limit: usize,
+        abort: oneshot::Sender<Status>,
+    ) -> Self {
+        Self {
+            first: Some(first),
+            rest,
+            trace_id,
+            limit,
+            abort: Some(abort),
+        }
+    }
+
+    fn complete(&self, mut message: ReachMessage) -> Result<ReachMessage, Status> {
+        let size = message.encoded_len();
+        if size > self.limit {
+            return Err(RouteError::PayloadTooLarge {
+                size,
+                limit: self.limit,
+            }
+            .into());
+        }
+        let header = message.header.get_or_insert_with(Header::default);
+        if header.trace_id.is_empty() {
+            header.trace_id = self.trace_id.clone();
+        } else {
+            TraceId::parse(&header.trace_id).map_err(RouteError::from)?;
+        }
+        if header.message_id.is_empty() {
+            header.message_id = trace::new_message_id();
+        }
+        Ok(message)
+    }
+}
+
+impl futures::Stream for InboundPump {
+    type Item = HandleStreamRequest;
+
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        if let Some(first) = self.first.take() {
+            return Poll::Ready(Some(HandleStreamRequest {
+                message: Some(first),
+            }));
+        }
+        if self.abort.is_none() {
+            return Poll::Ready(None);
+        }
+        let next = match self.rest.poll_next_unpin(cx) {
+            Poll::Pending => return Poll::Pending,
+            Poll::Ready(Some(Ok(next))) => next,
+            // The caller half-closed, or its side broke: half-close towards the instance.
+            Poll::Ready(None | Some(Err(_))) => return Poll::Ready(None),
+        };
+        match self.complete(next.message.unwrap_or_default()) {
+            Ok(message) => Poll::Ready(Some(HandleStreamRequest {
+                message: Some(message),
+            })),
+            Err(status) => {
+                if let Some(abort) = self.abort.take() {
+                    let _ = abort.send(status);
+                }
+                Poll::Ready(None)
+            }
+        }
+    }
+}
+
+/// The instance-to-caller half of a routed stream: the instance's messages and final status,
+/// unless the inbound half aborted or the deadline passed first. Holds the stream's
+/// in-flight load until it ends.
+pub struct OutboundPump {
+    agent: Streaming<HandleStreamResponse>,
+    abort: oneshot::Receiver<Status>,
+    _in_flight: InFlight,
+    deadline: Option<Pin<Box<tokio::time::Sleep>>>,
+    done: bool,
+}
+
+impl OutboundPump {
+    /// A pump over the instance's stream.
+    pub fn new(
+        agent: Streaming<HandleStreamResponse>,
+        abort: oneshot::Receiver<Status>,
+        in_flight: InFlight,
+        deadline: Option<Instant>,
+    ) -> Self {
+        Self {
+            agent,
+            abort,
+            _in_flight: in_flight,
+            deadline: deadline.map(|d| Box::pin(tokio::time::sleep_until(d))),
+            done: false,
+        }
+    }
+}
+
+impl futures::Stream for OutboundPump {
+    type Item = Result<StreamResponse, Status>;
+
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        if self.done {
+            return Poll::Ready(None);
+        }
+        if let Poll::Ready(Ok(status)) = Pin::new(&mut self.abort).poll(cx) {
+            self.done = true;
+            return Poll::Ready(Some(Err(status)));
+        }
+        if let Some(deadline) = self.deadline.as_mut()
+            && deadline.as_mut().poll(cx).is_ready()
+        {
+            self.done = true;
+            return Poll::Ready(Some(Err(Status::deadline_exceeded(
+                "the stream's deadline passed before the instance finished",
+            ))));
+        }
+        match self.agent.poll_next_unpin(cx) {
+            Poll::Ready(Some(Ok(response))) => Poll::Ready(Some(Ok(StreamResponse {
+                message: response.message,
+            }))),
+            Poll::Ready(Some(Err(status))) => {
+                self.done = true;
+                Poll::Ready(Some(Err(status)))
+            }
+            Poll::Ready(None) => {
+                self.done = true;
+                Poll::Ready(None)
+            }
+            Poll::Pending => Poll::Pending,
+        }
+    }
+}

@@ -1,0 +1,61 @@
+//! Following the registry: a `RegistryService.Watch` stream applied to the routing table,
+//! reconnected with capped exponential back-off when it breaks.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use reach_proto::v1::registry_service_client::RegistryServiceClient;
+use reach_proto::v1::{WatchRequest, watch_response};
+use tracing::{info, warn};
+
+use crate::table::RoutingTable;
+
+/// Watches the registry at `table.config().registry_endpoint` forever, applying every event.
+/// After a broken stream it reconnects (20 ms doubling to 2 s) and starts over from a
+/// snapshot, so the table converges to the registry after any outage.
+pub async fn follow_registry(table: Arc<RoutingTable>) {
+    let endpoint = table.config().registry_endpoint.clone();
+    let mut backoff = Duration::from_millis(20);
+    loop {
+        match watch_once(&table, &endpoint).await {
+            Ok(()) => warn!(registry = %endpoint, "registry watch ended; reconnecting"),
+            Err(error) => {
+                warn!(registry = %endpoint, %error, "registry watch failed; reconnecting")
+            }
+        }
+        tokio::time::sleep(backoff).await;
+        backoff = (backoff * 2).min(Duration::from_secs(2));
+    }
+}
+
+async fn watch_once(
+    table: &RoutingTable,
+    endpoint: &str,
+) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+    let channel = tonic::transport::Endpoint::from_shared(endpoint.to_string())?
+        .connect_timeout(table.config().connect_timeout)
+        .tcp_nodelay(true)
+        .connect()
+        .await?;
+    let mut stream = RegistryServiceClient::new(channel)
+        .max_decoding_message_size(64 << 20)
+        .watch(WatchRequest {})
+        .await?
+        .into_inner();
+    info!(registry = %endpoint, "watching registry");
+    while let Some(event) = stream.message().await? {
+        match event.event {
+            Some(watch_response::Event::Snapshot(snapshot)) => {
+                table.apply_snapshot(event.revision, snapshot.instances)
+            }
+            Some(watch_response::Event::Upserted(instance)) => {
+                table.apply_upsert(event.revision, instance)
+            }
+            Some(watch_response::Event::Removed(instance)) => {
+                table.apply_remove(event.revision, &instance)
+            }
+            None => {}
+        }
+    }
+    Ok(())
+}
