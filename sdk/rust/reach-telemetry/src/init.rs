@@ -116,6 +116,10 @@ impl TelemetryGuard {
             Ok(Ok(Err(opentelemetry_sdk::error::OTelSdkError::Timeout(_)))) => {
                 Err(ShutdownError::TimedOut(limit))
             }
+            // The provider folds its processors' timeouts into one failure message.
+            Ok(Ok(Err(e))) if e.to_string().contains("Timeout(") => {
+                Err(ShutdownError::TimedOut(limit))
+            }
             Ok(Ok(Err(e))) => Err(ShutdownError::Export(e.to_string())),
         }
     }
