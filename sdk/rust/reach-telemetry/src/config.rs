@@ -192,17 +192,20 @@ pub fn parse_resource_attributes(text: &str) -> Vec<(String, String)> {
         .collect()
 }
 
-fn percent_decode(text: &str) -> String {
+/// Decodes `%XX` escapes (as in `OTEL_RESOURCE_ATTRIBUTES` and `grpc-message`); invalid
+/// escapes stay as they are, invalid UTF-8 is replaced.
+pub(crate) fn percent_decode(text: &str) -> String {
     let bytes = text.as_bytes();
     let mut out = Vec::with_capacity(bytes.len());
     let mut i = 0;
     while i < bytes.len() {
-        if bytes[i] == b'%' && i + 2 < bytes.len() {
-            if let Ok(b) = u8::from_str_radix(&text[i + 1..i + 3], 16) {
-                out.push(b);
-                i += 3;
-                continue;
-            }
+        if bytes[i] == b'%'
+            && i + 2 < bytes.len()
+            && let Ok(b) = u8::from_str_radix(&text[i + 1..i + 3], 16)
+        {
+            out.push(b);
+            i += 3;
+            continue;
         }
         out.push(bytes[i]);
         i += 1;

@@ -30,7 +30,7 @@ enum Side {
 fn call_span(side: Side, path: &str) -> Span {
     let trimmed = path.trim_start_matches('/');
     let (service, method) = trimmed.split_once('/').unwrap_or((trimmed, ""));
-    let span = match side {
+    match side {
         Side::Server => tracing::info_span!(
             "grpc.server",
             otel.name = trimmed,
@@ -55,8 +55,7 @@ fn call_span(side: Side, path: &str) -> Span {
             otel.status_description = tracing::field::Empty,
             trace_id = tracing::field::Empty,
         ),
-    };
-    span
+    }
 }
 
 /// Reads `grpc-status` (and `grpc-message`) from headers or trailers.
@@ -70,24 +69,8 @@ fn status_of(headers: &http::HeaderMap) -> Option<(tonic::Code, String)> {
     let message = headers
         .get("grpc-message")
         .and_then(|m| m.to_str().ok())
-        .map(|m| {
-            // grpc-message is percent-encoded.
-            let mut out = String::with_capacity(m.len());
-            let bytes = m.as_bytes();
-            let mut i = 0;
-            while i < bytes.len() {
-                if bytes[i] == b'%' && i + 2 < bytes.len() {
-                    if let Ok(b) = u8::from_str_radix(&m[i + 1..i + 3], 16) {
-                        out.push(char::from(b));
-                        i += 3;
-                        continue;
-                    }
-                }
-                out.push(char::from(bytes[i]));
-                i += 1;
-            }
-            out
-        })
+        // grpc-message is percent-encoded.
+        .map(crate::config::percent_decode)
         .unwrap_or_default();
     Some((tonic::Code::from_i32(code), message))
 }
@@ -279,12 +262,11 @@ impl<B: Body> Body for TracedBody<B> {
         let frame = ready!(this.inner.poll_frame(cx));
         match &frame {
             Some(Ok(frame)) => {
-                if let Some(trailers) = frame.trailers_ref() {
-                    if let (Some(span), Some((code, message))) =
-                        (this.span.take(), status_of(trailers))
-                    {
-                        record_status(&span, code, &message);
-                    }
+                if let Some(trailers) = frame.trailers_ref()
+                    && let Some(span) = this.span.take()
+                    && let Some((code, message)) = status_of(trailers)
+                {
+                    record_status(&span, code, &message);
                 }
             }
             Some(Err(_)) => {

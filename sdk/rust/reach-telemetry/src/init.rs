@@ -178,6 +178,7 @@ where
     let span_layer = tracing_opentelemetry::layer()
         .with_tracer(tracer)
         .with_tracked_inactivity(false)
+        .with_threads(false)
         .with_filter(EnvFilter::new(SPAN_FILTER))
         .boxed();
     let subscriber = Registry::default().with(vec![log_layer, span_layer]);

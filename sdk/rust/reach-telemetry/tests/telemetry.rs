@@ -101,12 +101,40 @@ async fn a_task_across_two_agents_is_one_linked_trace_and_its_logs_carry_the_tra
         .into_inner();
     assert_eq!(reply.message.unwrap().header.unwrap().trace_id, adopted);
 
+    // A failing call: the status reaches the client and the spans record it.
+    let (failed, status) = async {
+        let failed = reach_telemetry::current_trace_id().unwrap().to_string();
+        let mut message = support::message(&failed, "task-3");
+        message.payload.as_mut().unwrap().r#type = "echo.fail".to_string();
+        let status = client_a
+            .handle(HandleRequest {
+                message: Some(message),
+            })
+            .await
+            .unwrap_err();
+        (failed, status)
+    }
+    .instrument(tracing::info_span!("test.edge.fail"))
+    .await;
+    assert_eq!(status.code(), tonic::Code::Unavailable);
+
     guard.flush().await.unwrap();
     let spans = receiver
         .wait_for(|spans| {
-            in_trace(spans, &trace_id).len() >= 7 && !in_trace(spans, &adopted).is_empty()
+            in_trace(spans, &trace_id).len() >= 7
+                && !in_trace(spans, &adopted).is_empty()
+                && in_trace(spans, &failed).len() >= 5
         })
         .await;
+    let failed_spans = in_trace(&spans, &failed);
+    assert_eq!(failed_spans.len(), 5, "{failed_spans:#?}");
+    for span in &failed_spans {
+        const STATUS_CODE_ERROR: i64 = 2;
+        if span["name"] == "reach.v1.AgentService/Handle" || span["name"] == "agent.handle" {
+            assert_eq!(span["status_code"], STATUS_CODE_ERROR, "{span:#}");
+            assert_eq!(span["attributes"]["rpc.grpc.status_code"], 14, "{span:#}");
+        }
+    }
 
     // One trace: edge -> client A -> server A -> agent.handle A -> client B -> server B ->
     // agent.handle B, every parent present.
@@ -198,14 +226,20 @@ async fn a_task_across_two_agents_is_one_linked_trace_and_its_logs_carry_the_tra
         .collect();
     let handled: Vec<&Value> = lines
         .iter()
-        .filter(|l| l["message"] == "handling message" || l["message"] == "inner step")
+        .filter(|l| {
+            l["message"] == "handling message"
+                || l["message"] == "inner step"
+                || l["message"] == "refusing message"
+        })
         .collect();
-    assert_eq!(handled.len(), 6, "{lines:#?}");
+    assert_eq!(handled.len(), 9, "{lines:#?}");
     for line in handled {
         let trace_ids = log_field(line, "trace_id");
         let task_ids = log_field(line, "task_id");
         let (want_trace, want_task) = if task_ids.iter().any(|t| t == "task-2") {
             (&adopted, "task-2")
+        } else if task_ids.iter().any(|t| t == "task-3") {
+            (&failed, "task-3")
         } else {
             (&trace_id, "task-1")
         };
@@ -394,11 +428,24 @@ async fn the_default_filter_shows_info_from_every_reach_crate() {
         tracing::debug!(target: "reach_router", "router debug");
         tracing::info!(target: "hyper::proto", "hyper info");
         tracing::warn!(target: "hyper::proto", "hyper warn");
+        let message = support::message("4bf92f3577b34da6a3ce929d0e0e4736", "task-9");
+        let _span = reach_telemetry::message_span("agent.handle", &message).entered();
+        tracing::info!(target: "reach_sdk::runtime", "inside a message");
     });
     let text = logs.lines().join("\n");
     for shown in ["registry info", "router info", "sdk info", "hyper warn"] {
         assert!(text.contains(shown), "{shown} missing from {text}");
     }
+    let inside = logs
+        .lines()
+        .into_iter()
+        .find(|l| l.contains("inside a message"))
+        .unwrap();
+    assert!(
+        inside.contains("trace_id=4bf92f3577b34da6a3ce929d0e0e4736")
+            && inside.contains("task_id=\"task-9\""),
+        "{inside}"
+    );
     for hidden in ["router debug", "hyper info"] {
         assert!(!text.contains(hidden), "{hidden} shown in {text}");
     }

@@ -191,10 +191,9 @@ impl Board {
                 r.p99 = p99.get(&r.capability).copied().flatten();
                 if let (Some(before), Some(elapsed)) =
                     (self.previous_requests.get(&r.capability), elapsed)
+                    && elapsed > Duration::ZERO
                 {
-                    if elapsed > Duration::ZERO {
-                        r.rate = Some(((r.requests - before).max(0.0)) / elapsed.as_secs_f64());
-                    }
+                    r.rate = Some(((r.requests - before).max(0.0)) / elapsed.as_secs_f64());
                 }
                 r
             })

@@ -194,6 +194,20 @@ impl AgentService for Agent {
                 let _work = tracing::info_span!("agent.work").entered();
                 tracing::info!("inner step");
             }
+            let fails = message
+                .payload
+                .as_ref()
+                .is_some_and(|p| p.r#type == "echo.fail");
+            if fails {
+                let status = Status::unavailable("agent is overloaded");
+                tracing::warn!("refusing message");
+                reach_telemetry::record_status(
+                    &tracing::Span::current(),
+                    status.code(),
+                    status.message(),
+                );
+                return Err(status);
+            }
             if let Some(mut next) = this.next.clone() {
                 next.handle(HandleRequest {
                     message: Some(message.clone()),
