@@ -59,8 +59,9 @@ pub enum ShutdownError {
     Export(String),
 }
 
-/// Keeps the span pipeline alive. Call [`TelemetryGuard::shutdown`] before the process exits
-/// so queued spans are flushed; dropping the guard without it flushes on a best-effort basis.
+/// A handle on the span pipeline. Call [`TelemetryGuard::shutdown`] before the process
+/// exits: the installed subscriber keeps the pipeline alive, so spans still queued at exit
+/// without it are lost. Clones share the same pipeline.
 #[derive(Debug, Clone)]
 pub struct TelemetryGuard {
     provider: SdkTracerProvider,

@@ -262,13 +262,13 @@ pub fn message_span(otel_name: &str, message: &ReachMessage) -> Span {
     let trace_id = match wanted {
         Some(id) if current_trace.is_none() || as_root => {
             adopt_trace_id(&span, id);
-            span_trace_id(&span).unwrap_or(id)
+            span_trace_id(&span).or(Some(id))
         }
-        _ => span_trace_id(&span)
-            .or(wanted)
-            .unwrap_or_else(TraceId::random),
+        _ => span_trace_id(&span).or(wanted),
     };
-    span.record("trace_id", tracing::field::display(trace_id));
+    if let Some(trace_id) = trace_id {
+        span.record("trace_id", tracing::field::display(trace_id));
+    }
     span
 }
 

@@ -36,7 +36,7 @@ pub struct TopOptions {
     pub interval: Duration,
     /// Print one frame as text to stdout and exit, instead of the live board.
     pub once: bool,
-    /// Frame size for `once` (columns, rows).
+    /// Frame size for `once` (columns, rows); 0 rows means as many as the content needs.
     pub size: (u16, u16),
 }
 
@@ -47,7 +47,7 @@ impl Default for TopOptions {
             admin: None,
             interval: Duration::from_secs(1),
             once: false,
-            size: (120, 36),
+            size: (120, 0),
         }
     }
 }
@@ -213,10 +213,11 @@ pub async fn run(options: TopOptions) -> Result<(), TopError> {
 
     if options.once {
         let snapshot = fetch(&mut board, &mut registry, &options.endpoint, &admin, None).await;
-        print!(
-            "{}",
-            render_to_string(&snapshot, options.size.0, options.size.1)
-        );
+        let height = match options.size.1 {
+            0 => render::content_height(&snapshot),
+            rows => rows,
+        };
+        print!("{}", render_to_string(&snapshot, options.size.0, height));
         return Ok(());
     }
 

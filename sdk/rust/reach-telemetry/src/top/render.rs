@@ -16,7 +16,7 @@ pub fn render(frame: &mut Frame<'_>, snapshot: &Snapshot) {
         Constraint::Length(1),
         Constraint::Min(5),
         Constraint::Min(5),
-        Constraint::Length(8),
+        Constraint::Length(failures_height(snapshot)),
     ])
     .areas(frame.area());
     let [traffic, tasks] =
@@ -26,6 +26,25 @@ pub fn render(frame: &mut Frame<'_>, snapshot: &Snapshot) {
     render_traffic(frame, traffic, snapshot);
     render_tasks(frame, tasks, snapshot);
     render_failures(frame, failures, snapshot);
+}
+
+fn failures_height(snapshot: &Snapshot) -> u16 {
+    // Borders and header, plus up to 10 rows.
+    3 + u16::try_from(snapshot.failures.len().clamp(1, 10)).unwrap_or(10)
+}
+
+/// The number of rows a frame needs to show all of `snapshot` (for printing one frame).
+pub fn content_height(snapshot: &Snapshot) -> u16 {
+    let rows = |n: usize| {
+        u16::try_from(n)
+            .unwrap_or(u16::MAX)
+            .saturating_add(3)
+            .max(5)
+    };
+    let task_lines = snapshot.tasks.as_ref().map_or(1, |t| t.by_status.len() + 2);
+    1u16.saturating_add(rows(snapshot.instances.len()))
+        .saturating_add(rows(snapshot.capabilities.len()).max(rows(task_lines.saturating_sub(1))))
+        .saturating_add(failures_height(snapshot))
 }
 
 fn bold() -> Style {
