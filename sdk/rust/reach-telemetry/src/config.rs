@@ -50,7 +50,7 @@ pub enum SamplerConfig {
     ParentBasedTraceIdRatio(f64),
 }
 
-/// Everything [`crate::init`] needs, normally read with [`TelemetryConfig::from_env`].
+/// Everything [`crate::init()`] needs, normally read with [`TelemetryConfig::from_env`].
 #[derive(Debug, Clone, PartialEq)]
 pub struct TelemetryConfig {
     /// `tracing` filter directives (`REACH_LOG`).

@@ -165,7 +165,7 @@ thread_local! {
     static NEXT_TRACE_ID: Cell<Option<opentelemetry::trace::TraceId>> = const { Cell::new(None) };
 }
 
-/// The id generator installed by [`crate::init`]: random ids, except while
+/// The id generator installed by [`crate::init()`]: random ids, except while
 /// [`adopt_trace_id`] starts a root span that must carry a given trace id.
 #[derive(Debug, Default, Clone, Copy)]
 pub struct ReachIdGenerator;

@@ -6,7 +6,7 @@
 //! reports metrics); the most frequent failing message types with their last error.
 //!
 //! The data ([`model`]: [`Board`] builds a [`Snapshot`]) is separate from drawing
-//! ([`render`]), so tests draw snapshots on ratatui's `TestBackend`; [`run`] with
+//! ([`render()`]), so tests draw snapshots on ratatui's `TestBackend`; [`run`] with
 //! `once: true` prints one frame as text and exits.
 
 pub mod model;
