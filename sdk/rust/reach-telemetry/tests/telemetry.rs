@@ -605,3 +605,44 @@ mod board {
         assert!(snapshot.metrics_error.is_some());
     }
 }
+
+#[tokio::test]
+async fn the_interceptor_and_metadata_helpers_carry_traceparent() {
+    let config = TelemetryConfig::from_vars("x", Vec::<(String, String)>::new()).unwrap();
+    let (dispatch, _guard) = reach_telemetry::dispatch(&config, Capture::default()).unwrap();
+    let _default = tracing::dispatcher::set_default(&dispatch);
+
+    let caller = tracing::info_span!("test.caller");
+    let caller_trace = reach_telemetry::span_trace_id(&caller).unwrap();
+    let request = {
+        let _entered = caller.enter();
+        reach_telemetry::inject_trace_context(tonic::Request::new(())).unwrap()
+    };
+    let traceparent = request
+        .metadata()
+        .get(reach_rpc::trace::TRACEPARENT)
+        .unwrap()
+        .to_str()
+        .unwrap()
+        .to_string();
+    assert_eq!(TraceId::from_traceparent(&traceparent), Some(caller_trace));
+
+    let callee = tracing::info_span!(parent: None, "test.callee");
+    assert!(reach_telemetry::set_parent_from_metadata(
+        &callee,
+        request.metadata()
+    ));
+    assert_eq!(reach_telemetry::span_trace_id(&callee), Some(caller_trace));
+
+    // Without traceparent nothing changes; a root span can adopt an envelope's trace id.
+    let orphan = tracing::info_span!(parent: None, "test.orphan");
+    assert!(!reach_telemetry::set_parent_from_metadata(
+        &orphan,
+        &tonic::metadata::MetadataMap::new()
+    ));
+    let wanted = TraceId::random();
+    assert!(reach_telemetry::adopt_trace_id(&orphan, wanted));
+    assert_eq!(reach_telemetry::span_trace_id(&orphan), Some(wanted));
+    // A started span keeps its trace.
+    assert!(!reach_telemetry::adopt_trace_id(&orphan, TraceId::random()));
+}
