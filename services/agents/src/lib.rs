@@ -7,14 +7,14 @@
 //! suggestion.
 //!
 //! # Layout
-//! - [`complaint`]: the CSV record and its loader.
-//! - [`classifier`]: the deterministic weighted-term classifier and the `Issue` → category
+//! - [`complaint`] — the CSV record and its loader.
+//! - [`classifier`] — the deterministic weighted-term classifier and the `Issue` → category
 //!   mapping used to score it.
-//! - [`extract`]: key fields from the text (company, state, dollar amounts).
-//! - [`executor`]: the executor handler (`complaint.<category>` capabilities).
-//! - [`coordinator`]: the coordinator handlers (`complaint.triage`, `complaint.classify`).
-//! - [`ingest`]: sends complaints through the mesh and collects the outcomes.
-//! - [`fleet`]: starts the whole example fleet on ephemeral ports.
+//! - [`extract`] — key fields from the text (company, state, dollar amounts).
+//! - [`executor`] — the executor handler (`complaint.<category>` capabilities).
+//! - [`coordinator`] — the coordinator handlers (`complaint.triage`, `complaint.classify`).
+//! - [`ingest`] — sends complaints through the mesh and collects the outcomes.
+//! - [`fleet`] — starts the whole example fleet on ephemeral ports.
 
 pub mod classifier;
 pub mod complaint;

@@ -3,14 +3,14 @@
 //! tests start the same control plane in-process on ephemeral ports.
 //!
 //! # Layout
-//! - [`config`]: [`config::ReachConfig`], layered from defaults, a TOML file, `REACH_*`
+//! - [`config`] — [`config::ReachConfig`], layered from defaults, a TOML file, `REACH_*`
 //!   environment variables and flags (figment).
-//! - [`control_plane`]: registry and router (and, later, orchestrator) served together on
+//! - [`control_plane`] — registry and router (and, later, orchestrator) served together on
 //!   one gRPC listener.
-//! - [`admin`]: the HTTP admin port (`/health`, `/agents`).
-//! - [`demo`]: `reach demo`, the main job: the example fleet triaging the CFPB complaints.
-//! - [`cli`]: client commands against a running mesh (`reach agents`).
-//! - [`telemetry`]: log setup (`REACH_LOG`, `REACH_LOG_FORMAT`).
+//! - [`admin`] — the HTTP admin port (`/health`, `/agents`).
+//! - [`demo`] — `reach demo`, the main job: the example fleet triaging the CFPB complaints.
+//! - [`cli`] — client commands against a running mesh (`reach agents`).
+//! - [`telemetry`] — log setup (`REACH_LOG`, `REACH_LOG_FORMAT`).
 
 pub mod admin;
 pub mod cli;

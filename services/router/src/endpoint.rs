@@ -17,7 +17,9 @@ use crate::load::{InFlight, LoadTracker};
 /// The inbound half of a forwarded stream, as the agent client consumes it.
 pub type InboundStream = crate::pump::InboundPump;
 
-/// What the router asks an instance to do.
+/// What the router asks an instance to do. Built once per call and moved into the balancer,
+/// so the variants' size difference costs nothing worth a box.
+#[allow(clippy::large_enum_variant)]
 pub enum Forward {
     /// Deliver one message and wait for the reply.
     Unary(tonic::Request<HandleRequest>),

@@ -5,16 +5,16 @@
 //! `RegistryService.Watch` stream. Any number of replicas can run side by side.
 //!
 //! # Layout
-//! - [`config`]: [`RouterConfig`].
-//! - [`load`]: the per-instance load signal (peak-EWMA latency × pending requests) that the
+//! - [`config`] — [`RouterConfig`].
+//! - [`load`] — the per-instance load signal (peak-EWMA latency × pending requests) that the
 //!   balancer compares.
-//! - [`endpoint`]: one instance as a `tower::Service` that forwards unary calls and streams.
-//! - [`table`]: the routing table — instances, and one tower p2c balancer per route (service
+//! - [`endpoint`] — one instance as a `tower::Service` that forwards unary calls and streams.
+//! - [`table`] — the routing table — instances, and one tower p2c balancer per route (service
 //!   name or capability) — updated from registry watch events.
-//! - [`watch`]: the loop that follows the registry's Watch stream, reconnecting on failure.
-//! - [`pump`]: the inbound and outbound halves of a routed stream.
-//! - [`service`]: the `reach.v1.RouterService` gRPC implementation (Call, Stream).
-//! - [`error`]: [`RouteError`] and its mapping to gRPC statuses with ErrorInfo.
+//! - [`watch`] — the loop that follows the registry's Watch stream, reconnecting on failure.
+//! - [`pump`] — the inbound and outbound halves of a routed stream.
+//! - [`service`] — the `reach.v1.RouterService` gRPC implementation (Call, Stream).
+//! - [`error`] — [`RouteError`] and its mapping to gRPC statuses with ErrorInfo.
 
 pub mod config;
 pub mod endpoint;

@@ -155,8 +155,12 @@ impl MeshClient {
             Some(timeout) => tokio::time::timeout(timeout, result)
                 .await
                 .map_err(|_| Status::deadline_exceeded(format!("no reply within {timeout:?}")))?
-                .map(tonic::Response::into_inner),
-            None => result.await.map(tonic::Response::into_inner),
+                .map(tonic::Response::into_inner)
+                .map_err(reach_rpc::deadline::normalize_client_status),
+            None => result
+                .await
+                .map(tonic::Response::into_inner)
+                .map_err(reach_rpc::deadline::normalize_client_status),
         }
     }
 
@@ -182,6 +186,10 @@ impl MeshClient {
             request.set_timeout(timeout);
         }
         let mut router = self.router.clone();
-        Ok(router.stream(request).await?.into_inner())
+        Ok(router
+            .stream(request)
+            .await
+            .map_err(reach_rpc::deadline::normalize_client_status)?
+            .into_inner())
     }
 }

@@ -1,19 +1,19 @@
 //! Observability for every Reach service and the SDK.
 //!
 //! # Layout
-//! - [`config`]: [`TelemetryConfig`], read from `REACH_LOG`, `REACH_LOG_FORMAT` and the
+//! - [`config`] — [`TelemetryConfig`], read from `REACH_LOG`, `REACH_LOG_FORMAT` and the
 //!   standard `OTEL_*` variables (or an injected map, for tests).
 //! - [`init`](mod@init): [`init()`] installs the process-wide `tracing` subscriber (log lines
 //!   plain or JSON, spans to OpenTelemetry, OTLP/gRPC export batched and bounded) and returns
 //!   the [`TelemetryGuard`] whose `shutdown` flushes with a time limit.
-//! - [`propagation`]: W3C `traceparent` in gRPC metadata and HTTP headers, the envelope's
+//! - [`propagation`] — W3C `traceparent` in gRPC metadata and HTTP headers, the envelope's
 //!   `trace_id` as the OpenTelemetry trace id ([`message_span`], [`current_trace_id`]).
-//! - [`grpc`]: tower middleware: [`traced`] / [`GrpcServerTraceLayer`] for servers,
+//! - [`grpc`] — tower middleware: [`traced`] / [`GrpcServerTraceLayer`] for servers,
 //!   [`traced_channel`] / [`GrpcClientTraceLayer`] for clients.
-//! - [`metrics`]: the Prometheus recorder ([`metrics::install`]), every metric name
+//! - [`metrics`] — the Prometheus recorder ([`metrics::install`]), every metric name
 //!   ([`metrics::names`]) and recording helpers per service.
-//! - [`admin`]: the HTTP admin router (`/metrics`, `/health`).
-//! - [`top`]: `reach top`, the live terminal board.
+//! - [`admin`] — the HTTP admin router (`/metrics`, `/health`).
+//! - [`top`] — `reach top`, the live terminal board.
 //!
 //! # Wiring a service
 //!
