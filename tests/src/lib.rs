@@ -30,7 +30,9 @@ impl Sandbox {
 
     /// Starts with `config` (its listen address is ignored: the sandbox binds port 0).
     pub async fn start_with(config: ReachConfig) -> Self {
-        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind an ephemeral port");
+        let listener = TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind an ephemeral port");
         let plane = ControlPlane::start(listener, &config, Services::ALL)
             .await
             .expect("control plane starts");
@@ -80,7 +82,9 @@ impl Sandbox {
 
     /// Starts `runtime` on an ephemeral port and waits until the router can route to it.
     pub async fn start_agent(&self, runtime: AgentRuntime) -> RunningAgent {
-        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind agent port");
+        let listener = TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind agent port");
         let (agent, _endpoint) = runtime.start(listener).await.expect("agent starts");
         let id = agent.instance_id().to_string();
         let table = self.plane.router().expect("router").table().clone();
@@ -110,7 +114,10 @@ where
         if check().await {
             return;
         }
-        assert!(tokio::time::Instant::now() < deadline, "condition not reached within {within:?}");
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "condition not reached within {within:?}"
+        );
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
 }

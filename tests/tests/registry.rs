@@ -3,8 +3,8 @@
 use std::time::Duration;
 
 use reach_proto::v1::{
-    Capability, DeregisterRequest, HeartbeatRequest, InstanceSpec, InstanceState, ListInstancesRequest,
-    RegisterRequest, WatchRequest, watch_response,
+    Capability, DeregisterRequest, HeartbeatRequest, InstanceSpec, InstanceState,
+    ListInstancesRequest, RegisterRequest, WatchRequest, watch_response,
 };
 use reach_rpc::GrpcServer;
 use reach_tests::{Sandbox, eventually};
@@ -24,7 +24,10 @@ fn spec(service: &str, id: &str, endpoint: &str) -> InstanceSpec {
         service: service.into(),
         instance_id: id.into(),
         endpoint: endpoint.into(),
-        capabilities: vec![Capability { name: "echo".into(), version: "1.0.0".into() }],
+        capabilities: vec![Capability {
+            name: "echo".into(),
+            version: "1.0.0".into(),
+        }],
         protocol_version: "1.0".into(),
         weight: 1,
         max_concurrency: 4,
@@ -59,11 +62,17 @@ async fn a_lease_is_granted_renewed_by_heartbeats_and_expires_without_them() {
         .await
         .unwrap()
         .into_inner();
-    assert_eq!(reach_rpc::time::std_duration(granted.lease_ttl.as_ref().unwrap()), Some(Duration::from_millis(400)));
+    assert_eq!(
+        reach_rpc::time::std_duration(granted.lease_ttl.as_ref().unwrap()),
+        Some(Duration::from_millis(400))
+    );
     assert_eq!(granted.instance.unwrap().state(), InstanceState::Registered);
 
     // The health probe passes: READY.
-    eventually(Duration::from_secs(3), || async { state_of(&sandbox, "svc-1").await == Some(InstanceState::Ready) }).await;
+    eventually(Duration::from_secs(3), || async {
+        state_of(&sandbox, "svc-1").await == Some(InstanceState::Ready)
+    })
+    .await;
 
     // Heartbeats keep it alive well past one TTL and carry the reported state.
     for _ in 0..8 {
@@ -83,7 +92,10 @@ async fn a_lease_is_granted_renewed_by_heartbeats_and_expires_without_them() {
     assert_eq!(state_of(&sandbox, "svc-1").await, Some(InstanceState::Busy));
 
     // Silence: the lease expires and the instance leaves.
-    eventually(Duration::from_secs(3), || async { state_of(&sandbox, "svc-1").await.is_none() }).await;
+    eventually(Duration::from_secs(3), || async {
+        state_of(&sandbox, "svc-1").await.is_none()
+    })
+    .await;
     let late = registry
         .heartbeat(HeartbeatRequest {
             instance_id: "svc-1".into(),
@@ -94,7 +106,10 @@ async fn a_lease_is_granted_renewed_by_heartbeats_and_expires_without_them() {
         .await
         .unwrap_err();
     assert_eq!(late.code(), Code::NotFound);
-    assert_eq!(reach_rpc::errors::reason_of(&late).as_deref(), Some("LEASE_NOT_FOUND"));
+    assert_eq!(
+        reach_rpc::errors::reason_of(&late).as_deref(),
+        Some("LEASE_NOT_FOUND")
+    );
     sandbox.stop().await;
 }
 
@@ -104,7 +119,10 @@ async fn watch_sends_a_snapshot_then_deltas_with_rising_revisions() {
     let mut registry = sandbox.registry_client().await;
     let endpoint = healthy_endpoint().await;
     let a = registry
-        .register(RegisterRequest { instance: Some(spec("svc", "a", &endpoint)), lease_ttl: None })
+        .register(RegisterRequest {
+            instance: Some(spec("svc", "a", &endpoint)),
+            lease_ttl: None,
+        })
         .await
         .unwrap()
         .into_inner();
@@ -114,26 +132,47 @@ async fn watch_sends_a_snapshot_then_deltas_with_rising_revisions() {
     let Some(watch_response::Event::Snapshot(snapshot)) = first.event else {
         panic!("the first watch event must be a snapshot, got {first:?}");
     };
-    assert!(snapshot.instances.iter().any(|i| i.spec.as_ref().unwrap().instance_id == "a"));
+    assert!(
+        snapshot
+            .instances
+            .iter()
+            .any(|i| i.spec.as_ref().unwrap().instance_id == "a")
+    );
     let mut revision = first.revision;
 
     registry
-        .register(RegisterRequest { instance: Some(spec("svc", "b", &endpoint)), lease_ttl: None })
+        .register(RegisterRequest {
+            instance: Some(spec("svc", "b", &endpoint)),
+            lease_ttl: None,
+        })
         .await
         .unwrap();
     registry
-        .deregister(DeregisterRequest { instance_id: "a".into(), lease_id: a.lease_id })
+        .deregister(DeregisterRequest {
+            instance_id: "a".into(),
+            lease_id: a.lease_id,
+        })
         .await
         .unwrap();
 
     let mut saw_b = false;
     let mut saw_a_removed = false;
     while !(saw_b && saw_a_removed) {
-        let event = tokio::time::timeout(Duration::from_secs(3), watch.message()).await.unwrap().unwrap().unwrap();
-        assert!(event.revision > revision, "revisions must rise: {} after {revision}", event.revision);
+        let event = tokio::time::timeout(Duration::from_secs(3), watch.message())
+            .await
+            .unwrap()
+            .unwrap()
+            .unwrap();
+        assert!(
+            event.revision > revision,
+            "revisions must rise: {} after {revision}",
+            event.revision
+        );
         revision = event.revision;
         match event.event.unwrap() {
-            watch_response::Event::Upserted(i) if i.spec.as_ref().unwrap().instance_id == "b" => saw_b = true,
+            watch_response::Event::Upserted(i) if i.spec.as_ref().unwrap().instance_id == "b" => {
+                saw_b = true
+            }
             watch_response::Event::Removed(i) => {
                 assert_eq!(i.spec.as_ref().unwrap().instance_id, "a");
                 assert_eq!(i.state(), InstanceState::Offline);
@@ -150,16 +189,30 @@ async fn a_malformed_registration_is_refused_with_the_field_to_fix() {
     let sandbox = Sandbox::start().await;
     let mut registry = sandbox.registry_client().await;
     let err = registry
-        .register(RegisterRequest { instance: Some(spec("svc", "x", "not a url")), lease_ttl: None })
+        .register(RegisterRequest {
+            instance: Some(spec("svc", "x", "not a url")),
+            lease_ttl: None,
+        })
         .await
         .unwrap_err();
     assert_eq!(err.code(), Code::InvalidArgument);
-    assert!(err.message().contains("instance.endpoint"), "{}", err.message());
+    assert!(
+        err.message().contains("instance.endpoint"),
+        "{}",
+        err.message()
+    );
     let err = registry
-        .register(RegisterRequest { instance: Some(spec("", "x", "http://127.0.0.1:1")), lease_ttl: None })
+        .register(RegisterRequest {
+            instance: Some(spec("", "x", "http://127.0.0.1:1")),
+            lease_ttl: None,
+        })
         .await
         .unwrap_err();
-    assert!(err.message().contains("instance.service"), "{}", err.message());
+    assert!(
+        err.message().contains("instance.service"),
+        "{}",
+        err.message()
+    );
     sandbox.stop().await;
 }
 
@@ -171,11 +224,25 @@ async fn an_instance_whose_endpoint_does_not_answer_never_becomes_routable() {
     let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let endpoint = format!("http://{}", silent.local_addr().unwrap());
     registry
-        .register(RegisterRequest { instance: Some(spec("svc", "silent", &endpoint)), lease_ttl: None })
+        .register(RegisterRequest {
+            instance: Some(spec("svc", "silent", &endpoint)),
+            lease_ttl: None,
+        })
         .await
         .unwrap();
     tokio::time::sleep(Duration::from_millis(300)).await;
-    assert_eq!(state_of(&sandbox, "silent").await, Some(InstanceState::Registered));
-    assert!(sandbox.plane.router().unwrap().table().instances().is_empty());
+    assert_eq!(
+        state_of(&sandbox, "silent").await,
+        Some(InstanceState::Registered)
+    );
+    assert!(
+        sandbox
+            .plane
+            .router()
+            .unwrap()
+            .table()
+            .instances()
+            .is_empty()
+    );
     sandbox.stop().await;
 }

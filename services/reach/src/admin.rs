@@ -1,5 +1,5 @@
-//! The HTTP admin port: `GET /health` and `GET /agents` (JSON), as users of the original
-//! gateway expect.
+//! The HTTP admin port: `GET /metrics` (Prometheus) and `GET /health` from reach-telemetry,
+//! plus `GET /agents` (JSON), as users of the original gateway expect.
 
 use axum::extract::State;
 use axum::http::StatusCode;
@@ -10,16 +10,17 @@ use reach_registry::Registry;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
-/// The admin routes over an optional local registry.
-pub fn routes(registry: Option<Registry>) -> Router {
-    Router::new()
-        .route("/health", get(health))
-        .route("/agents", get(agents))
-        .with_state(registry)
-}
-
-async fn health() -> impl IntoResponse {
-    Json(serde_json::json!({"status": "serving"}))
+/// The admin routes: `/metrics` and `/health` (from `metrics`), and `/agents` over an
+/// optional local registry.
+pub fn routes(
+    metrics: reach_telemetry::metrics::PrometheusHandle,
+    registry: Option<Registry>,
+) -> Router {
+    reach_telemetry::admin_router(metrics).merge(
+        Router::new()
+            .route("/agents", get(agents))
+            .with_state(registry),
+    )
 }
 
 async fn agents(State(registry): State<Option<Registry>>) -> impl IntoResponse {

@@ -67,7 +67,9 @@ impl ControlPlane {
         let registry = if services.registry {
             let registry = Registry::new(config.registry.clone()).map_err(StartError::Config)?;
             background.push(tokio::spawn(registry.clone().run_sweeper()));
-            server = server.add_service(RegistryGrpc::new(registry.clone()).into_server());
+            server = server.add_service(reach_telemetry::traced(
+                RegistryGrpc::new(registry.clone()).into_server(),
+            ));
             Some(registry)
         } else {
             None
@@ -79,7 +81,7 @@ impl ControlPlane {
             }
             let router = Router::new(router_config).map_err(StartError::Config)?;
             background.push(router.spawn_registry_watch());
-            server = server.add_service(router.clone().into_server());
+            server = server.add_service(reach_telemetry::traced(router.clone().into_server()));
             Some(router)
         } else {
             None

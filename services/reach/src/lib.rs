@@ -7,14 +7,13 @@
 //!   environment variables and flags (figment).
 //! - [`control_plane`] — registry and router (and, later, orchestrator) served together on
 //!   one gRPC listener.
-//! - [`admin`] — the HTTP admin port (`/health`, `/agents`).
+//! - [`admin`] — the HTTP admin port: reach-telemetry's `/metrics` and `/health`, plus
+//!   `/agents`.
 //! - [`demo`] — `reach demo`, the main job: the example fleet triaging the CFPB complaints.
 //! - [`cli`] — client commands against a running mesh (`reach agents`).
-//! - [`telemetry`] — log setup (`REACH_LOG`, `REACH_LOG_FORMAT`).
 
 pub mod admin;
 pub mod cli;
 pub mod config;
 pub mod control_plane;
 pub mod demo;
-pub mod telemetry;

@@ -64,6 +64,18 @@ enum Command {
         #[arg(long)]
         max_message_bytes: Option<usize>,
     },
+    /// A live terminal board: instances, traffic per capability, tasks, failures (q quits).
+    Top {
+        /// The registry (or `reach dev`) gRPC endpoint.
+        #[arg(long, default_value = "http://127.0.0.1:7070")]
+        endpoint: String,
+        /// The admin host:port serving /metrics; default: the gRPC port + 1.
+        #[arg(long)]
+        admin: Option<String>,
+        /// Print one frame as text and exit.
+        #[arg(long)]
+        once: bool,
+    },
     /// List the registered agent instances and their state.
     Agents {
         /// The registry (or `reach dev`) endpoint.
@@ -73,6 +85,19 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+}
+
+impl Command {
+    /// The default OpenTelemetry `service.name` (OTEL_SERVICE_NAME overrides it).
+    fn service_name(&self) -> &'static str {
+        match self {
+            Command::Demo { .. } => "reach-demo",
+            Command::Dev { .. } => "reach-dev",
+            Command::Registry { .. } => "reach-registry",
+            Command::Router { .. } => "reach-router",
+            Command::Agents { .. } | Command::Top { .. } => "reach-cli",
+        }
+    }
 }
 
 #[derive(Args)]
@@ -107,17 +132,27 @@ impl ServiceArgs {
 #[tokio::main]
 async fn main() -> ExitCode {
     let cli = Cli::parse();
-    if let Err(message) = reach::telemetry::init_logs() {
-        eprintln!("error: {message}");
-        return ExitCode::from(EXIT_USAGE);
-    }
-    match run(cli.command).await {
+    let telemetry = match reach_telemetry::TelemetryConfig::from_env(cli.command.service_name())
+        .map_err(|e| e.to_string())
+        .and_then(|config| reach_telemetry::init(&config).map_err(|e| e.to_string()))
+    {
+        Ok(telemetry) => telemetry,
+        Err(message) => {
+            eprintln!("error: {message}");
+            return ExitCode::from(EXIT_USAGE);
+        }
+    };
+    let code = match run(cli.command).await {
         Ok(code) => code,
         Err(error) => {
             eprintln!("error: {error:#}");
             ExitCode::FAILURE
         }
+    };
+    if let Err(error) = telemetry.shutdown().await {
+        eprintln!("warning: spans not flushed: {error}");
     }
+    code
 }
 
 async fn run(command: Command) -> anyhow::Result<ExitCode> {
@@ -171,6 +206,20 @@ async fn run(command: Command) -> anyhow::Result<ExitCode> {
             };
             serve(&service, overrides, services, false).await
         }
+        Command::Top {
+            endpoint,
+            admin,
+            once,
+        } => {
+            let options = reach_telemetry::top::TopOptions {
+                endpoint,
+                admin,
+                once,
+                ..Default::default()
+            };
+            reach_telemetry::top::run(options).await?;
+            Ok(ExitCode::SUCCESS)
+        }
         Command::Agents { endpoint, json } => {
             reach::cli::agents(&endpoint, json, &mut std::io::stdout()).await?;
             Ok(ExitCode::SUCCESS)
@@ -212,9 +261,10 @@ async fn serve(
             )
         })?;
         let admin_addr = admin_listener.local_addr()?;
-        let routes = reach::admin::routes(plane.registry().cloned());
+        let metrics = reach_telemetry::metrics::install()?;
+        let routes = reach::admin::routes(metrics, plane.registry().cloned());
         let token = shutdown.clone();
-        println!("admin http   http://{admin_addr}  (/health, /agents)");
+        println!("admin http   http://{admin_addr}  (/health, /metrics, /agents)");
         Some(tokio::spawn(reach::admin::serve(
             admin_listener,
             routes,

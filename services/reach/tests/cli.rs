@@ -20,40 +20,89 @@ fn repo_root() -> PathBuf {
 
 #[test]
 fn demo_json_triages_all_87_complaints_without_failure() {
-    let output = reach().args(["demo", "--json"]).output().expect("reach demo runs");
-    assert!(output.status.success(), "stderr: {}", String::from_utf8_lossy(&output.stderr));
-    let report: serde_json::Value = serde_json::from_slice(&output.stdout).expect("one JSON object");
+    let output = reach()
+        .args(["demo", "--json"])
+        .output()
+        .expect("reach demo runs");
+    assert!(
+        output.status.success(),
+        "stderr: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let report: serde_json::Value =
+        serde_json::from_slice(&output.stdout).expect("one JSON object");
     assert_eq!(report["total"], 87);
     assert_eq!(report["failed"], 0);
     assert_eq!(report["succeeded"], 87);
     let human = report["human_review"].as_u64().unwrap();
-    let routed: u64 = report["by_capability"].as_object().unwrap().values().map(|v| v.as_u64().unwrap()).sum();
-    assert_eq!(routed + human, 87, "every complaint is routed or waits for a person");
+    let routed: u64 = report["by_capability"]
+        .as_object()
+        .unwrap()
+        .values()
+        .map(|v| v.as_u64().unwrap())
+        .sum();
+    assert_eq!(
+        routed + human,
+        87,
+        "every complaint is routed or waits for a person"
+    );
     let accuracy = report["accuracy"].as_f64().unwrap();
     assert!((0.0..=1.0).contains(&accuracy));
     assert!(report["latency_ms"]["p50"].as_f64().unwrap() > 0.0);
-    assert!(report["latency_ms"]["p99"].as_f64().unwrap() >= report["latency_ms"]["p50"].as_f64().unwrap());
-    let traces: Vec<&str> = report["trace_ids"].as_array().unwrap().iter().map(|t| t.as_str().unwrap()).collect();
+    assert!(
+        report["latency_ms"]["p99"].as_f64().unwrap()
+            >= report["latency_ms"]["p50"].as_f64().unwrap()
+    );
+    let traces: Vec<&str> = report["trace_ids"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t.as_str().unwrap())
+        .collect();
     assert_eq!(traces.len(), 87);
-    assert_eq!(traces.iter().collect::<HashSet<_>>().len(), 87, "one fresh trace per complaint");
-    assert!(traces.iter().all(|t| t.len() == 32 && t.bytes().all(|b| b.is_ascii_hexdigit())));
+    assert_eq!(
+        traces.iter().collect::<HashSet<_>>().len(),
+        87,
+        "one fresh trace per complaint"
+    );
+    assert!(
+        traces
+            .iter()
+            .all(|t| t.len() == 32 && t.bytes().all(|b| b.is_ascii_hexdigit()))
+    );
     // Both executors of the busiest capability took work.
     let by_instance = report["by_instance"].as_object().unwrap();
-    assert!(by_instance.contains_key("executor.servicing-1") && by_instance.contains_key("executor.servicing-2"), "{by_instance:?}");
+    assert!(
+        by_instance.contains_key("executor.servicing-1")
+            && by_instance.contains_key("executor.servicing-2"),
+        "{by_instance:?}"
+    );
 }
 
 #[test]
 fn demo_reports_a_missing_input_clearly() {
-    let output = reach().args(["demo", "--input", "no/such.csv"]).output().unwrap();
+    let output = reach()
+        .args(["demo", "--input", "no/such.csv"])
+        .output()
+        .unwrap();
     assert!(!output.status.success());
     let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(stderr.contains("no/such.csv") && stderr.contains("--input"), "{stderr}");
+    assert!(
+        stderr.contains("no/such.csv") && stderr.contains("--input"),
+        "{stderr}"
+    );
 }
 
 #[test]
 fn a_bad_config_exits_64_naming_the_key() {
     let output = reach()
-        .args(["router", "--listen", "127.0.0.1:0", "--max-message-bytes", "10"])
+        .args([
+            "router",
+            "--listen",
+            "127.0.0.1:0",
+            "--max-message-bytes",
+            "10",
+        ])
         .output()
         .unwrap();
     assert_eq!(output.status.code(), Some(64));
@@ -63,14 +112,24 @@ fn a_bad_config_exits_64_naming_the_key() {
 
 fn grpcurl() -> PathBuf {
     let path = repo_root().join(".venv/bin/grpcurl");
-    assert!(path.exists(), "{} is missing: run scripts/python-env.sh", path.display());
+    assert!(
+        path.exists(),
+        "{} is missing: run scripts/python-env.sh",
+        path.display()
+    );
     path
 }
 
 #[tokio::test]
 async fn dev_serves_every_service_on_one_port_for_grpcurl_and_reach_agents() {
     let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_reach"))
-        .args(["dev", "--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0"])
+        .args([
+            "dev",
+            "--listen",
+            "127.0.0.1:0",
+            "--admin-listen",
+            "127.0.0.1:0",
+        ])
         .current_dir(repo_root())
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
@@ -80,12 +139,21 @@ async fn dev_serves_every_service_on_one_port_for_grpcurl_and_reach_agents() {
     let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
     let mut grpc = None;
     let mut admin = None;
-    while let Ok(Some(line)) = tokio::time::timeout(Duration::from_secs(30), lines.next_line()).await.unwrap() {
+    while let Ok(Some(line)) = tokio::time::timeout(Duration::from_secs(30), lines.next_line())
+        .await
+        .unwrap()
+    {
         if let Some(rest) = line.strip_prefix("grpc") {
-            grpc = rest.split_whitespace().next().map(|u| u.trim_start_matches("http://").to_string());
+            grpc = rest
+                .split_whitespace()
+                .next()
+                .map(|u| u.trim_start_matches("http://").to_string());
         }
         if let Some(rest) = line.strip_prefix("admin http") {
-            admin = rest.split_whitespace().next().map(|u| u.trim_start_matches("http://").to_string());
+            admin = rest
+                .split_whitespace()
+                .next()
+                .map(|u| u.trim_start_matches("http://").to_string());
         }
         if line.starts_with("try:") {
             break;
@@ -94,16 +162,29 @@ async fn dev_serves_every_service_on_one_port_for_grpcurl_and_reach_agents() {
     let grpc = grpc.expect("reach dev printed its gRPC address");
     let admin = admin.expect("reach dev printed its admin address");
 
-    let list = Command::new(grpcurl()).args(["-plaintext", &grpc, "list"]).output().unwrap();
+    let list = Command::new(grpcurl())
+        .args(["-plaintext", &grpc, "list"])
+        .output()
+        .unwrap();
     let services = String::from_utf8_lossy(&list.stdout);
-    for service in ["reach.v1.RegistryService", "reach.v1.RouterService", "grpc.health.v1.Health"] {
-        assert!(services.contains(service), "grpcurl list shows {service}: {services}");
+    for service in [
+        "reach.v1.RegistryService",
+        "reach.v1.RouterService",
+        "grpc.health.v1.Health",
+    ] {
+        assert!(
+            services.contains(service),
+            "grpcurl list shows {service}: {services}"
+        );
     }
     let describe = Command::new(grpcurl())
         .args(["-plaintext", &grpc, "describe", "reach.v1.RouterService"])
         .output()
         .unwrap();
-    assert!(String::from_utf8_lossy(&describe.stdout).contains("rpc Call"), "describe works");
+    assert!(
+        String::from_utf8_lossy(&describe.stdout).contains("rpc Call"),
+        "describe works"
+    );
 
     // The agents register within moments; then a call through grpcurl reaches one.
     let mut classified = String::new();
@@ -124,21 +205,42 @@ async fn dev_serves_every_service_on_one_port_for_grpcurl_and_reach_agents() {
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    assert!(classified.contains("credit_report"), "grpcurl call classified the complaint: {classified}");
+    assert!(
+        classified.contains("credit_report"),
+        "grpcurl call classified the complaint: {classified}"
+    );
 
     let agents = Command::new(env!("CARGO_BIN_EXE_reach"))
         .args(["agents", "--endpoint", &format!("http://{grpc}")])
         .output()
         .unwrap();
     let table = String::from_utf8_lossy(&agents.stdout);
-    assert!(table.contains("executor.servicing-2") && table.contains("READY"), "{table}");
+    assert!(
+        table.contains("executor.servicing-2") && table.contains("READY"),
+        "{table}"
+    );
 
-    let agents_json = Command::new("curl").args(["-sf", &format!("http://{admin}/agents")]).output().expect("curl runs");
-    assert!(String::from_utf8_lossy(&agents_json.stdout).contains("coordinator-1"), "GET /agents lists the instances");
+    let agents_json = Command::new("curl")
+        .args(["-sf", &format!("http://{admin}/agents")])
+        .output()
+        .expect("curl runs");
+    assert!(
+        String::from_utf8_lossy(&agents_json.stdout).contains("coordinator-1"),
+        "GET /agents lists the instances"
+    );
 
     // SIGTERM drains the agents and exits cleanly.
     let pid = child.id().unwrap().to_string();
-    assert!(Command::new("kill").args(["-TERM", &pid]).status().unwrap().success());
-    let status = tokio::time::timeout(Duration::from_secs(30), child.wait()).await.expect("reach dev exits").unwrap();
+    assert!(
+        Command::new("kill")
+            .args(["-TERM", &pid])
+            .status()
+            .unwrap()
+            .success()
+    );
+    let status = tokio::time::timeout(Duration::from_secs(30), child.wait())
+        .await
+        .expect("reach dev exits")
+        .unwrap();
     assert!(status.success(), "{status:?}");
 }

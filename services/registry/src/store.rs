@@ -267,6 +267,7 @@ impl Registry {
             .collect();
         for id in &expired {
             info!(instance = %id, "lease expired");
+            reach_telemetry::metrics::registry::lease_expired();
             self.remove(&mut table, id);
         }
         expired
@@ -339,11 +340,42 @@ impl Registry {
     }
 
     fn publish(&self, table: &Table, event: watch_response::Event) {
+        record_state_counts(table);
         // No receivers is fine: nobody watches yet.
         let _ = self.inner.events.send(WatchResponse {
             revision: table.revision,
             event: Some(event),
         });
+    }
+}
+
+/// Sets the instances-by-state gauges from the table (O(instances); called on every change).
+fn record_state_counts(table: &Table) {
+    let mut counts = [0usize; 6];
+    for entry in table.instances.values() {
+        if let Some(count) = counts.get_mut(entry.instance.state as usize) {
+            *count += 1;
+        }
+    }
+    for state in [
+        InstanceState::Registered,
+        InstanceState::Ready,
+        InstanceState::Busy,
+        InstanceState::Draining,
+    ] {
+        reach_telemetry::metrics::registry::instances(state_label(state), counts[state as usize]);
+    }
+}
+
+/// The metric label of a state (`ready`, `draining`, ...).
+pub fn state_label(state: InstanceState) -> &'static str {
+    match state {
+        InstanceState::Unspecified => "unspecified",
+        InstanceState::Registered => "registered",
+        InstanceState::Ready => "ready",
+        InstanceState::Busy => "busy",
+        InstanceState::Draining => "draining",
+        InstanceState::Offline => "offline",
     }
 }
 

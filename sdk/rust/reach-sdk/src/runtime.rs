@@ -536,13 +536,18 @@ impl AgentService for AgentGrpc {
             .ok_or_else(|| Status::invalid_argument("the request has no message"))?;
         let handler = self.shared.pick(&self.shared.handlers, &message)?.clone();
         let ctx = self.shared.context(&message, deadline);
-        let span = info_span!("handle", trace_id = %ctx.trace_id, task_id = %ctx.task_id, capability = %ctx.capability);
+        let span = reach_telemetry::message_span("agent.handle", &message);
+        span.record("instance", &*self.shared.instance_id);
+        let started = Instant::now();
+        let capability = ctx.capability.clone();
+        let _in_flight_metric = reach_telemetry::metrics::sdk::in_flight(&capability);
         let guard = self.shared.enter();
         let message_id = ctx.message_id.clone();
 
         // Cancels the handler when this call goes away (caller cancelled, deadline passed).
         let cancel_on_drop = ctx.cancellation.clone().drop_guard();
         let shared = self.shared.clone();
+        let queue_capability = capability.clone();
         let run = async move {
             let slot = if message_id.is_empty() {
                 Default::default()
@@ -551,6 +556,10 @@ impl AgentService for AgentGrpc {
             };
             let outcome = slot
                 .get_or_init(|| async {
+                    let waiting = shared
+                        .max_concurrency
+                        .saturating_sub(shared.permits.available_permits());
+                    reach_telemetry::metrics::sdk::queue_depth(&queue_capability, waiting);
                     let _permit = shared
                         .permits
                         .acquire()
@@ -579,7 +588,7 @@ impl AgentService for AgentGrpc {
                 .await;
             outcome.clone()
         }
-        .instrument(span);
+        .instrument(span.clone());
         let result = match deadline {
             Some(deadline) => match tokio::time::timeout_at(deadline, run).await {
                 Ok(result) => result,
@@ -594,6 +603,10 @@ impl AgentService for AgentGrpc {
         };
         drop(cancel_on_drop);
         drop(guard);
+        let code = result.as_ref().map_or_else(Status::code, |_| Code::Ok);
+        let message = result.as_ref().err().map_or("", |s| s.message());
+        reach_telemetry::record_status(&span, code, message);
+        reach_telemetry::metrics::sdk::handler(&capability, code, started.elapsed());
         result.map(Response::new)
     }
 

@@ -8,7 +8,9 @@
 use std::sync::OnceLock;
 use std::time::Duration;
 
-use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
+/// The handle that renders the Prometheus text format (from metrics-exporter-prometheus).
+pub use metrics_exporter_prometheus::PrometheusHandle;
+use metrics_exporter_prometheus::{Matcher, PrometheusBuilder};
 
 /// Histogram buckets (seconds) for request latencies: 0.5 ms to 60 s.
 pub const LATENCY_BUCKETS: &[f64] = &[
