@@ -149,6 +149,11 @@ impl ControlPlane {
     /// # Errors
     /// The server's failure, if it failed.
     pub async fn shutdown(self) -> Result<(), reach_rpc::server::ServeError> {
+        // Stop following the registry first, so the router does not mistake the shutdown
+        // for an outage and try to reconnect.
+        for task in &self.background {
+            task.abort();
+        }
         self.shutdown.cancel();
         if let Some(registry) = &self.registry {
             registry.close_watches();
