@@ -90,7 +90,10 @@ enum Command {
 impl Command {
     /// Whether the command prints a result and exits (rather than serving).
     fn is_client(&self) -> bool {
-        matches!(self, Command::Demo { .. } | Command::Agents { .. } | Command::Top { .. })
+        matches!(
+            self,
+            Command::Demo { .. } | Command::Agents { .. } | Command::Top { .. }
+        )
     }
 
     /// The default OpenTelemetry `service.name` (OTEL_SERVICE_NAME overrides it).
@@ -137,13 +140,14 @@ impl ServiceArgs {
 #[tokio::main]
 async fn main() -> ExitCode {
     let cli = Cli::parse();
-    let config = reach_telemetry::TelemetryConfig::from_env(cli.command.service_name()).map(|mut config| {
-        // The demo and the client commands print results; their logs stay quiet unless asked.
-        if std::env::var_os("REACH_LOG").is_none() && cli.command.is_client() {
-            config.log_filter = "warn".into();
-        }
-        config
-    });
+    let config =
+        reach_telemetry::TelemetryConfig::from_env(cli.command.service_name()).map(|mut config| {
+            // The demo and the client commands print results; their logs stay quiet unless asked.
+            if std::env::var_os("REACH_LOG").is_none() && cli.command.is_client() {
+                config.log_filter = "warn".into();
+            }
+            config
+        });
     let telemetry = match config
         .map_err(|e| e.to_string())
         .and_then(|config| reach_telemetry::init(&config).map_err(|e| e.to_string()))

@@ -229,6 +229,44 @@ async fn dev_serves_every_service_on_one_port_for_grpcurl_and_reach_agents() {
         "GET /agents lists the instances"
     );
 
+    // Prometheus metrics on the admin port move with the calls made.
+    let scrape = || {
+        let out = Command::new("curl")
+            .args(["-sf", &format!("http://{admin}/metrics")])
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout).to_string()
+    };
+    let routed = |text: &str| -> f64 {
+        text.lines()
+            .find(|l| {
+                l.starts_with("reach_router_requests_total{")
+                    && l.contains("capability=\"complaint.classify\"")
+                    && l.contains("code=\"OK\"")
+            })
+            .and_then(|l| l.rsplit(' ').next())
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0.0)
+    };
+    let before = routed(&scrape());
+    assert!(before >= 1.0, "the grpcurl call was counted");
+    assert!(Command::new(grpcurl())
+        .args(["-plaintext", "-d", r#"{"message": {"header": {"capability": "complaint.classify"}, "payload": {"parts": [{"data": {"complaint_id": "9", "narrative": "late fee"}}]}}}"#, &grpc, "reach.v1.RouterService/Call"])
+        .output()
+        .unwrap()
+        .status
+        .success());
+    let metrics = scrape();
+    assert_eq!(routed(&metrics), before + 1.0, "the counter moved by one");
+    assert!(
+        metrics.contains("reach_registry_instances{state=\"ready\"} 10"),
+        "instances by state"
+    );
+    assert!(
+        metrics.contains("reach_sdk_handler_duration_seconds_bucket"),
+        "SDK handler latency"
+    );
+
     // SIGTERM drains the agents and exits cleanly.
     let pid = child.id().unwrap().to_string();
     assert!(

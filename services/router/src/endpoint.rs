@@ -7,6 +7,7 @@ use std::task::{Context, Poll};
 use futures::future::BoxFuture;
 use reach_proto::v1::agent_service_client::AgentServiceClient;
 use reach_proto::v1::{HandleRequest, HandleResponse, HandleStreamResponse};
+use reach_telemetry::grpc::GrpcClientTrace;
 use tonic::transport::Channel;
 use tonic::{Response, Status, Streaming};
 use tower::Service;
@@ -62,7 +63,7 @@ pub struct InstanceInfo {
 /// the connection and the load tracker.
 #[derive(Clone)]
 pub struct InstanceEndpoint {
-    client: AgentServiceClient<Channel>,
+    client: AgentServiceClient<GrpcClientTrace<Channel>>,
     info: Arc<InstanceInfo>,
     load: Arc<LoadTracker>,
 }
@@ -75,7 +76,7 @@ impl InstanceEndpoint {
         load: Arc<LoadTracker>,
         max_message_bytes: usize,
     ) -> Self {
-        let client = AgentServiceClient::new(channel)
+        let client = AgentServiceClient::new(reach_telemetry::traced_channel(channel))
             .max_decoding_message_size(max_message_bytes)
             .max_encoding_message_size(max_message_bytes);
         Self {

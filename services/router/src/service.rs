@@ -20,7 +20,7 @@ use tokio::time::Instant;
 use tonic::metadata::{MetadataMap, MetadataValue};
 use tonic::{Code, Request, Response, Status, Streaming};
 use tower::{Service, ServiceExt};
-use tracing::debug;
+use tracing::{Instrument, debug};
 
 use crate::config::RouterConfig;
 use crate::endpoint::{Forward, Forwarded, Outcome};
@@ -81,6 +81,79 @@ impl Router {
             return Err(RouteError::PayloadTooLarge { size, limit });
         }
         Ok(())
+    }
+
+    /// Forwards a prepared unary message, redelivering when provably undelivered.
+    async fn forward_call(
+        &self,
+        message: ReachMessage,
+        metadata: MetadataMap,
+        key: RouteKey,
+        deadline: Option<Instant>,
+        started: Instant,
+    ) -> Result<Response<CallResponse>, Status> {
+        let (trace_id, message_id) = trace_and_message_id(&message);
+        let metadata = forwarded_metadata(metadata);
+
+        let mut redeliveries = 0;
+        loop {
+            let mut service = self.ready_route(&key, deadline, started).await?;
+            let mut forward = Request::new(HandleRequest {
+                message: Some(message.clone()),
+            });
+            *forward.metadata_mut() = metadata.clone();
+            if let Some(deadline) = deadline {
+                let remaining = deadline.saturating_duration_since(Instant::now());
+                if remaining.is_zero() {
+                    return Err(RouteError::DeadlineExceeded(started.elapsed()).into());
+                }
+                forward.set_timeout(remaining);
+            }
+            let call = service.call(Forward::Unary(forward));
+            let forwarded = match deadline {
+                Some(deadline) => tokio::time::timeout_at(deadline, call)
+                    .await
+                    .map_err(|_| RouteError::DeadlineExceeded(started.elapsed()))?,
+                None => call.await,
+            };
+            let Forwarded { instance, outcome } =
+                forwarded.map_err(|error| RouteError::Balancer {
+                    key: key.clone(),
+                    detail: error.to_string(),
+                })?;
+            let Outcome::Unary(result) = outcome else {
+                return Err(Status::internal("a unary call came back as a stream"));
+            };
+            match result {
+                Ok(response) => {
+                    let mut reply = response.into_inner().message.unwrap_or_default();
+                    let header = reply.header.get_or_insert_with(Header::default);
+                    if header.trace_id.is_empty() {
+                        header.trace_id = trace_id.clone();
+                    }
+                    if header.correlation_id.is_empty() {
+                        header.correlation_id = message_id.clone();
+                    }
+                    return Ok(Response::new(CallResponse {
+                        message: Some(reply),
+                        route: Some(RouteInfo {
+                            instance_id: instance.instance_id.clone(),
+                            service: instance.service.clone(),
+                            trace_id,
+                            message_id,
+                        }),
+                    }));
+                }
+                Err(status)
+                    if provably_undelivered(&status)
+                        && redeliveries < self.config().max_redeliveries =>
+                {
+                    redeliveries += 1;
+                    debug!(instance = %instance.instance_id, code = ?status.code(), redeliveries, "not delivered; trying another instance");
+                }
+                Err(status) => return Err(status),
+            }
+        }
     }
 
     fn resolve(&self, key: &RouteKey) -> Result<RouteService, RouteError> {
@@ -197,68 +270,34 @@ impl RouterService for Router {
         self.check_size(message.encoded_len())?;
         prepare_header(&mut message, &metadata)?;
         let key = route_key(&message)?;
-        let (trace_id, message_id) = trace_and_message_id(&message);
-        let metadata = forwarded_metadata(metadata);
-
-        let mut redeliveries = 0;
-        loop {
-            let mut service = self.ready_route(&key, deadline, started).await?;
-            let mut forward = Request::new(HandleRequest {
-                message: Some(message.clone()),
-            });
-            *forward.metadata_mut() = metadata.clone();
-            if let Some(deadline) = deadline {
-                let remaining = deadline.saturating_duration_since(Instant::now());
-                if remaining.is_zero() {
-                    return Err(RouteError::DeadlineExceeded(started.elapsed()).into());
+        let span = reach_telemetry::message_span("router.call", &message);
+        let label = key.label().to_string();
+        let _in_flight = reach_telemetry::metrics::router::in_flight(&label);
+        let message_type = message
+            .payload
+            .as_ref()
+            .map(|p| p.r#type.clone())
+            .unwrap_or_default();
+        let result = self
+            .forward_call(message, metadata, key, deadline, started)
+            .instrument(span.clone())
+            .await;
+        let code = result.as_ref().map_or_else(Status::code, |_| Code::Ok);
+        match &result {
+            Ok(response) => {
+                if let Some(route) = &response.get_ref().route {
+                    span.record("instance", route.instance_id.as_str());
                 }
-                forward.set_timeout(remaining);
             }
-            let call = service.call(Forward::Unary(forward));
-            let forwarded = match deadline {
-                Some(deadline) => tokio::time::timeout_at(deadline, call)
-                    .await
-                    .map_err(|_| RouteError::DeadlineExceeded(started.elapsed()))?,
-                None => call.await,
-            };
-            let Forwarded { instance, outcome } =
-                forwarded.map_err(|error| RouteError::Balancer {
-                    key: key.clone(),
-                    detail: error.to_string(),
-                })?;
-            let Outcome::Unary(result) = outcome else {
-                return Err(Status::internal("a unary call came back as a stream"));
-            };
-            match result {
-                Ok(response) => {
-                    let mut reply = response.into_inner().message.unwrap_or_default();
-                    let header = reply.header.get_or_insert_with(Header::default);
-                    if header.trace_id.is_empty() {
-                        header.trace_id = trace_id.clone();
-                    }
-                    if header.correlation_id.is_empty() {
-                        header.correlation_id = message_id.clone();
-                    }
-                    return Ok(Response::new(CallResponse {
-                        message: Some(reply),
-                        route: Some(RouteInfo {
-                            instance_id: instance.instance_id.clone(),
-                            service: instance.service.clone(),
-                            trace_id,
-                            message_id,
-                        }),
-                    }));
-                }
-                Err(status)
-                    if provably_undelivered(&status)
-                        && redeliveries < self.config().max_redeliveries =>
-                {
-                    redeliveries += 1;
-                    debug!(instance = %instance.instance_id, code = ?status.code(), redeliveries, "not delivered; trying another instance");
-                }
-                Err(status) => return Err(status),
-            }
+            Err(status) => reach_telemetry::metrics::router::message_failure(&message_type, status),
         }
+        reach_telemetry::record_status(
+            &span,
+            code,
+            result.as_ref().err().map_or("", |s| s.message()),
+        );
+        reach_telemetry::metrics::router::request(&label, code, started.elapsed());
+        result
     }
 
     type StreamStream = Pin<Box<dyn Stream<Item = Result<StreamResponse, Status>> + Send>>;

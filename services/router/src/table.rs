@@ -39,6 +39,15 @@ pub enum RouteKey {
     Capability(String),
 }
 
+impl RouteKey {
+    /// The route's name, for metric labels: the capability or service name.
+    pub fn label(&self) -> &str {
+        match self {
+            RouteKey::Service(name) | RouteKey::Capability(name) => name,
+        }
+    }
+}
+
 impl std::fmt::Display for RouteKey {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {

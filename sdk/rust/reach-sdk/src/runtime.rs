@@ -162,13 +162,12 @@ impl AgentRuntime {
         });
 
         let (stop_serving, serving_stopped) = watch::channel(false);
-        let server = GrpcServer::new().add_service(
-            AgentServiceServer::new(AgentGrpc {
-                shared: shared.clone(),
-            })
-            .max_decoding_message_size(config.max_message_bytes)
-            .max_encoding_message_size(config.max_message_bytes),
-        );
+        let agent_service = AgentServiceServer::new(AgentGrpc {
+            shared: shared.clone(),
+        })
+        .max_decoding_message_size(config.max_message_bytes)
+        .max_encoding_message_size(config.max_message_bytes);
+        let server = GrpcServer::new().add_service(reach_telemetry::traced(agent_service));
         let serve = tokio::spawn(server.serve(listener, async move {
             let mut stopped = serving_stopped;
             let _ = stopped.wait_for(|stop| *stop).await;
@@ -606,7 +605,11 @@ impl AgentService for AgentGrpc {
         let code = result.as_ref().map_or_else(Status::code, |_| Code::Ok);
         let message = result.as_ref().err().map_or("", |s| s.message());
         reach_telemetry::record_status(&span, code, message);
-        reach_telemetry::metrics::sdk::handler(&capability, code, started.elapsed());
+        let elapsed = started.elapsed();
+        span.in_scope(
+            || debug!(code = ?code, elapsed_us = elapsed.as_micros() as u64, "message handled"),
+        );
+        reach_telemetry::metrics::sdk::handler(&capability, code, elapsed);
         result.map(Response::new)
     }
 
