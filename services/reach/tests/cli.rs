@@ -282,3 +282,53 @@ async fn dev_serves_every_service_on_one_port_for_grpcurl_and_reach_agents() {
         .unwrap();
     assert!(status.success(), "{status:?}");
 }
+
+#[test]
+fn settings_layer_file_then_env_then_flags() {
+    let dir = std::env::temp_dir().join(format!("reach-cli-config-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("reach.toml");
+    std::fs::write(
+        &file,
+        "listen = \"127.0.0.1:9100\"\n[router]\nmax_message_bytes = 2048\nroute_wait = \"250ms\"\n",
+    )
+    .unwrap();
+    let output = reach()
+        .args(["router", "--dump-config", "--config"])
+        .arg(&file)
+        .args(["--listen", "127.0.0.1:9200"])
+        .env("REACH_ROUTER__MAX_MESSAGE_BYTES", "8192")
+        .output()
+        .unwrap();
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let dumped = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        dumped.contains("listen = \"127.0.0.1:9200\""),
+        "the flag wins: {dumped}"
+    );
+    assert!(
+        dumped.contains("max_message_bytes = 8192"),
+        "env beats the file: {dumped}"
+    );
+    assert!(
+        dumped.contains("route_wait = \"250ms\""),
+        "the file beats defaults: {dumped}"
+    );
+
+    let bad = reach()
+        .args(["registry", "--dump-config"])
+        .env("REACH_REGISTRY__DEFAULT_LEASE_TTL", "forever")
+        .output()
+        .unwrap();
+    assert_eq!(bad.status.code(), Some(64));
+    let stderr = String::from_utf8_lossy(&bad.stderr).to_lowercase();
+    assert!(
+        stderr.contains("default_lease_ttl") && stderr.contains("forever"),
+        "{stderr}"
+    );
+    let _ = std::fs::remove_dir_all(dir);
+}

@@ -149,6 +149,7 @@ impl Router {
                         && redeliveries < self.config().max_redeliveries =>
                 {
                     redeliveries += 1;
+                    reach_telemetry::metrics::router::retry(key.label());
                     debug!(instance = %instance.instance_id, code = ?status.code(), redeliveries, "not delivered; trying another instance");
                 }
                 Err(status) => return Err(status),
