@@ -44,6 +44,9 @@ pub struct OrchestratorConfig {
     pub default_call_timeout: Duration,
     /// Tasks driven concurrently. Default 1024.
     pub max_concurrent_tasks: usize,
+    /// Longest wait for a pooled store connection before an operation fails. Default 30s.
+    #[serde(with = "humantime_serde")]
+    pub store_acquire_timeout: Duration,
 }
 
 impl Default for OrchestratorConfig {
@@ -61,6 +64,7 @@ impl Default for OrchestratorConfig {
             poll_interval: Duration::from_millis(500),
             default_call_timeout: Duration::from_secs(300),
             max_concurrent_tasks: 1024,
+            store_acquire_timeout: Duration::from_secs(30),
         }
     }
 }

@@ -91,7 +91,7 @@ impl Orchestrator {
     pub async fn with_clock(config: OrchestratorConfig, clock: Clock) -> Result<Self, Error> {
         config.validate().map_err(Error::Config)?;
         let durability = if config.sqlite_full_sync { store::SqliteDurability::Full } else { store::SqliteDurability::Normal };
-        let store = store::Store::open(&config.store_url, durability).await?;
+        let store = store::Store::open_with(&config.store_url, durability, config.store_acquire_timeout).await?;
         let flows = flows::FlowRegistry::load(store.clone()).await?;
         if let Some(dir) = &config.flows_dir {
             if !dir.is_dir() {

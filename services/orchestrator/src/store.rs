@@ -162,6 +162,14 @@ impl Store {
     /// [`StoreError::BadUrl`] for other schemes; [`StoreError::Db`] when the database cannot
     /// be reached or the schema cannot be created.
     pub async fn open(url: &str, durability: SqliteDurability) -> Result<Self, StoreError> {
+        Self::open_with(url, durability, Duration::from_secs(30)).await
+    }
+
+    /// [`Store::open`] with the longest wait for a pooled connection.
+    ///
+    /// # Errors
+    /// As [`Store::open`].
+    pub async fn open_with(url: &str, durability: SqliteDurability, acquire_timeout: Duration) -> Result<Self, StoreError> {
         let backend = if url.starts_with("sqlite:") {
             if let Some(path) = url.strip_prefix("sqlite://") {
                 let path = path.split('?').next().unwrap_or(path);
@@ -182,7 +190,9 @@ impl Store {
             let memory = url.contains(":memory:");
             let pool = SqlitePoolOptions::new()
                 .max_connections(if memory { 1 } else { 4 })
-                .min_connections(1)
+                .acquire_timeout(acquire_timeout)
+                .test_before_acquire(false)
+                .min_connections(if memory { 1 } else { 4 })
                 .idle_timeout(None)
                 .max_lifetime(None)
                 .connect_with(opts)
@@ -191,7 +201,7 @@ impl Store {
         } else if url.starts_with("postgres://") || url.starts_with("postgresql://") {
             let pool = PgPoolOptions::new()
                 .max_connections(8)
-                .acquire_timeout(Duration::from_secs(10))
+                .acquire_timeout(acquire_timeout)
                 .connect(url)
                 .await?;
             Backend::Postgres(pool)
