@@ -25,7 +25,11 @@ const CHAIN: usize = 10;
 fn bench_flow() -> String {
     let mut s = String::from("id: bench-chain\nversion: 1\ninitial: n0\nstates:\n");
     for i in 0..CHAIN {
-        let next = if i + 1 == CHAIN { "done".to_string() } else { format!("n{}", i + 1) };
+        let next = if i + 1 == CHAIN {
+            "done".to_string()
+        } else {
+            format!("n{}", i + 1)
+        };
         s.push_str(&format!("  n{i}:\n    type: condition\n    conditions:\n      - if: \"input.k < 0\"\n        next: done\n    default: {next}\n"));
     }
     s.push_str("  done: {type: succeed}\n");
@@ -44,20 +48,30 @@ pub async fn measure(store_url: &str, tasks: usize) -> Result<f64, Error> {
         ..Default::default()
     };
     let orch = Orchestrator::new(config).await?;
-    orch.engine().flows().apply("bench", &bench_flow(), orch.engine().clock().now_ms()).await?;
+    orch.engine()
+        .flows()
+        .apply("bench", &bench_flow(), orch.engine().clock().now_ms())
+        .await?;
     let running = orch.start()?;
     let started = Instant::now();
     let mut starts = Vec::with_capacity(tasks);
     for i in 0..tasks {
         let e = orch.engine().clone();
-        starts.push(tokio::spawn(async move { e.start_task("bench-chain", 0, serde_json::json!({"k": i}), None).await }));
+        starts.push(tokio::spawn(async move {
+            e.start_task("bench-chain", 0, serde_json::json!({"k": i}), None)
+                .await
+        }));
     }
     for s in starts {
         s.await.map_err(|e| Error::Unavailable(e.to_string()))??;
     }
     loop {
         let counts = orch.engine().store().count_by_status().await?;
-        let done: i64 = counts.iter().filter(|(s, _)| s.is_terminal()).map(|(_, n)| n).sum();
+        let done: i64 = counts
+            .iter()
+            .filter(|(s, _)| s.is_terminal())
+            .map(|(_, n)| n)
+            .sum();
         let total: i64 = counts.iter().map(|(_, n)| n).sum();
         if done >= total && total > 0 {
             break;
@@ -79,10 +93,15 @@ pub async fn measure(store_url: &str, tasks: usize) -> Result<f64, Error> {
 ///
 /// # Errors
 /// Store errors, or [`Error::Config`] when no temporary directory can be made.
-pub async fn bench_flows(quick: bool, postgres_url: Option<&str>, out: &mut dyn Write) -> Result<BenchReport, Error> {
+pub async fn bench_flows(
+    quick: bool,
+    postgres_url: Option<&str>,
+    out: &mut dyn Write,
+) -> Result<BenchReport, Error> {
     let tasks = if quick { 2_000 } else { 10_000 };
     let dir = std::env::temp_dir().join(format!("reach-bench-{}", uuid::Uuid::new_v4().simple()));
-    std::fs::create_dir_all(&dir).map_err(|e| Error::Config(format!("cannot create {}: {e}", dir.display())))?;
+    std::fs::create_dir_all(&dir)
+        .map_err(|e| Error::Config(format!("cannot create {}: {e}", dir.display())))?;
     let url = format!("sqlite://{}/bench.db", dir.display());
     let sqlite = measure(&url, tasks).await;
     let _ = std::fs::remove_dir_all(&dir);
@@ -90,12 +109,24 @@ pub async fn bench_flows(quick: bool, postgres_url: Option<&str>, out: &mut dyn 
     let postgres = match postgres_url {
         Some(url) => {
             let v = measure(url, tasks / 2).await?;
-            let _ = writeln!(out, "postgres_transitions_per_s={v:.0} (tasks={}, nodes_per_task={})", tasks / 2, CHAIN + 1);
+            let _ = writeln!(
+                out,
+                "postgres_transitions_per_s={v:.0} (tasks={}, nodes_per_task={})",
+                tasks / 2,
+                CHAIN + 1
+            );
             Some(v)
         }
         None => None,
     };
-    let _ = writeln!(out, "bench: {tasks} tasks x {} durable transitions, SQLite WAL synchronous=NORMAL, group commit", CHAIN + 1);
+    let _ = writeln!(
+        out,
+        "bench: {tasks} tasks x {} durable transitions, SQLite WAL synchronous=NORMAL, group commit",
+        CHAIN + 1
+    );
     let _ = writeln!(out, "sqlite_transitions_per_s={sqlite:.0}");
-    Ok(BenchReport { sqlite_transitions_per_s: sqlite, postgres_transitions_per_s: postgres })
+    Ok(BenchReport {
+        sqlite_transitions_per_s: sqlite,
+        postgres_transitions_per_s: postgres,
+    })
 }

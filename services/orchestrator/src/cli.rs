@@ -22,7 +22,9 @@ use crate::json;
 #[derive(Debug, thiserror::Error)]
 pub enum CliError {
     /// The endpoint could not be reached.
-    #[error("cannot reach the orchestrator at {endpoint}: {message}; is it running (`reach dev` or `reach orchestrator`)? pass --endpoint otherwise")]
+    #[error(
+        "cannot reach the orchestrator at {endpoint}: {message}; is it running (`reach dev` or `reach orchestrator`)? pass --endpoint otherwise"
+    )]
     Connect {
         /// The endpoint.
         endpoint: String,
@@ -161,9 +163,15 @@ pub struct DumpArgs {
     pub json: bool,
 }
 
-async fn client(endpoint: &str) -> Result<OrchestratorServiceClient<tonic::transport::Channel>, CliError> {
+async fn client(
+    endpoint: &str,
+) -> Result<OrchestratorServiceClient<tonic::transport::Channel>, CliError> {
     let ep = tonic::transport::Endpoint::from_shared(endpoint.to_string())
-        .map_err(|e| CliError::Usage(format!("--endpoint {endpoint:?} is not a URI: {e}; use http://HOST:PORT")))?
+        .map_err(|e| {
+            CliError::Usage(format!(
+                "--endpoint {endpoint:?} is not a URI: {e}; use http://HOST:PORT"
+            ))
+        })?
         .connect_timeout(std::time::Duration::from_secs(3));
     let channel = ep.connect().await.map_err(|e| CliError::Connect {
         endpoint: endpoint.to_string(),
@@ -173,7 +181,11 @@ async fn client(endpoint: &str) -> Result<OrchestratorServiceClient<tonic::trans
 }
 
 fn parse_json(flag: &str, text: &str) -> Result<Value, CliError> {
-    serde_json::from_str(text).map_err(|e| CliError::Usage(format!("{flag} is not valid JSON ({e}); quote it, for example {flag} '{{\"text\": \"hello\"}}'")))
+    serde_json::from_str(text).map_err(|e| {
+        CliError::Usage(format!(
+            "{flag} is not valid JSON ({e}); quote it, for example {flag} '{{\"text\": \"hello\"}}'"
+        ))
+    })
 }
 
 /// Runs `reach flow ...`; returns the exit code.
@@ -203,7 +215,15 @@ pub fn flow_validate(file: &std::path::Path, out: &mut dyn Write) -> Result<i32,
     };
     match Flow::parse(&file.display().to_string(), &text) {
         Ok(flow) => {
-            writeln!(out, "{}: flow {} version {} is valid ({} nodes, initial {})", file.display(), flow.id, flow.version, flow.nodes.len(), flow.initial)?;
+            writeln!(
+                out,
+                "{}: flow {} version {} is valid ({} nodes, initial {})",
+                file.display(),
+                flow.id,
+                flow.version,
+                flow.nodes.len(),
+                flow.initial
+            )?;
             Ok(0)
         }
         Err(errors) => {
@@ -220,7 +240,11 @@ pub fn flow_validate(file: &std::path::Path, out: &mut dyn Write) -> Result<i32,
 ///
 /// # Errors
 /// [`CliError`] for transport failures.
-pub async fn flow_apply(endpoint: &str, file: &std::path::Path, out: &mut dyn Write) -> Result<i32, CliError> {
+pub async fn flow_apply(
+    endpoint: &str,
+    file: &std::path::Path,
+    out: &mut dyn Write,
+) -> Result<i32, CliError> {
     let text = match std::fs::read_to_string(file) {
         Ok(t) => t,
         Err(e) => {
@@ -233,14 +257,29 @@ pub async fn flow_apply(endpoint: &str, file: &std::path::Path, out: &mut dyn Wr
         return flow_validate(file, out);
     }
     let mut c = client(endpoint).await?;
-    match c.apply_flow(pb::ApplyFlowRequest { yaml: text, source: file.display().to_string() }).await {
+    match c
+        .apply_flow(pb::ApplyFlowRequest {
+            yaml: text,
+            source: file.display().to_string(),
+        })
+        .await
+    {
         Ok(r) => {
             let r = r.into_inner();
             let f = r.flow.unwrap_or_default();
-            writeln!(out, "flow {} version {} {}", f.flow_id, f.version, if r.changed { "applied" } else { "unchanged" })?;
+            writeln!(
+                out,
+                "flow {} version {} {}",
+                f.flow_id,
+                f.version,
+                if r.changed { "applied" } else { "unchanged" }
+            )?;
             Ok(0)
         }
-        Err(s) if s.code() == tonic::Code::FailedPrecondition || s.code() == tonic::Code::InvalidArgument => {
+        Err(s)
+            if s.code() == tonic::Code::FailedPrecondition
+                || s.code() == tonic::Code::InvalidArgument =>
+        {
             writeln!(out, "{}", s.message())?;
             Ok(1)
         }
@@ -254,12 +293,22 @@ pub async fn flow_apply(endpoint: &str, file: &std::path::Path, out: &mut dyn Wr
 /// [`CliError`] for transport failures.
 pub async fn flow_list(endpoint: &str, out: &mut dyn Write) -> Result<i32, CliError> {
     let mut c = client(endpoint).await?;
-    let flows = c.list_flows(pb::ListFlowsRequest::default()).await?.into_inner().flows;
+    let flows = c
+        .list_flows(pb::ListFlowsRequest::default())
+        .await?
+        .into_inner()
+        .flows;
     let mut table = comfy_table::Table::new();
     table.load_preset(comfy_table::presets::NOTHING);
     table.set_header(["FLOW", "VERSION", "INITIAL", "NODES", "SOURCE"]);
     for f in &flows {
-        table.add_row([f.flow_id.clone(), f.version.to_string(), f.initial.clone(), f.node_count.to_string(), f.source.clone()]);
+        table.add_row([
+            f.flow_id.clone(),
+            f.version.to_string(),
+            f.initial.clone(),
+            f.node_count.to_string(),
+            f.source.clone(),
+        ]);
     }
     writeln!(out, "{table}")?;
     Ok(0)
@@ -271,10 +320,21 @@ pub async fn flow_list(endpoint: &str, out: &mut dyn Write) -> Result<i32, CliEr
 /// [`CliError`] for transport failures and rejected requests.
 pub async fn task(endpoint: &str, args: TaskArgs, out: &mut dyn Write) -> Result<i32, CliError> {
     match args.command {
-        TaskCommand::Start { flow, input, version, id } => task_start(endpoint, &flow, &input, version, id, out).await,
+        TaskCommand::Start {
+            flow,
+            input,
+            version,
+            id,
+        } => task_start(endpoint, &flow, &input, version, id, out).await,
         TaskCommand::Get { id, json } => task_get(endpoint, &id, json, out).await,
-        TaskCommand::List { status, flow, limit } => task_list(endpoint, status.as_deref(), flow.as_deref(), limit, out).await,
-        TaskCommand::Resume { id, input, node } => task_resume(endpoint, &id, &input, node, out).await,
+        TaskCommand::List {
+            status,
+            flow,
+            limit,
+        } => task_list(endpoint, status.as_deref(), flow.as_deref(), limit, out).await,
+        TaskCommand::Resume { id, input, node } => {
+            task_resume(endpoint, &id, &input, node, out).await
+        }
         TaskCommand::Cancel { id, reason } => task_cancel(endpoint, &id, &reason, out).await,
         TaskCommand::Retry { id } => task_retry(endpoint, &id, out).await,
         TaskCommand::DeadLetters { flow } => dead_letters(endpoint, flow.as_deref(), out).await,
@@ -285,11 +345,23 @@ pub async fn task(endpoint: &str, args: TaskArgs, out: &mut dyn Write) -> Result
 ///
 /// # Errors
 /// [`CliError`].
-pub async fn task_start(endpoint: &str, flow: &str, input: &str, version: u32, id: Option<String>, out: &mut dyn Write) -> Result<i32, CliError> {
+pub async fn task_start(
+    endpoint: &str,
+    flow: &str,
+    input: &str,
+    version: u32,
+    id: Option<String>,
+    out: &mut dyn Write,
+) -> Result<i32, CliError> {
     let input = parse_json("--input", input)?;
     let mut c = client(endpoint).await?;
     let task = c
-        .start_task(pb::StartTaskRequest { flow_id: flow.to_string(), flow_version: version, input: Some(json::to_proto(&input)), task_id: id.unwrap_or_default() })
+        .start_task(pb::StartTaskRequest {
+            flow_id: flow.to_string(),
+            flow_version: version,
+            input: Some(json::to_proto(&input)),
+            task_id: id.unwrap_or_default(),
+        })
         .await?
         .into_inner()
         .task
@@ -302,11 +374,27 @@ pub async fn task_start(endpoint: &str, flow: &str, input: &str, version: u32, i
 ///
 /// # Errors
 /// [`CliError`].
-pub async fn task_get(endpoint: &str, id: &str, as_json: bool, out: &mut dyn Write) -> Result<i32, CliError> {
+pub async fn task_get(
+    endpoint: &str,
+    id: &str,
+    as_json: bool,
+    out: &mut dyn Write,
+) -> Result<i32, CliError> {
     let mut c = client(endpoint).await?;
-    let task = c.get_task(pb::GetTaskRequest { task_id: id.to_string() }).await?.into_inner().task.unwrap_or_default();
+    let task = c
+        .get_task(pb::GetTaskRequest {
+            task_id: id.to_string(),
+        })
+        .await?
+        .into_inner()
+        .task
+        .unwrap_or_default();
     if as_json {
-        writeln!(out, "{}", serde_json::to_string_pretty(&task_json(&task)).unwrap_or_default())?;
+        writeln!(
+            out,
+            "{}",
+            serde_json::to_string_pretty(&task_json(&task)).unwrap_or_default()
+        )?;
         return Ok(0);
     }
     writeln!(out, "task      {}", task.task_id)?;
@@ -319,14 +407,42 @@ pub async fn task_get(endpoint: &str, id: &str, as_json: bool, out: &mut dyn Wri
     if !task.error.is_empty() {
         writeln!(out, "error     {}", task.error)?;
     }
-    writeln!(out, "output    {}", json::from_proto_opt(task.output.as_ref()))?;
+    writeln!(
+        out,
+        "output    {}",
+        json::from_proto_opt(task.output.as_ref())
+    )?;
     let mut table = comfy_table::Table::new();
     table.load_preset(comfy_table::presets::NOTHING);
-    table.set_header(["NODE", "TYPE", "STATUS", "ATTEMPTS", "NEXT", "OUTPUT / ERROR"]);
+    table.set_header([
+        "NODE",
+        "TYPE",
+        "STATUS",
+        "ATTEMPTS",
+        "NEXT",
+        "OUTPUT / ERROR",
+    ]);
     for n in &task.nodes {
-        let status = pb::NodeStatus::try_from(n.status).map(|s| s.as_str_name().trim_start_matches("NODE_STATUS_").to_string()).unwrap_or_default();
-        let detail = if n.error.is_empty() { compact(&json::from_proto_opt(n.output.as_ref())) } else { n.error.clone() };
-        table.add_row([n.node_id.clone(), n.node_type.clone(), status, n.attempts.to_string(), n.next_node.clone(), detail]);
+        let status = pb::NodeStatus::try_from(n.status)
+            .map(|s| {
+                s.as_str_name()
+                    .trim_start_matches("NODE_STATUS_")
+                    .to_string()
+            })
+            .unwrap_or_default();
+        let detail = if n.error.is_empty() {
+            compact(&json::from_proto_opt(n.output.as_ref()))
+        } else {
+            n.error.clone()
+        };
+        table.add_row([
+            n.node_id.clone(),
+            n.node_type.clone(),
+            status,
+            n.attempts.to_string(),
+            n.next_node.clone(),
+            detail,
+        ]);
     }
     writeln!(out, "{table}")?;
     Ok(0)
@@ -334,30 +450,58 @@ pub async fn task_get(endpoint: &str, id: &str, as_json: bool, out: &mut dyn Wri
 
 fn compact(v: &Value) -> String {
     let s = v.to_string();
-    if s.chars().count() > 80 { format!("{}…", s.chars().take(79).collect::<String>()) } else { s }
+    if s.chars().count() > 80 {
+        format!("{}…", s.chars().take(79).collect::<String>())
+    } else {
+        s
+    }
 }
 
 fn status_name(s: i32) -> String {
-    pb::TaskStatus::try_from(s).map(|s| s.as_str_name().trim_start_matches("TASK_STATUS_").to_string()).unwrap_or_else(|_| "UNKNOWN".into())
+    pb::TaskStatus::try_from(s)
+        .map(|s| {
+            s.as_str_name()
+                .trim_start_matches("TASK_STATUS_")
+                .to_string()
+        })
+        .unwrap_or_else(|_| "UNKNOWN".into())
 }
 
 /// `reach task list [--status S]`.
 ///
 /// # Errors
 /// [`CliError`]; [`CliError::Usage`] for an unknown status.
-pub async fn task_list(endpoint: &str, status: Option<&str>, flow: Option<&str>, limit: u32, out: &mut dyn Write) -> Result<i32, CliError> {
+pub async fn task_list(
+    endpoint: &str,
+    status: Option<&str>,
+    flow: Option<&str>,
+    limit: u32,
+    out: &mut dyn Write,
+) -> Result<i32, CliError> {
     let status = match status {
         None => pb::TaskStatus::Unspecified,
         Some(s) => {
             let parsed = TaskStatus::parse(s).ok_or_else(|| {
-                CliError::Usage(format!("--status {s:?} is not a status; use one of {}", TaskStatus::ALL.iter().map(|s| s.as_str().to_lowercase()).collect::<Vec<_>>().join(", ")))
+                CliError::Usage(format!(
+                    "--status {s:?} is not a status; use one of {}",
+                    TaskStatus::ALL
+                        .iter()
+                        .map(|s| s.as_str().to_lowercase())
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ))
             })?;
             crate::service::status_to_proto(parsed)
         }
     };
     let mut c = client(endpoint).await?;
     let tasks = c
-        .list_tasks(pb::ListTasksRequest { status: status.into(), flow_id: flow.unwrap_or_default().to_string(), page_size: limit, page_token: String::new() })
+        .list_tasks(pb::ListTasksRequest {
+            status: status.into(),
+            flow_id: flow.unwrap_or_default().to_string(),
+            page_size: limit,
+            page_token: String::new(),
+        })
         .await?
         .into_inner()
         .tasks;
@@ -365,7 +509,13 @@ pub async fn task_list(endpoint: &str, status: Option<&str>, flow: Option<&str>,
     table.load_preset(comfy_table::presets::NOTHING);
     table.set_header(["TASK", "FLOW", "STATUS", "NODE", "ERROR"]);
     for t in &tasks {
-        table.add_row([t.task_id.clone(), format!("{} v{}", t.flow_id, t.flow_version), status_name(t.status), t.current_node.clone(), t.error.clone()]);
+        table.add_row([
+            t.task_id.clone(),
+            format!("{} v{}", t.flow_id, t.flow_version),
+            status_name(t.status),
+            t.current_node.clone(),
+            t.error.clone(),
+        ]);
     }
     writeln!(out, "{table}")?;
     Ok(0)
@@ -375,16 +525,31 @@ pub async fn task_list(endpoint: &str, status: Option<&str>, flow: Option<&str>,
 ///
 /// # Errors
 /// [`CliError`]; a schema violation comes back as [`CliError::Rpc`] naming the field path.
-pub async fn task_resume(endpoint: &str, id: &str, input: &str, node: Option<String>, out: &mut dyn Write) -> Result<i32, CliError> {
+pub async fn task_resume(
+    endpoint: &str,
+    id: &str,
+    input: &str,
+    node: Option<String>,
+    out: &mut dyn Write,
+) -> Result<i32, CliError> {
     let input = parse_json("--input", input)?;
     let mut c = client(endpoint).await?;
     let task = c
-        .resume_task(pb::ResumeTaskRequest { task_id: id.to_string(), node_id: node.unwrap_or_default(), input: Some(json::to_proto(&input)) })
+        .resume_task(pb::ResumeTaskRequest {
+            task_id: id.to_string(),
+            node_id: node.unwrap_or_default(),
+            input: Some(json::to_proto(&input)),
+        })
         .await?
         .into_inner()
         .task
         .unwrap_or_default();
-    writeln!(out, "task {} resumed ({})", task.task_id, status_name(task.status))?;
+    writeln!(
+        out,
+        "task {} resumed ({})",
+        task.task_id,
+        status_name(task.status)
+    )?;
     Ok(0)
 }
 
@@ -392,10 +557,28 @@ pub async fn task_resume(endpoint: &str, id: &str, input: &str, node: Option<Str
 ///
 /// # Errors
 /// [`CliError`].
-pub async fn task_cancel(endpoint: &str, id: &str, reason: &str, out: &mut dyn Write) -> Result<i32, CliError> {
+pub async fn task_cancel(
+    endpoint: &str,
+    id: &str,
+    reason: &str,
+    out: &mut dyn Write,
+) -> Result<i32, CliError> {
     let mut c = client(endpoint).await?;
-    let task = c.cancel_task(pb::CancelTaskRequest { task_id: id.to_string(), reason: reason.to_string() }).await?.into_inner().task.unwrap_or_default();
-    writeln!(out, "task {} {}", task.task_id, status_name(task.status).to_lowercase())?;
+    let task = c
+        .cancel_task(pb::CancelTaskRequest {
+            task_id: id.to_string(),
+            reason: reason.to_string(),
+        })
+        .await?
+        .into_inner()
+        .task
+        .unwrap_or_default();
+    writeln!(
+        out,
+        "task {} {}",
+        task.task_id,
+        status_name(task.status).to_lowercase()
+    )?;
     Ok(0)
 }
 
@@ -405,8 +588,19 @@ pub async fn task_cancel(endpoint: &str, id: &str, reason: &str, out: &mut dyn W
 /// [`CliError`].
 pub async fn task_retry(endpoint: &str, id: &str, out: &mut dyn Write) -> Result<i32, CliError> {
     let mut c = client(endpoint).await?;
-    let task = c.retry_task(pb::RetryTaskRequest { task_id: id.to_string() }).await?.into_inner().task.unwrap_or_default();
-    writeln!(out, "task {} retried from node {}", task.task_id, task.current_node)?;
+    let task = c
+        .retry_task(pb::RetryTaskRequest {
+            task_id: id.to_string(),
+        })
+        .await?
+        .into_inner()
+        .task
+        .unwrap_or_default();
+    writeln!(
+        out,
+        "task {} retried from node {}",
+        task.task_id, task.current_node
+    )?;
     Ok(0)
 }
 
@@ -414,9 +608,20 @@ pub async fn task_retry(endpoint: &str, id: &str, out: &mut dyn Write) -> Result
 ///
 /// # Errors
 /// [`CliError`].
-pub async fn dead_letters(endpoint: &str, flow: Option<&str>, out: &mut dyn Write) -> Result<i32, CliError> {
+pub async fn dead_letters(
+    endpoint: &str,
+    flow: Option<&str>,
+    out: &mut dyn Write,
+) -> Result<i32, CliError> {
     let mut c = client(endpoint).await?;
-    let list = c.list_dead_letters(pb::ListDeadLettersRequest { flow_id: flow.unwrap_or_default().to_string(), ..Default::default() }).await?.into_inner().dead_letters;
+    let list = c
+        .list_dead_letters(pb::ListDeadLettersRequest {
+            flow_id: flow.unwrap_or_default().to_string(),
+            ..Default::default()
+        })
+        .await?
+        .into_inner()
+        .dead_letters;
     let mut table = comfy_table::Table::new();
     table.load_preset(comfy_table::presets::NOTHING);
     table.set_header(["TASK", "FLOW", "FAILED NODE", "ERROR"]);
@@ -434,10 +639,23 @@ pub async fn dead_letters(endpoint: &str, flow: Option<&str>, out: &mut dyn Writ
 /// [`CliError`].
 pub async fn dump(endpoint: &str, args: DumpArgs, out: &mut dyn Write) -> Result<i32, CliError> {
     let mut c = client(endpoint).await?;
-    let r = c.dump_task(pb::DumpTaskRequest { task_id: args.task.clone() }).await?.into_inner();
+    let r = c
+        .dump_task(pb::DumpTaskRequest {
+            task_id: args.task.clone(),
+        })
+        .await?
+        .into_inner();
     let task = r.task.unwrap_or_default();
     if !args.json {
-        writeln!(out, "task {} flow {} v{} status {} trace {}", task.task_id, task.flow_id, task.flow_version, status_name(task.status), task.trace_id)?;
+        writeln!(
+            out,
+            "task {} flow {} v{} status {} trace {}",
+            task.task_id,
+            task.flow_id,
+            task.flow_version,
+            status_name(task.status),
+            task.trace_id
+        )?;
     }
     for rec in &r.records {
         let at = rec.at.as_ref().map(fmt_ts).unwrap_or_default();
@@ -445,14 +663,25 @@ pub async fn dump(endpoint: &str, args: DumpArgs, out: &mut dyn Write) -> Result
             Some(pb::dump_record::Record::Event(e)) => {
                 let detail = json::from_proto_opt(e.detail.as_ref());
                 if args.json {
-                    writeln!(out, "{}", json!({"at": at, "type": "event", "seq": e.sequence, "kind": e.kind, "node": e.node_id, "status": status_name(e.status), "detail": detail}))?;
+                    writeln!(
+                        out,
+                        "{}",
+                        json!({"at": at, "type": "event", "seq": e.sequence, "kind": e.kind, "node": e.node_id, "status": status_name(e.status), "detail": detail})
+                    )?;
                 } else {
                     let mut d = detail.clone();
                     if let Some(m) = d.as_object_mut() {
                         m.remove("kind");
                         m.remove("node");
                     }
-                    writeln!(out, "{at}  event   #{:<4} {:<16} {:<14} {}", e.sequence, e.kind, e.node_id, compact(&d))?;
+                    writeln!(
+                        out,
+                        "{at}  event   #{:<4} {:<16} {:<14} {}",
+                        e.sequence,
+                        e.kind,
+                        e.node_id,
+                        compact(&d)
+                    )?;
                 }
             }
             Some(pb::dump_record::Record::Message(m)) => {
@@ -463,12 +692,31 @@ pub async fn dump(endpoint: &str, args: DumpArgs, out: &mut dyn Write) -> Result
                     Some(pb::header::Target::Topic(t)) => format!("topic:{t}"),
                     None => String::new(),
                 };
-                let latency = m.latency.as_ref().map(|d| format!("{:.1}ms", d.seconds as f64 * 1e3 + f64::from(d.nanos) / 1e6)).unwrap_or_default();
+                let latency = m
+                    .latency
+                    .as_ref()
+                    .map(|d| format!("{:.1}ms", d.seconds as f64 * 1e3 + f64::from(d.nanos) / 1e6))
+                    .unwrap_or_default();
                 let code = crate::engine::code_name(tonic::Code::from_i32(m.status_code));
                 if args.json {
-                    writeln!(out, "{}", json!({"at": at, "type": "message", "message_id": h.message_id, "source": h.source, "target": target, "payload_type": m.payload_type, "payload_bytes": m.payload_bytes, "status": code, "latency": latency, "instance": m.instance_id, "error": m.status_message}))?;
+                    writeln!(
+                        out,
+                        "{}",
+                        json!({"at": at, "type": "message", "message_id": h.message_id, "source": h.source, "target": target, "payload_type": m.payload_type, "payload_bytes": m.payload_bytes, "status": code, "latency": latency, "instance": m.instance_id, "error": m.status_message})
+                    )?;
                 } else {
-                    writeln!(out, "{at}  message {} {} -> {} [{}] {}B {} {} {}", h.message_id, h.source, target, m.payload_type, m.payload_bytes, code, latency, m.instance_id)?;
+                    writeln!(
+                        out,
+                        "{at}  message {} {} -> {} [{}] {}B {} {} {}",
+                        h.message_id,
+                        h.source,
+                        target,
+                        m.payload_type,
+                        m.payload_bytes,
+                        code,
+                        latency,
+                        m.instance_id
+                    )?;
                 }
             }
             None => {}

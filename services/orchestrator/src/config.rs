@@ -75,11 +75,22 @@ impl OrchestratorConfig {
     /// # Errors
     /// A message naming the bad field and what to write instead.
     pub fn validate(&self) -> Result<(), String> {
-        if !(self.store_url.starts_with("sqlite:") || self.store_url.starts_with("postgres://") || self.store_url.starts_with("postgresql://")) {
-            return Err(format!("store_url {:?} must start with sqlite:// or postgres://", self.store_url));
+        if !(self.store_url.starts_with("sqlite:")
+            || self.store_url.starts_with("postgres://")
+            || self.store_url.starts_with("postgresql://"))
+        {
+            return Err(format!(
+                "store_url {:?} must start with sqlite:// or postgres://",
+                self.store_url
+            ));
         }
-        if !(self.router_endpoint.starts_with("http://") || self.router_endpoint.starts_with("https://")) {
-            return Err(format!("router_endpoint {:?} must be http://HOST:PORT", self.router_endpoint));
+        if !(self.router_endpoint.starts_with("http://")
+            || self.router_endpoint.starts_with("https://"))
+        {
+            return Err(format!(
+                "router_endpoint {:?} must be http://HOST:PORT",
+                self.router_endpoint
+            ));
         }
         if self.lease < Duration::from_millis(300) {
             return Err("lease must be at least 300ms".into());

@@ -17,7 +17,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use reach_proto::v1::router_service_client::RouterServiceClient;
-use reach_proto::v1::{CallRequest, Header, Payload, Part, ReachMessage, header, part};
+use reach_proto::v1::{CallRequest, Header, Part, Payload, ReachMessage, header, part};
 use serde_json::{Value, json};
 use tokio::sync::{Notify, Semaphore, broadcast, watch};
 use tokio::task::JoinSet;
@@ -142,12 +142,17 @@ enum Step {
     Park,
 }
 
-const MESSAGE_NAMESPACE: uuid::Uuid = uuid::Uuid::from_u128(0x6d1f_0c2b_7a4e_4f0e_9b1d_52c0_a1e3_77f1);
+const MESSAGE_NAMESPACE: uuid::Uuid =
+    uuid::Uuid::from_u128(0x6d1f_0c2b_7a4e_4f0e_9b1d_52c0_a1e3_77f1);
 
 /// The message id of attempt `attempt` of `slot` in task `task_id`: a UUIDv5, so the same
 /// attempt always carries the same id and a re-sent attempt is deduplicated.
 pub fn message_id(task_id: &str, slot: &str, attempt: u32) -> String {
-    uuid::Uuid::new_v5(&MESSAGE_NAMESPACE, format!("{task_id}/{slot}/{attempt}").as_bytes()).to_string()
+    uuid::Uuid::new_v5(
+        &MESSAGE_NAMESPACE,
+        format!("{task_id}/{slot}/{attempt}").as_bytes(),
+    )
+    .to_string()
 }
 
 fn timer_id(task_id: &str, visit: usize, purpose: &str, extra: &str) -> String {
@@ -178,9 +183,19 @@ impl Engine {
     ///
     /// # Errors
     /// [`Error::Config`] when the router endpoint is not a valid URI.
-    pub fn new(store: Store, flows: FlowRegistry, router_endpoint: &str, settings: EngineSettings, clock: Clock) -> Result<Self, Error> {
+    pub fn new(
+        store: Store,
+        flows: FlowRegistry,
+        router_endpoint: &str,
+        settings: EngineSettings,
+        clock: Clock,
+    ) -> Result<Self, Error> {
         let endpoint = tonic::transport::Endpoint::from_shared(router_endpoint.to_string())
-            .map_err(|e| Error::Config(format!("router endpoint {router_endpoint:?} is not a URI: {e}; use http://HOST:PORT")))?
+            .map_err(|e| {
+                Error::Config(format!(
+                    "router endpoint {router_endpoint:?} is not a URI: {e}; use http://HOST:PORT"
+                ))
+            })?
             .connect_timeout(Duration::from_secs(5))
             .tcp_nodelay(true);
         let router = RouterServiceClient::new(endpoint.connect_lazy());
@@ -237,7 +252,12 @@ impl Engine {
     pub async fn stop(&self) {
         let _ = self.inner.stop.send(true);
         if !self.inner.exclusive {
-            if let Err(e) = self.inner.store.release_all(&self.inner.settings.node_id).await {
+            if let Err(e) = self
+                .inner
+                .store
+                .release_all(&self.inner.settings.node_id)
+                .await
+            {
                 tracing::warn!(error = %e, "cannot release leases");
             }
         }
@@ -260,7 +280,13 @@ impl Engine {
             return;
         }
         let notify = Arc::new(Notify::new());
-        active.insert(task_id.to_string(), Active { dirty: false, notify: notify.clone() });
+        active.insert(
+            task_id.to_string(),
+            Active {
+                dirty: false,
+                notify: notify.clone(),
+            },
+        );
         drop(active);
         let engine = self.clone();
         let id = task_id.to_string();
@@ -298,7 +324,13 @@ impl Engine {
         Ok(self
             .inner
             .store
-            .claim(task_id, &self.inner.settings.node_id, now, now + lease, false)
+            .claim(
+                task_id,
+                &self.inner.settings.node_id,
+                now,
+                now + lease,
+                false,
+            )
             .await?)
     }
 
@@ -309,7 +341,9 @@ impl Engine {
     pub async fn load(&self, task_id: &str) -> Result<TaskState, Error> {
         let events = self.inner.store.events(task_id, 0).await?;
         if events.is_empty() {
-            return Err(Error::NotFound(format!("task {task_id:?} does not exist (or was purged after its TTL)")));
+            return Err(Error::NotFound(format!(
+                "task {task_id:?} does not exist (or was purged after its TTL)"
+            )));
         }
         Ok(TaskState::fold(task_id, &events))
     }
@@ -339,7 +373,14 @@ impl Engine {
             }
             match self.decide(&state, &flow, &running) {
                 Step::Events(events) => {
-                    if !self.append(&mut state, events, Guard::Owner(self.inner.settings.node_id.clone())).await? {
+                    if !self
+                        .append(
+                            &mut state,
+                            events,
+                            Guard::Owner(self.inner.settings.node_id.clone()),
+                        )
+                        .await?
+                    {
                         calls.abort_all();
                         return Ok(());
                     }
@@ -350,7 +391,12 @@ impl Engine {
                         running.insert(spec.slot.clone());
                         let router = self.inner.router.clone();
                         let clock = self.inner.clock;
-                        let ctx = (state.id.clone(), state.trace_id.clone(), state.flow_id.clone(), self.inner.settings.clone());
+                        let ctx = (
+                            state.id.clone(),
+                            state.trace_id.clone(),
+                            state.flow_id.clone(),
+                            self.inner.settings.clone(),
+                        );
                         calls.spawn(async move { call(router, clock, ctx, spec).await });
                     }
                 }
@@ -386,13 +432,20 @@ impl Engine {
     }
 
     /// Appends `events` to `state` under `guard`; `false` on conflict (state is then stale).
-    async fn append(&self, state: &mut TaskState, events: Vec<Event>, guard: Guard) -> Result<bool, Error> {
+    async fn append(
+        &self,
+        state: &mut TaskState,
+        events: Vec<Event>,
+        guard: Guard,
+    ) -> Result<bool, Error> {
         let now = self.inner.clock.now_ms();
         let expected = state.seq;
         for e in &events {
             state.apply(e, now);
         }
-        let schedules_timer = events.iter().any(|e| matches!(e, Event::TimerScheduled { .. }));
+        let schedules_timer = events
+            .iter()
+            .any(|e| matches!(e, Event::TimerScheduled { .. }));
         let n = events.len();
         let outcome = self
             .inner
@@ -432,7 +485,14 @@ impl Engine {
         }
     }
 
-    fn fail_node(state: &TaskState, flow: &Flow, node: &str, code: &str, error: String, handler: Option<String>) -> Vec<Event> {
+    fn fail_node(
+        state: &TaskState,
+        flow: &Flow,
+        node: &str,
+        code: &str,
+        error: String,
+        handler: Option<String>,
+    ) -> Vec<Event> {
         let catch = handler.or_else(|| flow.node(node).and_then(|n| n.catch.clone()));
         let mut events = vec![Event::NodeFailed {
             node: node.to_string(),
@@ -460,7 +520,9 @@ impl Engine {
                 output,
                 next: next.to_string(),
             },
-            Event::NodeEntered { node: next.to_string() },
+            Event::NodeEntered {
+                node: next.to_string(),
+            },
         ]
     }
 
@@ -468,10 +530,22 @@ impl Engine {
     fn decide(&self, state: &TaskState, flow: &Flow, running: &HashSet<String>) -> Step {
         let now = self.inner.clock.now_ms();
         let Some(current) = state.current.clone() else {
-            return Step::Events(vec![Event::NodeEntered { node: flow.initial.clone() }]);
+            return Step::Events(vec![Event::NodeEntered {
+                node: flow.initial.clone(),
+            }]);
         };
         let Some(node) = flow.node(&current) else {
-            return Step::Events(Self::fail_node(state, flow, &current, "FLOW", format!("node {current} is not in flow {} v{}", flow.id, flow.version), None));
+            return Step::Events(Self::fail_node(
+                state,
+                flow,
+                &current,
+                "FLOW",
+                format!(
+                    "node {current} is not in flow {} v{}",
+                    flow.id, flow.version
+                ),
+                None,
+            ));
         };
         let visit = state.visits.len();
         match &node.kind {
@@ -483,7 +557,11 @@ impl Engine {
                     next: String::new(),
                 },
                 Event::TaskEnded {
-                    status: if state.partial { TaskStatus::Partial } else { TaskStatus::Succeeded },
+                    status: if state.partial {
+                        TaskStatus::Partial
+                    } else {
+                        TaskStatus::Succeeded
+                    },
                     output: state.output.clone(),
                     error: None,
                     failed_node: None,
@@ -514,12 +592,24 @@ impl Engine {
                         }
                         Ok(false) => {}
                         Err(e) => {
-                            return Step::Events(Self::fail_node(state, flow, &current, "INVALID_ARGUMENT", e.to_string(), None));
+                            return Step::Events(Self::fail_node(
+                                state,
+                                flow,
+                                &current,
+                                "INVALID_ARGUMENT",
+                                e.to_string(),
+                                None,
+                            ));
                         }
                     }
                 }
                 let (matched, next) = chosen.unwrap_or((None, default.clone()));
-                Step::Events(Self::complete(&current, NodeOutcome::Succeeded, json!({"next": next, "matched": matched}), &next))
+                Step::Events(Self::complete(
+                    &current,
+                    NodeOutcome::Succeeded,
+                    json!({"next": next, "matched": matched}),
+                    &next,
+                ))
             }
             NodeKind::Wait { duration, next } => {
                 let tid = timer_id(&state.id, visit, "wait", &current);
@@ -531,8 +621,15 @@ impl Engine {
                         purpose: TimerPurpose::Wait,
                         fire_at_ms: now + ms(*duration),
                     }]),
-                    Some(t) if t.fired => Step::Events(Self::complete(&current, NodeOutcome::Succeeded, state.output.clone(), next)),
-                    Some(t) if !t.cancelled && t.fire_at_ms <= now => Step::Events(vec![Event::TimerFired { timer: tid }]),
+                    Some(t) if t.fired => Step::Events(Self::complete(
+                        &current,
+                        NodeOutcome::Succeeded,
+                        state.output.clone(),
+                        next,
+                    )),
+                    Some(t) if !t.cancelled && t.fire_at_ms <= now => {
+                        Step::Events(vec![Event::TimerFired { timer: tid }])
+                    }
                     Some(_) => Step::Park,
                 }
             }
@@ -543,11 +640,19 @@ impl Engine {
                     if state.timer_pending(&tid) {
                         events.push(Event::TimerCancelled { timer: tid });
                     }
-                    events.extend(Self::complete(&current, NodeOutcome::Succeeded, input.clone(), next));
+                    events.extend(Self::complete(
+                        &current,
+                        NodeOutcome::Succeeded,
+                        input.clone(),
+                        next,
+                    ));
                     return Step::Events(events);
                 }
                 if !state.human_waiting {
-                    let mut events = vec![Event::HumanWaiting { node: current.clone(), prompt: prompt.clone() }];
+                    let mut events = vec![Event::HumanWaiting {
+                        node: current.clone(),
+                        prompt: prompt.clone(),
+                    }];
                     if let Some(timeout) = node.timeout {
                         events.push(Event::TimerScheduled {
                             timer: tid,
@@ -565,14 +670,23 @@ impl Engine {
                         flow,
                         &current,
                         "DEADLINE_EXCEEDED",
-                        format!("no one resumed the task within {}", humantime::format_duration(node.timeout.unwrap_or_default())),
+                        format!(
+                            "no one resumed the task within {}",
+                            humantime::format_duration(node.timeout.unwrap_or_default())
+                        ),
                         None,
                     )),
-                    Some(t) if !t.cancelled && t.fire_at_ms <= now => Step::Events(vec![Event::TimerFired { timer: tid }]),
+                    Some(t) if !t.cancelled && t.fire_at_ms <= now => {
+                        Step::Events(vec![Event::TimerFired { timer: tid }])
+                    }
                     _ => Step::Park,
                 }
             }
-            NodeKind::Task { capability, input, next } => {
+            NodeKind::Task {
+                capability,
+                input,
+                next,
+            } => {
                 let specs = [(current.clone(), capability.as_str(), input.as_ref())];
                 self.decide_slots(state, flow, &current, visit, &specs, running, |outcomes| {
                     let (ok, output, error) = outcomes[0].clone();
@@ -580,15 +694,30 @@ impl Engine {
                         Self::complete(&current, NodeOutcome::Succeeded, output, next)
                     } else {
                         let error = error.unwrap_or_default();
-                        let (code, msg) = error.split_once(": ").map(|(c, m)| (c.to_string(), m.to_string())).unwrap_or(("UNKNOWN".into(), error.clone()));
+                        let (code, msg) = error
+                            .split_once(": ")
+                            .map(|(c, m)| (c.to_string(), m.to_string()))
+                            .unwrap_or(("UNKNOWN".into(), error.clone()));
                         Self::fail_node(state, flow, &current, &code, msg, None)
                     }
                 })
             }
-            NodeKind::Parallel { branches, success_threshold, next, on_partial, on_failure } => {
+            NodeKind::Parallel {
+                branches,
+                success_threshold,
+                next,
+                on_partial,
+                on_failure,
+            } => {
                 let slots: Vec<(String, &str, Option<&InputTemplate>)> = branches
                     .iter()
-                    .map(|b| (format!("{current}/{}", b.name), b.capability.as_str(), b.input.as_ref()))
+                    .map(|b| {
+                        (
+                            format!("{current}/{}", b.name),
+                            b.capability.as_str(),
+                            b.input.as_ref(),
+                        )
+                    })
                     .collect();
                 self.decide_slots(state, flow, &current, visit, &slots, running, |outcomes| {
                     let mut output = serde_json::Map::new();
@@ -652,7 +781,9 @@ impl Engine {
                 }
                 if let (Some(timer), Some(deadline)) = (&inf.timer, inf.deadline_ms) {
                     if deadline <= now && state.timer_pending(timer) {
-                        events.push(Event::TimerFired { timer: timer.clone() });
+                        events.push(Event::TimerFired {
+                            timer: timer.clone(),
+                        });
                         events.extend(self.attempt_failed(state, node_id, slot, &s, inf.attempt, "DEADLINE_EXCEEDED", "the attempt timed out (its deadline passed while the orchestrator was down)".into()));
                         continue;
                     }
@@ -694,7 +825,12 @@ impl Engine {
                 }
             };
             let attempt = state.attempts_total.get(slot).copied().unwrap_or(0) + 1;
-            let timer = node.timeout.map(|d| (timer_id(&state.id, visit, "timeout", &format!("{slot}#{attempt}")), now + ms(d)));
+            let timer = node.timeout.map(|d| {
+                (
+                    timer_id(&state.id, visit, "timeout", &format!("{slot}#{attempt}")),
+                    now + ms(d),
+                )
+            });
             if let Some((tid, at)) = &timer {
                 events.push(Event::TimerScheduled {
                     timer: tid.clone(),
@@ -721,10 +857,23 @@ impl Engine {
         if outcomes.len() == slots.len() {
             return Step::Events(finish(&outcomes));
         }
-        if calls.is_empty() { Step::Park } else { Step::Calls(calls) }
+        if calls.is_empty() {
+            Step::Park
+        } else {
+            Step::Calls(calls)
+        }
     }
 
-    fn attempt_failed(&self, state: &TaskState, node_id: &str, slot: &str, s: &crate::event::SlotState, attempt: u32, code: &str, error: String) -> Vec<Event> {
+    fn attempt_failed(
+        &self,
+        state: &TaskState,
+        node_id: &str,
+        slot: &str,
+        s: &crate::event::SlotState,
+        attempt: u32,
+        code: &str,
+        error: String,
+    ) -> Vec<Event> {
         let now = self.inner.clock.now_ms();
         let flow_node = self
             .inner
@@ -735,7 +884,12 @@ impl Engine {
         if flow_node.retries(s.attempts, code) {
             let unit: f64 = rand::random::<f64>() * 2.0 - 1.0;
             let delay = flow_node.delay(s.attempts, unit);
-            let tid = timer_id(&state.id, state.visits.len(), "backoff", &format!("{slot}#{attempt}"));
+            let tid = timer_id(
+                &state.id,
+                state.visits.len(),
+                "backoff",
+                &format!("{slot}#{attempt}"),
+            );
             vec![
                 Event::AttemptFailed {
                     node: node_id.to_string(),
@@ -795,7 +949,13 @@ impl Engine {
                         events.push(Event::TimerCancelled { timer: t.clone() });
                     }
                 }
-                events.push(Event::SlotCompleted { node, slot: done.slot, ok: true, output, error: None });
+                events.push(Event::SlotCompleted {
+                    node,
+                    slot: done.slot,
+                    ok: true,
+                    output,
+                    error: None,
+                });
             }
             Err((code, message)) => {
                 if let Some(t) = &inf.timer {
@@ -808,7 +968,15 @@ impl Engine {
                         });
                     }
                 }
-                events.extend(self.attempt_failed(state, &node, &done.slot, s, inf.attempt, &code, message));
+                events.extend(self.attempt_failed(
+                    state,
+                    &node,
+                    &done.slot,
+                    s,
+                    inf.attempt,
+                    &code,
+                    message,
+                ));
             }
         }
         events
@@ -822,19 +990,44 @@ impl Engine {
     /// # Errors
     /// [`Error::NotFound`] for an unknown flow; [`Error::InvalidArgument`] for a bad task id;
     /// [`Error::AlreadyExists`] when the id belongs to a task of another flow.
-    pub async fn start_task(&self, flow_id: &str, version: u32, input: Value, task_id: Option<String>) -> Result<TaskState, Error> {
-        let flow = if version == 0 { self.inner.flows.latest(flow_id) } else { self.inner.flows.get(flow_id, version) };
+    pub async fn start_task(
+        &self,
+        flow_id: &str,
+        version: u32,
+        input: Value,
+        task_id: Option<String>,
+    ) -> Result<TaskState, Error> {
+        let flow = if version == 0 {
+            self.inner.flows.latest(flow_id)
+        } else {
+            self.inner.flows.get(flow_id, version)
+        };
         let Some(flow) = flow else {
             let known = self.inner.flows.ids().join(", ");
-            return Err(Error::NotFound(format!("flow {flow_id:?}{} is not applied; known flows: [{known}]; apply it with `reach flow apply FILE`", if version == 0 { String::new() } else { format!(" version {version}") })));
+            return Err(Error::NotFound(format!(
+                "flow {flow_id:?}{} is not applied; known flows: [{known}]; apply it with `reach flow apply FILE`",
+                if version == 0 {
+                    String::new()
+                } else {
+                    format!(" version {version}")
+                }
+            )));
         };
         let id = match task_id.filter(|t| !t.is_empty()) {
             Some(id) => {
-                let ok = id.len() <= 128 && id.chars().all(|c| c.is_ascii_alphanumeric() || "._:-".contains(c));
+                let ok = id.len() <= 128
+                    && id
+                        .chars()
+                        .all(|c| c.is_ascii_alphanumeric() || "._:-".contains(c));
                 if !ok {
                     return Err(Error::InvalidArgument {
-                        message: format!("task id {id:?} is not valid: use 1 to 128 characters of A-Z a-z 0-9 . _ : -"),
-                        violations: vec![("task_id".into(), "must be 1 to 128 characters of A-Z a-z 0-9 . _ : -".into())],
+                        message: format!(
+                            "task id {id:?} is not valid: use 1 to 128 characters of A-Z a-z 0-9 . _ : -"
+                        ),
+                        violations: vec![(
+                            "task_id".into(),
+                            "must be 1 to 128 characters of A-Z a-z 0-9 . _ : -".into(),
+                        )],
                     });
                 }
                 id
@@ -849,15 +1042,23 @@ impl Engine {
                 input,
                 trace_id: reach_rpc::trace::TraceId::random().to_string(),
             },
-            Event::NodeEntered { node: flow.initial.clone() },
+            Event::NodeEntered {
+                node: flow.initial.clone(),
+            },
         ];
         let now = self.inner.clock.now_ms();
         let lease = i64::try_from(self.inner.settings.lease.as_millis()).unwrap_or(30_000);
-        let guard = Guard::Create { owner: self.inner.settings.node_id.clone(), lease_until_ms: now + lease };
+        let guard = Guard::Create {
+            owner: self.inner.settings.node_id.clone(),
+            lease_until_ms: now + lease,
+        };
         if !self.append(&mut state, events, guard).await? {
             let existing = self.load(&id).await?;
             if existing.flow_id != flow.id {
-                return Err(Error::AlreadyExists(format!("task {id:?} exists and runs flow {:?}; choose another task id", existing.flow_id)));
+                return Err(Error::AlreadyExists(format!(
+                    "task {id:?} exists and runs flow {:?}; choose another task id",
+                    existing.flow_id
+                )));
             }
             return Ok(existing);
         }
@@ -866,7 +1067,11 @@ impl Engine {
         Ok(state)
     }
 
-    async fn command(&self, task_id: &str, build: impl Fn(&TaskState) -> Result<Vec<Event>, Error>) -> Result<TaskState, Error> {
+    async fn command(
+        &self,
+        task_id: &str,
+        build: impl Fn(&TaskState) -> Result<Vec<Event>, Error>,
+    ) -> Result<TaskState, Error> {
         for _ in 0..20 {
             let mut state = self.load(task_id).await?;
             let events = build(&state)?;
@@ -875,7 +1080,9 @@ impl Engine {
                 return Ok(state);
             }
         }
-        Err(Error::Unavailable(format!("task {task_id:?} changes too fast to apply the command; try again")))
+        Err(Error::Unavailable(format!(
+            "task {task_id:?} changes too fast to apply the command; try again"
+        )))
     }
 
     /// Gives a person's input to a task waiting in a human node.
@@ -884,7 +1091,12 @@ impl Engine {
     /// [`Error::FailedPrecondition`] when the task does not wait in a human node (or in
     /// `node_id`); [`Error::InvalidArgument`] with the field paths when the input fails the
     /// node's schema.
-    pub async fn resume(&self, task_id: &str, node_id: Option<&str>, input: Value) -> Result<TaskState, Error> {
+    pub async fn resume(
+        &self,
+        task_id: &str,
+        node_id: Option<&str>,
+        input: Value,
+    ) -> Result<TaskState, Error> {
         self.command(task_id, |state| {
             let current = state.current.clone().unwrap_or_default();
             if state.status != TaskStatus::WaitingHuman || !state.human_waiting {
@@ -922,10 +1134,17 @@ impl Engine {
     /// # Errors
     /// [`Error::FailedPrecondition`] when the task already ended.
     pub async fn cancel(&self, task_id: &str, reason: &str) -> Result<TaskState, Error> {
-        let reason = if reason.is_empty() { "cancelled by request" } else { reason };
+        let reason = if reason.is_empty() {
+            "cancelled by request"
+        } else {
+            reason
+        };
         self.command(task_id, |state| {
             if state.status.is_terminal() {
-                return Err(Error::FailedPrecondition(format!("task {task_id} already ended ({})", state.status.as_str())));
+                return Err(Error::FailedPrecondition(format!(
+                    "task {task_id} already ended ({})",
+                    state.status.as_str()
+                )));
             }
             let current = state.current.clone().unwrap_or_default();
             let on_cancel = self
@@ -933,11 +1152,18 @@ impl Engine {
                 .flows
                 .get(&state.flow_id, state.flow_version)
                 .and_then(|f| match f.node(&current).map(|n| &n.kind) {
-                    Some(NodeKind::Human { on_cancel: Some(n), .. }) if state.human_waiting => Some(n.clone()),
+                    Some(NodeKind::Human {
+                        on_cancel: Some(n), ..
+                    }) if state.human_waiting => Some(n.clone()),
                     _ => None,
                 });
             Ok(match on_cancel {
-                Some(next) => Self::complete(&current, NodeOutcome::Cancelled, json!({"cancelled": reason}), &next),
+                Some(next) => Self::complete(
+                    &current,
+                    NodeOutcome::Cancelled,
+                    json!({"cancelled": reason}),
+                    &next,
+                ),
                 None => vec![Event::TaskEnded {
                     status: TaskStatus::Cancelled,
                     output: state.output.clone(),
@@ -958,15 +1184,28 @@ impl Engine {
         self.command(task_id, |state| {
             let node = match state.status {
                 TaskStatus::Failed => state.failed_node.clone(),
-                TaskStatus::Partial => state.visits.iter().rev().find(|v| v.outcome == Some(NodeOutcome::Partial)).map(|v| v.node.clone()),
+                TaskStatus::Partial => state
+                    .visits
+                    .iter()
+                    .rev()
+                    .find(|v| v.outcome == Some(NodeOutcome::Partial))
+                    .map(|v| v.node.clone()),
                 other => {
-                    return Err(Error::FailedPrecondition(format!("task {task_id} is {}; only FAILED or PARTIAL tasks can be retried", other.as_str())));
+                    return Err(Error::FailedPrecondition(format!(
+                        "task {task_id} is {}; only FAILED or PARTIAL tasks can be retried",
+                        other.as_str()
+                    )));
                 }
             };
             let Some(node) = node else {
-                return Err(Error::FailedPrecondition(format!("task {task_id} has no failed node to retry from")));
+                return Err(Error::FailedPrecondition(format!(
+                    "task {task_id} has no failed node to retry from"
+                )));
             };
-            Ok(vec![Event::TaskRetried { node: node.clone() }, Event::NodeEntered { node }])
+            Ok(vec![
+                Event::TaskRetried { node: node.clone() },
+                Event::NodeEntered { node },
+            ])
         })
         .await
     }
@@ -987,7 +1226,12 @@ impl Engine {
             // previous process is gone, whatever owner id it had.
             let force = first && self.inner.exclusive;
             loop {
-                match self.inner.store.claim_batch(&owner, now, now + lease, 500, force).await {
+                match self
+                    .inner
+                    .store
+                    .claim_batch(&owner, now, now + lease, 500, force)
+                    .await
+                {
                     Ok(ids) => {
                         let n = ids.len();
                         if n > 0 {
@@ -1010,7 +1254,12 @@ impl Engine {
                 }
             }
             first = false;
-            let period = (self.inner.settings.lease / 3).min(self.inner.settings.poll_interval.max(Duration::from_millis(50)));
+            let period = (self.inner.settings.lease / 3).min(
+                self.inner
+                    .settings
+                    .poll_interval
+                    .max(Duration::from_millis(50)),
+            );
             tokio::select! {
                 () = tokio::time::sleep(period) => {}
                 _ = stop.changed() => return,
@@ -1073,7 +1322,11 @@ impl Engine {
     ///
     /// # Errors
     /// Store errors.
-    pub async fn events_after(&self, task_id: &str, after_seq: i64) -> Result<Vec<StoredEvent>, Error> {
+    pub async fn events_after(
+        &self,
+        task_id: &str,
+        after_seq: i64,
+    ) -> Result<Vec<StoredEvent>, Error> {
         Ok(self.inner.store.events(task_id, after_seq).await?)
     }
 }
@@ -1095,7 +1348,12 @@ async fn call(
         Some(d) => Duration::from_millis(u64::try_from((d - now).max(1)).unwrap_or(1)),
         None => settings.default_call_timeout,
     };
-    let slot_node = spec.slot.split('/').next().unwrap_or(&spec.slot).to_string();
+    let slot_node = spec
+        .slot
+        .split('/')
+        .next()
+        .unwrap_or(&spec.slot)
+        .to_string();
     let mut metadata = HashMap::new();
     metadata.insert("flow_id".to_string(), flow_id);
     metadata.insert("node_id".to_string(), slot_node);
@@ -1120,13 +1378,26 @@ async fn call(
             }],
         }),
     };
-    let mut request = tonic::Request::new(CallRequest { message: Some(message) });
+    let mut request = tonic::Request::new(CallRequest {
+        message: Some(message),
+    });
     request.set_timeout(timeout);
     let result = match tokio::time::timeout(timeout, router.call(request)).await {
-        Err(_) => Err(("DEADLINE_EXCEEDED".to_string(), format!("no reply within {}", humantime::format_duration(timeout)))),
-        Ok(Err(status)) => Err((code_name(status.code()).to_string(), status.message().to_string())),
+        Err(_) => Err((
+            "DEADLINE_EXCEEDED".to_string(),
+            format!("no reply within {}", humantime::format_duration(timeout)),
+        )),
+        Ok(Err(status)) => Err((
+            code_name(status.code()).to_string(),
+            status.message().to_string(),
+        )),
         Ok(Ok(reply)) => {
-            let parts = reply.into_inner().message.and_then(|m| m.payload).map(|p| p.parts).unwrap_or_default();
+            let parts = reply
+                .into_inner()
+                .message
+                .and_then(|m| m.payload)
+                .map(|p| p.parts)
+                .unwrap_or_default();
             let data = parts.iter().find_map(|p| match &p.content {
                 Some(part::Content::Data(v)) => Some(crate::json::from_proto(v)),
                 _ => None,
@@ -1140,7 +1411,11 @@ async fn call(
             Ok(data.or_else(text).unwrap_or(Value::Null))
         }
     };
-    CallResult { slot: spec.slot, attempt: spec.attempt, result }
+    CallResult {
+        slot: spec.slot,
+        attempt: spec.attempt,
+        result,
+    }
 }
 
 /// The canonical name of a gRPC code (`UNAVAILABLE`, ...).

@@ -58,7 +58,10 @@ impl From<Error> for tonic::Status {
             Error::InvalidFlow(errors) => {
                 let mut details = ErrorDetails::new();
                 for e in &errors.errors {
-                    details.add_bad_request_violation(format!("{}:{}:{}", e.source, e.line, e.column), format!("{}; {}", e.message, e.hint));
+                    details.add_bad_request_violation(
+                        format!("{}:{}:{}", e.source, e.line, e.column),
+                        format!("{}; {}", e.message, e.hint),
+                    );
                 }
                 tonic::Status::with_error_details(Code::InvalidArgument, message, details)
             }

@@ -36,7 +36,10 @@ impl TaskStatus {
     pub fn is_terminal(self) -> bool {
         matches!(
             self,
-            TaskStatus::Succeeded | TaskStatus::Failed | TaskStatus::Partial | TaskStatus::Cancelled
+            TaskStatus::Succeeded
+                | TaskStatus::Failed
+                | TaskStatus::Partial
+                | TaskStatus::Cancelled
         )
     }
 
@@ -291,7 +294,9 @@ impl Event {
             | Event::NodeFailed { node, .. }
             | Event::TaskRetried { node } => Some(node),
             Event::TaskEnded { failed_node, .. } => failed_node.as_deref(),
-            Event::TaskCreated { .. } | Event::TimerFired { .. } | Event::TimerCancelled { .. } => None,
+            Event::TaskCreated { .. } | Event::TimerFired { .. } | Event::TimerCancelled { .. } => {
+                None
+            }
         }
     }
 }
@@ -556,10 +561,16 @@ impl TaskState {
                     if is_node {
                         v.input = input.clone();
                     } else if let Value::Object(map) = &mut v.input {
-                        map.insert(slot.rsplit('/').next().unwrap_or(slot).to_string(), input.clone());
+                        map.insert(
+                            slot.rsplit('/').next().unwrap_or(slot).to_string(),
+                            input.clone(),
+                        );
                     } else {
                         let mut map = serde_json::Map::new();
-                        map.insert(slot.rsplit('/').next().unwrap_or(slot).to_string(), input.clone());
+                        map.insert(
+                            slot.rsplit('/').next().unwrap_or(slot).to_string(),
+                            input.clone(),
+                        );
                         v.input = Value::Object(map);
                     }
                 }
@@ -659,7 +670,8 @@ impl TaskState {
             Event::NodeFailed {
                 node, error, next, ..
             } => {
-                self.ctx(node).insert("error".into(), Value::String(error.clone()));
+                self.ctx(node)
+                    .insert("error".into(), Value::String(error.clone()));
                 self.failed_node = Some(node.clone());
                 self.error = Some(error.clone());
                 if let Some(v) = self.visit() {
@@ -732,7 +744,9 @@ impl TaskState {
 
     /// Whether timer `id` is pending (neither fired nor cancelled).
     pub fn timer_pending(&self, id: &str) -> bool {
-        self.timers.get(id).is_some_and(|t| !t.fired && !t.cancelled)
+        self.timers
+            .get(id)
+            .is_some_and(|t| !t.fired && !t.cancelled)
     }
 
     /// Whether timer `id` fired.

@@ -44,7 +44,11 @@ pub struct Scope {
 impl Scope {
     fn context(&self) -> Result<cel::Context<'static, 'static>, String> {
         let mut ctx = cel::Context::default();
-        for (name, value) in [("input", &self.input), ("nodes", &self.nodes), ("task", &self.task)] {
+        for (name, value) in [
+            ("input", &self.input),
+            ("nodes", &self.nodes),
+            ("task", &self.task),
+        ] {
             let v = cel::to_value(value).map_err(|e| format!("cannot bind `{name}`: {e}"))?;
             ctx.add_variable_from_value(name, v);
         }
@@ -134,9 +138,9 @@ impl InputTemplate {
             serde_json::Value::String(s) => {
                 InputTemplate::Expr(Expr::compile(s).map_err(|e| format!("`{s}`: {e}"))?)
             }
-            serde_json::Value::Array(items) => InputTemplate::List(
-                items.iter().map(Self::compile).collect::<Result<_, _>>()?,
-            ),
+            serde_json::Value::Array(items) => {
+                InputTemplate::List(items.iter().map(Self::compile).collect::<Result<_, _>>()?)
+            }
             serde_json::Value::Object(map) => InputTemplate::Object(
                 map.iter()
                     .map(|(k, v)| Ok((k.clone(), Self::compile(v)?)))
@@ -155,7 +159,10 @@ impl InputTemplate {
             InputTemplate::Expr(e) => e.eval(scope)?,
             InputTemplate::Literal(v) => v.clone(),
             InputTemplate::List(items) => serde_json::Value::Array(
-                items.iter().map(|t| t.render(scope)).collect::<Result<_, _>>()?,
+                items
+                    .iter()
+                    .map(|t| t.render(scope))
+                    .collect::<Result<_, _>>()?,
             ),
             InputTemplate::Object(fields) => serde_json::Value::Object(
                 fields
@@ -179,11 +186,32 @@ mod tests {
             nodes: json!({"classify": {"output": {"confidence": 0.3, "category": "servicing"}}}),
             task: json!({"id": "t1"}),
         };
-        assert!(Expr::compile("nodes.classify.output.confidence < 0.5").unwrap().eval_bool(&scope).unwrap());
-        assert!(Expr::compile("nodes.classify.output.category == 'servicing'").unwrap().eval_bool(&scope).unwrap());
-        assert!(Expr::compile("nodes.missing.output.x == 1").unwrap().eval_bool(&scope).is_err());
+        assert!(
+            Expr::compile("nodes.classify.output.confidence < 0.5")
+                .unwrap()
+                .eval_bool(&scope)
+                .unwrap()
+        );
+        assert!(
+            Expr::compile("nodes.classify.output.category == 'servicing'")
+                .unwrap()
+                .eval_bool(&scope)
+                .unwrap()
+        );
+        assert!(
+            Expr::compile("nodes.missing.output.x == 1")
+                .unwrap()
+                .eval_bool(&scope)
+                .is_err()
+        );
         assert!(Expr::compile("1 +").is_err());
-        let t = InputTemplate::compile(&json!({"text": "input.text", "n": 3, "c": "nodes.classify.output"})).unwrap();
-        assert_eq!(t.render(&scope).unwrap(), json!({"text": "hi", "n": 3, "c": {"confidence": 0.3, "category": "servicing"}}));
+        let t = InputTemplate::compile(
+            &json!({"text": "input.text", "n": 3, "c": "nodes.classify.output"}),
+        )
+        .unwrap();
+        assert_eq!(
+            t.render(&scope).unwrap(),
+            json!({"text": "hi", "n": 3, "c": {"confidence": 0.3, "category": "servicing"}})
+        );
     }
 }

@@ -174,7 +174,10 @@ impl Default for RetryPolicy {
             multiplier: 2.0,
             max_interval: Duration::from_secs(60),
             jitter: 0.2,
-            retry_on: DEFAULT_RETRY_CODES.iter().map(|s| (*s).to_string()).collect(),
+            retry_on: DEFAULT_RETRY_CODES
+                .iter()
+                .map(|s| (*s).to_string())
+                .collect(),
         }
     }
 }
@@ -215,11 +218,7 @@ impl Flow {
                     .map(|l| (l.line(), l.column()))
                     .unwrap_or((1, 1));
                 let text = err.to_string();
-                let message = text
-                    .split(" at line ")
-                    .next()
-                    .unwrap_or(&text)
-                    .to_string();
+                let message = text.split(" at line ").next().unwrap_or(&text).to_string();
                 return Err(FlowErrors {
                     errors: vec![FlowError {
                         source: source.to_string(),
@@ -452,7 +451,13 @@ const NODE_TYPES: &[&str] = &[
 ];
 
 impl Validator<'_> {
-    fn err(&mut self, state: Option<&str>, field: Option<&str>, message: String, hint: impl Into<String>) {
+    fn err(
+        &mut self,
+        state: Option<&str>,
+        field: Option<&str>,
+        message: String,
+        hint: impl Into<String>,
+    ) {
         let (line, column) = locate(self.text, state, field);
         self.errors.push(FlowError {
             source: self.source.to_string(),
@@ -479,7 +484,12 @@ impl Validator<'_> {
         }
     }
 
-    fn template(&mut self, state: &str, field: &str, value: Option<serde_json::Value>) -> Option<InputTemplate> {
+    fn template(
+        &mut self,
+        state: &str,
+        field: &str,
+        value: Option<serde_json::Value>,
+    ) -> Option<InputTemplate> {
         let value = value?;
         match InputTemplate::compile(&value) {
             Ok(t) => Some(t),
@@ -510,10 +520,20 @@ impl Validator<'_> {
             );
         }
         if raw.version == 0 {
-            self.err(None, Some("version"), "flow version 0 is not valid".into(), "versions start at 1; bump it on every change");
+            self.err(
+                None,
+                Some("version"),
+                "flow version 0 is not valid".into(),
+                "versions start at 1; bump it on every change",
+            );
         }
         if raw.states.0.is_empty() {
-            self.err(None, Some("states"), "the flow has no states".into(), "add at least one node under `states`, ending in a `succeed` node");
+            self.err(
+                None,
+                Some("states"),
+                "the flow has no states".into(),
+                "add at least one node under `states`, ending in a `succeed` node",
+            );
         }
         let names: Vec<String> = raw.states.0.iter().map(|(k, _)| k.clone()).collect();
         let initial = match raw.initial.clone() {
@@ -523,14 +543,21 @@ impl Validator<'_> {
                     None,
                     Some("states"),
                     "the flow has no `initial` node".into(),
-                    format!("add `initial: {first}` (the node the task starts at) at the top level"),
+                    format!(
+                        "add `initial: {first}` (the node the task starts at) at the top level"
+                    ),
                 );
                 String::new()
             }
             Some(initial) => {
                 if !names.contains(&initial) {
                     let hint = suggest(&initial, &names);
-                    self.err(None, Some("initial"), format!("`initial: {initial}` names no node in `states`"), hint);
+                    self.err(
+                        None,
+                        Some("initial"),
+                        format!("`initial: {initial}` names no node in `states`"),
+                        hint,
+                    );
                 }
                 initial
             }
@@ -574,13 +601,20 @@ impl Validator<'_> {
                 .values()
                 .any(|n| matches!(n.kind, NodeKind::Succeed | NodeKind::Fail { .. }));
             if !ends && !nodes.is_empty() {
-                self.err(None, Some("states"), "the flow has no `succeed` or `fail` node, so no task can end".into(), "add a node `done: {type: succeed}` and point the last `next` at it");
+                self.err(
+                    None,
+                    Some("states"),
+                    "the flow has no `succeed` or `fail` node, so no task can end".into(),
+                    "add a node `done: {type: succeed}` and point the last `next` at it",
+                );
             }
         }
 
         if !self.errors.is_empty() {
             self.errors.sort_by_key(|e| (e.line, e.column));
-            return Err(FlowErrors { errors: self.errors });
+            return Err(FlowErrors {
+                errors: self.errors,
+            });
         }
         Ok(Flow {
             id: raw.id,
@@ -593,18 +627,35 @@ impl Validator<'_> {
         })
     }
 
-    fn reference(&mut self, state: &str, field: &str, target: Option<String>, names: &[String], required: bool) -> Option<String> {
+    fn reference(
+        &mut self,
+        state: &str,
+        field: &str,
+        target: Option<String>,
+        names: &[String],
+        required: bool,
+    ) -> Option<String> {
         match target {
             None => {
                 if required {
-                    self.err(Some(state), Some("type"), format!("node `{state}` has no `{field}`"), format!("add `{field}: <node id>` naming the node that follows"));
+                    self.err(
+                        Some(state),
+                        Some("type"),
+                        format!("node `{state}` has no `{field}`"),
+                        format!("add `{field}: <node id>` naming the node that follows"),
+                    );
                 }
                 None
             }
             Some(t) if names.contains(&t) => Some(t),
             Some(t) => {
                 let hint = suggest(&t, names);
-                self.err(Some(state), Some(field), format!("node `{state}`: `{field}: {t}` names no node in `states`"), hint);
+                self.err(
+                    Some(state),
+                    Some(field),
+                    format!("node `{state}`: `{field}: {t}` names no node in `states`"),
+                    hint,
+                );
                 None
             }
         }
@@ -633,7 +684,12 @@ impl Validator<'_> {
         };
         if let Some(n) = raw.max_attempts {
             if n == 0 {
-                self.err(Some(state), Some("max_attempts"), format!("node `{state}`: `max_attempts: 0` allows no attempt"), "use 1 (no retry) or more");
+                self.err(
+                    Some(state),
+                    Some("max_attempts"),
+                    format!("node `{state}`: `max_attempts: 0` allows no attempt"),
+                    "use 1 (no retry) or more",
+                );
             }
             p.max_attempts = n.max(1);
         }
@@ -645,13 +701,23 @@ impl Validator<'_> {
         }
         if let Some(m) = raw.multiplier {
             if !(m >= 1.0 && m.is_finite()) {
-                self.err(Some(state), Some("multiplier"), format!("node `{state}`: `multiplier: {m}` must be at least 1"), "use 1 for a constant delay or 2 to double it each time");
+                self.err(
+                    Some(state),
+                    Some("multiplier"),
+                    format!("node `{state}`: `multiplier: {m}` must be at least 1"),
+                    "use 1 for a constant delay or 2 to double it each time",
+                );
             }
             p.multiplier = m;
         }
         if let Some(j) = raw.jitter {
             if !(0.0..=1.0).contains(&j) {
-                self.err(Some(state), Some("jitter"), format!("node `{state}`: `jitter: {j}` is outside [0, 1]"), "use a fraction such as 0.2 (±20%)");
+                self.err(
+                    Some(state),
+                    Some("jitter"),
+                    format!("node `{state}`: `jitter: {j}` is outside [0, 1]"),
+                    "use a fraction such as 0.2 (±20%)",
+                );
             }
             p.jitter = j;
         }
@@ -662,7 +728,12 @@ impl Validator<'_> {
                 if GRPC_CODES.contains(&upper.as_str()) {
                     set.insert(upper);
                 } else {
-                    self.err(Some(state), Some("retry_on"), format!("node `{state}`: `{c}` is not a gRPC code"), format!("use code names such as {}", DEFAULT_RETRY_CODES.join(", ")));
+                    self.err(
+                        Some(state),
+                        Some("retry_on"),
+                        format!("node `{state}`: `{c}` is not a gRPC code"),
+                        format!("use code names such as {}", DEFAULT_RETRY_CODES.join(", ")),
+                    );
                 }
             }
             p.retry_on = set;
@@ -673,33 +744,79 @@ impl Validator<'_> {
     fn node(&mut self, name: &str, raw: RawNode, names: &[String]) -> Option<Node> {
         let _ = raw.description;
         let Some(kind) = raw.kind.clone() else {
-            self.err(Some(name), None, format!("node `{name}` has no `type`"), format!("add `type:` with one of {}", NODE_TYPES.join(", ")));
+            self.err(
+                Some(name),
+                None,
+                format!("node `{name}` has no `type`"),
+                format!("add `type:` with one of {}", NODE_TYPES.join(", ")),
+            );
             return None;
         };
         let timeout = self.duration(name, "timeout", raw.timeout.as_deref());
         if timeout == Some(Duration::ZERO) {
-            self.err(Some(name), Some("timeout"), format!("node `{name}`: `timeout` must be more than zero"), "remove it for no timeout, or give a positive duration");
+            self.err(
+                Some(name),
+                Some("timeout"),
+                format!("node `{name}`: `timeout` must be more than zero"),
+                "remove it for no timeout, or give a positive duration",
+            );
         }
         let catch = self.reference(name, "catch", raw.catch.clone(), names, false);
         let has_retry = raw.retry.is_some();
         let retry = self.retry(name, raw.retry);
         let kind = match kind.as_str() {
             "task" => {
-                self.forbid(name, "task", &[("conditions", raw.conditions.is_some()), ("default", raw.default.is_some()), ("branches", raw.branches.is_some()), ("duration", raw.duration.is_some()), ("schema", raw.schema.is_some()), ("on_cancel", raw.on_cancel.is_some()), ("success_threshold", raw.success_threshold.is_some())]);
+                self.forbid(
+                    name,
+                    "task",
+                    &[
+                        ("conditions", raw.conditions.is_some()),
+                        ("default", raw.default.is_some()),
+                        ("branches", raw.branches.is_some()),
+                        ("duration", raw.duration.is_some()),
+                        ("schema", raw.schema.is_some()),
+                        ("on_cancel", raw.on_cancel.is_some()),
+                        ("success_threshold", raw.success_threshold.is_some()),
+                    ],
+                );
                 let capability = raw.capability.clone().filter(|c| !c.is_empty());
                 if capability.is_none() {
-                    self.err(Some(name), Some("type"), format!("task node `{name}` has no `capability`"), "add `capability: <name>`, for example `capability: complaint.classify`");
+                    self.err(
+                        Some(name),
+                        Some("type"),
+                        format!("task node `{name}` has no `capability`"),
+                        "add `capability: <name>`, for example `capability: complaint.classify`",
+                    );
                 }
                 let input = self.template(name, "input", raw.input);
                 let next = self.reference(name, "next", raw.next, names, true);
-                NodeKind::Task { capability: capability?, input, next: next? }
+                NodeKind::Task {
+                    capability: capability?,
+                    input,
+                    next: next?,
+                }
             }
             "condition" => {
-                self.forbid(name, "condition", &[("capability", raw.capability.is_some()), ("next", raw.next.is_some()), ("retry", has_retry), ("timeout", raw.timeout.is_some()), ("branches", raw.branches.is_some())]);
+                self.forbid(
+                    name,
+                    "condition",
+                    &[
+                        ("capability", raw.capability.is_some()),
+                        ("next", raw.next.is_some()),
+                        ("retry", has_retry),
+                        ("timeout", raw.timeout.is_some()),
+                        ("branches", raw.branches.is_some()),
+                    ],
+                );
                 let mut branches = Vec::new();
                 let conditions = raw.conditions.unwrap_or_default();
                 if conditions.is_empty() {
-                    self.err(Some(name), Some("type"), format!("condition node `{name}` has no `conditions`"), "add `conditions:` with items `{if: <CEL expression>, next: <node>}`");
+                    self.err(
+                        Some(name),
+                        Some("type"),
+                        format!("condition node `{name}` has no `conditions`"),
+                        "add `conditions:` with items `{if: <CEL expression>, next: <node>}`",
+                    );
                 }
                 let mut ok = true;
                 for c in conditions {
@@ -722,10 +839,22 @@ impl Validator<'_> {
                 if !ok {
                     return None;
                 }
-                NodeKind::Condition { branches, default: default? }
+                NodeKind::Condition {
+                    branches,
+                    default: default?,
+                }
             }
             "human" => {
-                self.forbid(name, "human", &[("capability", raw.capability.is_some()), ("retry", has_retry), ("branches", raw.branches.is_some()), ("conditions", raw.conditions.is_some())]);
+                self.forbid(
+                    name,
+                    "human",
+                    &[
+                        ("capability", raw.capability.is_some()),
+                        ("retry", has_retry),
+                        ("branches", raw.branches.is_some()),
+                        ("conditions", raw.conditions.is_some()),
+                    ],
+                );
                 let schema = match raw.schema {
                     None => None,
                     Some(s) => match jsonschema::validator_for(&s) {
@@ -738,13 +867,31 @@ impl Validator<'_> {
                 };
                 let next = self.reference(name, "next", raw.next, names, true);
                 let on_cancel = self.reference(name, "on_cancel", raw.on_cancel, names, false);
-                NodeKind::Human { next: next?, schema, prompt: raw.prompt, on_cancel }
+                NodeKind::Human {
+                    next: next?,
+                    schema,
+                    prompt: raw.prompt,
+                    on_cancel,
+                }
             }
             "parallel" => {
-                self.forbid(name, "parallel", &[("capability", raw.capability.is_some()), ("conditions", raw.conditions.is_some()), ("duration", raw.duration.is_some())]);
+                self.forbid(
+                    name,
+                    "parallel",
+                    &[
+                        ("capability", raw.capability.is_some()),
+                        ("conditions", raw.conditions.is_some()),
+                        ("duration", raw.duration.is_some()),
+                    ],
+                );
                 let raw_branches = raw.branches.unwrap_or_default();
                 if raw_branches.is_empty() {
-                    self.err(Some(name), Some("type"), format!("parallel node `{name}` has no `branches`"), "add `branches:` with items `{name: <branch>, capability: <capability>}`");
+                    self.err(
+                        Some(name),
+                        Some("type"),
+                        format!("parallel node `{name}` has no `branches`"),
+                        "add `branches:` with items `{name: <branch>, capability: <capability>}`",
+                    );
                 }
                 let mut branches = Vec::new();
                 let mut seen = BTreeSet::new();
@@ -753,7 +900,11 @@ impl Validator<'_> {
                         self.err(Some(name), Some("branches"), format!("node `{name}`: branch name `{}` is empty, repeated or contains `/`", b.name), "give every branch a unique name without `/`");
                     }
                     let input = self.template(name, "input", b.input);
-                    branches.push(Branch { name: b.name, capability: b.capability, input });
+                    branches.push(Branch {
+                        name: b.name,
+                        capability: b.capability,
+                        input,
+                    });
                 }
                 let n = u32::try_from(branches.len()).unwrap_or(u32::MAX);
                 let success_threshold = raw.success_threshold.unwrap_or(n);
@@ -763,31 +914,78 @@ impl Validator<'_> {
                 let next = self.reference(name, "next", raw.next, names, true);
                 let on_partial = self.reference(name, "on_partial", raw.on_partial, names, false);
                 let on_failure = self.reference(name, "on_failure", raw.on_failure, names, false);
-                NodeKind::Parallel { branches, success_threshold, next: next?, on_partial, on_failure }
+                NodeKind::Parallel {
+                    branches,
+                    success_threshold,
+                    next: next?,
+                    on_partial,
+                    on_failure,
+                }
             }
             "wait" => {
-                self.forbid(name, "wait", &[("capability", raw.capability.is_some()), ("retry", has_retry), ("conditions", raw.conditions.is_some())]);
+                self.forbid(
+                    name,
+                    "wait",
+                    &[
+                        ("capability", raw.capability.is_some()),
+                        ("retry", has_retry),
+                        ("conditions", raw.conditions.is_some()),
+                    ],
+                );
                 if raw.duration.is_none() {
-                    self.err(Some(name), Some("type"), format!("wait node `{name}` has no `duration`"), "add `duration: 2s` (any humantime duration)");
+                    self.err(
+                        Some(name),
+                        Some("type"),
+                        format!("wait node `{name}` has no `duration`"),
+                        "add `duration: 2s` (any humantime duration)",
+                    );
                 }
                 let duration = self.duration(name, "duration", raw.duration.as_deref());
                 let next = self.reference(name, "next", raw.next, names, true);
-                NodeKind::Wait { duration: duration?, next: next? }
+                NodeKind::Wait {
+                    duration: duration?,
+                    next: next?,
+                }
             }
             "succeed" | "fail" => {
-                self.forbid(name, &kind, &[("next", raw.next.is_some()), ("capability", raw.capability.is_some()), ("retry", has_retry), ("timeout", raw.timeout.is_some()), ("catch", raw.catch.is_some())]);
+                self.forbid(
+                    name,
+                    &kind,
+                    &[
+                        ("next", raw.next.is_some()),
+                        ("capability", raw.capability.is_some()),
+                        ("retry", has_retry),
+                        ("timeout", raw.timeout.is_some()),
+                        ("catch", raw.catch.is_some()),
+                    ],
+                );
                 if kind == "succeed" {
                     NodeKind::Succeed
                 } else {
-                    NodeKind::Fail { error: raw.error.unwrap_or_else(|| format!("the flow reached fail node `{name}`")) }
+                    NodeKind::Fail {
+                        error: raw
+                            .error
+                            .unwrap_or_else(|| format!("the flow reached fail node `{name}`")),
+                    }
                 }
             }
             other => {
-                self.err(Some(name), Some("type"), format!("node `{name}` has unknown type `{other}`"), format!("use one of {}", NODE_TYPES.join(", ")));
+                self.err(
+                    Some(name),
+                    Some("type"),
+                    format!("node `{name}` has unknown type `{other}`"),
+                    format!("use one of {}", NODE_TYPES.join(", ")),
+                );
                 return None;
             }
         };
-        Some(Node { id: name.to_string(), kind, timeout, retry, catch })
+        Some(Node {
+            id: name.to_string(),
+            kind,
+            timeout,
+            retry,
+            catch,
+        })
     }
 }
 
@@ -822,7 +1020,11 @@ fn locate(text: &str, state: Option<&str>, field: Option<&str>) -> (usize, usize
     let lines: Vec<&str> = text.lines().collect();
     let indent = |l: &str| l.len() - l.trim_start().len();
     let key_at = |line: &str, key: &str| -> Option<usize> {
-        for candidate in [format!("{key}:"), format!("\"{key}\":"), format!("'{key}':")] {
+        for candidate in [
+            format!("{key}:"),
+            format!("\"{key}\":"),
+            format!("'{key}':"),
+        ] {
             let mut from = 0;
             while let Some(pos) = line[from..].find(&candidate) {
                 let at = from + pos;
@@ -890,16 +1092,29 @@ mod tests {
         let flow = Flow::parse("demo.yaml", GOOD).unwrap();
         assert_eq!(flow.nodes.len(), 4);
         assert_eq!(flow.nodes["classify"].retry.max_attempts, 3);
-        assert_eq!(flow.nodes["classify"].timeout, Some(Duration::from_secs(10)));
+        assert_eq!(
+            flow.nodes["classify"].timeout,
+            Some(Duration::from_secs(10))
+        );
     }
 
     #[test]
     fn locates_unknown_reference_and_bad_duration() {
-        let bad = GOOD.replace("default: done", "default: dnoe").replace("timeout: 10s", "timeout: 10 parsecs");
+        let bad = GOOD
+            .replace("default: done", "default: dnoe")
+            .replace("timeout: 10s", "timeout: 10 parsecs");
         let errs = Flow::parse("demo.yaml", &bad).unwrap_err();
         let text = errs.to_string();
-        assert!(text.contains("demo.yaml:8:5: node `classify`: `timeout: 10 parsecs` is not a duration"), "{text}");
-        assert!(text.contains("demo.yaml:16:5: node `route`: `default: dnoe` names no node"), "{text}");
+        assert!(
+            text.contains(
+                "demo.yaml:8:5: node `classify`: `timeout: 10 parsecs` is not a duration"
+            ),
+            "{text}"
+        );
+        assert!(
+            text.contains("demo.yaml:16:5: node `route`: `default: dnoe` names no node"),
+            "{text}"
+        );
         assert!(text.contains("did you mean `done`"), "{text}");
     }
 
@@ -911,18 +1126,34 @@ mod tests {
 
         let unreachable = GOOD.replace("next: review", "next: done");
         let text = Flow::parse("f.yaml", &unreachable).unwrap_err().to_string();
-        assert!(text.contains("f.yaml:17:3: node `review` is unreachable"), "{text}");
+        assert!(
+            text.contains("f.yaml:17:3: node `review` is unreachable"),
+            "{text}"
+        );
 
         let no_initial = GOOD.replace("initial: classify\n", "");
         let text = Flow::parse("f.yaml", &no_initial).unwrap_err().to_string();
-        assert!(text.contains("f.yaml:3:1: the flow has no `initial` node; add `initial: classify`"), "{text}");
+        assert!(
+            text.contains("f.yaml:3:1: the flow has no `initial` node; add `initial: classify`"),
+            "{text}"
+        );
     }
 
     #[test]
     fn locates_yaml_syntax_errors() {
-        let text = Flow::parse("f.yaml", "id: x\nversion: 1\nstates:\n  a: {type: succeed\n").unwrap_err().to_string();
+        let text = Flow::parse(
+            "f.yaml",
+            "id: x\nversion: 1\nstates:\n  a: {type: succeed\n",
+        )
+        .unwrap_err()
+        .to_string();
         assert!(text.starts_with("f.yaml:"), "{text}");
-        let text = Flow::parse("f.yaml", "id: x\nversion: 1\nstates:\n  a: {type: succeed, nxt: b}\n").unwrap_err().to_string();
+        let text = Flow::parse(
+            "f.yaml",
+            "id: x\nversion: 1\nstates:\n  a: {type: succeed, nxt: b}\n",
+        )
+        .unwrap_err()
+        .to_string();
         assert!(text.contains("unknown field `nxt`"), "{text}");
     }
 

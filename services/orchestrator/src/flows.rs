@@ -36,11 +36,16 @@ impl FlowRegistry {
     /// # Errors
     /// Store errors. A stored flow that no longer validates is skipped with an error log.
     pub async fn load(store: Store) -> Result<Self, Error> {
-        let reg = Self { inner: Arc::default(), store };
+        let reg = Self {
+            inner: Arc::default(),
+            store,
+        };
         for (id, version, yaml, source, applied_ms) in reg.store.flows().await? {
             match Flow::parse(&source, &yaml) {
                 Ok(flow) => reg.insert(Arc::new(flow), applied_ms),
-                Err(e) => tracing::error!(flow_id = %id, version, errors = %e, "stored flow no longer validates"),
+                Err(e) => {
+                    tracing::error!(flow_id = %id, version, errors = %e, "stored flow no longer validates")
+                }
             }
         }
         Ok(reg)
@@ -57,17 +62,34 @@ impl FlowRegistry {
 
     /// Flow `id` at `version`.
     pub fn get(&self, id: &str, version: u32) -> Option<Arc<Flow>> {
-        self.inner.read().expect("flow registry lock").get(id)?.get(&version).map(|e| e.flow.clone())
+        self.inner
+            .read()
+            .expect("flow registry lock")
+            .get(id)?
+            .get(&version)
+            .map(|e| e.flow.clone())
     }
 
     /// The latest version of flow `id`.
     pub fn latest(&self, id: &str) -> Option<Arc<Flow>> {
-        self.inner.read().expect("flow registry lock").get(id)?.values().next_back().map(|e| e.flow.clone())
+        self.inner
+            .read()
+            .expect("flow registry lock")
+            .get(id)?
+            .values()
+            .next_back()
+            .map(|e| e.flow.clone())
     }
 
     /// Flow ids, sorted.
     pub fn ids(&self) -> Vec<String> {
-        let mut ids: Vec<String> = self.inner.read().expect("flow registry lock").keys().cloned().collect();
+        let mut ids: Vec<String> = self
+            .inner
+            .read()
+            .expect("flow registry lock")
+            .keys()
+            .cloned()
+            .collect();
         ids.sort();
         ids
     }
@@ -75,7 +97,10 @@ impl FlowRegistry {
     /// The latest version of every flow, sorted by id.
     pub fn latest_all(&self) -> Vec<FlowEntry> {
         let map = self.inner.read().expect("flow registry lock");
-        let mut out: Vec<FlowEntry> = map.values().filter_map(|v| v.values().next_back().cloned()).collect();
+        let mut out: Vec<FlowEntry> = map
+            .values()
+            .filter_map(|v| v.values().next_back().cloned())
+            .collect();
         out.sort_by(|a, b| a.flow.id.cmp(&b.flow.id));
         out
     }
@@ -85,7 +110,12 @@ impl FlowRegistry {
     /// # Errors
     /// [`Error::InvalidFlow`] with located errors; [`Error::FailedPrecondition`] when the
     /// version exists with different text; store errors.
-    pub async fn apply(&self, source: &str, yaml: &str, now_ms: i64) -> Result<(Arc<Flow>, bool), Error> {
+    pub async fn apply(
+        &self,
+        source: &str,
+        yaml: &str,
+        now_ms: i64,
+    ) -> Result<(Arc<Flow>, bool), Error> {
         let flow = Flow::parse(source, yaml)?;
         if let Some(existing) = self.get(&flow.id, flow.version) {
             if existing.yaml == yaml {
@@ -96,12 +126,19 @@ impl FlowRegistry {
                 flow.id, flow.version
             )));
         }
-        if !self.store.insert_flow(&flow.id, flow.version, yaml, source, now_ms).await? {
+        if !self
+            .store
+            .insert_flow(&flow.id, flow.version, yaml, source, now_ms)
+            .await?
+        {
             // Another replica stored this version meanwhile: use what is stored.
             let reg = Self::load(self.store.clone()).await?;
             if let Some(stored) = reg.get(&flow.id, flow.version) {
                 if stored.yaml != yaml {
-                    return Err(Error::FailedPrecondition(format!("flow {} version {} was applied elsewhere with different content; bump `version`", flow.id, flow.version)));
+                    return Err(Error::FailedPrecondition(format!(
+                        "flow {} version {} was applied elsewhere with different content; bump `version`",
+                        flow.id, flow.version
+                    )));
                 }
                 self.insert(stored.clone(), now_ms);
                 return Ok((stored, false));
@@ -114,7 +151,11 @@ impl FlowRegistry {
     }
 
     /// Applies every `*.yaml` / `*.yml` file of `dir`; returns each file's result.
-    pub async fn apply_dir(&self, dir: &Path, now_ms: i64) -> Vec<(PathBuf, Result<(Arc<Flow>, bool), Error>)> {
+    pub async fn apply_dir(
+        &self,
+        dir: &Path,
+        now_ms: i64,
+    ) -> Vec<(PathBuf, Result<(Arc<Flow>, bool), Error>)> {
         let mut out = Vec::new();
         let Ok(entries) = std::fs::read_dir(dir) else {
             return out;
@@ -127,10 +168,15 @@ impl FlowRegistry {
         for file in files {
             let result = match std::fs::read_to_string(&file) {
                 Ok(text) => self.apply(&file.display().to_string(), &text, now_ms).await,
-                Err(e) => Err(Error::Config(format!("cannot read {}: {e}", file.display()))),
+                Err(e) => Err(Error::Config(format!(
+                    "cannot read {}: {e}",
+                    file.display()
+                ))),
             };
             match &result {
-                Ok((flow, true)) => tracing::info!(file = %file.display(), flow_id = %flow.id, version = flow.version, "flow loaded"),
+                Ok((flow, true)) => {
+                    tracing::info!(file = %file.display(), flow_id = %flow.id, version = flow.version, "flow loaded")
+                }
                 Ok(_) => {}
                 Err(e) => tracing::error!(file = %file.display(), error = %e, "flow not loaded"),
             }
@@ -145,7 +191,12 @@ impl FlowRegistry {
     ///
     /// # Errors
     /// [`Error::Config`] when the directory cannot be watched.
-    pub fn watch(&self, dir: PathBuf, clock: crate::engine::Clock, mut stop: tokio::sync::watch::Receiver<bool>) -> Result<tokio::task::JoinHandle<()>, Error> {
+    pub fn watch(
+        &self,
+        dir: PathBuf,
+        clock: crate::engine::Clock,
+        mut stop: tokio::sync::watch::Receiver<bool>,
+    ) -> Result<tokio::task::JoinHandle<()>, Error> {
         use notify::Watcher;
         let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
         let mut watcher = notify::recommended_watcher(move |res: notify::Result<notify::Event>| {

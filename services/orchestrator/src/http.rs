@@ -34,12 +34,18 @@ impl IntoResponse for HttpError {
     }
 }
 
-async fn get_task(State(api): State<OrchestratorApi>, Path(id): Path<String>) -> Result<Json<serde_json::Value>, HttpError> {
+async fn get_task(
+    State(api): State<OrchestratorApi>,
+    Path(id): Path<String>,
+) -> Result<Json<serde_json::Value>, HttpError> {
     let state = api.engine().load(&id).await.map_err(HttpError)?;
     Ok(Json(crate::cli::task_json(&api.task_view(&state))))
 }
 
-async fn retry_task(State(api): State<OrchestratorApi>, Path(id): Path<String>) -> Result<Json<serde_json::Value>, HttpError> {
+async fn retry_task(
+    State(api): State<OrchestratorApi>,
+    Path(id): Path<String>,
+) -> Result<Json<serde_json::Value>, HttpError> {
     let state = api.engine().retry(&id).await.map_err(HttpError)?;
     Ok(Json(crate::cli::task_json(&api.task_view(&state))))
 }

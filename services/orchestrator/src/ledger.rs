@@ -60,7 +60,13 @@ impl LedgerSink {
         let (tx, rx) = mpsc::channel(config.capacity.max(1));
         let dropped = Arc::new(AtomicU64::new(0));
         let sent = Arc::new(AtomicU64::new(0));
-        tokio::spawn(run(OrchestratorServiceClient::new(channel), rx, config, dropped.clone(), sent.clone()));
+        tokio::spawn(run(
+            OrchestratorServiceClient::new(channel),
+            rx,
+            config,
+            dropped.clone(),
+            sent.clone(),
+        ));
         Ok(Self { tx, dropped, sent })
     }
 

@@ -90,17 +90,29 @@ impl Orchestrator {
     /// As [`Orchestrator::new`].
     pub async fn with_clock(config: OrchestratorConfig, clock: Clock) -> Result<Self, Error> {
         config.validate().map_err(Error::Config)?;
-        let durability = if config.sqlite_full_sync { store::SqliteDurability::Full } else { store::SqliteDurability::Normal };
-        let store = store::Store::open_with(&config.store_url, durability, config.store_acquire_timeout).await?;
+        let durability = if config.sqlite_full_sync {
+            store::SqliteDurability::Full
+        } else {
+            store::SqliteDurability::Normal
+        };
+        let store =
+            store::Store::open_with(&config.store_url, durability, config.store_acquire_timeout)
+                .await?;
         let flows = flows::FlowRegistry::load(store.clone()).await?;
         if let Some(dir) = &config.flows_dir {
             if !dir.is_dir() {
-                return Err(Error::Config(format!("flows_dir {} is not a directory", dir.display())));
+                return Err(Error::Config(format!(
+                    "flows_dir {} is not a directory",
+                    dir.display()
+                )));
             }
             flows.apply_dir(dir, clock.now_ms()).await;
         }
         let settings = EngineSettings {
-            node_id: config.node_id.clone().unwrap_or_else(|| format!("orchestrator-{}", uuid::Uuid::new_v4().simple())),
+            node_id: config
+                .node_id
+                .clone()
+                .unwrap_or_else(|| format!("orchestrator-{}", uuid::Uuid::new_v4().simple())),
             lease: config.lease,
             default_call_timeout: config.default_call_timeout,
             max_concurrent_tasks: config.max_concurrent_tasks,
@@ -109,9 +121,18 @@ impl Orchestrator {
             source: "orchestrator".into(),
         };
         let engine = Engine::new(store, flows, &config.router_endpoint, settings, clock)?;
-        let masker = mask::Masker::new(mask::DEFAULT_SENSITIVE_FIELDS.iter().map(|s| (*s).to_string()).chain(config.redact_fields.iter().cloned()));
+        let masker = mask::Masker::new(
+            mask::DEFAULT_SENSITIVE_FIELDS
+                .iter()
+                .map(|s| (*s).to_string())
+                .chain(config.redact_fields.iter().cloned()),
+        );
         let api = OrchestratorApi::new(engine.clone(), masker);
-        Ok(Self { config, engine, api })
+        Ok(Self {
+            config,
+            engine,
+            api,
+        })
     }
 
     /// The engine (start tasks, resume, cancel, retry in-process).
@@ -144,9 +165,16 @@ impl Orchestrator {
         let mut handles = self.engine.start();
         if let (Some(dir), true) = (&self.config.flows_dir, self.config.watch_flows) {
             let stop = self.engine.inner.stop_receiver();
-            handles.push(self.engine.flows().watch(dir.clone(), self.engine.clock(), stop)?);
+            handles.push(
+                self.engine
+                    .flows()
+                    .watch(dir.clone(), self.engine.clock(), stop)?,
+            );
         }
-        Ok(Running { engine: self.engine.clone(), handles })
+        Ok(Running {
+            engine: self.engine.clone(),
+            handles,
+        })
     }
 
     /// Serves `OrchestratorService` (with health and reflection) on `listener` until
@@ -154,9 +182,16 @@ impl Orchestrator {
     ///
     /// # Errors
     /// [`Error::Serve`] when serving fails; [`Error::Config`] as [`Orchestrator::start`].
-    pub async fn serve(self, listener: tokio::net::TcpListener, shutdown: impl Future<Output = ()> + Send + 'static) -> Result<(), Error> {
+    pub async fn serve(
+        self,
+        listener: tokio::net::TcpListener,
+        shutdown: impl Future<Output = ()> + Send + 'static,
+    ) -> Result<(), Error> {
         let running = self.start()?;
-        let result = reach_rpc::GrpcServer::new().add_service(self.grpc_service()).serve(listener, shutdown).await;
+        let result = reach_rpc::GrpcServer::new()
+            .add_service(self.grpc_service())
+            .serve(listener, shutdown)
+            .await;
         running.shutdown().await;
         self.engine.store().close().await;
         result.map_err(Error::from)

@@ -11,19 +11,31 @@ use clap::Parser;
 #[command(name = "reach-orchestrator", version)]
 struct Cli {
     /// gRPC listen address.
-    #[arg(long, env = "REACH_ORCHESTRATOR_LISTEN", default_value = "127.0.0.1:7072")]
+    #[arg(
+        long,
+        env = "REACH_ORCHESTRATOR_LISTEN",
+        default_value = "127.0.0.1:7072"
+    )]
     listen: String,
     /// HTTP admin listen address (GET /tasks/{id}, POST /tasks/{id}/retry); off when unset.
     #[arg(long, env = "REACH_ORCHESTRATOR_ADMIN_LISTEN")]
     admin_listen: Option<String>,
     /// Task store URL: sqlite://PATH or postgres://USER@HOST:PORT/DB.
-    #[arg(long, env = "REACH_ORCHESTRATOR_STORE", default_value = "sqlite://.reach/orchestrator.db")]
+    #[arg(
+        long,
+        env = "REACH_ORCHESTRATOR_STORE",
+        default_value = "sqlite://.reach/orchestrator.db"
+    )]
     store: String,
     /// Flows directory, loaded and watched.
     #[arg(long, env = "REACH_ORCHESTRATOR_FLOWS_DIR")]
     flows_dir: Option<PathBuf>,
     /// Router endpoint that task nodes call.
-    #[arg(long, env = "REACH_ORCHESTRATOR_ROUTER", default_value = "http://127.0.0.1:7070")]
+    #[arg(
+        long,
+        env = "REACH_ORCHESTRATOR_ROUTER",
+        default_value = "http://127.0.0.1:7070"
+    )]
     router: String,
     /// Replica id (lease owner).
     #[arg(long, env = "REACH_ORCHESTRATOR_NODE_ID")]
@@ -47,8 +59,13 @@ struct Cli {
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    let filter = tracing_subscriber::EnvFilter::try_from_env("REACH_LOG").unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn,reach=info,reach_orchestrator=info"));
-    tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).init();
+    let filter = tracing_subscriber::EnvFilter::try_from_env("REACH_LOG").unwrap_or_else(|_| {
+        tracing_subscriber::EnvFilter::new("warn,reach=info,reach_orchestrator=info")
+    });
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .init();
     let cli = Cli::parse();
     let config = reach_orchestrator::OrchestratorConfig {
         store_url: cli.store,
@@ -78,7 +95,9 @@ async fn main() -> anyhow::Result<()> {
     }
     orchestrator
         .serve(listener, async {
-            let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).expect("sigterm handler");
+            let mut term =
+                tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+                    .expect("sigterm handler");
             tokio::select! {
                 _ = tokio::signal::ctrl_c() => {}
                 _ = term.recv() => {}

@@ -58,11 +58,19 @@ impl Masker {
             ),
             (r"\b(?:\d[ \-]?){12,18}\d\b", "[card ***]"),
             (r"\b[A-Z]{2}\d{2}[A-Z0-9]{11,30}\b", "[account ***]"),
-            (r"\+?\(?\d{1,4}\)?(?:[ .\-]?\(?\d{2,4}\)?){2,5}", "[phone ***]"),
+            (
+                r"\+?\(?\d{1,4}\)?(?:[ .\-]?\(?\d{2,4}\)?){2,5}",
+                "[phone ***]",
+            ),
             (r"\b\d{8,17}\b", "[account ***]"),
         ]
         .into_iter()
-        .map(|(re, with)| (Regex::new(re).expect("built-in mask patterns compile"), with))
+        .map(|(re, with)| {
+            (
+                Regex::new(re).expect("built-in mask patterns compile"),
+                with,
+            )
+        })
         .collect();
         Self {
             inner: Arc::new(Inner {
@@ -139,13 +147,21 @@ mod tests {
         assert!(!text.contains("555"), "{text}");
         assert_eq!(out["auth"], "Bearer ***");
         assert_eq!(out["customer_name"], "***");
-        assert!(!out["nested"][0]["acct"].as_str().unwrap().contains("12345678901"));
+        assert!(
+            !out["nested"][0]["acct"]
+                .as_str()
+                .unwrap()
+                .contains("12345678901")
+        );
         assert_eq!(out["amount"], 42);
     }
 
     #[test]
     fn leaves_ordinary_text() {
         let m = Masker::default();
-        assert_eq!(m.mask_text("category servicing, confidence 0.9"), "category servicing, confidence 0.9");
+        assert_eq!(
+            m.mask_text("category servicing, confidence 0.9"),
+            "category servicing, confidence 0.9"
+        );
     }
 }

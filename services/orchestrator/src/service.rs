@@ -28,12 +28,17 @@ pub struct OrchestratorApi {
 impl OrchestratorApi {
     /// The service over `engine`, masking with `masker`.
     pub fn new(engine: Engine, masker: Masker) -> Self {
-        Self { engine, masker, ledger_dropped: Arc::default() }
+        Self {
+            engine,
+            masker,
+            ledger_dropped: Arc::default(),
+        }
     }
 
     /// Ledger entries routers reported as dropped so far.
     pub fn ledger_dropped(&self) -> u64 {
-        self.ledger_dropped.load(std::sync::atomic::Ordering::Relaxed)
+        self.ledger_dropped
+            .load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// The engine.
@@ -43,7 +48,10 @@ impl OrchestratorApi {
 }
 
 fn ts(ms: i64) -> prost_types::Timestamp {
-    prost_types::Timestamp { seconds: ms.div_euclid(1000), nanos: i32::try_from(ms.rem_euclid(1000) * 1_000_000).unwrap_or(0) }
+    prost_types::Timestamp {
+        seconds: ms.div_euclid(1000),
+        nanos: i32::try_from(ms.rem_euclid(1000) * 1_000_000).unwrap_or(0),
+    }
 }
 
 /// The proto value of a status.
@@ -91,7 +99,11 @@ impl OrchestratorApi {
             current_node: state.current.clone().unwrap_or_default(),
             input: self.masked(&state.input),
             output: self.masked(&state.output),
-            error: state.error.as_deref().map(|e| self.masker.mask_text(e)).unwrap_or_default(),
+            error: state
+                .error
+                .as_deref()
+                .map(|e| self.masker.mask_text(e))
+                .unwrap_or_default(),
             trace_id: state.trace_id.clone(),
             created_at: Some(ts(state.created_ms)),
             updated_at: Some(ts(state.updated_ms)),
@@ -102,7 +114,12 @@ impl OrchestratorApi {
                 .iter()
                 .map(|v| pb::NodeRun {
                     node_id: v.node.clone(),
-                    node_type: flow.as_ref().and_then(|f| f.node(&v.node)).map(|n| n.kind.type_name()).unwrap_or("").to_string(),
+                    node_type: flow
+                        .as_ref()
+                        .and_then(|f| f.node(&v.node))
+                        .map(|n| n.kind.type_name())
+                        .unwrap_or("")
+                        .to_string(),
                     status: match v.outcome {
                         None => pb::NodeStatus::Running,
                         Some(NodeOutcome::Succeeded) => pb::NodeStatus::Succeeded,
@@ -115,7 +132,11 @@ impl OrchestratorApi {
                     message_id: v.message_id.clone().unwrap_or_default(),
                     input: self.masked(&v.input),
                     output: self.masked(&v.output),
-                    error: v.error.as_deref().map(|e| self.masker.mask_text(e)).unwrap_or_default(),
+                    error: v
+                        .error
+                        .as_deref()
+                        .map(|e| self.masker.mask_text(e))
+                        .unwrap_or_default(),
                     started_at: Some(ts(v.started_ms)),
                     ended_at: v.ended_ms.map(ts),
                     next_node: v.next.clone().unwrap_or_default(),
@@ -132,7 +153,11 @@ impl OrchestratorApi {
             flow_version: s.flow_version,
             status: status_to_proto(s.status).into(),
             current_node: s.current_node.clone().unwrap_or_default(),
-            error: s.error.as_deref().map(|e| self.masker.mask_text(e)).unwrap_or_default(),
+            error: s
+                .error
+                .as_deref()
+                .map(|e| self.masker.mask_text(e))
+                .unwrap_or_default(),
             trace_id: s.trace_id.clone(),
             created_at: Some(ts(s.created_ms)),
             updated_at: Some(ts(s.updated_ms)),
@@ -156,7 +181,12 @@ impl OrchestratorApi {
         }
     }
 
-    fn events_view(&self, task_id: &str, events: &[StoredEvent], mut state: TaskState) -> Vec<pb::TaskEvent> {
+    fn events_view(
+        &self,
+        task_id: &str,
+        events: &[StoredEvent],
+        mut state: TaskState,
+    ) -> Vec<pb::TaskEvent> {
         events
             .iter()
             .map(|e| {
@@ -184,22 +214,43 @@ impl OrchestratorApi {
     pub async fn dump(&self, task_id: &str) -> Result<pb::DumpTaskResponse, Error> {
         let events = self.engine.store().events(task_id, 0).await?;
         if events.is_empty() {
-            return Err(Error::NotFound(format!("task {task_id:?} does not exist (or was purged after its TTL)")));
+            return Err(Error::NotFound(format!(
+                "task {task_id:?} does not exist (or was purged after its TTL)"
+            )));
         }
         let state = TaskState::fold(task_id, &events);
         let mut records: Vec<(i64, u8, pb::DumpRecord)> = self
             .events_view(task_id, &events, TaskState::new(task_id))
             .into_iter()
             .zip(&events)
-            .map(|(v, e)| (e.at_ms, 0, pb::DumpRecord { at: Some(ts(e.at_ms)), record: Some(pb::dump_record::Record::Event(v)) }))
+            .map(|(v, e)| {
+                (
+                    e.at_ms,
+                    0,
+                    pb::DumpRecord {
+                        at: Some(ts(e.at_ms)),
+                        record: Some(pb::dump_record::Record::Event(v)),
+                    },
+                )
+            })
             .collect();
         for (at, body) in self.engine.store().ledger(task_id).await? {
             if let Ok(entry) = pb::LedgerEntry::decode(body.as_slice()) {
-                records.push((at, 1, pb::DumpRecord { at: Some(ts(at)), record: Some(pb::dump_record::Record::Message(self.mask_ledger(entry))) }));
+                records.push((
+                    at,
+                    1,
+                    pb::DumpRecord {
+                        at: Some(ts(at)),
+                        record: Some(pb::dump_record::Record::Message(self.mask_ledger(entry))),
+                    },
+                ));
             }
         }
         records.sort_by_key(|(at, kind, _)| (*at, *kind));
-        Ok(pb::DumpTaskResponse { task: Some(self.task_view(&state)), records: records.into_iter().map(|(_, _, r)| r).collect() })
+        Ok(pb::DumpTaskResponse {
+            task: Some(self.task_view(&state)),
+            records: records.into_iter().map(|(_, _, r)| r).collect(),
+        })
     }
 }
 
@@ -207,7 +258,10 @@ fn page_token(tasks: &[TaskSummary], limit: u32) -> String {
     if tasks.len() < limit as usize {
         return String::new();
     }
-    tasks.last().map(|t| format!("{}:{}", t.created_ms, t.task_id)).unwrap_or_default()
+    tasks
+        .last()
+        .map(|t| format!("{}:{}", t.created_ms, t.task_id))
+        .unwrap_or_default()
 }
 
 fn parse_token(token: &str) -> Result<Option<(i64, String)>, Error> {
@@ -215,7 +269,9 @@ fn parse_token(token: &str) -> Result<Option<(i64, String)>, Error> {
         return Ok(None);
     }
     let bad = || Error::InvalidArgument {
-        message: format!("page_token {token:?} is not valid; pass the next_page_token of the previous page"),
+        message: format!(
+            "page_token {token:?} is not valid; pass the next_page_token of the previous page"
+        ),
         violations: vec![("page_token".into(), "not a token this server issued".into())],
     };
     let (ms, id) = token.split_once(':').ok_or_else(bad)?;
@@ -230,37 +286,75 @@ type WatchStream = Pin<Box<dyn Stream<Item = Result<pb::WatchTaskResponse, Statu
 
 #[tonic::async_trait]
 impl OrchestratorService for OrchestratorApi {
-    async fn start_task(&self, request: Request<pb::StartTaskRequest>) -> Result<Response<pb::StartTaskResponse>, Status> {
+    async fn start_task(
+        &self,
+        request: Request<pb::StartTaskRequest>,
+    ) -> Result<Response<pb::StartTaskResponse>, Status> {
         let r = request.into_inner();
         if r.flow_id.is_empty() {
-            return Err(Error::InvalidArgument { message: "flow_id is required; name an applied flow (see ListFlows)".into(), violations: vec![("flow_id".into(), "required".into())] }.into());
+            return Err(Error::InvalidArgument {
+                message: "flow_id is required; name an applied flow (see ListFlows)".into(),
+                violations: vec![("flow_id".into(), "required".into())],
+            }
+            .into());
         }
         let input = json::from_proto_opt(r.input.as_ref());
-        let state = self.engine.start_task(&r.flow_id, r.flow_version, input, Some(r.task_id)).await?;
-        Ok(Response::new(pb::StartTaskResponse { task: Some(self.task_view(&state)) }))
+        let state = self
+            .engine
+            .start_task(&r.flow_id, r.flow_version, input, Some(r.task_id))
+            .await?;
+        Ok(Response::new(pb::StartTaskResponse {
+            task: Some(self.task_view(&state)),
+        }))
     }
 
-    async fn get_task(&self, request: Request<pb::GetTaskRequest>) -> Result<Response<pb::GetTaskResponse>, Status> {
+    async fn get_task(
+        &self,
+        request: Request<pb::GetTaskRequest>,
+    ) -> Result<Response<pb::GetTaskResponse>, Status> {
         let state = self.engine.load(&request.into_inner().task_id).await?;
-        Ok(Response::new(pb::GetTaskResponse { task: Some(self.task_view(&state)) }))
+        Ok(Response::new(pb::GetTaskResponse {
+            task: Some(self.task_view(&state)),
+        }))
     }
 
-    async fn list_tasks(&self, request: Request<pb::ListTasksRequest>) -> Result<Response<pb::ListTasksResponse>, Status> {
+    async fn list_tasks(
+        &self,
+        request: Request<pb::ListTasksRequest>,
+    ) -> Result<Response<pb::ListTasksResponse>, Status> {
         let r = request.into_inner();
-        let status = status_from_proto(pb::TaskStatus::try_from(r.status).unwrap_or(pb::TaskStatus::Unspecified));
+        let status = status_from_proto(
+            pb::TaskStatus::try_from(r.status).unwrap_or(pb::TaskStatus::Unspecified),
+        );
         let limit = page_size(r.page_size);
         let flow = (!r.flow_id.is_empty()).then_some(r.flow_id.as_str());
-        let tasks = self.engine.store().list_tasks(status, flow, limit, parse_token(&r.page_token)?).await.map_err(Error::from)?;
-        Ok(Response::new(pb::ListTasksResponse { next_page_token: page_token(&tasks, limit), tasks: tasks.iter().map(|t| self.summary_view(t)).collect() }))
+        let tasks = self
+            .engine
+            .store()
+            .list_tasks(status, flow, limit, parse_token(&r.page_token)?)
+            .await
+            .map_err(Error::from)?;
+        Ok(Response::new(pb::ListTasksResponse {
+            next_page_token: page_token(&tasks, limit),
+            tasks: tasks.iter().map(|t| self.summary_view(t)).collect(),
+        }))
     }
 
     type WatchTaskStream = WatchStream;
 
-    async fn watch_task(&self, request: Request<pb::WatchTaskRequest>) -> Result<Response<Self::WatchTaskStream>, Status> {
+    async fn watch_task(
+        &self,
+        request: Request<pb::WatchTaskRequest>,
+    ) -> Result<Response<Self::WatchTaskStream>, Status> {
         let r = request.into_inner();
         let task_id = r.task_id;
         let mut updates = self.engine.subscribe();
-        let first = self.engine.store().events(&task_id, 0).await.map_err(Error::from)?;
+        let first = self
+            .engine
+            .store()
+            .events(&task_id, 0)
+            .await
+            .map_err(Error::from)?;
         if first.is_empty() {
             return Err(Error::NotFound(format!("task {task_id:?} does not exist")).into());
         }
@@ -275,7 +369,14 @@ impl OrchestratorService for OrchestratorApi {
                 for e in &pending {
                     state.apply(&e.event, e.at_ms);
                     last = e.seq;
-                    if e.seq > after && tx.send(Ok(pb::WatchTaskResponse { event: Some(api.event_view(&task_id, e, state.status)) })).await.is_err() {
+                    if e.seq > after
+                        && tx
+                            .send(Ok(pb::WatchTaskResponse {
+                                event: Some(api.event_view(&task_id, e, state.status)),
+                            }))
+                            .await
+                            .is_err()
+                    {
                         return;
                     }
                 }
@@ -308,32 +409,65 @@ impl OrchestratorService for OrchestratorApi {
                 };
             }
         });
-        Ok(Response::new(Box::pin(tokio_stream::wrappers::ReceiverStream::new(rx))))
+        Ok(Response::new(Box::pin(
+            tokio_stream::wrappers::ReceiverStream::new(rx),
+        )))
     }
 
-    async fn resume_task(&self, request: Request<pb::ResumeTaskRequest>) -> Result<Response<pb::ResumeTaskResponse>, Status> {
+    async fn resume_task(
+        &self,
+        request: Request<pb::ResumeTaskRequest>,
+    ) -> Result<Response<pb::ResumeTaskResponse>, Status> {
         let r = request.into_inner();
         let input = json::from_proto_opt(r.input.as_ref());
-        let state = self.engine.resume(&r.task_id, Some(&r.node_id), input).await?;
-        Ok(Response::new(pb::ResumeTaskResponse { task: Some(self.task_view(&state)) }))
+        let state = self
+            .engine
+            .resume(&r.task_id, Some(&r.node_id), input)
+            .await?;
+        Ok(Response::new(pb::ResumeTaskResponse {
+            task: Some(self.task_view(&state)),
+        }))
     }
 
-    async fn cancel_task(&self, request: Request<pb::CancelTaskRequest>) -> Result<Response<pb::CancelTaskResponse>, Status> {
+    async fn cancel_task(
+        &self,
+        request: Request<pb::CancelTaskRequest>,
+    ) -> Result<Response<pb::CancelTaskResponse>, Status> {
         let r = request.into_inner();
         let state = self.engine.cancel(&r.task_id, &r.reason).await?;
-        Ok(Response::new(pb::CancelTaskResponse { task: Some(self.task_view(&state)) }))
+        Ok(Response::new(pb::CancelTaskResponse {
+            task: Some(self.task_view(&state)),
+        }))
     }
 
-    async fn retry_task(&self, request: Request<pb::RetryTaskRequest>) -> Result<Response<pb::RetryTaskResponse>, Status> {
+    async fn retry_task(
+        &self,
+        request: Request<pb::RetryTaskRequest>,
+    ) -> Result<Response<pb::RetryTaskResponse>, Status> {
         let state = self.engine.retry(&request.into_inner().task_id).await?;
-        Ok(Response::new(pb::RetryTaskResponse { task: Some(self.task_view(&state)) }))
+        Ok(Response::new(pb::RetryTaskResponse {
+            task: Some(self.task_view(&state)),
+        }))
     }
 
-    async fn list_dead_letters(&self, request: Request<pb::ListDeadLettersRequest>) -> Result<Response<pb::ListDeadLettersResponse>, Status> {
+    async fn list_dead_letters(
+        &self,
+        request: Request<pb::ListDeadLettersRequest>,
+    ) -> Result<Response<pb::ListDeadLettersResponse>, Status> {
         let r = request.into_inner();
         let limit = page_size(r.page_size);
         let flow = (!r.flow_id.is_empty()).then_some(r.flow_id.as_str());
-        let tasks = self.engine.store().list_tasks(Some(TaskStatus::Failed), flow, limit, parse_token(&r.page_token)?).await.map_err(Error::from)?;
+        let tasks = self
+            .engine
+            .store()
+            .list_tasks(
+                Some(TaskStatus::Failed),
+                flow,
+                limit,
+                parse_token(&r.page_token)?,
+            )
+            .await
+            .map_err(Error::from)?;
         Ok(Response::new(pb::ListDeadLettersResponse {
             next_page_token: page_token(&tasks, limit),
             dead_letters: tasks
@@ -341,21 +475,38 @@ impl OrchestratorService for OrchestratorApi {
                 .map(|t| pb::DeadLetter {
                     task: Some(self.summary_view(t)),
                     failed_node: t.failed_node.clone().unwrap_or_default(),
-                    error: t.error.as_deref().map(|e| self.masker.mask_text(e)).unwrap_or_default(),
+                    error: t
+                        .error
+                        .as_deref()
+                        .map(|e| self.masker.mask_text(e))
+                        .unwrap_or_default(),
                 })
                 .collect(),
         }))
     }
 
-    async fn apply_flow(&self, request: Request<pb::ApplyFlowRequest>) -> Result<Response<pb::ApplyFlowResponse>, Status> {
+    async fn apply_flow(
+        &self,
+        request: Request<pb::ApplyFlowRequest>,
+    ) -> Result<Response<pb::ApplyFlowResponse>, Status> {
         let r = request.into_inner();
-        let source = if r.source.is_empty() { "api".to_string() } else { r.source };
+        let source = if r.source.is_empty() {
+            "api".to_string()
+        } else {
+            r.source
+        };
         let now = self.engine.clock().now_ms();
         let (flow, changed) = self.engine.flows().apply(&source, &r.yaml, now).await?;
-        Ok(Response::new(pb::ApplyFlowResponse { flow: Some(flow_summary(&flow, now)), changed }))
+        Ok(Response::new(pb::ApplyFlowResponse {
+            flow: Some(flow_summary(&flow, now)),
+            changed,
+        }))
     }
 
-    async fn list_flows(&self, request: Request<pb::ListFlowsRequest>) -> Result<Response<pb::ListFlowsResponse>, Status> {
+    async fn list_flows(
+        &self,
+        request: Request<pb::ListFlowsRequest>,
+    ) -> Result<Response<pb::ListFlowsResponse>, Status> {
         let r = request.into_inner();
         let flows = self
             .engine
@@ -368,10 +519,14 @@ impl OrchestratorService for OrchestratorApi {
         Ok(Response::new(pb::ListFlowsResponse { flows }))
     }
 
-    async fn record_messages(&self, request: Request<pb::RecordMessagesRequest>) -> Result<Response<pb::RecordMessagesResponse>, Status> {
+    async fn record_messages(
+        &self,
+        request: Request<pb::RecordMessagesRequest>,
+    ) -> Result<Response<pb::RecordMessagesResponse>, Status> {
         let r = request.into_inner();
         if r.dropped > 0 {
-            self.ledger_dropped.fetch_add(r.dropped, std::sync::atomic::Ordering::Relaxed);
+            self.ledger_dropped
+                .fetch_add(r.dropped, std::sync::atomic::Ordering::Relaxed);
             tracing::warn!(dropped = r.dropped, "router dropped ledger entries");
         }
         let now = self.engine.clock().now_ms();
@@ -383,17 +538,34 @@ impl OrchestratorService for OrchestratorApi {
                 if h.task_id.is_empty() {
                     return None;
                 }
-                let at = e.routed_at.as_ref().map_or(now, |t| t.seconds * 1000 + i64::from(t.nanos) / 1_000_000);
-                Some((h.task_id.clone(), at, h.message_id.clone(), e.encode_to_vec()))
+                let at = e
+                    .routed_at
+                    .as_ref()
+                    .map_or(now, |t| t.seconds * 1000 + i64::from(t.nanos) / 1_000_000);
+                Some((
+                    h.task_id.clone(),
+                    at,
+                    h.message_id.clone(),
+                    e.encode_to_vec(),
+                ))
             })
             .collect();
         let accepted = u32::try_from(rows.len()).unwrap_or(u32::MAX);
-        self.engine.store().insert_ledger(&rows).await.map_err(Error::from)?;
+        self.engine
+            .store()
+            .insert_ledger(&rows)
+            .await
+            .map_err(Error::from)?;
         Ok(Response::new(pb::RecordMessagesResponse { accepted }))
     }
 
-    async fn dump_task(&self, request: Request<pb::DumpTaskRequest>) -> Result<Response<pb::DumpTaskResponse>, Status> {
-        Ok(Response::new(self.dump(&request.into_inner().task_id).await?))
+    async fn dump_task(
+        &self,
+        request: Request<pb::DumpTaskRequest>,
+    ) -> Result<Response<pb::DumpTaskResponse>, Status> {
+        Ok(Response::new(
+            self.dump(&request.into_inner().task_id).await?,
+        ))
     }
 }
 

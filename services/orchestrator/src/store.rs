@@ -169,7 +169,11 @@ impl Store {
     ///
     /// # Errors
     /// As [`Store::open`].
-    pub async fn open_with(url: &str, durability: SqliteDurability, acquire_timeout: Duration) -> Result<Self, StoreError> {
+    pub async fn open_with(
+        url: &str,
+        durability: SqliteDurability,
+        acquire_timeout: Duration,
+    ) -> Result<Self, StoreError> {
         let backend = if url.starts_with("sqlite:") {
             if let Some(path) = url.strip_prefix("sqlite://") {
                 let path = path.split('?').next().unwrap_or(path);
@@ -211,7 +215,10 @@ impl Store {
         create_schema(&backend).await?;
         let (tx, rx) = mpsc::channel(4096);
         tokio::spawn(writer(backend.clone(), rx));
-        Ok(Self { backend, writer: tx })
+        Ok(Self {
+            backend,
+            writer: tx,
+        })
     }
 
     /// `sqlite` or `postgres`.
@@ -244,7 +251,11 @@ impl Store {
     ///
     /// # Errors
     /// [`StoreError`] on database failure or an undecodable event.
-    pub async fn events(&self, task_id: &str, after_seq: i64) -> Result<Vec<StoredEvent>, StoreError> {
+    pub async fn events(
+        &self,
+        task_id: &str,
+        after_seq: i64,
+    ) -> Result<Vec<StoredEvent>, StoreError> {
         let rows: Vec<(i64, i64, String)> = with_pool!(&self.backend, |p| {
             sqlx::query_as("SELECT seq, at_ms, body FROM reach_events WHERE task_id = $1 AND seq > $2 ORDER BY seq")
                 .bind(task_id)
@@ -270,10 +281,12 @@ impl Store {
     /// [`StoreError`] on database failure.
     pub async fn task(&self, task_id: &str) -> Result<Option<TaskSummary>, StoreError> {
         let row: Option<SummaryRow> = with_pool!(&self.backend, |p| {
-            sqlx::query_as(sqlx::AssertSqlSafe(format!("SELECT {SUMMARY_COLUMNS} FROM reach_tasks WHERE task_id = $1")))
-                .bind(task_id)
-                .fetch_optional(p)
-                .await?
+            sqlx::query_as(sqlx::AssertSqlSafe(format!(
+                "SELECT {SUMMARY_COLUMNS} FROM reach_tasks WHERE task_id = $1"
+            )))
+            .bind(task_id)
+            .fetch_optional(p)
+            .await?
         });
         Ok(row.map(summary_from_row))
     }
@@ -304,7 +317,11 @@ impl Store {
                 .bind(status)
                 .bind(flow)
                 .bind(after_ms)
-                .bind(if after_ms == i64::MAX { "\u{10FFFF}".to_string() } else { after_id.clone() })
+                .bind(if after_ms == i64::MAX {
+                    "\u{10FFFF}".to_string()
+                } else {
+                    after_id.clone()
+                })
                 .bind(i64::from(limit))
                 .fetch_all(p)
                 .await?
@@ -333,7 +350,14 @@ impl Store {
     ///
     /// # Errors
     /// [`StoreError`] on database failure.
-    pub async fn claim(&self, task_id: &str, owner: &str, now_ms: i64, lease_until_ms: i64, force: bool) -> Result<bool, StoreError> {
+    pub async fn claim(
+        &self,
+        task_id: &str,
+        owner: &str,
+        now_ms: i64,
+        lease_until_ms: i64,
+        force: bool,
+    ) -> Result<bool, StoreError> {
         let n = with_pool!(&self.backend, |p| {
             sqlx::query(
                 "UPDATE reach_tasks SET owner = $1, lease_until_ms = $2 WHERE task_id = $3 AND ended_ms IS NULL \
@@ -356,8 +380,16 @@ impl Store {
     ///
     /// # Errors
     /// [`StoreError`] on database failure.
-    pub async fn claim_batch(&self, owner: &str, now_ms: i64, lease_until_ms: i64, limit: u32, force: bool) -> Result<Vec<String>, StoreError> {
-        let cond = "ended_ms IS NULL AND (owner IS NULL OR owner = $1 OR lease_until_ms < $3 OR $4 = 1)";
+    pub async fn claim_batch(
+        &self,
+        owner: &str,
+        now_ms: i64,
+        lease_until_ms: i64,
+        limit: u32,
+        force: bool,
+    ) -> Result<Vec<String>, StoreError> {
+        let cond =
+            "ended_ms IS NULL AND (owner IS NULL OR owner = $1 OR lease_until_ms < $3 OR $4 = 1)";
         let ids: Vec<(String,)> = match &self.backend {
             Backend::Postgres(p) => {
                 sqlx::query_as(sqlx::AssertSqlSafe(format!(
@@ -396,12 +428,14 @@ impl Store {
     /// [`StoreError`] on database failure.
     pub async fn renew(&self, owner: &str, lease_until_ms: i64) -> Result<u64, StoreError> {
         Ok(with_pool!(&self.backend, |p| {
-            sqlx::query("UPDATE reach_tasks SET lease_until_ms = $1 WHERE owner = $2 AND ended_ms IS NULL")
-                .bind(lease_until_ms)
-                .bind(owner)
-                .execute(p)
-                .await?
-                .rows_affected()
+            sqlx::query(
+                "UPDATE reach_tasks SET lease_until_ms = $1 WHERE owner = $2 AND ended_ms IS NULL",
+            )
+            .bind(lease_until_ms)
+            .bind(owner)
+            .execute(p)
+            .await?
+            .rows_affected()
         }))
     }
 
@@ -424,7 +458,12 @@ impl Store {
     ///
     /// # Errors
     /// [`StoreError`] on database failure.
-    pub async fn due_timers(&self, owner: &str, now_ms: i64, limit: u32) -> Result<(Vec<String>, Option<i64>), StoreError> {
+    pub async fn due_timers(
+        &self,
+        owner: &str,
+        now_ms: i64,
+        limit: u32,
+    ) -> Result<(Vec<String>, Option<i64>), StoreError> {
         let due: Vec<(String,)> = with_pool!(&self.backend, |p| {
             sqlx::query_as(
                 "SELECT DISTINCT t.task_id FROM reach_timers t JOIN reach_tasks k ON k.task_id = t.task_id \
@@ -446,14 +485,24 @@ impl Store {
             .fetch_optional(p)
             .await?
         });
-        Ok((due.into_iter().map(|(id,)| id).collect(), next.map(|(n,)| n)))
+        Ok((
+            due.into_iter().map(|(id,)| id).collect(),
+            next.map(|(n,)| n),
+        ))
     }
 
     /// Records an applied flow version; `false` when that version was already stored.
     ///
     /// # Errors
     /// [`StoreError`] on database failure.
-    pub async fn insert_flow(&self, flow_id: &str, version: u32, yaml: &str, source: &str, applied_ms: i64) -> Result<bool, StoreError> {
+    pub async fn insert_flow(
+        &self,
+        flow_id: &str,
+        version: u32,
+        yaml: &str,
+        source: &str,
+        applied_ms: i64,
+    ) -> Result<bool, StoreError> {
         Ok(with_pool!(&self.backend, |p| {
             sqlx::query("INSERT INTO reach_flows (flow_id, version, yaml, source, applied_ms) VALUES ($1, $2, $3, $4, $5) ON CONFLICT DO NOTHING")
                 .bind(flow_id)
@@ -487,7 +536,10 @@ impl Store {
     ///
     /// # Errors
     /// [`StoreError`] on database failure.
-    pub async fn insert_ledger(&self, rows: &[(String, i64, String, Vec<u8>)]) -> Result<(), StoreError> {
+    pub async fn insert_ledger(
+        &self,
+        rows: &[(String, i64, String, Vec<u8>)],
+    ) -> Result<(), StoreError> {
         if rows.is_empty() {
             return Ok(());
         }
@@ -529,22 +581,26 @@ impl Store {
     pub async fn purge(&self, ended_before_ms: i64) -> Result<u64, StoreError> {
         Ok(with_pool!(&self.backend, |p| {
             let mut tx = p.begin().await?;
-            let sub = "SELECT task_id FROM reach_tasks WHERE ended_ms IS NOT NULL AND ended_ms < $1";
+            let sub =
+                "SELECT task_id FROM reach_tasks WHERE ended_ms IS NOT NULL AND ended_ms < $1";
             for table in ["reach_events", "reach_timers", "reach_ledger"] {
-                sqlx::query(sqlx::AssertSqlSafe(format!("DELETE FROM {table} WHERE task_id IN ({sub})")))
-                    .bind(ended_before_ms)
-                    .execute(&mut *tx)
-                    .await?;
+                sqlx::query(sqlx::AssertSqlSafe(format!(
+                    "DELETE FROM {table} WHERE task_id IN ({sub})"
+                )))
+                .bind(ended_before_ms)
+                .execute(&mut *tx)
+                .await?;
             }
             sqlx::query("DELETE FROM reach_ledger WHERE at_ms < $1 AND task_id NOT IN (SELECT task_id FROM reach_tasks)")
                 .bind(ended_before_ms)
                 .execute(&mut *tx)
                 .await?;
-            let n = sqlx::query("DELETE FROM reach_tasks WHERE ended_ms IS NOT NULL AND ended_ms < $1")
-                .bind(ended_before_ms)
-                .execute(&mut *tx)
-                .await?
-                .rows_affected();
+            let n =
+                sqlx::query("DELETE FROM reach_tasks WHERE ended_ms IS NOT NULL AND ended_ms < $1")
+                    .bind(ended_before_ms)
+                    .execute(&mut *tx)
+                    .await?
+                    .rows_affected();
             tx.commit().await?;
             n
         }))
@@ -610,14 +666,20 @@ async fn create_schema(backend: &Backend) -> Result<(), StoreError> {
         }
     });
     let ledger = match backend {
-        Backend::Sqlite(_) => "CREATE TABLE IF NOT EXISTS reach_ledger (task_id TEXT NOT NULL, at_ms BIGINT NOT NULL, message_id TEXT NOT NULL, body BLOB NOT NULL)",
-        Backend::Postgres(_) => "CREATE TABLE IF NOT EXISTS reach_ledger (task_id TEXT NOT NULL, at_ms BIGINT NOT NULL, message_id TEXT NOT NULL, body BYTEA NOT NULL)",
+        Backend::Sqlite(_) => {
+            "CREATE TABLE IF NOT EXISTS reach_ledger (task_id TEXT NOT NULL, at_ms BIGINT NOT NULL, message_id TEXT NOT NULL, body BLOB NOT NULL)"
+        }
+        Backend::Postgres(_) => {
+            "CREATE TABLE IF NOT EXISTS reach_ledger (task_id TEXT NOT NULL, at_ms BIGINT NOT NULL, message_id TEXT NOT NULL, body BYTEA NOT NULL)"
+        }
     };
     with_pool!(backend, |p| {
         sqlx::query(ledger).execute(p).await?;
-        sqlx::query("CREATE INDEX IF NOT EXISTS reach_ledger_task ON reach_ledger (task_id, at_ms)")
-            .execute(p)
-            .await?;
+        sqlx::query(
+            "CREATE INDEX IF NOT EXISTS reach_ledger_task ON reach_ledger (task_id, at_ms)",
+        )
+        .execute(p)
+        .await?;
     });
     Ok(())
 }
@@ -768,10 +830,11 @@ async fn writer(backend: Backend, mut rx: mpsc::Receiver<WriteReq>) {
                 tracing::warn!(error = %err, size = batch.len(), "task store batch failed");
                 let text = err.to_string();
                 for req in batch.drain(..) {
-                    let _ = req.reply.send(Err(StoreError::Db(sqlx::Error::Protocol(text.clone()))));
+                    let _ = req
+                        .reply
+                        .send(Err(StoreError::Db(sqlx::Error::Protocol(text.clone()))));
                 }
             }
         }
     }
 }
-

@@ -45,7 +45,20 @@ struct Proc {
 
 fn spawn(store: &str, flows: &std::path::Path, router: &str) -> Proc {
     let mut child = Command::new(env!("CARGO_BIN_EXE_reach-orchestrator"))
-        .args(["--listen", "127.0.0.1:0", "--store", store, "--router", router, "--node-id", "crash-test", "--lease", "3s", "--poll-interval", "100ms"])
+        .args([
+            "--listen",
+            "127.0.0.1:0",
+            "--store",
+            store,
+            "--router",
+            router,
+            "--node-id",
+            "crash-test",
+            "--lease",
+            "3s",
+            "--poll-interval",
+            "100ms",
+        ])
         .arg("--flows-dir")
         .arg(flows)
         .env("REACH_LOG", "warn")
@@ -54,18 +67,36 @@ fn spawn(store: &str, flows: &std::path::Path, router: &str) -> Proc {
         .spawn()
         .expect("spawn reach-orchestrator");
     let mut line = String::new();
-    BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
-    let addr = line.trim().strip_prefix("listening on ").unwrap_or_else(|| panic!("unexpected first line {line:?}")).to_string();
-    Proc { child, endpoint: format!("http://{addr}") }
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let addr = line
+        .trim()
+        .strip_prefix("listening on ")
+        .unwrap_or_else(|| panic!("unexpected first line {line:?}"))
+        .to_string();
+    Proc {
+        child,
+        endpoint: format!("http://{addr}"),
+    }
 }
 
-async fn get(c: &mut OrchestratorServiceClient<tonic::transport::Channel>, id: &str) -> Option<pb::Task> {
-    c.get_task(pb::GetTaskRequest { task_id: id.into() }).await.ok()?.into_inner().task
+async fn get(
+    c: &mut OrchestratorServiceClient<tonic::transport::Channel>,
+    id: &str,
+) -> Option<pb::Task> {
+    c.get_task(pb::GetTaskRequest { task_id: id.into() })
+        .await
+        .ok()?
+        .into_inner()
+        .task
 }
 
 async fn sigkill_and_restart(backend: &str) {
     let dir = tempfile::tempdir().unwrap();
-    let Some(url) = store_url(backend, dir.path()).await else { return };
+    let Some(url) = store_url(backend, dir.path()).await else {
+        return;
+    };
     let flows = dir.path().join("flows");
     std::fs::create_dir_all(&flows).unwrap();
     std::fs::write(flows.join("crash.yaml"), CRASH_FLOW).unwrap();
@@ -74,16 +105,34 @@ async fn sigkill_and_restart(backend: &str) {
     let (router_url, _stop) = router.serve().await;
     // The first delivery of test.slow hangs (the process dies meanwhile); a redelivery of the
     // same message id answers at once.
-    router.handle("test.slow", |d| if d.redelivery == 0 { Err(Status::aborted("sleep:600000")) } else { Ok(json!({"slow": "done"})) });
-    router.handle("test.flaky", |d| if d.attempt == 1 { Err(Status::unavailable("first attempt fails")) } else { Ok(json!({"flaky": "done"})) });
+    router.handle("test.slow", |d| {
+        if d.redelivery == 0 {
+            Err(Status::aborted("sleep:600000"))
+        } else {
+            Ok(json!({"slow": "done"}))
+        }
+    });
+    router.handle("test.flaky", |d| {
+        if d.attempt == 1 {
+            Err(Status::unavailable("first attempt fails"))
+        } else {
+            Ok(json!({"flaky": "done"}))
+        }
+    });
     router.handle("test.after", |_| Ok(json!({"after": "done"})));
 
     let mut p1 = spawn(&url, &flows, &router_url);
-    let mut c = OrchestratorServiceClient::connect(p1.endpoint.clone()).await.unwrap();
+    let mut c = OrchestratorServiceClient::connect(p1.endpoint.clone())
+        .await
+        .unwrap();
     let mut ids = HashMap::new();
     for stage in ["human", "mid_node", "wait", "backoff"] {
         let t = c
-            .start_task(pb::StartTaskRequest { flow_id: "crash-flow".into(), input: Some(reach_orchestrator::json::to_proto(&json!({"stage": stage}))), ..Default::default() })
+            .start_task(pb::StartTaskRequest {
+                flow_id: "crash-flow".into(),
+                input: Some(reach_orchestrator::json::to_proto(&json!({"stage": stage}))),
+                ..Default::default()
+            })
             .await
             .unwrap()
             .into_inner()
@@ -103,9 +152,17 @@ async fn sigkill_and_restart(backend: &str) {
             let human = get(&mut c, &ids["human"]).await?;
             let wait = get(&mut c, &ids["wait"]).await?;
             let backoff = get(&mut c, &ids["backoff"]).await?;
-            let mid = router.deliveries().iter().any(|d| d.task_id == ids["mid_node"] && d.node == "slow");
-            let in_backoff = backoff.current_node == "flaky" && backoff.nodes.last().is_some_and(|n| !n.error.is_empty());
-            (human.status == pb::TaskStatus::WaitingHuman as i32 && wait.current_node == "pause" && in_backoff && mid).then_some(())
+            let mid = router
+                .deliveries()
+                .iter()
+                .any(|d| d.task_id == ids["mid_node"] && d.node == "slow");
+            let in_backoff = backoff.current_node == "flaky"
+                && backoff.nodes.last().is_some_and(|n| !n.error.is_empty());
+            (human.status == pb::TaskStatus::WaitingHuman as i32
+                && wait.current_node == "pause"
+                && in_backoff
+                && mid)
+                .then_some(())
         }
     })
     .await;
@@ -113,28 +170,50 @@ async fn sigkill_and_restart(backend: &str) {
     p1.child.wait().unwrap();
 
     let mut p2 = spawn(&url, &flows, &router_url);
-    let mut c = OrchestratorServiceClient::connect(p2.endpoint.clone()).await.unwrap();
-    c.resume_task(pb::ResumeTaskRequest { task_id: ids["human"].clone(), input: Some(reach_orchestrator::json::to_proto(&json!({"ok": true}))), ..Default::default() })
+    let mut c = OrchestratorServiceClient::connect(p2.endpoint.clone())
         .await
         .unwrap();
+    c.resume_task(pb::ResumeTaskRequest {
+        task_id: ids["human"].clone(),
+        input: Some(reach_orchestrator::json::to_proto(&json!({"ok": true}))),
+        ..Default::default()
+    })
+    .await
+    .unwrap();
     for (stage, id) in &ids {
         let c2 = c.clone();
         let id2 = id.clone();
-        eventually(&format!("{stage} task succeeds after restart"), Duration::from_secs(60), || {
-            let mut c = c2.clone();
-            let id = id2.clone();
-            async move { get(&mut c, &id).await.filter(|t| t.status == pb::TaskStatus::Succeeded as i32) }
-        })
+        eventually(
+            &format!("{stage} task succeeds after restart"),
+            Duration::from_secs(60),
+            || {
+                let mut c = c2.clone();
+                let id = id2.clone();
+                async move {
+                    get(&mut c, &id)
+                        .await
+                        .filter(|t| t.status == pb::TaskStatus::Succeeded as i32)
+                }
+            },
+        )
         .await;
         // Each node completed exactly once; each timer fired at most once, and every timer
         // that was not cancelled fired exactly once.
-        let dump = c.dump_task(pb::DumpTaskRequest { task_id: id.clone() }).await.unwrap().into_inner();
+        let dump = c
+            .dump_task(pb::DumpTaskRequest {
+                task_id: id.clone(),
+            })
+            .await
+            .unwrap()
+            .into_inner();
         let mut completed: HashMap<String, usize> = HashMap::new();
         let mut scheduled: HashMap<String, usize> = HashMap::new();
         let mut fired: HashMap<String, usize> = HashMap::new();
         let mut cancelled: HashMap<String, usize> = HashMap::new();
         for r in &dump.records {
-            let Some(pb::dump_record::Record::Event(e)) = &r.record else { continue };
+            let Some(pb::dump_record::Record::Event(e)) = &r.record else {
+                continue;
+            };
             let detail = reach_orchestrator::json::from_proto_opt(e.detail.as_ref());
             let timer = detail["timer"].as_str().unwrap_or_default().to_string();
             match e.kind.as_str() {
@@ -145,14 +224,21 @@ async fn sigkill_and_restart(backend: &str) {
                 _ => {}
             }
         }
-        assert!(completed.values().all(|n| *n == 1), "{stage}: {completed:?}");
+        assert!(
+            completed.values().all(|n| *n == 1),
+            "{stage}: {completed:?}"
+        );
         assert_eq!(completed.get("after"), Some(&1), "{stage}");
         assert_eq!(completed.get("done"), Some(&1), "{stage}");
         for (t, n) in &scheduled {
             assert_eq!(*n, 1, "{stage}: timer {t} scheduled twice");
             let f = fired.get(t).copied().unwrap_or(0);
             let x = cancelled.get(t).copied().unwrap_or(0);
-            assert_eq!(f + x, 1, "{stage}: timer {t} fired {f} and cancelled {x} times");
+            assert_eq!(
+                f + x,
+                1,
+                "{stage}: timer {t} fired {f} and cancelled {x} times"
+            );
         }
         if *stage == "wait" || *stage == "backoff" {
             assert_eq!(fired.len(), 1, "{stage}: its timer fired once: {fired:?}");
@@ -161,7 +247,15 @@ async fn sigkill_and_restart(backend: &str) {
         assert_eq!(router.effects(id, "after"), 1, "{stage}");
     }
     assert_eq!(router.effects(&ids["mid_node"], "slow"), 1);
-    assert!(router.deliveries().iter().filter(|d| d.task_id == ids["mid_node"] && d.node == "slow").count() >= 2, "the in-flight call was re-sent after the restart");
+    assert!(
+        router
+            .deliveries()
+            .iter()
+            .filter(|d| d.task_id == ids["mid_node"] && d.node == "slow")
+            .count()
+            >= 2,
+        "the in-flight call was re-sent after the restart"
+    );
     assert_eq!(router.effects(&ids["backoff"], "flaky"), 2);
     p2.child.kill().unwrap();
     let _ = p2.child.wait();
@@ -193,7 +287,9 @@ states:
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_replicas_on_postgres_run_each_node_once() {
     let dir = tempfile::tempdir().unwrap();
-    let Some(url) = store_url("postgres", dir.path()).await else { return };
+    let Some(url) = store_url("postgres", dir.path()).await else {
+        return;
+    };
     let router = TestRouter::default();
     let (router_url, _stop) = router.serve().await;
     router.handle("test.first", |_| Ok(json!({"n": 1})));
@@ -209,7 +305,11 @@ async fn two_replicas_on_postgres_run_each_node_once() {
             ..Default::default()
         };
         let orch = reach_orchestrator::Orchestrator::new(config).await.unwrap();
-        let _ = orch.engine().flows().apply("t", REPLICA_FLOW, orch.engine().clock().now_ms()).await;
+        let _ = orch
+            .engine()
+            .flows()
+            .apply("t", REPLICA_FLOW, orch.engine().clock().now_ms())
+            .await;
         let running = orch.start().unwrap();
         replicas.push((orch, running));
     }
@@ -217,7 +317,13 @@ async fn two_replicas_on_postgres_run_each_node_once() {
     let mut ids = Vec::new();
     for i in 0..40 {
         let (orch, _) = &replicas[i % 2];
-        ids.push(orch.engine().start_task("replicas", 0, json!({"i": i}), None).await.unwrap().id);
+        ids.push(
+            orch.engine()
+                .start_task("replicas", 0, json!({"i": i}), None)
+                .await
+                .unwrap()
+                .id,
+        );
     }
     // Stop replica A half-way: B takes over its tasks.
     let (orch_a, running_a) = replicas.remove(0);
@@ -228,11 +334,21 @@ async fn two_replicas_on_postgres_run_each_node_once() {
     for id in &ids {
         let engine = orch_b.engine().clone();
         let id2 = id.clone();
-        eventually(&format!("task {id} succeeds"), Duration::from_secs(60), || {
-            let engine = engine.clone();
-            let id = id2.clone();
-            async move { engine.load(&id).await.ok().filter(|s| s.status == reach_orchestrator::event::TaskStatus::Succeeded) }
-        })
+        eventually(
+            &format!("task {id} succeeds"),
+            Duration::from_secs(60),
+            || {
+                let engine = engine.clone();
+                let id = id2.clone();
+                async move {
+                    engine
+                        .load(&id)
+                        .await
+                        .ok()
+                        .filter(|s| s.status == reach_orchestrator::event::TaskStatus::Succeeded)
+                }
+            },
+        )
         .await;
         let s = orch_b.engine().load(id).await.unwrap();
         let path: Vec<&str> = s.visits.iter().map(|v| v.node.as_str()).collect();

@@ -68,7 +68,11 @@ async fn env(backend: &str, flows: &[&str]) -> Option<Env> {
     };
     let orch = Orchestrator::new(config).await.unwrap();
     for f in flows {
-        orch.engine().flows().apply("test", f, orch.engine().clock().now_ms()).await.unwrap();
+        orch.engine()
+            .flows()
+            .apply("test", f, orch.engine().clock().now_ms())
+            .await
+            .unwrap();
     }
     let engine = orch.engine().clone();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -81,8 +85,17 @@ async fn env(backend: &str, flows: &[&str]) -> Option<Env> {
         .await
         .unwrap();
     });
-    let client = OrchestratorServiceClient::connect(format!("http://{addr}")).await.unwrap();
-    Some(Env { _dir: dir, router, _router_stop: router_stop, orch_stop: Some(tx), client, engine })
+    let client = OrchestratorServiceClient::connect(format!("http://{addr}"))
+        .await
+        .unwrap();
+    Some(Env {
+        _dir: dir,
+        router,
+        _router_stop: router_stop,
+        orch_stop: Some(tx),
+        client,
+        engine,
+    })
 }
 
 impl Drop for Env {
@@ -96,7 +109,11 @@ impl Drop for Env {
 impl Env {
     async fn start(&mut self, flow: &str, input: serde_json::Value) -> String {
         self.client
-            .start_task(pb::StartTaskRequest { flow_id: flow.into(), input: Some(reach_orchestrator::json::to_proto(&input)), ..Default::default() })
+            .start_task(pb::StartTaskRequest {
+                flow_id: flow.into(),
+                input: Some(reach_orchestrator::json::to_proto(&input)),
+                ..Default::default()
+            })
             .await
             .unwrap()
             .into_inner()
@@ -106,22 +123,43 @@ impl Env {
     }
 
     async fn task(&mut self, id: &str) -> pb::Task {
-        self.client.get_task(pb::GetTaskRequest { task_id: id.into() }).await.unwrap().into_inner().task.unwrap()
+        self.client
+            .get_task(pb::GetTaskRequest { task_id: id.into() })
+            .await
+            .unwrap()
+            .into_inner()
+            .task
+            .unwrap()
     }
 
     async fn wait_status(&mut self, id: &str, status: pb::TaskStatus) -> pb::Task {
         let mut c = self.client.clone();
         let id = id.to_string();
-        eventually(&format!("task {id} {status:?}"), Duration::from_secs(30), || {
-            let mut c = c.clone();
-            let id = id.clone();
-            async move {
-                let t = c.get_task(pb::GetTaskRequest { task_id: id }).await.ok()?.into_inner().task?;
-                (t.status == status as i32).then_some(t)
-            }
-        })
+        eventually(
+            &format!("task {id} {status:?}"),
+            Duration::from_secs(30),
+            || {
+                let mut c = c.clone();
+                let id = id.clone();
+                async move {
+                    let t = c
+                        .get_task(pb::GetTaskRequest { task_id: id })
+                        .await
+                        .ok()?
+                        .into_inner()
+                        .task?;
+                    (t.status == status as i32).then_some(t)
+                }
+            },
+        )
         .await;
-        let t = c.get_task(pb::GetTaskRequest { task_id: id }).await.unwrap().into_inner().task.unwrap();
+        let t = c
+            .get_task(pb::GetTaskRequest { task_id: id })
+            .await
+            .unwrap()
+            .into_inner()
+            .task
+            .unwrap();
         t
     }
 }
@@ -135,7 +173,9 @@ fn classify_handler(router: &TestRouter) {
             json!({"category": "servicing", "confidence": 0.93, "capability": "complaint.servicing"})
         })
     });
-    router.handle("complaint.servicing", |d| Ok(json!({"resolution": "refund issued", "seen": d.input.clone()})));
+    router.handle("complaint.servicing", |d| {
+        Ok(json!({"resolution": "refund issued", "seen": d.input.clone()}))
+    });
 }
 
 macro_rules! both_backends {
@@ -154,11 +194,18 @@ macro_rules! both_backends {
 }
 
 async fn complaint_routes_and_waits_for_a_person(backend: &str) {
-    let Some(mut env) = env(backend, &[COMPLAINT]).await else { return };
+    let Some(mut env) = env(backend, &[COMPLAINT]).await else {
+        return;
+    };
     classify_handler(&env.router);
 
     // Confident: classify -> route -> servicing -> done.
-    let id = env.start("complaint-flow", json!({"complaint": "they charged me twice, mail me at a@b.com"})).await;
+    let id = env
+        .start(
+            "complaint-flow",
+            json!({"complaint": "they charged me twice, mail me at a@b.com"}),
+        )
+        .await;
     let task = env.wait_status(&id, pb::TaskStatus::Succeeded).await;
     let nodes: Vec<&str> = task.nodes.iter().map(|n| n.node_id.as_str()).collect();
     assert_eq!(nodes, ["classify", "route", "servicing", "done"]);
@@ -167,43 +214,85 @@ async fn complaint_routes_and_waits_for_a_person(backend: &str) {
     assert!(!input.to_string().contains("a@b.com"), "{input}");
     // One fresh trace id per task, carried by every call, never reused.
     let deliveries = env.router.deliveries();
-    assert!(deliveries.iter().filter(|d| d.task_id == id).all(|d| d.trace_id == task.trace_id));
-    let id2 = env.start("complaint-flow", json!({"complaint": "late fee"})).await;
+    assert!(
+        deliveries
+            .iter()
+            .filter(|d| d.task_id == id)
+            .all(|d| d.trace_id == task.trace_id)
+    );
+    let id2 = env
+        .start("complaint-flow", json!({"complaint": "late fee"}))
+        .await;
     let t2 = env.wait_status(&id2, pb::TaskStatus::Succeeded).await;
     assert_ne!(t2.trace_id, task.trace_id);
 
     // Unsure: a human review; a bad resume is refused with the field path.
-    let id3 = env.start("complaint-flow", json!({"complaint": "unclear letter"})).await;
+    let id3 = env
+        .start("complaint-flow", json!({"complaint": "unclear letter"}))
+        .await;
     env.wait_status(&id3, pb::TaskStatus::WaitingHuman).await;
     let err = env
         .client
-        .resume_task(pb::ResumeTaskRequest { task_id: id3.clone(), input: Some(reach_orchestrator::json::to_proto(&json!({"category": 7}))), ..Default::default() })
+        .resume_task(pb::ResumeTaskRequest {
+            task_id: id3.clone(),
+            input: Some(reach_orchestrator::json::to_proto(&json!({"category": 7}))),
+            ..Default::default()
+        })
         .await
         .unwrap_err();
     assert_eq!(err.code(), tonic::Code::InvalidArgument);
     assert!(err.message().contains("/category"), "{}", err.message());
-    let fields: Vec<String> = err.get_details_bad_request().unwrap().field_violations.iter().map(|v| v.field.clone()).collect();
+    let fields: Vec<String> = err
+        .get_details_bad_request()
+        .unwrap()
+        .field_violations
+        .iter()
+        .map(|v| v.field.clone())
+        .collect();
     assert!(fields.contains(&"input/category".to_string()), "{fields:?}");
     env.client
-        .resume_task(pb::ResumeTaskRequest { task_id: id3.clone(), input: Some(reach_orchestrator::json::to_proto(&json!({"category": "servicing"}))), ..Default::default() })
+        .resume_task(pb::ResumeTaskRequest {
+            task_id: id3.clone(),
+            input: Some(reach_orchestrator::json::to_proto(
+                &json!({"category": "servicing"}),
+            )),
+            ..Default::default()
+        })
         .await
         .unwrap();
     let t3 = env.wait_status(&id3, pb::TaskStatus::Succeeded).await;
     assert!(t3.nodes.iter().any(|n| n.node_id == "human_review"));
 
     // Listing by status.
-    let listed = env.client.list_tasks(pb::ListTasksRequest { status: pb::TaskStatus::Succeeded.into(), ..Default::default() }).await.unwrap().into_inner().tasks;
+    let listed = env
+        .client
+        .list_tasks(pb::ListTasksRequest {
+            status: pb::TaskStatus::Succeeded.into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .tasks;
     assert_eq!(listed.len(), 3);
 }
 both_backends!(complaint_routes_and_waits_for_a_person);
 
 async fn parallel_partial_and_failed(backend: &str) {
     let two = PARALLEL.replace("THRESHOLD", "2");
-    let three = PARALLEL.replace("THRESHOLD", "3").replace("version: 1", "version: 2");
-    let Some(mut env) = env(backend, &[&two]).await else { return };
-    env.router.handle("notify.email", |_| Ok(json!({"sent": true})));
-    env.router.handle("notify.sms", |_| Err(Status::invalid_argument("bad phone number")));
-    env.router.handle("notify.push", |_| Ok(json!({"sent": true})));
+    let three = PARALLEL
+        .replace("THRESHOLD", "3")
+        .replace("version: 1", "version: 2");
+    let Some(mut env) = env(backend, &[&two]).await else {
+        return;
+    };
+    env.router
+        .handle("notify.email", |_| Ok(json!({"sent": true})));
+    env.router.handle("notify.sms", |_| {
+        Err(Status::invalid_argument("bad phone number"))
+    });
+    env.router
+        .handle("notify.push", |_| Ok(json!({"sent": true})));
 
     let id = env.start("fanout", json!({})).await;
     let t = env.wait_status(&id, pb::TaskStatus::Partial).await;
@@ -211,17 +300,35 @@ async fn parallel_partial_and_failed(backend: &str) {
     assert_eq!(out["email"]["sent"], true);
     assert!(out["sms"]["error"].as_str().unwrap().contains("bad phone"));
 
-    env.client.apply_flow(pb::ApplyFlowRequest { yaml: three, source: "test".into() }).await.unwrap();
+    env.client
+        .apply_flow(pb::ApplyFlowRequest {
+            yaml: three,
+            source: "test".into(),
+        })
+        .await
+        .unwrap();
     let id2 = env.start("fanout", json!({})).await;
     let t2 = env.wait_status(&id2, pb::TaskStatus::Failed).await;
     assert_eq!(t2.flow_version, 2);
     assert_eq!(t2.failed_node, "notify");
     // A dead letter, retried from its failed node once the branch is fixed.
-    let dead = env.client.list_dead_letters(pb::ListDeadLettersRequest::default()).await.unwrap().into_inner().dead_letters;
+    let dead = env
+        .client
+        .list_dead_letters(pb::ListDeadLettersRequest::default())
+        .await
+        .unwrap()
+        .into_inner()
+        .dead_letters;
     assert_eq!(dead.len(), 1);
     assert_eq!(dead[0].failed_node, "notify");
-    env.router.handle("notify.sms", |_| Ok(json!({"sent": true})));
-    env.client.retry_task(pb::RetryTaskRequest { task_id: id2.clone() }).await.unwrap();
+    env.router
+        .handle("notify.sms", |_| Ok(json!({"sent": true})));
+    env.client
+        .retry_task(pb::RetryTaskRequest {
+            task_id: id2.clone(),
+        })
+        .await
+        .unwrap();
     env.wait_status(&id2, pb::TaskStatus::Succeeded).await;
     // The first task kept its version (1) though version 2 was applied.
     assert_eq!(env.task(&id).await.flow_version, 1);
@@ -229,9 +336,20 @@ async fn parallel_partial_and_failed(backend: &str) {
 both_backends!(parallel_partial_and_failed);
 
 async fn retries_then_catches(backend: &str) {
-    let Some(mut env) = env(backend, &[RETRYING]).await else { return };
-    env.router.handle("test.flaky", |d| if d.input["fail_always"] == true { Err(Status::unavailable("down")) } else if d.attempt < 3 { Err(Status::unavailable("try again")) } else { Ok(json!({"ok": true})) });
-    env.router.handle("test.recover", |_| Ok(json!({"recovered": true})));
+    let Some(mut env) = env(backend, &[RETRYING]).await else {
+        return;
+    };
+    env.router.handle("test.flaky", |d| {
+        if d.input["fail_always"] == true {
+            Err(Status::unavailable("down"))
+        } else if d.attempt < 3 {
+            Err(Status::unavailable("try again"))
+        } else {
+            Ok(json!({"ok": true}))
+        }
+    });
+    env.router
+        .handle("test.recover", |_| Ok(json!({"recovered": true})));
     let id = env.start("retrying", json!({})).await;
     let t = env.wait_status(&id, pb::TaskStatus::Succeeded).await;
     assert_eq!(t.nodes[0].attempts, 3);
@@ -243,9 +361,22 @@ async fn retries_then_catches(backend: &str) {
     assert_eq!(path, ["flaky", "recover", "done"]);
     assert_eq!(t2.nodes[0].attempts, 4);
     // Unknown task -> NOT_FOUND; cancel of an ended task -> FAILED_PRECONDITION.
-    let e = env.client.get_task(pb::GetTaskRequest { task_id: "nope".into() }).await.unwrap_err();
+    let e = env
+        .client
+        .get_task(pb::GetTaskRequest {
+            task_id: "nope".into(),
+        })
+        .await
+        .unwrap_err();
     assert_eq!(e.code(), tonic::Code::NotFound);
-    let e = env.client.cancel_task(pb::CancelTaskRequest { task_id: id2, reason: String::new() }).await.unwrap_err();
+    let e = env
+        .client
+        .cancel_task(pb::CancelTaskRequest {
+            task_id: id2,
+            reason: String::new(),
+        })
+        .await
+        .unwrap_err();
     assert_eq!(e.code(), tonic::Code::FailedPrecondition);
     let _ = env.engine.clone();
 }
@@ -271,9 +402,17 @@ async fn backoff_follows_the_policy() {
     };
     let orch = Orchestrator::new(config).await.unwrap();
     let fast = RETRYING.replace("initial_interval: 1s", "initial_interval: 100ms");
-    orch.engine().flows().apply("t", &fast, orch.engine().clock().now_ms()).await.unwrap();
+    orch.engine()
+        .flows()
+        .apply("t", &fast, orch.engine().clock().now_ms())
+        .await
+        .unwrap();
     let running = orch.start().unwrap();
-    let task = orch.engine().start_task("retrying", 0, json!({}), None).await.unwrap();
+    let task = orch
+        .engine()
+        .start_task("retrying", 0, json!({}), None)
+        .await
+        .unwrap();
     let engine = orch.engine().clone();
     loop {
         let s = engine.load(&task.id).await.unwrap();
@@ -289,18 +428,28 @@ async fn backoff_follows_the_policy() {
     for e in &events {
         match &e.event {
             Event::AttemptFailed { .. } => failed_at = Some(e.at_ms),
-            Event::TimerScheduled { purpose: TimerPurpose::Backoff, fire_at_ms, .. } => {
+            Event::TimerScheduled {
+                purpose: TimerPurpose::Backoff,
+                fire_at_ms,
+                ..
+            } => {
                 delays.push(fire_at_ms - failed_at.unwrap());
                 last_fire = *fire_at_ms;
             }
-            Event::AttemptStarted { attempt, .. } if *attempt > 1 => assert!(e.at_ms >= last_fire, "attempt {attempt} before its back-off ended"),
+            Event::AttemptStarted { attempt, .. } if *attempt > 1 => assert!(
+                e.at_ms >= last_fire,
+                "attempt {attempt} before its back-off ended"
+            ),
             _ => {}
         }
     }
     assert_eq!(delays, [100, 200, 400]);
     let s = engine.load(&task.id).await.unwrap();
     assert_eq!(s.status, TaskStatus::Succeeded);
-    assert_eq!(s.visits.iter().map(|v| v.node.as_str()).collect::<Vec<_>>(), ["flaky", "recover", "done"]);
+    assert_eq!(
+        s.visits.iter().map(|v| v.node.as_str()).collect::<Vec<_>>(),
+        ["flaky", "recover", "done"]
+    );
     running.shutdown().await;
 }
 
@@ -313,10 +462,20 @@ fn flow_validate_cli_reports_located_errors() {
     let code = reach_orchestrator::cli::flow_validate(&file, &mut out).unwrap();
     let text = String::from_utf8(out).unwrap();
     assert_eq!(code, 1);
-    assert!(text.contains("bad.yaml:5:38: node `start`: `next: missing` names no node"), "{text}");
+    assert!(
+        text.contains("bad.yaml:5:38: node `start`: `next: missing` names no node"),
+        "{text}"
+    );
     for example in ["complaint-flow.yaml", "order-flow.yaml"] {
-        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/flows").join(example);
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../../examples/flows")
+            .join(example);
         let mut out = Vec::new();
-        assert_eq!(reach_orchestrator::cli::flow_validate(&path, &mut out).unwrap(), 0, "{}", String::from_utf8_lossy(&out));
+        assert_eq!(
+            reach_orchestrator::cli::flow_validate(&path, &mut out).unwrap(),
+            0,
+            "{}",
+            String::from_utf8_lossy(&out)
+        );
     }
 }

@@ -41,8 +41,16 @@ pub struct TestRouter {
 }
 
 impl TestRouter {
-    pub fn handle(&self, capability: &str, f: impl Fn(&Delivery) -> Result<Value, Status> + Send + Sync + 'static) {
-        self.state.handlers.lock().unwrap().insert(capability.to_string(), Arc::new(f));
+    pub fn handle(
+        &self,
+        capability: &str,
+        f: impl Fn(&Delivery) -> Result<Value, Status> + Send + Sync + 'static,
+    ) {
+        self.state
+            .handlers
+            .lock()
+            .unwrap()
+            .insert(capability.to_string(), Arc::new(f));
     }
 
     pub fn deliveries(&self) -> Vec<Delivery> {
@@ -110,11 +118,21 @@ impl RouterService for TestRouter {
             trace_id: h.trace_id.clone(),
             node: h.metadata.get("node_id").cloned().unwrap_or_default(),
             input,
-            attempt: h.metadata.get("attempt").and_then(|a| a.parse().ok()).unwrap_or(0),
+            attempt: h
+                .metadata
+                .get("attempt")
+                .and_then(|a| a.parse().ok())
+                .unwrap_or(0),
             redelivery,
         };
         self.state.deliveries.lock().unwrap().push(d.clone());
-        let handler = self.state.handlers.lock().unwrap().get(&capability).cloned();
+        let handler = self
+            .state
+            .handlers
+            .lock()
+            .unwrap()
+            .get(&capability)
+            .cloned();
         let Some(handler) = handler else {
             return Err(Status::not_found(format!("no handler for {capability}")));
         };
@@ -129,10 +147,19 @@ impl RouterService for TestRouter {
         }?;
         Ok(Response::new(CallResponse {
             message: Some(ReachMessage {
-                header: Some(pb::Header { trace_id: h.trace_id, correlation_id: h.message_id, ..Default::default() }),
+                header: Some(pb::Header {
+                    trace_id: h.trace_id,
+                    correlation_id: h.message_id,
+                    ..Default::default()
+                }),
                 payload: Some(Payload {
                     r#type: format!("{capability}.reply"),
-                    parts: vec![Part { content: Some(part::Content::Data(reach_orchestrator::json::to_proto(&out))), ..Default::default() }],
+                    parts: vec![Part {
+                        content: Some(part::Content::Data(reach_orchestrator::json::to_proto(
+                            &out,
+                        ))),
+                        ..Default::default()
+                    }],
                 }),
             }),
             route: None,
@@ -141,7 +168,10 @@ impl RouterService for TestRouter {
 
     type StreamStream = futures::stream::Empty<Result<pb::StreamResponse, Status>>;
 
-    async fn stream(&self, _request: Request<tonic::Streaming<pb::StreamRequest>>) -> Result<Response<Self::StreamStream>, Status> {
+    async fn stream(
+        &self,
+        _request: Request<tonic::Streaming<pb::StreamRequest>>,
+    ) -> Result<Response<Self::StreamStream>, Status> {
         Err(Status::unimplemented("not in tests"))
     }
 }
@@ -151,15 +181,24 @@ impl RouterService for TestRouter {
 pub async fn postgres_url() -> Option<String> {
     let Ok(base) = std::env::var("REACH_TEST_POSTGRES_URL") else {
         if std::env::var("CI").is_ok_and(|v| v == "true") {
-            panic!("REACH_TEST_POSTGRES_URL is not set but CI=true: start PostgreSQL with scripts/start-postgres.sh and export the URL it prints");
+            panic!(
+                "REACH_TEST_POSTGRES_URL is not set but CI=true: start PostgreSQL with scripts/start-postgres.sh and export the URL it prints"
+            );
         }
-        eprintln!("\n!!!!! SKIPPING PostgreSQL test: REACH_TEST_POSTGRES_URL is not set. Run `eval $(scripts/start-postgres.sh)` first. !!!!!\n");
+        eprintln!(
+            "\n!!!!! SKIPPING PostgreSQL test: REACH_TEST_POSTGRES_URL is not set. Run `eval $(scripts/start-postgres.sh)` first. !!!!!\n"
+        );
         return None;
     };
     use sqlx::Connection;
-    let mut conn = sqlx::PgConnection::connect(&base).await.expect("connect to REACH_TEST_POSTGRES_URL");
+    let mut conn = sqlx::PgConnection::connect(&base)
+        .await
+        .expect("connect to REACH_TEST_POSTGRES_URL");
     let db = format!("reach_test_{}", uuid::Uuid::new_v4().simple());
-    sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE {db}"))).execute(&mut conn).await.unwrap();
+    sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE {db}")))
+        .execute(&mut conn)
+        .await
+        .unwrap();
     let (prefix, _) = base.rsplit_once('/').unwrap();
     Some(format!("{prefix}/{db}"))
 }
