@@ -251,15 +251,14 @@ impl Engine {
     /// shared store, releases this replica's leases so others take over at once.
     pub async fn stop(&self) {
         let _ = self.inner.stop.send(true);
-        if !self.inner.exclusive {
-            if let Err(e) = self
+        if !self.inner.exclusive
+            && let Err(e) = self
                 .inner
                 .store
                 .release_all(&self.inner.settings.node_id)
                 .await
-            {
-                tracing::warn!(error = %e, "cannot release leases");
-            }
+        {
+            tracing::warn!(error = %e, "cannot release leases");
         }
     }
 
@@ -779,14 +778,15 @@ impl Engine {
                 if running.contains(slot) {
                     continue;
                 }
-                if let (Some(timer), Some(deadline)) = (&inf.timer, inf.deadline_ms) {
-                    if deadline <= now && state.timer_pending(timer) {
-                        events.push(Event::TimerFired {
-                            timer: timer.clone(),
-                        });
-                        events.extend(self.attempt_failed(state, node_id, slot, &s, inf.attempt, "DEADLINE_EXCEEDED", "the attempt timed out (its deadline passed while the orchestrator was down)".into()));
-                        continue;
-                    }
+                if let (Some(timer), Some(deadline)) = (&inf.timer, inf.deadline_ms)
+                    && deadline <= now
+                    && state.timer_pending(timer)
+                {
+                    events.push(Event::TimerFired {
+                        timer: timer.clone(),
+                    });
+                    events.extend(self.attempt_failed(state, node_id, slot, &s, inf.attempt, "DEADLINE_EXCEEDED", "the attempt timed out (its deadline passed while the orchestrator was down)".into()));
+                    continue;
                 }
                 calls.push(CallSpec {
                     slot: slot.clone(),
@@ -798,13 +798,13 @@ impl Engine {
                 });
                 continue;
             }
-            if let Some(bt) = &s.backoff_timer {
-                if state.timer_pending(bt) {
-                    if state.timers.get(bt).is_some_and(|t| t.fire_at_ms <= now) {
-                        events.push(Event::TimerFired { timer: bt.clone() });
-                    }
-                    continue;
+            if let Some(bt) = &s.backoff_timer
+                && state.timer_pending(bt)
+            {
+                if state.timers.get(bt).is_some_and(|t| t.fire_at_ms <= now) {
+                    events.push(Event::TimerFired { timer: bt.clone() });
                 }
+                continue;
             }
             // A new attempt.
             let input = match template {
@@ -864,6 +864,7 @@ impl Engine {
         }
     }
 
+    #[allow(clippy::too_many_arguments)]
     fn attempt_failed(
         &self,
         state: &TaskState,
@@ -944,10 +945,10 @@ impl Engine {
         let mut events = Vec::new();
         match done.result {
             Ok(output) => {
-                if let Some(t) = &inf.timer {
-                    if state.timer_pending(t) {
-                        events.push(Event::TimerCancelled { timer: t.clone() });
-                    }
+                if let Some(t) = &inf.timer
+                    && state.timer_pending(t)
+                {
+                    events.push(Event::TimerCancelled { timer: t.clone() });
                 }
                 events.push(Event::SlotCompleted {
                     node,
@@ -958,15 +959,15 @@ impl Engine {
                 });
             }
             Err((code, message)) => {
-                if let Some(t) = &inf.timer {
-                    if state.timer_pending(t) {
-                        let due = inf.deadline_ms.is_some_and(|d| d <= now);
-                        events.push(if code == "DEADLINE_EXCEEDED" && due {
-                            Event::TimerFired { timer: t.clone() }
-                        } else {
-                            Event::TimerCancelled { timer: t.clone() }
-                        });
-                    }
+                if let Some(t) = &inf.timer
+                    && state.timer_pending(t)
+                {
+                    let due = inf.deadline_ms.is_some_and(|d| d <= now);
+                    events.push(if code == "DEADLINE_EXCEEDED" && due {
+                        Event::TimerFired { timer: t.clone() }
+                    } else {
+                        Event::TimerCancelled { timer: t.clone() }
+                    });
                 }
                 events.extend(self.attempt_failed(
                     state,
@@ -1102,11 +1103,10 @@ impl Engine {
             if state.status != TaskStatus::WaitingHuman || !state.human_waiting {
                 return Err(Error::FailedPrecondition(format!("task {task_id} is {} at node {current:?}; only a task waiting in a human node can be resumed", state.status.as_str())));
             }
-            if let Some(n) = node_id.filter(|n| !n.is_empty()) {
-                if n != current {
+            if let Some(n) = node_id.filter(|n| !n.is_empty())
+                && n != current {
                     return Err(Error::FailedPrecondition(format!("task {task_id} waits in node {current:?}, not {n:?}; resume {current:?} or leave the node empty")));
                 }
-            }
             let flow = self.inner.flows.get(&state.flow_id, state.flow_version).ok_or_else(|| Error::Unavailable(format!("flow {} v{} is not loaded", state.flow_id, state.flow_version)))?;
             if let Some(NodeKind::Human { schema: Some(schema), .. }) = flow.node(&current).map(|n| &n.kind) {
                 let violations: Vec<(String, String)> = schema

@@ -697,11 +697,11 @@ impl TaskState {
                 if failed_node.is_some() {
                     self.failed_node.clone_from(failed_node);
                 }
-                if *status == TaskStatus::Cancelled {
-                    if let Some(v) = self.visit() {
-                        v.outcome = Some(NodeOutcome::Cancelled);
-                        v.ended_ms = Some(at_ms);
-                    }
+                if *status == TaskStatus::Cancelled
+                    && let Some(v) = self.visit()
+                {
+                    v.outcome = Some(NodeOutcome::Cancelled);
+                    v.ended_ms = Some(at_ms);
                 }
                 if *status == TaskStatus::Succeeded {
                     self.error = None;

@@ -14,7 +14,7 @@
 //! - [`mask`]: masking of sensitive values in everything shown.
 //! - [`cli`]: the `reach flow ...`, `reach task ...` and `reach dump` commands.
 //! - [`bench`]: durable transitions per second on SQLite and PostgreSQL.
-//! - [`config`]: [`OrchestratorConfig`].
+//! - [`config`]: the configuration, [`OrchestratorConfig`].
 //!
 //! # Running
 //! ```no_run

@@ -177,10 +177,10 @@ impl Store {
         let backend = if url.starts_with("sqlite:") {
             if let Some(path) = url.strip_prefix("sqlite://") {
                 let path = path.split('?').next().unwrap_or(path);
-                if let Some(parent) = std::path::Path::new(path).parent() {
-                    if !parent.as_os_str().is_empty() {
-                        let _ = std::fs::create_dir_all(parent);
-                    }
+                if let Some(parent) = std::path::Path::new(path).parent()
+                    && !parent.as_os_str().is_empty()
+                {
+                    let _ = std::fs::create_dir_all(parent);
                 }
             }
             let opts = SqliteConnectOptions::from_str(url)?

@@ -153,14 +153,13 @@ impl Env {
             },
         )
         .await;
-        let t = c
-            .get_task(pb::GetTaskRequest { task_id: id })
+
+        c.get_task(pb::GetTaskRequest { task_id: id })
             .await
             .unwrap()
             .into_inner()
             .task
-            .unwrap();
-        t
+            .unwrap()
     }
 }
 
