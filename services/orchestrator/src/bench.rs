@@ -65,18 +65,8 @@ pub async fn measure(store_url: &str, tasks: usize) -> Result<f64, Error> {
     for s in starts {
         s.await.map_err(|e| Error::Unavailable(e.to_string()))??;
     }
-    loop {
-        let counts = orch.engine().store().count_by_status().await?;
-        let done: i64 = counts
-            .iter()
-            .filter(|(s, _)| s.is_terminal())
-            .map(|(_, n)| n)
-            .sum();
-        let total: i64 = counts.iter().map(|(_, n)| n).sum();
-        if done >= total && total > 0 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(5)).await;
+    while orch.engine().store().count_unfinished().await? > 0 {
+        tokio::time::sleep(Duration::from_millis(20)).await;
     }
     let elapsed = started.elapsed().as_secs_f64();
     running.shutdown().await;

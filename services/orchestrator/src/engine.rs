@@ -317,7 +317,20 @@ impl Engine {
         }
     }
 
+    /// The guard of the engine's own appends.
+    fn engine_guard(&self) -> Guard {
+        if self.inner.exclusive {
+            Guard::Seq
+        } else {
+            Guard::Owner(self.inner.settings.node_id.clone())
+        }
+    }
+
     async fn claim(&self, task_id: &str) -> Result<bool, Error> {
+        if self.inner.exclusive {
+            // One process owns an SQLite store: every task is ours.
+            return Ok(true);
+        }
         let now = self.inner.clock.now_ms();
         let lease = i64::try_from(self.inner.settings.lease.as_millis()).unwrap_or(30_000);
         Ok(self
@@ -372,14 +385,7 @@ impl Engine {
             }
             match self.decide(&state, &flow, &running) {
                 Step::Events(events) => {
-                    if !self
-                        .append(
-                            &mut state,
-                            events,
-                            Guard::Owner(self.inner.settings.node_id.clone()),
-                        )
-                        .await?
-                    {
+                    if !self.append(&mut state, events, self.engine_guard()).await? {
                         calls.abort_all();
                         return Ok(());
                     }
@@ -410,7 +416,7 @@ impl Engine {
                     running.remove(&done.slot);
                     let events = self.on_call_result(&state, &flow, done);
                     if !events.is_empty()
-                        && !self.append(&mut state, events, Guard::Owner(self.inner.settings.node_id.clone())).await?
+                        && !self.append(&mut state, events, self.engine_guard()).await?
                     {
                         calls.abort_all();
                         return Ok(());
@@ -1076,7 +1082,12 @@ impl Engine {
         for _ in 0..20 {
             let mut state = self.load(task_id).await?;
             let events = build(&state)?;
-            if self.append(&mut state, events, Guard::Command).await? {
+            let guard = if self.inner.exclusive {
+                Guard::Seq
+            } else {
+                Guard::Command
+            };
+            if self.append(&mut state, events, guard).await? {
                 self.poke(task_id);
                 return Ok(state);
             }
@@ -1225,33 +1236,23 @@ impl Engine {
             // On an exclusive (SQLite) store the first pass takes every unfinished task: the
             // previous process is gone, whatever owner id it had.
             let force = first && self.inner.exclusive;
-            loop {
-                match self
-                    .inner
-                    .store
-                    .claim_batch(&owner, now, now + lease, 500, force)
-                    .await
-                {
-                    Ok(ids) => {
-                        let n = ids.len();
-                        if n > 0 {
-                            tracing::info!(count = n, "resuming tasks");
-                        }
-                        for id in ids {
-                            self.poke(&id);
-                        }
-                        if n < 500 {
-                            break;
-                        }
+            // The first pass also takes back this node id's own tasks (a restart), all at once.
+            let limit = if first { 1_000_000 } else { 500 };
+            match self
+                .inner
+                .store
+                .claim_batch(&owner, now, now + lease, limit, first, force)
+                .await
+            {
+                Ok(ids) => {
+                    if !ids.is_empty() {
+                        tracing::info!(count = ids.len(), "resuming tasks");
                     }
-                    Err(e) => {
-                        tracing::warn!(error = %e, "claiming tasks failed");
-                        break;
+                    for id in ids {
+                        self.poke(&id);
                     }
                 }
-                if !force {
-                    break;
-                }
+                Err(e) => tracing::warn!(error = %e, "claiming tasks failed"),
             }
             first = false;
             let period = (self.inner.settings.lease / 3).min(

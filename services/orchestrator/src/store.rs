@@ -75,6 +75,9 @@ pub enum Guard {
     /// An API command (resume, cancel, retry): any owner; the lease is released so the next
     /// claim picks the task up with the new events.
     Command,
+    /// Only the sequence number is checked and the lease is kept (an exclusive SQLite store,
+    /// where one process owns every task).
+    Seq,
 }
 
 /// The projection stored in `reach_tasks` after an append.
@@ -329,6 +332,19 @@ impl Store {
         Ok(rows.into_iter().map(summary_from_row).collect())
     }
 
+    /// How many tasks have not ended.
+    ///
+    /// # Errors
+    /// [`StoreError`] on database failure.
+    pub async fn count_unfinished(&self) -> Result<i64, StoreError> {
+        let (n,): (i64,) = with_pool!(&self.backend, |p| {
+            sqlx::query_as("SELECT COUNT(*) FROM reach_tasks WHERE ended_ms IS NULL")
+                .fetch_one(p)
+                .await?
+        });
+        Ok(n)
+    }
+
     /// Counts tasks by status.
     ///
     /// # Errors
@@ -375,8 +391,9 @@ impl Store {
         Ok(n == 1)
     }
 
-    /// Claims up to `limit` unfinished tasks that are unowned, owned by `owner` or whose lease
-    /// expired (all unfinished tasks when `force`); returns their ids.
+    /// Claims up to `limit` unfinished tasks that are unowned or whose lease expired, plus
+    /// those already leased to `owner` when `include_own` (a restart with the same node id),
+    /// or every unfinished task when `force`; returns their ids.
     ///
     /// # Errors
     /// [`StoreError`] on database failure.
@@ -386,10 +403,10 @@ impl Store {
         now_ms: i64,
         lease_until_ms: i64,
         limit: u32,
+        include_own: bool,
         force: bool,
     ) -> Result<Vec<String>, StoreError> {
-        let cond =
-            "ended_ms IS NULL AND (owner IS NULL OR owner = $1 OR lease_until_ms < $3 OR $4 = 1)";
+        let cond = "ended_ms IS NULL AND (owner IS NULL OR (owner = $1 AND $6 = 1) OR lease_until_ms < $3 OR $4 = 1)";
         let ids: Vec<(String,)> = match &self.backend {
             Backend::Postgres(p) => {
                 sqlx::query_as(sqlx::AssertSqlSafe(format!(
@@ -402,6 +419,7 @@ impl Store {
                 .bind(now_ms)
                 .bind(i64::from(force))
                 .bind(i64::from(limit))
+                .bind(i64::from(include_own))
                 .fetch_all(p)
                 .await?
             }
@@ -415,6 +433,7 @@ impl Store {
                 .bind(now_ms)
                 .bind(i64::from(force))
                 .bind(i64::from(limit))
+                .bind(i64::from(include_own))
                 .fetch_all(p)
                 .await?
             }
@@ -694,6 +713,8 @@ macro_rules! write_batch {
             let result: Result<Vec<AppendOutcome>, sqlx::Error> = async {
     let mut tx = pool.begin().await?;
     let mut out = Vec::with_capacity(batch.len());
+    // (task_id, seq, at_ms, kind, node, body) of every accepted event, inserted at the end.
+    let mut rows: Vec<(String, i64, i64, &'static str, Option<String>, String)> = Vec::new();
     for req in batch {
         let a = &req.append;
         let s = &a.summary;
@@ -759,6 +780,24 @@ macro_rules! write_batch {
                 .await?
                 .rows_affected()
             }
+            Guard::Seq => {
+                sqlx::query(
+                    "UPDATE reach_tasks SET status = $1, current_node = $2, seq = $3, updated_ms = $4, ended_ms = $5, error = $6, failed_node = $7 \
+                     WHERE task_id = $8 AND seq = $9",
+                )
+                .bind(s.status.as_str().to_string())
+                .bind(s.current_node.clone())
+                .bind(new_seq)
+                .bind(s.updated_ms)
+                .bind(s.ended_ms)
+                .bind(s.error.clone())
+                .bind(s.failed_node.clone())
+                .bind(s.task_id.clone())
+                .bind(a.expected_seq)
+                .execute(&mut *tx)
+                .await?
+                .rows_affected()
+            }
         };
         if guarded != 1 {
             out.push(AppendOutcome::Conflict);
@@ -767,15 +806,7 @@ macro_rules! write_batch {
         for (i, event) in a.events.iter().enumerate() {
             let seq = a.expected_seq + 1 + i64::try_from(i).unwrap_or(0);
             let body = serde_json::to_string(event).unwrap_or_else(|_| "{}".into());
-            sqlx::query("INSERT INTO reach_events (task_id, seq, at_ms, kind, node, body) VALUES ($1, $2, $3, $4, $5, $6)")
-                .bind(s.task_id.clone())
-                .bind(seq)
-                .bind(a.at_ms)
-                .bind(event.kind().to_string())
-                .bind(event.node().map(str::to_string))
-                .bind(body)
-                .execute(&mut *tx)
-                .await?;
+            rows.push((s.task_id.clone(), seq, a.at_ms, event.kind(), event.node().map(str::to_string), body));
             match event {
                 Event::TimerScheduled { timer, fire_at_ms, .. } => {
                     sqlx::query("INSERT INTO reach_timers (timer_id, task_id, fire_at_ms, state) VALUES ($1, $2, $3, 'pending')")
@@ -803,6 +834,20 @@ macro_rules! write_batch {
             }
         }
         out.push(AppendOutcome::Appended(new_seq));
+    }
+    // One multi-row INSERT per 500 events (3 000 parameters: within SQLite's and
+    // PostgreSQL's limits).
+    for chunk in rows.chunks(500) {
+        let mut qb = sqlx::QueryBuilder::new("INSERT INTO reach_events (task_id, seq, at_ms, kind, node, body) ");
+        qb.push_values(chunk, |mut b, (task, seq, at, kind, node, body)| {
+            b.push_bind(task.clone())
+                .push_bind(*seq)
+                .push_bind(*at)
+                .push_bind((*kind).to_string())
+                .push_bind(node.clone())
+                .push_bind(body.clone());
+        });
+        qb.build().execute(&mut *tx).await?;
     }
     tx.commit().await?;
     Ok(out)
