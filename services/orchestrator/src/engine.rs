@@ -504,6 +504,7 @@ impl Engine {
             code: code.to_string(),
             error: error.clone(),
             next: catch.clone(),
+            output: Value::Null,
         }];
         match catch {
             Some(next) => events.push(Event::NodeEntered { node: next }),
@@ -578,6 +579,7 @@ impl Engine {
                     code: "FLOW".into(),
                     error: error.clone(),
                     next: None,
+                    output: Value::Null,
                 },
                 Event::TaskEnded {
                     status: TaskStatus::Failed,
@@ -747,9 +749,9 @@ impl Engine {
                     } else {
                         let error = format!("{ok_count} of {total} branches succeeded, {success_threshold} needed ({})", errors.join("; "));
                         let mut events = Self::fail_node(state, flow, &current, "FAILED_PRECONDITION", error, on_failure.clone());
-                        if let Some(Event::NodeFailed { .. }) = events.first() {
-                            // Keep the branch outputs for inspection.
-                            events.insert(0, Event::SlotCompleted { node: current.clone(), slot: format!("{current}/*"), ok: false, output, error: None });
+                        // Keep the branch results for inspection.
+                        if let Some(Event::NodeFailed { output: failed_output, .. }) = events.first_mut() {
+                            *failed_output = output;
                         }
                         events
                     }

@@ -240,6 +240,9 @@ pub enum Event {
         error: String,
         /// The node that handles the failure (`catch` / `on_failure`), if any.
         next: Option<String>,
+        /// What the node produced before failing (a parallel node's branch results).
+        #[serde(default)]
+        output: Value,
     },
     /// The task ended.
     TaskEnded {
@@ -668,7 +671,11 @@ impl TaskState {
                 self.status = TaskStatus::Processing;
             }
             Event::NodeFailed {
-                node, error, next, ..
+                node,
+                error,
+                next,
+                output,
+                ..
             } => {
                 self.ctx(node)
                     .insert("error".into(), Value::String(error.clone()));
@@ -677,6 +684,9 @@ impl TaskState {
                 if let Some(v) = self.visit() {
                     v.outcome = Some(NodeOutcome::Failed);
                     v.error = Some(error.clone());
+                    if !output.is_null() {
+                        v.output = output.clone();
+                    }
                     v.ended_ms = Some(at_ms);
                     v.next.clone_from(next);
                 }

@@ -47,7 +47,7 @@ use std::future::Future;
 pub use config::OrchestratorConfig;
 pub use engine::{Clock, Engine, EngineSettings};
 pub use error::Error;
-pub use ledger::{LedgerSink, LedgerSinkConfig};
+pub use ledger::{CallOutcome, LedgerSink, LedgerSinkConfig};
 pub use service::OrchestratorApi;
 
 use reach_proto::v1::orchestrator_service_server::OrchestratorServiceServer;
