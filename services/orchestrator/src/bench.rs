@@ -76,6 +76,29 @@ pub async fn measure(store_url: &str, tasks: usize) -> Result<f64, Error> {
     Ok((tasks * (CHAIN + 1)) as f64 / elapsed)
 }
 
+/// Measures on a fresh database created on the server of `url`, dropped afterwards.
+async fn measure_postgres(url: &str, tasks: usize) -> Result<f64, Error> {
+    use sqlx::Connection;
+    let db = format!("reach_bench_{}", uuid::Uuid::new_v4().simple());
+    let (prefix, _) = url
+        .rsplit_once('/')
+        .ok_or_else(|| Error::Config(format!("postgres url {url:?} has no database part")))?;
+    let mut admin = sqlx::PgConnection::connect(url)
+        .await
+        .map_err(crate::store::StoreError::from)?;
+    sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE {db}")))
+        .execute(&mut admin)
+        .await
+        .map_err(crate::store::StoreError::from)?;
+    let result = measure(&format!("{prefix}/{db}"), tasks).await;
+    let _ = sqlx::query(sqlx::AssertSqlSafe(format!(
+        "DROP DATABASE IF EXISTS {db} WITH (FORCE)"
+    )))
+    .execute(&mut admin)
+    .await;
+    result
+}
+
 /// The `reach bench flows` entry point: measures SQLite (in a temporary directory) and, when
 /// `postgres_url` is given, PostgreSQL (tables are created in that database). `quick` keeps
 /// it well under a minute. Writes one line per figure; the last line is exactly
@@ -98,7 +121,7 @@ pub async fn bench_flows(
     let sqlite = sqlite?;
     let postgres = match postgres_url {
         Some(url) => {
-            let v = measure(url, tasks / 2).await?;
+            let v = measure_postgres(url, tasks / 2).await?;
             let _ = writeln!(
                 out,
                 "postgres_transitions_per_s={v:.0} (tasks={}, nodes_per_task={})",

@@ -30,6 +30,11 @@ pub enum StoreError {
     /// The store URL is not `sqlite://...` or `postgres://...`.
     #[error("store url {0:?} is not supported: use sqlite://PATH or postgres://USER@HOST:PORT/DB")]
     BadUrl(String),
+    /// Another orchestrator process uses this SQLite file.
+    #[error(
+        "sqlite store {0} is in use by another orchestrator process; stop it, or use PostgreSQL to run several replicas"
+    )]
+    Locked(String),
     /// A stored event could not be decoded (written by a newer version?).
     #[error("stored event {task_id}#{seq} cannot be decoded: {message}")]
     Corrupt {
@@ -143,6 +148,10 @@ struct WriteReq {
 pub struct Store {
     backend: Backend,
     writer: mpsc::Sender<WriteReq>,
+    /// For an SQLite file: a connection holding an exclusive transaction on `<file>.lock`
+    /// for the life of the store, so a second orchestrator on the same file is refused (the
+    /// OS releases the lock when the process dies, even by SIGKILL).
+    _lock: Option<std::sync::Arc<tokio::sync::Mutex<sqlx::SqliteConnection>>>,
 }
 
 /// Tuning of the SQLite backend.
@@ -177,6 +186,7 @@ impl Store {
         durability: SqliteDurability,
         acquire_timeout: Duration,
     ) -> Result<Self, StoreError> {
+        let mut lock = None;
         let backend = if url.starts_with("sqlite:") {
             if let Some(path) = url.strip_prefix("sqlite://") {
                 let path = path.split('?').next().unwrap_or(path);
@@ -184,6 +194,11 @@ impl Store {
                     && !parent.as_os_str().is_empty()
                 {
                     let _ = std::fs::create_dir_all(parent);
+                }
+                if !path.contains(":memory:") {
+                    lock = Some(std::sync::Arc::new(tokio::sync::Mutex::new(
+                        lock_file(path).await?,
+                    )));
                 }
             }
             let opts = SqliteConnectOptions::from_str(url)?
@@ -221,6 +236,7 @@ impl Store {
         Ok(Self {
             backend,
             writer: tx,
+            _lock: lock,
         })
     }
 
@@ -628,6 +644,26 @@ impl Store {
     /// Closes the pool.
     pub async fn close(&self) {
         with_pool!(&self.backend, |p| p.close().await);
+    }
+}
+
+/// Takes the exclusive lock of an SQLite store file (see [`Store`]).
+async fn lock_file(path: &str) -> Result<sqlx::SqliteConnection, StoreError> {
+    use sqlx::Connection;
+    let opts = SqliteConnectOptions::new()
+        .filename(format!("{path}.lock"))
+        .create_if_missing(true)
+        .locking_mode(sqlx::sqlite::SqliteLockingMode::Exclusive)
+        .busy_timeout(Duration::ZERO);
+    let mut conn = sqlx::SqliteConnection::connect_with(&opts).await?;
+    match sqlx::query("BEGIN EXCLUSIVE").execute(&mut conn).await {
+        Ok(_) => Ok(conn),
+        Err(sqlx::Error::Database(e))
+            if e.message().contains("locked") || e.message().contains("busy") =>
+        {
+            Err(StoreError::Locked(path.to_string()))
+        }
+        Err(e) => Err(e.into()),
     }
 }
 
