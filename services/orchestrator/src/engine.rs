@@ -289,7 +289,11 @@ impl Engine {
         drop(active);
         let engine = self.clone();
         let id = task_id.to_string();
-        tokio::spawn(async move { engine.drive(id, notify).await });
+        let span = tracing::info_span!("task", task_id = %id);
+        tokio::spawn(tracing::Instrument::instrument(
+            async move { engine.drive(id, notify).await },
+            span,
+        ));
     }
 
     async fn drive(self, task_id: String, notify: Arc<Notify>) {
@@ -369,11 +373,12 @@ impl Engine {
             if state.status.is_terminal() {
                 return Ok(());
             }
-            let error = format!(
-                "flow {} version {} is not loaded; apply it again to resume this task",
-                state.flow_id, state.flow_version
+            tracing::error!(
+                task_id = %task_id,
+                flow_id = %state.flow_id,
+                flow_version = state.flow_version,
+                "the task's flow version is not loaded; apply it again to resume the task"
             );
-            tracing::error!(task_id = %task_id, "{error}");
             return Ok(());
         };
         let mut calls: JoinSet<CallResult> = JoinSet::new();
@@ -452,6 +457,10 @@ impl Engine {
             .iter()
             .any(|e| matches!(e, Event::TimerScheduled { .. }));
         let n = events.len();
+        let ended = events.iter().find_map(|e| match e {
+            Event::TaskEnded { status, .. } => Some(*status),
+            _ => None,
+        });
         let outcome = self
             .inner
             .store
@@ -471,6 +480,15 @@ impl Engine {
                     self.inner.timer_wake.notify_one();
                 }
                 tracing::trace!(task_id = %state.id, events = n, seq, "appended");
+                if let Some(status) = ended {
+                    tracing::info!(
+                        task_id = %state.id,
+                        trace_id = %state.trace_id,
+                        flow_id = %state.flow_id,
+                        status = status.as_str(),
+                        "task ended"
+                    );
+                }
                 Ok(true)
             }
             AppendOutcome::Conflict => Ok(false),
@@ -1385,6 +1403,13 @@ async fn call(
         message: Some(message),
     });
     request.set_timeout(timeout);
+    // W3C trace context, so the router and agents join the task's trace.
+    let span_id: u64 = rand::random::<u64>().max(1);
+    if let Ok(v) = format!("00-{}-{span_id:016x}-01", message_trace_id(&request)).parse() {
+        request
+            .metadata_mut()
+            .insert(reach_rpc::trace::TRACEPARENT, v);
+    }
     let result = match tokio::time::timeout(timeout, router.call(request)).await {
         Err(_) => Err((
             "DEADLINE_EXCEEDED".to_string(),
@@ -1419,6 +1444,16 @@ async fn call(
         attempt: spec.attempt,
         result,
     }
+}
+
+fn message_trace_id(request: &tonic::Request<CallRequest>) -> String {
+    request
+        .get_ref()
+        .message
+        .as_ref()
+        .and_then(|m| m.header.as_ref())
+        .map(|h| h.trace_id.clone())
+        .unwrap_or_default()
 }
 
 /// The canonical name of a gRPC code (`UNAVAILABLE`, ...).
