@@ -128,6 +128,11 @@ pub enum TaskCommand {
         /// The task id.
         id: String,
     },
+    /// Stream a task's events until it ends.
+    Watch {
+        /// The task id.
+        id: String,
+    },
     /// List dead letters (tasks that failed for good).
     DeadLetters {
         /// Only this flow.
@@ -337,6 +342,7 @@ pub async fn task(endpoint: &str, args: TaskArgs, out: &mut dyn Write) -> Result
         }
         TaskCommand::Cancel { id, reason } => task_cancel(endpoint, &id, &reason, out).await,
         TaskCommand::Retry { id } => task_retry(endpoint, &id, out).await,
+        TaskCommand::Watch { id } => task_watch(endpoint, &id, out).await,
         TaskCommand::DeadLetters { flow } => dead_letters(endpoint, flow.as_deref(), out).await,
     }
 }
@@ -601,6 +607,41 @@ pub async fn task_retry(endpoint: &str, id: &str, out: &mut dyn Write) -> Result
         "task {} retried from node {}",
         task.task_id, task.current_node
     )?;
+    Ok(0)
+}
+
+/// `reach task watch ID`: one line per event until the task ends.
+///
+/// # Errors
+/// [`CliError`].
+pub async fn task_watch(endpoint: &str, id: &str, out: &mut dyn Write) -> Result<i32, CliError> {
+    let mut c = client(endpoint).await?;
+    let mut stream = c
+        .watch_task(pb::WatchTaskRequest {
+            task_id: id.to_string(),
+            after_sequence: 0,
+        })
+        .await?
+        .into_inner();
+    while let Some(r) = stream.message().await? {
+        let Some(e) = r.event else { continue };
+        let at = e.at.as_ref().map(fmt_ts).unwrap_or_default();
+        let mut d = json::from_proto_opt(e.detail.as_ref());
+        if let Some(m) = d.as_object_mut() {
+            m.remove("kind");
+            m.remove("node");
+        }
+        writeln!(
+            out,
+            "{at}  #{:<4} {:<16} {:<14} {:<13} {}",
+            e.sequence,
+            e.kind,
+            e.node_id,
+            status_name(e.status),
+            compact(&d)
+        )?;
+        out.flush()?;
+    }
     Ok(0)
 }
 

@@ -1250,7 +1250,7 @@ impl Engine {
         let mut first = true;
         loop {
             let now = self.inner.clock.now_ms();
-            if let Err(e) = self.inner.store.renew(&owner, now + lease).await {
+            if !first && let Err(e) = self.inner.store.renew(&owner, now + lease).await {
                 tracing::warn!(error = %e, "lease renewal failed");
             }
             // On an exclusive (SQLite) store the first pass takes every unfinished task: the
@@ -1275,6 +1275,11 @@ impl Engine {
                 Err(e) => tracing::warn!(error = %e, "claiming tasks failed"),
             }
             first = false;
+            if self.inner.exclusive {
+                // One process owns an SQLite store: no leases to renew, nobody to take over
+                // from, and commands poke the local engine directly.
+                return;
+            }
             let period = (self.inner.settings.lease / 3).min(
                 self.inner
                     .settings
