@@ -1032,7 +1032,7 @@ fn locate(text: &str, state: Option<&str>, field: Option<&str>) -> (usize, usize
                 if before.is_none_or(|c| c == ' ' || c == '{' || c == ',' || c == '-') {
                     return Some(at);
                 }
-                from = at + 1;
+                from = at + candidate.len();
             }
         }
         None
@@ -1155,6 +1155,43 @@ mod tests {
         .unwrap_err()
         .to_string();
         assert!(text.contains("unknown field `nxt`"), "{text}");
+    }
+
+    /// The loader takes outside input: no edit of a flow file may make it panic.
+    #[test]
+    fn never_panics_on_mangled_input() {
+        let text = format!("{GOOD}  état: {{type: succeed}}\n");
+        let chars: Vec<char> = text.chars().collect();
+        let mut seed: u64 = 0x9e37_79b9_7f4a_7c15;
+        let mut next = move || {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            seed
+        };
+        for _ in 0..3000 {
+            let mut mangled = chars.clone();
+            for _ in 0..(next() % 4 + 1) {
+                let i = usize::try_from(next() % mangled.len() as u64).unwrap();
+                match next() % 3 {
+                    0 => {
+                        mangled.remove(i);
+                    }
+                    1 => mangled.insert(
+                        i,
+                        [':', '{', '}', '-', ' ', '\n', '\'', 'é']
+                            [usize::try_from(next() % 8).unwrap()],
+                    ),
+                    _ => {
+                        let j = usize::try_from(next() % mangled.len() as u64).unwrap();
+                        let last = mangled.len() - 1;
+                        mangled.swap(i.min(last), j);
+                    }
+                }
+            }
+            let s: String = mangled.into_iter().collect();
+            let _ = Flow::parse("m.yaml", &s);
+        }
     }
 
     #[test]

@@ -219,7 +219,10 @@ async fn cli_commands_against_a_server() {
     let mut o = out();
     cli::task_watch(&s.endpoint, &id, &mut o).await.unwrap();
     let watched = String::from_utf8(o).unwrap();
-    assert!(watched.lines().last().unwrap().contains("task_ended"), "{watched}");
+    assert!(
+        watched.lines().last().unwrap().contains("task_ended"),
+        "{watched}"
+    );
 
     // get --json is masked: the e-mail and the configured field never show.
     let mut o = out();
