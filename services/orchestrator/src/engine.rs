@@ -1415,11 +1415,22 @@ async fn call(
             .metadata_mut()
             .insert(reach_rpc::trace::TRACEPARENT, v);
     }
-    let result = match tokio::time::timeout(timeout, router.call(request)).await {
-        Err(_) => Err((
+    let started = tokio::time::Instant::now();
+    let deadline_exceeded = || {
+        Err((
             "DEADLINE_EXCEEDED".to_string(),
             format!("no reply within {}", humantime::format_duration(timeout)),
-        )),
+        ))
+    };
+    let result = match tokio::time::timeout(timeout, router.call(request)).await {
+        Err(_) => deadline_exceeded(),
+        // tonic enforces the grpc-timeout it sends too, answering CANCELLED: that is the
+        // attempt's deadline passing, as the retry policy knows it.
+        Ok(Err(status))
+            if status.code() == tonic::Code::Cancelled && started.elapsed() >= timeout =>
+        {
+            deadline_exceeded()
+        }
         Ok(Err(status)) => Err((
             code_name(status.code()).to_string(),
             status.message().to_string(),

@@ -210,6 +210,15 @@ impl Store {
                 })
                 .busy_timeout(Duration::from_secs(10));
             let memory = url.contains(":memory:");
+            if !memory {
+                // Switch the file to WAL once, on one connection: several connections doing it
+                // at the same time get SQLITE_BUSY without waiting.
+                use sqlx::Connection;
+                sqlx::SqliteConnection::connect_with(&opts)
+                    .await?
+                    .close()
+                    .await?;
+            }
             let pool = SqlitePoolOptions::new()
                 .max_connections(if memory { 1 } else { 4 })
                 .acquire_timeout(acquire_timeout)
@@ -751,12 +760,62 @@ macro_rules! write_batch {
     let mut out = Vec::with_capacity(batch.len());
     // (task_id, seq, at_ms, kind, node, body) of every accepted event, inserted at the end.
     let mut rows: Vec<(String, i64, i64, &'static str, Option<String>, String)> = Vec::new();
-    for req in batch {
+    let new_seq_of = |a: &Append| a.expected_seq + i64::try_from(a.events.len()).unwrap_or(0);
+    // Bulk guard: the first engine append of each task in the batch, checked and applied by
+    // one `UPDATE ... FROM (VALUES ...)` per 300 appends (10 parameters each). Later appends
+    // of the same task, creations and commands take the row-by-row path below, in order.
+    let mut decided: Vec<Option<bool>> = vec![None; batch.len()];
+    {
+        let mut seen = std::collections::HashSet::new();
+        let bulk: Vec<usize> = (0..batch.len())
+            .filter(|&i| {
+                matches!(batch[i].append.guard, Guard::Owner(_) | Guard::Seq)
+                    && seen.insert(batch[i].append.summary.task_id.as_str())
+            })
+            .collect();
+        for chunk in bulk.chunks(300) {
+            let mut qb = sqlx::QueryBuilder::new(
+                "UPDATE reach_tasks SET status = v.column2, current_node = v.column3, seq = v.column4, \
+                 updated_ms = v.column5, ended_ms = v.column6, error = v.column7, failed_node = v.column8 FROM (",
+            );
+            qb.push_values(chunk, |mut b, &i| {
+                let a = &batch[i].append;
+                let s = &a.summary;
+                let owner = match &a.guard {
+                    Guard::Owner(o) => Some(o.clone()),
+                    _ => None,
+                };
+                b.push_bind(s.task_id.clone())
+                    .push_bind(s.status.as_str().to_string())
+                    .push_bind(s.current_node.clone())
+                    .push_bind(new_seq_of(a))
+                    .push_bind(s.updated_ms)
+                    .push_bind(s.ended_ms)
+                    .push_bind(s.error.clone())
+                    .push_bind(s.failed_node.clone())
+                    .push_bind(a.expected_seq)
+                    .push_bind(owner);
+            });
+            qb.push(
+                ") AS v WHERE reach_tasks.task_id = v.column1 AND reach_tasks.seq = v.column9 \
+                 AND (v.column10 IS NULL OR reach_tasks.owner = v.column10) RETURNING task_id",
+            );
+            let accepted: Vec<(String,)> = qb.build_query_as().fetch_all(&mut *tx).await?;
+            let accepted: std::collections::HashSet<String> =
+                accepted.into_iter().map(|(t,)| t).collect();
+            for &i in chunk {
+                decided[i] = Some(accepted.contains(&batch[i].append.summary.task_id));
+            }
+        }
+    }
+    for (index, req) in batch.iter().enumerate() {
         let a = &req.append;
         let s = &a.summary;
-        let new_seq = a.expected_seq + i64::try_from(a.events.len()).unwrap_or(0);
-        let guarded = match &a.guard {
-            Guard::Create { owner, lease_until_ms } => {
+        let new_seq = new_seq_of(a);
+        let guarded = match (&a.guard, decided[index]) {
+            (_, Some(true)) => 1,
+            (_, Some(false)) => 0,
+            (Guard::Create { owner, lease_until_ms }, None) => {
                 sqlx::query(
                     "INSERT INTO reach_tasks (task_id, flow_id, flow_version, status, current_node, seq, created_ms, updated_ms, ended_ms, owner, lease_until_ms, trace_id, error, failed_node) \
                      VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14) ON CONFLICT DO NOTHING",
@@ -779,7 +838,7 @@ macro_rules! write_batch {
                 .await?
                 .rows_affected()
             }
-            Guard::Owner(owner) => {
+            (Guard::Owner(owner), None) => {
                 sqlx::query(
                     "UPDATE reach_tasks SET status = $1, current_node = $2, seq = $3, updated_ms = $4, ended_ms = $5, error = $6, failed_node = $7 \
                      WHERE task_id = $8 AND seq = $9 AND owner = $10",
@@ -798,7 +857,7 @@ macro_rules! write_batch {
                 .await?
                 .rows_affected()
             }
-            Guard::Command => {
+            (Guard::Command, None) => {
                 sqlx::query(
                     "UPDATE reach_tasks SET status = $1, current_node = $2, seq = $3, updated_ms = $4, ended_ms = $5, error = $6, failed_node = $7, owner = NULL, lease_until_ms = 0 \
                      WHERE task_id = $8 AND seq = $9",
@@ -816,7 +875,7 @@ macro_rules! write_batch {
                 .await?
                 .rows_affected()
             }
-            Guard::Seq => {
+            (Guard::Seq, None) => {
                 sqlx::query(
                     "UPDATE reach_tasks SET status = $1, current_node = $2, seq = $3, updated_ms = $4, ended_ms = $5, error = $6, failed_node = $7 \
                      WHERE task_id = $8 AND seq = $9",
@@ -894,13 +953,42 @@ macro_rules! write_batch {
     };
 }
 
+/// Whether a failed transaction may simply be run again: PostgreSQL deadlock (40P01),
+/// serialization failure (40001) or lock timeout (55P03); SQLite busy or locked.
+fn is_transient(e: &sqlx::Error) -> bool {
+    match e {
+        sqlx::Error::Database(db) => {
+            let code = db.code().unwrap_or_default();
+            matches!(
+                code.as_ref(),
+                "40P01" | "40001" | "55P03" | "5" | "6" | "261" | "262" | "517"
+            ) || db.message().contains("database is locked")
+        }
+        sqlx::Error::PoolTimedOut => true,
+        _ => false,
+    }
+}
+
 async fn writer(backend: Backend, mut rx: mpsc::Receiver<WriteReq>) {
     let mut batch = Vec::with_capacity(MAX_BATCH);
     loop {
         if rx.recv_many(&mut batch, MAX_BATCH).await == 0 {
             return;
         }
-        let result = with_pool!(&backend, |p| write_batch!(p, &batch).await);
+        // A deadlock with another replica's transaction (PostgreSQL) or a busy file
+        // (SQLite) rolls the whole batch back: nothing was written, so it is retried as is.
+        let mut tries = 0;
+        let result = loop {
+            let result = with_pool!(&backend, |p| write_batch!(p, &batch).await);
+            match result {
+                Err(e) if tries < 8 && is_transient(&e) => {
+                    tries += 1;
+                    tracing::debug!(error = %e, tries, "task store batch retried");
+                    tokio::time::sleep(Duration::from_millis(5 * tries)).await;
+                }
+                other => break other,
+            }
+        };
         match result {
             Ok(outcomes) => {
                 for (req, outcome) in batch.drain(..).zip(outcomes) {

@@ -36,8 +36,8 @@ states:
   slow:
     type: task
     capability: test.slow
-    timeout: 300ms
-    retry: {max_attempts: 3, initial_interval: 50ms, jitter: 0}
+    timeout: 1s
+    retry: {max_attempts: 5, initial_interval: 50ms, jitter: 0}
     next: ask
   ask: {type: human, timeout: 300ms, catch: late, next: done}
   late: {type: task, capability: test.act, input: {why: "nodes.ask.error"}, next: done}
@@ -103,26 +103,41 @@ async fn status_of(endpoint: &str, id: &str) -> Option<pb::Task> {
     let mut c = OrchestratorServiceClient::connect(endpoint.to_string())
         .await
         .ok()?;
-    c.get_task(pb::GetTaskRequest { task_id: id.into() })
-        .await
-        .ok()?
-        .into_inner()
-        .task
+    match c.get_task(pb::GetTaskRequest { task_id: id.into() }).await {
+        Ok(r) => r.into_inner().task,
+        Err(e) => {
+            eprintln!("get_task {id}: {e}");
+            None
+        }
+    }
 }
 
 async fn wait_for(endpoint: &str, id: &str, status: pb::TaskStatus) -> pb::Task {
-    let ep = endpoint.to_string();
-    let id = id.to_string();
-    eventually(&format!("{id} {status:?}"), Duration::from_secs(30), || {
-        let ep = ep.clone();
-        let id = id.clone();
-        async move {
-            status_of(&ep, &id)
-                .await
-                .filter(|t| t.status == status as i32)
+    let start = std::time::Instant::now();
+    loop {
+        let task = status_of(endpoint, id).await;
+        if let Some(t) = &task
+            && t.status == status as i32
+        {
+            return t.clone();
         }
-    })
-    .await
+        let ended = task.as_ref().is_some_and(|t| {
+            [
+                pb::TaskStatus::Succeeded,
+                pb::TaskStatus::Failed,
+                pb::TaskStatus::Partial,
+                pb::TaskStatus::Cancelled,
+            ]
+            .iter()
+            .any(|s| *s as i32 == t.status)
+        });
+        assert!(
+            start.elapsed() < Duration::from_secs(30) && !ended,
+            "task {id} never reached {status:?}; last seen: {:#?}",
+            task.map(|t| cli::task_json(&t))
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
 }
 
 fn out() -> Vec<u8> {
