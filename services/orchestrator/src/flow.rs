@@ -219,13 +219,20 @@ impl Flow {
                     .unwrap_or((1, 1));
                 let text = err.to_string();
                 let message = text.split(" at line ").next().unwrap_or(&text).to_string();
+                let hint = if message.contains("did not find expected") {
+                    "an inline map `{...}` or list `[...]` is not closed on this line or the one before it"
+                } else if message.contains("unknown field") {
+                    "remove or rename the field; see docs/orchestrator.md for the fields of each node type"
+                } else {
+                    "fix the YAML: a flow has `id`, `version`, `initial` and `states` (node id to node)"
+                };
                 return Err(FlowErrors {
                     errors: vec![FlowError {
                         source: source.to_string(),
                         line,
                         column,
                         message,
-                        hint: "fix the YAML: a flow has `id`, `version`, `initial` and `states` (node id to node)".into(),
+                        hint: hint.into(),
                     }],
                 });
             }
