@@ -751,7 +751,7 @@ async fn create_schema(backend: &Backend) -> Result<(), StoreError> {
 // === the writer: group commit ===
 
 macro_rules! write_batch {
-    ($pool:expr, $batch:expr) => {
+    ($pool:expr, $batch:expr, $bulk:expr) => {
         async {
             let pool = $pool;
             let batch: &[WriteReq] = $batch;
@@ -761,15 +761,16 @@ macro_rules! write_batch {
     // (task_id, seq, at_ms, kind, node, body) of every accepted event, inserted at the end.
     let mut rows: Vec<(String, i64, i64, &'static str, Option<String>, String)> = Vec::new();
     let new_seq_of = |a: &Append| a.expected_seq + i64::try_from(a.events.len()).unwrap_or(0);
-    // Bulk guard: the first engine append of each task in the batch, checked and applied by
-    // one `UPDATE ... FROM (VALUES ...)` per 300 appends (10 parameters each). Later appends
+    // Bulk guard (when `$bulk`): the first engine append of each task in the batch, checked
+    // and applied by one `UPDATE ... FROM (VALUES ...)` per 300 appends (10 parameters each). Later appends
     // of the same task, creations and commands take the row-by-row path below, in order.
     let mut decided: Vec<Option<bool>> = vec![None; batch.len()];
     {
         let mut seen = std::collections::HashSet::new();
         let bulk: Vec<usize> = (0..batch.len())
             .filter(|&i| {
-                matches!(batch[i].append.guard, Guard::Owner(_) | Guard::Seq)
+                $bulk
+                    && matches!(batch[i].append.guard, Guard::Owner(_) | Guard::Seq)
                     && seen.insert(batch[i].append.summary.task_id.as_str())
             })
             .collect();
@@ -970,6 +971,9 @@ fn is_transient(e: &sqlx::Error) -> bool {
 }
 
 async fn writer(backend: Backend, mut rx: mpsc::Receiver<WriteReq>) {
+    // The bulk guard saves PostgreSQL a network round trip per append; SQLite runs in
+    // process, where row-by-row updates by primary key measured the same.
+    let bulk = matches!(backend, Backend::Postgres(_));
     let mut batch = Vec::with_capacity(MAX_BATCH);
     loop {
         if rx.recv_many(&mut batch, MAX_BATCH).await == 0 {
@@ -979,7 +983,7 @@ async fn writer(backend: Backend, mut rx: mpsc::Receiver<WriteReq>) {
         // (SQLite) rolls the whole batch back: nothing was written, so it is retried as is.
         let mut tries = 0;
         let result = loop {
-            let result = with_pool!(&backend, |p| write_batch!(p, &batch).await);
+            let result = with_pool!(&backend, |p| write_batch!(p, &batch, bulk).await);
             match result {
                 Err(e) if tries < 8 && is_transient(&e) => {
                     tries += 1;
