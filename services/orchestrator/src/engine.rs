@@ -250,7 +250,7 @@ impl Engine {
     /// Stops the background loops (drivers in flight finish their current step) and, on a
     /// shared store, releases this replica's leases so others take over at once.
     pub async fn stop(&self) {
-        let _ = self.inner.stop.send(true);
+        self.halt();
         if !self.inner.exclusive
             && let Err(e) = self
                 .inner
@@ -260,6 +260,12 @@ impl Engine {
         {
             tracing::warn!(error = %e, "cannot release leases");
         }
+    }
+
+    /// Stops the background loops and drivers without releasing leases, as a crash would:
+    /// other replicas take the tasks over once the leases expire.
+    pub fn halt(&self) {
+        let _ = self.inner.stop.send(true);
     }
 
     fn stopped(&self) -> bool {

@@ -66,6 +66,15 @@ pub struct Running {
 }
 
 impl Running {
+    /// Stops without handing tasks over, as a crash would (other replicas take them once the
+    /// leases expire). For failure drills and tests.
+    pub fn abort(self) {
+        self.engine.halt();
+        for h in self.handles {
+            h.abort();
+        }
+    }
+
     /// Stops the loops and, on PostgreSQL, hands this replica's tasks to the others.
     pub async fn shutdown(self) {
         self.engine.stop().await;
