@@ -33,7 +33,7 @@ impl Sandbox {
         let listener = TcpListener::bind("127.0.0.1:0")
             .await
             .expect("bind an ephemeral port");
-        let plane = ControlPlane::start(listener, &config, Services::ALL)
+        let plane = ControlPlane::start(listener, &config, Services::MESH)
             .await
             .expect("control plane starts");
         let router = plane.router().expect("router").table().clone();

@@ -18,6 +18,7 @@ use std::time::Duration;
 
 use reach_proto::v1::router_service_client::RouterServiceClient;
 use reach_proto::v1::{CallRequest, Header, Part, Payload, ReachMessage, header, part};
+use reach_telemetry::grpc::GrpcClientTrace;
 use serde_json::{Value, json};
 use tokio::sync::{Notify, Semaphore, broadcast, watch};
 use tokio::task::JoinSet;
@@ -98,7 +99,7 @@ pub(crate) struct Inner {
     pub(crate) flows: FlowRegistry,
     pub(crate) clock: Clock,
     pub(crate) settings: EngineSettings,
-    router: RouterServiceClient<Channel>,
+    router: RouterServiceClient<GrpcClientTrace<Channel>>,
     active: Mutex<HashMap<String, Active>>,
     permits: Arc<Semaphore>,
     timer_wake: Notify,
@@ -198,7 +199,8 @@ impl Engine {
             })?
             .connect_timeout(Duration::from_secs(5))
             .tcp_nodelay(true);
-        let router = RouterServiceClient::new(endpoint.connect_lazy());
+        let router =
+            RouterServiceClient::new(reach_telemetry::traced_channel(endpoint.connect_lazy()));
         let (events, _) = broadcast::channel(8192);
         let (stop, _) = watch::channel(false);
         let exclusive = store.is_exclusive();
@@ -1369,7 +1371,7 @@ fn ms(d: Duration) -> i64 {
 
 /// Makes one call through the router. Errors are `(gRPC code name, message)`.
 async fn call(
-    mut router: RouterServiceClient<Channel>,
+    mut router: RouterServiceClient<GrpcClientTrace<Channel>>,
     clock: Clock,
     ctx: (String, String, String, EngineSettings),
     spec: CallSpec,
@@ -1410,17 +1412,13 @@ async fn call(
             }],
         }),
     };
+    // The node's span belongs to the task's trace; the traced channel sends its context as
+    // `traceparent`, so the router and the agents join the trace under it.
+    let span = reach_telemetry::message_span("orchestrator.node", &message);
     let mut request = tonic::Request::new(CallRequest {
         message: Some(message),
     });
     request.set_timeout(timeout);
-    // W3C trace context, so the router and agents join the task's trace.
-    let span_id: u64 = rand::random::<u64>().max(1);
-    if let Ok(v) = format!("00-{}-{span_id:016x}-01", message_trace_id(&request)).parse() {
-        request
-            .metadata_mut()
-            .insert(reach_rpc::trace::TRACEPARENT, v);
-    }
     let started = tokio::time::Instant::now();
     let deadline_exceeded = || {
         Err((
@@ -1428,7 +1426,8 @@ async fn call(
             format!("no reply within {}", humantime::format_duration(timeout)),
         ))
     };
-    let result = match tokio::time::timeout(timeout, router.call(request)).await {
+    let sent = tracing::Instrument::instrument(router.call(request), span.clone());
+    let result = match tokio::time::timeout(timeout, sent).await {
         Err(_) => deadline_exceeded(),
         // tonic enforces the grpc-timeout it sends too, answering CANCELLED: that is the
         // attempt's deadline passing, as the retry policy knows it.
@@ -1461,21 +1460,21 @@ async fn call(
             Ok(data.or_else(text).unwrap_or(Value::Null))
         }
     };
+    match &result {
+        Ok(_) => reach_telemetry::record_status(&span, tonic::Code::Ok, ""),
+        Err((code, message)) => {
+            span.record("otel.status_code", "error");
+            span.record(
+                "otel.status_description",
+                format!("{code}: {message}").as_str(),
+            );
+        }
+    }
     CallResult {
         slot: spec.slot,
         attempt: spec.attempt,
         result,
     }
-}
-
-fn message_trace_id(request: &tonic::Request<CallRequest>) -> String {
-    request
-        .get_ref()
-        .message
-        .as_ref()
-        .and_then(|m| m.header.as_ref())
-        .map(|h| h.trace_id.clone())
-        .unwrap_or_default()
 }
 
 /// The canonical name of a gRPC code (`UNAVAILABLE`, ...).

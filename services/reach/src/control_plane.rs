@@ -20,13 +20,22 @@ pub struct Services {
     pub registry: bool,
     /// Run the router. With the registry alongside, the router watches it over loopback.
     pub router: bool,
+    /// Run the orchestrator. With the router alongside, task nodes call it over loopback.
+    pub orchestrator: bool,
 }
 
 impl Services {
-    /// Registry and router together.
+    /// Registry, router and orchestrator together, as `reach dev` runs them.
     pub const ALL: Services = Services {
         registry: true,
         router: true,
+        orchestrator: true,
+    };
+    /// Registry and router only (the mesh without flows).
+    pub const MESH: Services = Services {
+        registry: true,
+        router: true,
+        orchestrator: false,
     };
 }
 
@@ -36,6 +45,9 @@ pub enum StartError {
     /// A setting is invalid.
     #[error("invalid configuration: {0}")]
     Config(String),
+    /// The orchestrator could not start (store, flows).
+    #[error("orchestrator: {0}")]
+    Orchestrator(#[from] reach_orchestrator::Error),
     /// The listener could not be used.
     #[error("cannot use the listener: {0}")]
     Io(#[from] std::io::Error),
@@ -46,6 +58,10 @@ pub struct ControlPlane {
     addr: SocketAddr,
     registry: Option<Registry>,
     router: Option<Router>,
+    orchestrator: Option<(
+        reach_orchestrator::Orchestrator,
+        reach_orchestrator::Running,
+    )>,
     shutdown: CancellationToken,
     serve: JoinHandle<Result<(), reach_rpc::server::ServeError>>,
     background: Vec<JoinHandle<()>>,
@@ -86,14 +102,33 @@ impl ControlPlane {
         } else {
             None
         };
+        let orchestrator = if services.orchestrator {
+            let mut orchestrator_config = config.orchestrator.clone();
+            if services.router {
+                orchestrator_config.router_endpoint = format!("http://{addr}");
+            }
+            let orchestrator = reach_orchestrator::Orchestrator::new(orchestrator_config).await?;
+            let running = orchestrator.start()?;
+            server = server.add_service(reach_telemetry::traced(orchestrator.grpc_service()));
+            Some((orchestrator, running))
+        } else {
+            None
+        };
         let shutdown = CancellationToken::new();
         let stop = shutdown.clone();
         let serve = tokio::spawn(server.serve(listener, async move { stop.cancelled().await }));
-        info!(%addr, registry = services.registry, router = services.router, "control plane serving");
+        info!(
+            %addr,
+            registry = services.registry,
+            router = services.router,
+            orchestrator = services.orchestrator,
+            "control plane serving"
+        );
         Ok(Self {
             addr,
             registry,
             router,
+            orchestrator,
             shutdown,
             serve,
             background,
@@ -120,6 +155,11 @@ impl ControlPlane {
         self.router.as_ref()
     }
 
+    /// The orchestrator, when this control plane runs one.
+    pub fn orchestrator(&self) -> Option<&reach_orchestrator::Orchestrator> {
+        self.orchestrator.as_ref().map(|(o, _)| o)
+    }
+
     /// A token that stops serving when cancelled.
     pub fn shutdown_token(&self) -> CancellationToken {
         self.shutdown.clone()
@@ -140,6 +180,10 @@ impl ControlPlane {
         let result = self.serve.await.unwrap_or(Ok(()));
         for task in self.background {
             task.abort();
+        }
+        if let Some((orchestrator, running)) = self.orchestrator {
+            running.shutdown().await;
+            orchestrator.engine().store().close().await;
         }
         result
     }

@@ -40,13 +40,62 @@ enum Command {
         #[arg(long, default_value_t = 16)]
         concurrency: usize,
     },
-    /// Run registry, router and the example agents in one process until Ctrl-C.
+    /// Run registry, router, orchestrator and the example agents in one process until Ctrl-C.
     Dev {
         #[command(flatten)]
         service: ServiceArgs,
         /// Start without the example agents.
         #[arg(long)]
         no_agents: bool,
+        /// Where the orchestrator keeps its SQLite file; tasks survive restarts of `reach dev`.
+        #[arg(long, default_value = ".reach")]
+        data_dir: PathBuf,
+        /// A directory of flow YAML files, loaded and watched (default: examples/flows when present).
+        #[arg(long)]
+        flows: Option<PathBuf>,
+    },
+    /// Run the orchestrator alone.
+    Orchestrator {
+        #[command(flatten)]
+        service: ServiceArgs,
+        /// The task store: sqlite://PATH or postgres://USER@HOST:PORT/DB.
+        #[arg(long)]
+        store: Option<String>,
+        /// The router task nodes call.
+        #[arg(long)]
+        router: Option<String>,
+        /// A directory of flow YAML files, loaded and watched.
+        #[arg(long)]
+        flows: Option<PathBuf>,
+    },
+    /// Validate, apply and list flows.
+    Flow {
+        /// The orchestrator (or `reach dev`) endpoint.
+        #[arg(long, global = true, default_value = "http://127.0.0.1:7070")]
+        endpoint: String,
+        #[command(flatten)]
+        args: reach_orchestrator::cli::FlowArgs,
+    },
+    /// Start, inspect, resume, cancel and retry tasks.
+    Task {
+        /// The orchestrator (or `reach dev`) endpoint.
+        #[arg(long, global = true, default_value = "http://127.0.0.1:7070")]
+        endpoint: String,
+        #[command(flatten)]
+        args: reach_orchestrator::cli::TaskArgs,
+    },
+    /// Print every message and node event of a task in time order.
+    Dump {
+        /// The orchestrator (or `reach dev`) endpoint.
+        #[arg(long, default_value = "http://127.0.0.1:7070")]
+        endpoint: String,
+        #[command(flatten)]
+        args: reach_orchestrator::cli::DumpArgs,
+    },
+    /// Benchmarks that print their figures.
+    Bench {
+        #[command(subcommand)]
+        bench: BenchCommand,
     },
     /// Run the registry alone.
     Registry {
@@ -103,9 +152,28 @@ impl Command {
             Command::Dev { .. } => "reach-dev",
             Command::Registry { .. } => "reach-registry",
             Command::Router { .. } => "reach-router",
-            Command::Agents { .. } | Command::Top { .. } => "reach-cli",
+            Command::Orchestrator { .. } => "reach-orchestrator",
+            Command::Bench { .. } => "reach-bench",
+            Command::Agents { .. }
+            | Command::Top { .. }
+            | Command::Flow { .. }
+            | Command::Task { .. }
+            | Command::Dump { .. } => "reach-cli",
         }
     }
+}
+
+#[derive(Subcommand)]
+enum BenchCommand {
+    /// Durable flow transitions per second on SQLite (and PostgreSQL with --postgres).
+    Flows {
+        /// A reduced run (under a minute); the last line is `sqlite_transitions_per_s=<n>`.
+        #[arg(long)]
+        quick: bool,
+        /// Also measure PostgreSQL at this URL (a fresh database is created there).
+        #[arg(long, env = "REACH_TEST_POSTGRES_URL")]
+        postgres: Option<String>,
+    },
 }
 
 #[derive(Args)]
@@ -171,6 +239,10 @@ async fn main() -> ExitCode {
     code
 }
 
+fn exit_code(code: i32) -> ExitCode {
+    ExitCode::from(u8::try_from(code).unwrap_or(1))
+}
+
 async fn run(command: Command) -> anyhow::Result<ExitCode> {
     match command {
         Command::Demo {
@@ -190,16 +262,97 @@ async fn run(command: Command) -> anyhow::Result<ExitCode> {
                 ExitCode::FAILURE
             })
         }
-        Command::Dev { service, no_agents } => {
-            serve(&service, service.overrides(), Services::ALL, !no_agents).await
+        Command::Dev {
+            service,
+            no_agents,
+            data_dir,
+            flows,
+        } => {
+            std::fs::create_dir_all(&data_dir).map_err(|e| {
+                anyhow::anyhow!("cannot create --data-dir {}: {e}", data_dir.display())
+            })?;
+            let mut overrides = service.overrides();
+            let mut orchestrator = Map::new();
+            orchestrator.insert(
+                "store_url".into(),
+                json!(format!(
+                    "sqlite://{}",
+                    data_dir.join("orchestrator.db").display()
+                )),
+            );
+            let flows = flows.or_else(|| {
+                let default = PathBuf::from("examples/flows");
+                default.is_dir().then_some(default)
+            });
+            if let Some(flows) = flows {
+                orchestrator.insert("flows_dir".into(), json!(flows));
+                orchestrator.insert("watch_flows".into(), json!(true));
+            }
+            overrides.insert("orchestrator".into(), Value::Object(orchestrator));
+            serve(&service, overrides, Services::ALL, !no_agents).await
         }
         Command::Registry { service } => {
             let services = Services {
                 registry: true,
                 router: false,
+                orchestrator: false,
             };
             serve(&service, service.overrides(), services, false).await
         }
+        Command::Orchestrator {
+            service,
+            store,
+            router,
+            flows,
+        } => {
+            let mut overrides = service.overrides();
+            let mut orchestrator = Map::new();
+            if let Some(store) = store {
+                orchestrator.insert("store_url".into(), json!(store));
+            }
+            if let Some(router) = router {
+                orchestrator.insert("router_endpoint".into(), json!(router));
+            }
+            if let Some(flows) = flows {
+                orchestrator.insert("flows_dir".into(), json!(flows));
+                orchestrator.insert("watch_flows".into(), json!(true));
+            }
+            if !orchestrator.is_empty() {
+                overrides.insert("orchestrator".into(), Value::Object(orchestrator));
+            }
+            let services = Services {
+                registry: false,
+                router: false,
+                orchestrator: true,
+            };
+            serve(&service, overrides, services, false).await
+        }
+        Command::Flow { endpoint, args } => {
+            let code =
+                reach_orchestrator::cli::flow(&endpoint, args, &mut std::io::stdout()).await?;
+            Ok(exit_code(code))
+        }
+        Command::Task { endpoint, args } => {
+            let code =
+                reach_orchestrator::cli::task(&endpoint, args, &mut std::io::stdout()).await?;
+            Ok(exit_code(code))
+        }
+        Command::Dump { endpoint, args } => {
+            let code =
+                reach_orchestrator::cli::dump(&endpoint, args, &mut std::io::stdout()).await?;
+            Ok(exit_code(code))
+        }
+        Command::Bench { bench } => match bench {
+            BenchCommand::Flows { quick, postgres } => {
+                reach_orchestrator::bench::bench_flows(
+                    quick,
+                    postgres.as_deref(),
+                    &mut std::io::stdout(),
+                )
+                .await?;
+                Ok(ExitCode::SUCCESS)
+            }
+        },
         Command::Router {
             service,
             registry,
@@ -219,6 +372,7 @@ async fn run(command: Command) -> anyhow::Result<ExitCode> {
             let services = Services {
                 registry: false,
                 router: true,
+                orchestrator: false,
             };
             serve(&service, overrides, services, false).await
         }
@@ -278,7 +432,10 @@ async fn serve(
         })?;
         let admin_addr = admin_listener.local_addr()?;
         let metrics = reach_telemetry::metrics::install()?;
-        let routes = reach::admin::routes(metrics, plane.registry().cloned());
+        let mut routes = reach::admin::routes(metrics, plane.registry().cloned());
+        if let Some(orchestrator) = plane.orchestrator() {
+            routes = routes.merge(orchestrator.admin_router());
+        }
         let token = shutdown.clone();
         println!("admin http   http://{admin_addr}  (/health, /metrics, /agents)");
         Some(tokio::spawn(reach::admin::serve(
@@ -289,11 +446,16 @@ async fn serve(
     };
     println!(
         "grpc         {endpoint}  ({}; health and reflection)",
-        match (services.registry, services.router) {
-            (true, true) => "reach.v1.RegistryService, reach.v1.RouterService",
-            (true, false) => "reach.v1.RegistryService",
-            _ => "reach.v1.RouterService",
-        }
+        [
+            (services.registry, "reach.v1.RegistryService"),
+            (services.router, "reach.v1.RouterService"),
+            (services.orchestrator, "reach.v1.OrchestratorService"),
+        ]
+        .iter()
+        .filter(|(on, _)| *on)
+        .map(|(_, name)| *name)
+        .collect::<Vec<_>>()
+        .join(", ")
     );
     let fleet = if with_agents {
         let fleet =
