@@ -246,7 +246,36 @@ impl Engine {
         handles.push(tokio::spawn(async move { e.timer_loop().await }));
         let e = self.clone();
         handles.push(tokio::spawn(async move { e.purge_loop().await }));
+        let e = self.clone();
+        handles.push(tokio::spawn(async move { e.metrics_loop().await }));
         handles
+    }
+
+    /// Publishes the tasks-by-status gauges from the store every 2 s (the store is the truth
+    /// when several replicas share it).
+    async fn metrics_loop(self) {
+        let mut stop = self.inner.stop.subscribe();
+        loop {
+            if let Ok(counts) = self.inner.store.count_by_status().await {
+                for status in TaskStatus::ALL {
+                    let count = counts
+                        .iter()
+                        .find(|(s, _)| *s == status)
+                        .map_or(0, |(_, n)| *n);
+                    reach_telemetry::metrics::orchestrator::tasks(
+                        status_label(status),
+                        usize::try_from(count).unwrap_or(0),
+                    );
+                }
+            }
+            tokio::select! {
+                _ = stop.changed() => return,
+                () = tokio::time::sleep(Duration::from_secs(2)) => {}
+            }
+            if *stop.borrow() {
+                return;
+            }
+        }
     }
 
     /// Stops the background loops (drivers in flight finish their current step) and, on a
@@ -458,6 +487,13 @@ impl Engine {
     ) -> Result<bool, Error> {
         let now = self.inner.clock.now_ms();
         let expected = state.seq;
+        let fired_lags: Vec<i64> = events
+            .iter()
+            .filter_map(|e| match e {
+                Event::TimerFired { timer } => state.timers.get(timer).map(|t| now - t.fire_at_ms),
+                _ => None,
+            })
+            .collect();
         for e in &events {
             state.apply(e, now);
         }
@@ -488,6 +524,15 @@ impl Engine {
                     self.inner.timer_wake.notify_one();
                 }
                 tracing::trace!(task_id = %state.id, events = n, seq, "appended");
+                reach_telemetry::metrics::orchestrator::transition(status_label(state.status));
+                for lag in fired_lags {
+                    reach_telemetry::metrics::orchestrator::timer_lag(Duration::from_millis(
+                        u64::try_from(lag).unwrap_or(0),
+                    ));
+                }
+                if ended == Some(TaskStatus::Failed) {
+                    reach_telemetry::metrics::orchestrator::dead_letter();
+                }
                 if let Some(status) = ended {
                     tracing::info!(
                         task_id = %state.id,
@@ -1474,6 +1519,20 @@ async fn call(
         slot: spec.slot,
         attempt: spec.attempt,
         result,
+    }
+}
+
+/// The metric label of a task status (`waiting_human`, ...).
+fn status_label(status: TaskStatus) -> &'static str {
+    match status {
+        TaskStatus::Pending => "pending",
+        TaskStatus::Dispatched => "dispatched",
+        TaskStatus::Processing => "processing",
+        TaskStatus::WaitingHuman => "waiting_human",
+        TaskStatus::Succeeded => "succeeded",
+        TaskStatus::Failed => "failed",
+        TaskStatus::Partial => "partial",
+        TaskStatus::Cancelled => "cancelled",
     }
 }
 

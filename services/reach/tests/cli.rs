@@ -267,6 +267,95 @@ async fn dev_serves_every_service_on_one_port_for_grpcurl_and_reach_agents() {
         "SDK handler latency"
     );
 
+    // Flows: a complaint task runs through the example agents; a low-confidence one waits for
+    // a person, who resumes it; the orchestrator's metrics move.
+    let endpoint = format!("http://{grpc}");
+    let task = |args: &[&str]| {
+        let out = Command::new(env!("CARGO_BIN_EXE_reach"))
+            .arg("task")
+            .args(args)
+            .args(["--endpoint", &endpoint])
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "reach task {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).to_string()
+    };
+    let run_id = std::process::id();
+    let routed_id = format!("cli-routed-{run_id}");
+    task(&[
+        "start",
+        "--flow",
+        "complaint-flow",
+        "--id",
+        &routed_id,
+        "--input",
+        r#"{"complaint_id": "c1", "narrative": "Equifax and Experian report a derogatory tradeline on my credit report; the FCRA dispute was ignored"}"#,
+    ]);
+    let review_id = format!("cli-review-{run_id}");
+    task(&[
+        "start",
+        "--flow",
+        "complaint-flow",
+        "--id",
+        &review_id,
+        "--input",
+        r#"{"complaint_id": "c2", "narrative": "hello"}"#,
+    ]);
+    let status_of = |id: &str| -> String {
+        let json: serde_json::Value =
+            serde_json::from_str(&task(&["get", id, "--json"])).expect("task get --json");
+        json["status"].as_str().unwrap_or_default().to_string()
+    };
+    let mut statuses = (String::new(), String::new());
+    for _ in 0..200 {
+        statuses = (status_of(&routed_id), status_of(&review_id));
+        if statuses.0.contains("SUCCEEDED") && statuses.1.contains("WAITING_HUMAN") {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(
+        statuses.0.contains("SUCCEEDED"),
+        "routed task: {statuses:?}"
+    );
+    assert!(
+        statuses.1.contains("WAITING_HUMAN"),
+        "low confidence waits for a person: {statuses:?}"
+    );
+    task(&[
+        "resume",
+        &review_id,
+        "--input",
+        r#"{"category": "servicing", "note": "looked at it"}"#,
+    ]);
+    for _ in 0..200 {
+        if status_of(&review_id).contains("SUCCEEDED") {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(
+        status_of(&review_id).contains("SUCCEEDED"),
+        "resumed task finishes"
+    );
+    let dump = Command::new(env!("CARGO_BIN_EXE_reach"))
+        .args(["dump", "--task", &routed_id, "--endpoint", &endpoint])
+        .output()
+        .unwrap();
+    let dump = String::from_utf8_lossy(&dump.stdout);
+    assert!(
+        dump.contains("classify") && dump.contains("credit_report"),
+        "reach dump shows the node history: {dump}"
+    );
+    assert!(
+        scrape().contains("reach_orchestrator_transitions_total"),
+        "orchestrator transitions are counted"
+    );
+
     // SIGTERM drains the agents and exits cleanly.
     let pid = child.id().unwrap().to_string();
     assert!(
