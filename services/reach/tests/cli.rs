@@ -356,6 +356,67 @@ async fn dev_serves_every_service_on_one_port_for_grpcurl_and_reach_agents() {
         "orchestrator transitions are counted"
     );
 
+    // The admin port shows a task, and drains a whole service for good.
+    let task_json = Command::new("curl")
+        .args(["-sf", &format!("http://{admin}/tasks/{routed_id}")])
+        .output()
+        .unwrap();
+    assert!(
+        String::from_utf8_lossy(&task_json.stdout).contains("SUCCEEDED"),
+        "GET /tasks/{{id}}"
+    );
+    let drained = Command::new("curl")
+        .args([
+            "-s",
+            "-o",
+            "/dev/null",
+            "-w",
+            "%{http_code}",
+            "-X",
+            "DELETE",
+            &format!("http://{admin}/agents/executor.origination"),
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(String::from_utf8_lossy(&drained.stdout), "202");
+    let listed = || {
+        let out = Command::new(env!("CARGO_BIN_EXE_reach"))
+            .args(["agents", "--endpoint", &endpoint])
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout).to_string()
+    };
+    for _ in 0..100 {
+        if !listed().contains("executor.origination") {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(
+        !listed().contains("executor.origination"),
+        "drained and removed"
+    );
+    // Past a heartbeat period (a third of the 10 s lease): the agents were told, not re-registered.
+    tokio::time::sleep(Duration::from_millis(4000)).await;
+    assert!(
+        !listed().contains("executor.origination"),
+        "and the agents do not register again"
+    );
+    let missing = Command::new("curl")
+        .args([
+            "-s",
+            "-o",
+            "/dev/null",
+            "-w",
+            "%{http_code}",
+            "-X",
+            "DELETE",
+            &format!("http://{admin}/agents/no.such.service"),
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(String::from_utf8_lossy(&missing.stdout), "404");
+
     // SIGTERM drains the agents and exits cleanly.
     let pid = child.id().unwrap().to_string();
     assert!(

@@ -19,12 +19,21 @@ pub enum RegistryError {
         /// The lease id the caller sent.
         lease_id: String,
     },
+    /// An operator drained the instance (`DELETE /agents/{service}`); it must not register again.
+    #[error("instance {0:?} was drained by an operator and removed; it must not register again")]
+    Drained(String),
 }
 
 impl From<RegistryError> for Status {
     fn from(err: RegistryError) -> Self {
         match &err {
             RegistryError::InvalidRegistration(_) => Status::invalid_argument(err.to_string()),
+            RegistryError::Drained(instance_id) => status_with_reason(
+                Code::FailedPrecondition,
+                err.to_string(),
+                reason::INSTANCE_DRAINED,
+                [("instance_id".to_string(), instance_id.clone())],
+            ),
             RegistryError::LeaseNotFound {
                 instance_id,
                 lease_id,

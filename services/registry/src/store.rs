@@ -38,6 +38,9 @@ struct Inner {
 #[derive(Default)]
 struct Table {
     instances: HashMap<String, Entry>,
+    /// Leases of instances an operator drained, with when: their heartbeats are answered
+    /// INSTANCE_DRAINED (not LEASE_NOT_FOUND) so they do not register again. Kept 10 min.
+    drained_leases: HashMap<String, Instant>,
     /// Increases by one with every change.
     revision: u64,
 }
@@ -194,6 +197,9 @@ impl Registry {
         in_flight: u32,
     ) -> Result<(SystemTime, InstanceState), RegistryError> {
         let mut table = self.table();
+        if table.drained_leases.contains_key(lease_id) {
+            return Err(RegistryError::Drained(instance_id.to_string()));
+        }
         let not_found = || RegistryError::LeaseNotFound {
             instance_id: instance_id.to_string(),
             lease_id: lease_id.to_string(),
@@ -238,6 +244,72 @@ impl Registry {
         info!(instance = %instance_id, "instance deregistered");
         self.remove(&mut table, instance_id);
         Ok(())
+    }
+
+    /// Drains every instance of `service` (an operator's removal): each becomes DRAINING at
+    /// once, so routers stop sending it work, and is removed when it reports no work in flight
+    /// or after `grace`, whichever comes first. Returns the drained instance ids.
+    pub fn drain_service(&self, service: &str, grace: Duration) -> Vec<String> {
+        let ids: Vec<String> = {
+            let mut table = self.table();
+            let ids: Vec<String> = table
+                .instances
+                .values()
+                .filter(|e| service_of(&e.instance) == service)
+                .map(|e| instance_id(&e.instance).to_string())
+                .collect();
+            let now = Instant::now();
+            table
+                .drained_leases
+                .retain(|_, at| now.duration_since(*at) < Duration::from_secs(600));
+            for id in &ids {
+                let lease = table.instances.get(id).map(|e| e.instance.lease_id.clone());
+                if let Some(lease) = lease {
+                    table.drained_leases.insert(lease, now);
+                }
+                if let Some(entry) = table.instances.get_mut(id) {
+                    entry.instance.state = InstanceState::Draining as i32;
+                }
+                info!(instance = %id, "instance drained by an operator");
+                self.touch_and_publish(&mut table, id);
+            }
+            ids
+        };
+        let registry = self.clone();
+        let draining = ids.clone();
+        tokio::spawn(async move {
+            let deadline = Instant::now() + grace;
+            let mut pending = draining;
+            while !pending.is_empty() {
+                let idle: Vec<String> = {
+                    let table = registry.table();
+                    pending
+                        .iter()
+                        .filter(|id| {
+                            table
+                                .instances
+                                .get(*id)
+                                .is_none_or(|e| e.instance.in_flight == 0)
+                        })
+                        .cloned()
+                        .collect()
+                };
+                let overdue = Instant::now() >= deadline;
+                {
+                    let mut table = registry.table();
+                    pending.retain(|id| {
+                        if overdue || idle.contains(id) {
+                            registry.remove(&mut table, id);
+                            false
+                        } else {
+                            true
+                        }
+                    });
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        });
+        ids
     }
 
     /// Removes every instance of `service` (an operator's forced removal). Returns how many.

@@ -360,7 +360,24 @@ async fn keep_registered(
                 in_flight,
             };
             match registry.heartbeat(beat).await {
+                Ok(response) if response.get_ref().state() == InstanceState::Draining => {
+                    // An operator drained this service: stop renewing (and do not register
+                    // again when the lease goes); in-flight work still finishes.
+                    warn!(
+                        "the registry drained this instance; no longer taking new work through it"
+                    );
+                    return;
+                }
                 Ok(_) => {}
+                Err(status)
+                    if reach_rpc::errors::reason_of(&status).as_deref()
+                        == Some(reason::INSTANCE_DRAINED) =>
+                {
+                    warn!(
+                        "the registry drained this instance; no longer taking new work through it"
+                    );
+                    return;
+                }
                 Err(status) if status.code() == Code::NotFound => {
                     warn!("registry lost the lease; registering again");
                     continue 'register;
