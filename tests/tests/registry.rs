@@ -11,8 +11,25 @@ use reach_tests::{Sandbox, eventually};
 use tokio::net::TcpListener;
 use tonic::Code;
 
-/// An endpoint that answers grpc.health.v1 (so the registry's probe passes).
+/// An endpoint whose grpc.health.v1 reports reach.v1.AgentService SERVING (so the
+/// registry's probe passes).
 async fn healthy_endpoint() -> String {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let server = GrpcServer::new();
+    server
+        .health_reporter()
+        .set_service_status(
+            "reach.v1.AgentService",
+            tonic_health::ServingStatus::Serving,
+        )
+        .await;
+    tokio::spawn(server.serve(listener, std::future::pending()));
+    format!("http://{addr}")
+}
+
+/// An endpoint that serves gRPC health but not the agent service (a router, say).
+async fn not_an_agent_endpoint() -> String {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     tokio::spawn(GrpcServer::new().serve(listener, std::future::pending()));
@@ -230,9 +247,22 @@ async fn an_instance_whose_endpoint_does_not_answer_never_becomes_routable() {
         })
         .await
         .unwrap();
+    // A gRPC server that is not an agent (no reach.v1.AgentService health status).
+    let other = not_an_agent_endpoint().await;
+    registry
+        .register(RegisterRequest {
+            instance: Some(spec("svc", "not-an-agent", &other)),
+            lease_ttl: None,
+        })
+        .await
+        .unwrap();
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert_eq!(
         state_of(&sandbox, "silent").await,
+        Some(InstanceState::Registered)
+    );
+    assert_eq!(
+        state_of(&sandbox, "not-an-agent").await,
         Some(InstanceState::Registered)
     );
     assert!(
@@ -243,6 +273,86 @@ async fn an_instance_whose_endpoint_does_not_answer_never_becomes_routable() {
             .table()
             .instances()
             .is_empty()
+    );
+    sandbox.stop().await;
+}
+
+#[tokio::test]
+async fn lease_ids_are_never_shown_to_others_and_reports_are_checked() {
+    let sandbox = Sandbox::start().await;
+    let mut registry = sandbox.registry_client().await;
+    let endpoint = healthy_endpoint().await;
+    let granted = registry
+        .register(RegisterRequest {
+            instance: Some(spec("svc", "private", &endpoint)),
+            lease_ttl: None,
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(
+        !granted.lease_id.is_empty(),
+        "Register returns the lease to its owner"
+    );
+    let list = registry
+        .list_instances(ListInstancesRequest::default())
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(
+        list.instances.iter().all(|i| i.lease_id.is_empty()),
+        "ListInstances hides lease ids"
+    );
+    let mut watch = registry.watch(WatchRequest {}).await.unwrap().into_inner();
+    let Some(watch_response::Event::Snapshot(snapshot)) =
+        watch.message().await.unwrap().unwrap().event
+    else {
+        panic!("snapshot first");
+    };
+    assert!(
+        snapshot.instances.iter().all(|i| i.lease_id.is_empty()),
+        "Watch hides lease ids"
+    );
+
+    let offline = registry
+        .heartbeat(HeartbeatRequest {
+            instance_id: "private".into(),
+            lease_id: granted.lease_id.clone(),
+            state: InstanceState::Offline as i32,
+            in_flight: 0,
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(
+        offline.code(),
+        Code::InvalidArgument,
+        "an instance cannot report itself OFFLINE"
+    );
+    let bad_id = registry
+        .register(RegisterRequest {
+            instance: Some(spec("svc", "two words", &endpoint)),
+            lease_ttl: None,
+        })
+        .await
+        .unwrap_err();
+    assert!(
+        bad_id.message().contains("instance_id"),
+        "{}",
+        bad_id.message()
+    );
+    let mut labelled = spec("svc", "labelled", &endpoint);
+    labelled.labels.insert("blob".into(), "x".repeat(100_000));
+    let too_big = registry
+        .register(RegisterRequest {
+            instance: Some(labelled),
+            lease_ttl: None,
+        })
+        .await
+        .unwrap_err();
+    assert!(
+        too_big.message().contains("labels"),
+        "{}",
+        too_big.message()
     );
     sandbox.stop().await;
 }

@@ -74,32 +74,106 @@ pub enum LoadError {
     },
 }
 
-/// Loads every complaint of a CFPB CSV export (RFC 4180, header row, multi-line fields).
+/// Loads every complaint of a CFPB CSV export file (RFC 4180, header row, multi-line
+/// fields).
 ///
 /// # Errors
 /// [`LoadError`] naming the file and line of the first bad record.
 pub fn load_csv(path: &Path) -> Result<Vec<Complaint>, LoadError> {
     let shown = path.display().to_string();
-    let file = std::fs::File::open(path).map_err(|source| LoadError::Io {
+    let io = |source| LoadError::Io {
         path: shown.clone(),
         source,
-    })?;
-    let mut reader = csv::Reader::from_reader(file);
+    };
+    if path.is_dir() {
+        return Err(io(std::io::Error::other(
+            "it is a directory; pass a CSV file",
+        )));
+    }
+    let text = std::fs::read_to_string(path).map_err(io)?;
+    parse_csv(&text, &shown)
+}
+
+/// Parses complaints from CSV text; `name` names the source in errors. Every record needs a
+/// unique, non-empty `Complaint ID` and a non-empty narrative.
+///
+/// # Errors
+/// [`LoadError`] naming the source and line of the first bad record.
+pub fn parse_csv(text: &str, name: &str) -> Result<Vec<Complaint>, LoadError> {
+    let mut reader = csv::Reader::from_reader(text.as_bytes());
     let mut out = Vec::new();
-    for record in reader.deserialize::<Complaint>() {
+    let mut seen = std::collections::HashSet::new();
+    let mut records = reader.deserialize::<Complaint>();
+    while let Some(record) = records.next() {
+        let line = records.reader().position().line();
         let complaint = record.map_err(|e| LoadError::Record {
-            path: shown.clone(),
-            line: e.position().map_or(0, csv::Position::line),
-            message: e.to_string(),
+            path: name.to_string(),
+            line: e.position().map_or(line, csv::Position::line),
+            message: match e.kind() {
+                csv::ErrorKind::UnequalLengths { expected_len, len, .. } => format!(
+                    "it has {len} fields where the header has {expected_len} (an unterminated quote or a stray comma?)"
+                ),
+                _ => e.to_string(),
+            },
         })?;
+        if complaint.complaint_id.trim().is_empty() {
+            return Err(LoadError::Record {
+                path: name.to_string(),
+                line,
+                message: "its Complaint ID is empty".into(),
+            });
+        }
+        if !seen.insert(complaint.complaint_id.clone()) {
+            return Err(LoadError::Record {
+                path: name.to_string(),
+                line,
+                message: format!("Complaint ID {} appears twice", complaint.complaint_id),
+            });
+        }
         if complaint.narrative.trim().is_empty() {
             return Err(LoadError::EmptyNarrative {
-                path: shown.clone(),
+                path: name.to_string(),
                 id: complaint.complaint_id,
-                line: reader.position().line(),
+                line,
             });
         }
         out.push(complaint);
     }
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const HEADER: &str = "Complaint ID,Date received,Product,Sub-product,Issue,Sub-issue,Consumer complaint narrative,Company,State,Submitted via\n";
+
+    #[test]
+    fn the_sample_loads() {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../../examples/data/cfpb-complaints-sample.csv");
+        assert_eq!(load_csv(&path).unwrap().len(), 87);
+    }
+
+    #[test]
+    fn bad_records_are_located() {
+        let dup = format!("{HEADER}1,d,p,s,i,si,text,c,TX,Web\n1,d,p,s,i,si,more,c,TX,Web\n");
+        let err = parse_csv(&dup, "x.csv").unwrap_err().to_string();
+        assert!(
+            err.contains("x.csv") && err.contains("appears twice"),
+            "{err}"
+        );
+        let short = format!("{HEADER}1,d,p\n");
+        let err = parse_csv(&short, "x.csv").unwrap_err().to_string();
+        assert!(err.contains("3 fields"), "{err}");
+        let empty = format!("{HEADER}1,d,p,s,i,si,\"  \",c,TX,Web\n");
+        assert!(matches!(
+            parse_csv(&empty, "x.csv"),
+            Err(LoadError::EmptyNarrative { .. })
+        ));
+        let dir = load_csv(Path::new(env!("CARGO_MANIFEST_DIR")))
+            .unwrap_err()
+            .to_string();
+        assert!(dir.contains("directory"), "{dir}");
+    }
 }

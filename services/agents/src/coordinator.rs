@@ -64,6 +64,38 @@ pub async fn classify_handler(
     ))
 }
 
+/// `complaint.classify` as a stream: one classification per complaint sent, in order, until
+/// the caller half-closes. A malformed complaint ends the stream with INVALID_ARGUMENT.
+pub fn classify_stream(
+    _ctx: HandlerContext,
+    first: ReachMessage,
+    rest: reach_sdk::handler::InboundMessages,
+) -> impl futures::Stream<Item = Result<Payload, Status>> + Send + 'static {
+    use futures::StreamExt;
+    futures::stream::once(async move { Ok(first) })
+        .chain(rest)
+        .then(|message| async move {
+            let message = message?;
+            let input = read_input(&message)?;
+            let classification = classify(&input.narrative);
+            let output = serde_json::json!({
+                "complaint_id": input.complaint_id,
+                "category": classification.category.name(),
+                "confidence": classification.confidence,
+                "capability": classification.category.capability(),
+            });
+            Ok(Payload::json(crate::COMPLAINT_CLASSIFICATION, &output))
+        })
+        .scan(false, |failed, item: Result<Payload, Status>| {
+            // Stop after the first error: it is the stream's final status.
+            if *failed {
+                return futures::future::ready(None);
+            }
+            *failed = item.is_err();
+            futures::future::ready(Some(item))
+        })
+}
+
 /// `complaint.triage`: classify, then dispatch through the mesh or mark for review.
 pub async fn triage_handler(
     mesh: MeshClient,

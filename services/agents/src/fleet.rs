@@ -96,7 +96,12 @@ impl Fleet {
                 .handle(TRIAGE_CAPABILITY, "1.0.0", move |ctx, message| {
                     triage_handler(mesh.clone(), threshold, ctx, message)
                 })
-                .handle("complaint.classify", "1.0.0", classify_handler);
+                .handle("complaint.classify", "1.0.0", classify_handler)
+                .handle_stream(
+                    "complaint.classify",
+                    "1.0.0",
+                    crate::coordinator::classify_stream,
+                );
             members.push(start(runtime, "coordinator").await?);
         }
         let mesh = MeshClient::new(router, "ingest.1");

@@ -11,7 +11,7 @@ use tokio::time::Instant;
 use tonic::Status;
 
 use crate::classifier::category_for_issue;
-use crate::complaint::{Complaint, load_csv};
+use crate::complaint::{Complaint, parse_csv};
 use crate::coordinator::TriageResult;
 
 /// The capability that triages one complaint.
@@ -54,12 +54,13 @@ pub struct IngestOutcome {
     pub trace_id: String,
 }
 
-/// The ingest agent's request: a CSV path readable by the agent.
+/// The ingest agent's request: the CSV content itself (the agent reads no files on a
+/// caller's behalf).
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct IngestRequest {
-    /// The CSV file.
-    pub path: String,
-    /// How many complaints are in flight at once (default 16).
+    /// The CSV text, CFPB export columns with a header row.
+    pub csv: String,
+    /// How many complaints are in flight at once (default 16, at most 64).
     #[serde(default)]
     pub concurrency: Option<usize>,
 }
@@ -166,7 +167,10 @@ async fn triage_one(mesh: &MeshClient, complaint: Complaint, timeout: Duration) 
     outcome
 }
 
-/// `complaint.ingest`: reads the CSV named in the request and triages every complaint.
+/// The largest CSV the ingest agent accepts, in bytes.
+pub const MAX_CSV_BYTES: usize = 2 * 1024 * 1024;
+
+/// `complaint.ingest`: parses the CSV in the request and triages every complaint.
 pub async fn ingest_handler(
     mesh: MeshClient,
     _ctx: HandlerContext,
@@ -177,21 +181,25 @@ pub async fn ingest_handler(
         .as_ref()
         .and_then(Payload::first_json)
         .ok_or_else(|| {
-            Status::invalid_argument("the payload needs a data part {\"path\": \"<csv file>\"}")
+            Status::invalid_argument("the payload needs a data part {\"csv\": \"<CSV text>\"}")
         })
         .and_then(|v| {
-            serde_json::from_value(v)
-                .map_err(|e| Status::invalid_argument(format!("malformed ingest request: {e}")))
+            serde_json::from_value(v).map_err(|e| {
+                Status::invalid_argument(format!(
+                    "malformed ingest request: {e}; send {{\"csv\": \"<CSV text>\"}}"
+                ))
+            })
         })?;
-    let complaints = load_csv(std::path::Path::new(&request.path))
+    if request.csv.len() > MAX_CSV_BYTES {
+        return Err(Status::invalid_argument(format!(
+            "the CSV is {} bytes; the limit is {MAX_CSV_BYTES} bytes: split it",
+            request.csv.len()
+        )));
+    }
+    let complaints = parse_csv(&request.csv, "request.csv")
         .map_err(|e| Status::invalid_argument(e.to_string()))?;
-    let outcomes = triage_all(
-        &mesh,
-        complaints,
-        request.concurrency.unwrap_or(16),
-        Duration::from_secs(30),
-    )
-    .await;
+    let concurrency = request.concurrency.unwrap_or(16).clamp(1, 64);
+    let outcomes = triage_all(&mesh, complaints, concurrency, Duration::from_secs(30)).await;
     Ok(Payload::json(
         "complaint.ingest_result",
         &serde_json::to_value(IngestReply { outcomes })

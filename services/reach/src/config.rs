@@ -11,6 +11,16 @@ use reach_registry::RegistryConfig;
 use reach_router::RouterConfig;
 use serde::{Deserialize, Serialize};
 
+/// The top-level keys of [`ReachConfig`], which `REACH_<KEY>` / `REACH_<KEY>__<FIELD>`
+/// variables may set.
+const SECTIONS: [&str; 5] = [
+    "listen",
+    "admin_listen",
+    "registry",
+    "router",
+    "orchestrator",
+];
+
 /// Every setting of the `reach` services.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -59,20 +69,26 @@ impl ReachConfig {
     pub fn load(file: Option<&Path>, overrides: impl Serialize) -> Result<Self, ConfigError> {
         let mut figment = Figment::from(Serialized::defaults(ReachConfig::default()));
         if let Some(file) = file {
-            if !file.exists() {
+            if !file.is_file() {
                 return Err(ConfigError::Invalid(format!(
-                    "config file {} does not exist",
+                    "config file {} does not exist or is not a file; pass a TOML file to --config",
                     file.display()
                 )));
             }
-            figment = figment.merge(Toml::file(file));
+            figment = figment.merge(Toml::file_exact(file));
         }
         let config: ReachConfig = figment
             .merge(
                 Env::prefixed("REACH_")
-                    .split("__")
-                    // REACH_LOG and REACH_LOG_FORMAT configure logging, not the services.
-                    .filter(|key| !key.as_str().starts_with("log")),
+                    // Only the sections this file defines: other REACH_* variables (REACH_LOG,
+                    // REACH_LOG_FORMAT, REACH_TEST_POSTGRES_URL, ...) are not service settings.
+                    .filter(|key| {
+                        let key = key.as_str().to_ascii_lowercase();
+                        SECTIONS.iter().any(|section| {
+                            key == *section || key.starts_with(&format!("{section}__"))
+                        })
+                    })
+                    .split("__"),
             )
             .merge(Serialized::defaults(overrides))
             .extract()
@@ -86,18 +102,9 @@ impl ReachConfig {
     /// # Errors
     /// [`ConfigError::Invalid`] naming the key.
     pub fn validate(&self) -> Result<(), ConfigError> {
-        self.listen.parse::<std::net::SocketAddr>().map_err(|e| {
-            ConfigError::Invalid(format!("listen {:?} is not host:port ({e})", self.listen))
-        })?;
+        check_address("listen", &self.listen)?;
         if !self.admin_listen.is_empty() {
-            self.admin_listen
-                .parse::<std::net::SocketAddr>()
-                .map_err(|e| {
-                    ConfigError::Invalid(format!(
-                        "admin_listen {:?} is not host:port ({e})",
-                        self.admin_listen
-                    ))
-                })?;
+            check_address("admin_listen", &self.admin_listen)?;
         }
         self.registry.validate().map_err(ConfigError::Invalid)?;
         self.router.validate().map_err(ConfigError::Invalid)?;
@@ -108,15 +115,29 @@ impl ReachConfig {
     }
 }
 
+/// Checks that `value` is `host:port` with a resolvable host (`127.0.0.1:7070`,
+/// `localhost:7070`, `[::1]:7070`).
+fn check_address(key: &str, value: &str) -> Result<(), ConfigError> {
+    use std::net::ToSocketAddrs;
+    match value.to_socket_addrs().map(|addrs| addrs.count()) {
+        Ok(n) if n > 0 => Ok(()),
+        Ok(_) => Err(ConfigError::Invalid(format!(
+            "{key} {value:?} resolves to no address"
+        ))),
+        Err(e) => Err(ConfigError::Invalid(format!(
+            "{key} {value:?} is not host:port ({e}); for example 127.0.0.1:7070"
+        ))),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
     fn file_then_overrides_apply_in_order() {
-        let dir = std::env::temp_dir().join(format!("reach-config-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let file = dir.join("reach.toml");
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("reach.toml");
         std::fs::write(
             &file,
             "listen = \"127.0.0.1:9000\"\n[router]\nmax_message_bytes = 2048\n",
@@ -133,9 +154,8 @@ mod tests {
 
     #[test]
     fn unknown_keys_and_bad_values_are_named() {
-        let dir = std::env::temp_dir().join(format!("reach-config-bad-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let file = dir.join("reach.toml");
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("reach.toml");
         std::fs::write(&file, "[router]\nmax_mesage_bytes = 1\n").unwrap();
         let err = ReachConfig::load(Some(&file), serde_json::json!({}))
             .unwrap_err()

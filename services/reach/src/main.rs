@@ -106,8 +106,8 @@ enum Command {
     Router {
         #[command(flatten)]
         service: ServiceArgs,
-        /// The registry to watch.
-        #[arg(long, env = "REACH_REGISTRY_ENDPOINT")]
+        /// The registry to watch (also REACH_ROUTER__REGISTRY_ENDPOINT).
+        #[arg(long)]
         registry: Option<String>,
         /// The largest message accepted, in bytes.
         #[arg(long)]
@@ -477,9 +477,11 @@ async fn serve(
     );
 
     reach_sdk::signal::terminate().await;
-    info!("shutting down: draining agents");
     if let Some(fleet) = fleet {
+        info!("shutting down: draining agents");
         fleet.drain().await;
+    } else {
+        info!("shutting down");
     }
     shutdown.cancel();
     if let Err(e) = plane.wait().await {

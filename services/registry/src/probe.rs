@@ -10,6 +10,9 @@ use tracing::debug;
 
 use crate::store::Registry;
 
+/// The gRPC service every agent serves; its health status is what the probe checks.
+const AGENT_SERVICE: &str = "reach.v1.AgentService";
+
 /// Probes `endpoint` until it answers SERVING or the lease is gone, backing off from 5 ms to
 /// 500 ms between attempts, then marks the probe passed.
 pub async fn probe_until_ready(
@@ -48,7 +51,9 @@ async fn check(
         .await?;
     let response = HealthClient::new(channel)
         .check(HealthCheckRequest {
-            service: String::new(),
+            // The agent's own service, not the server as a whole: an endpoint that serves
+            // something else (a router, say) must not pass for an agent.
+            service: AGENT_SERVICE.to_string(),
         })
         .await?;
     Ok(response.into_inner().status == ServingStatus::Serving as i32)

@@ -65,12 +65,29 @@ impl RegistryGrpc {
     }
 
     fn heartbeat_request(&self, request: HeartbeatRequest) -> Result<HeartbeatResponse, Status> {
-        let reported = InstanceState::try_from(request.state).map_err(|_| {
-            Status::invalid_argument(format!(
-                "state {} is not a reach.v1.InstanceState",
-                request.state
-            ))
-        })?;
+        let reported = InstanceState::try_from(request.state)
+            .ok()
+            .filter(|s| {
+                matches!(
+                    s,
+                    InstanceState::Unspecified
+                        | InstanceState::Ready
+                        | InstanceState::Busy
+                        | InstanceState::Draining
+                )
+            })
+            .ok_or_else(|| {
+                Status::invalid_argument(format!(
+                    "state {} cannot be reported: send READY, BUSY or DRAINING (or leave it unset)",
+                    request.state
+                ))
+            })?;
+        if request.in_flight > MAX_IN_FLIGHT {
+            return Err(Status::invalid_argument(format!(
+                "in_flight {} is implausible; the limit is {MAX_IN_FLIGHT}",
+                request.in_flight
+            )));
+        }
         let (expires, state) = self.registry.heartbeat(
             &request.instance_id,
             &request.lease_id,
@@ -82,6 +99,26 @@ impl RegistryGrpc {
             state: state as i32,
         })
     }
+}
+
+/// The largest in-flight count a heartbeat may report.
+const MAX_IN_FLIGHT: u32 = 1_000_000;
+
+/// Clears the lease id of an instance shown to others: the lease id is the instance's
+/// credential for Heartbeat and Deregister, returned only by Register.
+fn redact(instance: &mut reach_proto::v1::Instance) {
+    instance.lease_id.clear();
+}
+
+/// Redacts every instance an event carries.
+fn redact_event(mut event: WatchResponse) -> WatchResponse {
+    use reach_proto::v1::watch_response::Event;
+    match event.event.as_mut() {
+        Some(Event::Snapshot(snapshot)) => snapshot.instances.iter_mut().for_each(redact),
+        Some(Event::Upserted(instance) | Event::Removed(instance)) => redact(instance),
+        None => {}
+    }
+    event
 }
 
 /// Records a registry operation's outcome in the metrics and wraps it in a response.
@@ -127,9 +164,9 @@ impl RegistryService for RegistryGrpc {
         request: Request<ListInstancesRequest>,
     ) -> Result<Response<ListInstancesResponse>, Status> {
         let request = request.into_inner();
-        Ok(Response::new(
-            self.registry.list(&request.service, &request.capability),
-        ))
+        let mut list = self.registry.list(&request.service, &request.capability);
+        list.instances.iter_mut().for_each(redact);
+        Ok(Response::new(list))
     }
 
     type WatchStream = Pin<Box<dyn Stream<Item = Result<WatchResponse, Status>> + Send>>;
@@ -142,7 +179,7 @@ impl RegistryService for RegistryGrpc {
         let (tx, rx) = mpsc::channel(256);
         let registry = self.registry.clone();
         tokio::spawn(async move {
-            if tx.send(Ok(snapshot)).await.is_err() {
+            if tx.send(Ok(redact_event(snapshot))).await.is_err() {
                 return;
             }
             loop {
@@ -161,7 +198,7 @@ impl RegistryService for RegistryGrpc {
                     }
                     Err(broadcast::error::RecvError::Closed) => return,
                 };
-                if tx.send(Ok(event)).await.is_err() {
+                if tx.send(Ok(redact_event(event))).await.is_err() {
                     return;
                 }
             }

@@ -490,6 +490,11 @@ pub fn service_of(instance: &Instance) -> &str {
     instance.spec.as_ref().map_or("", |s| s.service.as_str())
 }
 
+/// The most capabilities, topics or labels one instance may declare.
+const MAX_LIST: usize = 256;
+/// The most bytes of label keys and values one instance may declare.
+const MAX_LABEL_BYTES: usize = 16 * 1024;
+
 fn validate_spec(spec: &InstanceSpec) -> Result<(), RegistryError> {
     let bad = |msg: String| Err(RegistryError::InvalidRegistration(msg));
     if !is_name(&spec.service) {
@@ -498,17 +503,24 @@ fn validate_spec(spec: &InstanceSpec) -> Result<(), RegistryError> {
             spec.service
         ));
     }
-    if spec.instance_id.is_empty() || spec.instance_id.len() > 256 {
-        return bad("instance.instance_id must be 1 to 256 characters".into());
+    if spec.instance_id.is_empty()
+        || spec.instance_id.len() > 256
+        || !spec.instance_id.bytes().all(|b| b.is_ascii_graphic())
+    {
+        return bad(format!(
+            "instance.instance_id {:?} must be 1 to 256 printable ASCII characters without spaces",
+            spec.instance_id
+        ));
     }
     match spec.endpoint.parse::<http::Uri>() {
         Ok(uri)
             if matches!(uri.scheme_str(), Some("http" | "https"))
                 && uri.host().is_some()
-                && uri.port_u16().is_some() => {}
+                && uri.port_u16().is_some_and(|p| p != 0)
+                && uri.path_and_query().is_none_or(|pq| pq.as_str() == "/") => {}
         _ => {
             return bad(format!(
-                "instance.endpoint {:?} must be an http(s) URL with host and port, e.g. \"http://127.0.0.1:50051\"",
+                "instance.endpoint {:?} must be an http(s) URL with host and a non-zero port and no path, e.g. \"http://127.0.0.1:50051\"",
                 spec.endpoint
             ));
         }
@@ -526,6 +538,20 @@ fn validate_spec(spec: &InstanceSpec) -> Result<(), RegistryError> {
                 capability.version
             ));
         }
+    }
+    if spec.capabilities.len() > MAX_LIST
+        || spec.topics.len() > MAX_LIST
+        || spec.labels.len() > MAX_LIST
+    {
+        return bad(format!(
+            "an instance may declare at most {MAX_LIST} capabilities, topics and labels each"
+        ));
+    }
+    let label_bytes: usize = spec.labels.iter().map(|(k, v)| k.len() + v.len()).sum();
+    if label_bytes > MAX_LABEL_BYTES {
+        return bad(format!(
+            "instance.labels hold {label_bytes} bytes; the limit is {MAX_LABEL_BYTES} bytes (labels are for short metadata)"
+        ));
     }
     for (i, topic) in spec.topics.iter().enumerate() {
         if !is_name(topic) {
