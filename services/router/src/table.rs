@@ -139,6 +139,11 @@ impl RoutingTable {
         let _ = rx.wait_for(|synced| *synced).await;
     }
 
+    /// How many calls wait for room now (bounded by `admission.max_waiting`).
+    pub fn waiting(&self) -> usize {
+        self.room.waiting.load(Ordering::Acquire)
+    }
+
     /// The route's current snapshot, or `None` when no routable instance is on it.
     pub fn route(&self, key: &RouteKey) -> Option<Arc<Route>> {
         let state = self.state.read().unwrap_or_else(|p| p.into_inner());

@@ -623,6 +623,14 @@ impl AgentService for AgentGrpc {
             outcome.clone()
         }
         .instrument(span);
+        // The deduplicated run is its own task: when the caller goes away (a reset connection,
+        // a passed deadline) the handler still finishes and its outcome is remembered, so a
+        // redelivery of the same message id gets that outcome instead of running it again.
+        let task = tokio::spawn(run);
+        let run = async move {
+            task.await
+                .unwrap_or_else(|join| Err(Status::internal(format!("handler task failed: {join}"))))
+        };
         let result = match deadline {
             Some(deadline) => match tokio::time::timeout_at(deadline, run).await {
                 Ok(result) => result,
