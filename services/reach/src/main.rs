@@ -64,6 +64,11 @@ enum Command {
         #[arg(long)]
         max_message_bytes: Option<usize>,
     },
+    /// Measure a component's cost side by side with its alternatives.
+    Bench {
+        #[command(subcommand)]
+        target: BenchTarget,
+    },
     /// List the registered agent instances and their state.
     Agents {
         /// The registry (or `reach dev`) endpoint.
@@ -72,6 +77,19 @@ enum Command {
         /// Print JSON.
         #[arg(long)]
         json: bool,
+    },
+}
+
+#[derive(Subcommand)]
+enum BenchTarget {
+    /// Unary request-reply direct, through the router and through NATS; stream message rate.
+    Router {
+        /// The reduced matrix (under a minute), ending with the tracking line.
+        #[arg(long)]
+        quick: bool,
+        /// Skip the NATS comparison.
+        #[arg(long)]
+        no_nats: bool,
     },
 }
 
@@ -170,6 +188,12 @@ async fn run(command: Command) -> anyhow::Result<ExitCode> {
                 router: true,
             };
             serve(&service, overrides, services, false).await
+        }
+        Command::Bench {
+            target: BenchTarget::Router { quick, no_nats },
+        } => {
+            reach::bench::run(&reach::bench::BenchOptions { quick, no_nats }).await?;
+            Ok(ExitCode::SUCCESS)
         }
         Command::Agents { endpoint, json } => {
             reach::cli::agents(&endpoint, json, &mut std::io::stdout()).await?;
