@@ -185,6 +185,11 @@ impl Router {
                 }
                 Err(status) => status,
             };
+            // tonic's client enforces the forwarded grpc-timeout itself and reports CANCELLED;
+            // the caller's deadline (or the TTL) is what ran out.
+            if deadline.is_some_and(|d| Instant::now() >= d) {
+                return Err(RouteError::DeadlineExceeded(started.elapsed()).into());
+            }
             let classified = classify(&status);
             match classified {
                 Classified::NotDelivered { instance_failed } => {
