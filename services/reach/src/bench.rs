@@ -554,7 +554,7 @@ impl Mesh {
 
 /// nats-server as a child process plus an in-process responder.
 struct Nats {
-    child: KillOnDrop,
+    _child: KillOnDrop,
     pid: u32,
     client: async_nats::Client,
     _responder: tokio::task::JoinHandle<()>,
@@ -615,7 +615,7 @@ impl Nats {
             }
         });
         Ok(Self {
-            child,
+            _child: child,
             pid,
             client,
             _responder: responder,

@@ -176,6 +176,7 @@ impl From<RouteError> for Status {
                     RouteKey::Service(name) => ("service".to_string(), name),
                     RouteKey::Capability(name) => ("capability".to_string(), name),
                     RouteKey::Topic(name) => ("topic".to_string(), name),
+                    RouteKey::GrpcService(name) => ("grpc_service".to_string(), name),
                 };
                 status_with_reason(
                     Code::NotFound,

@@ -18,6 +18,7 @@
 //!   protocol registry.
 //! - [`watch`]: the loop that follows the registry's Watch stream, reconnecting on failure.
 //! - [`pump`]: the inbound and outbound halves of a routed stream.
+//! - [`passthrough`]: typed pass-through of agents' own gRPC services (raw HTTP/2 proxy).
 //! - [`service`]: the `reach.v1.RouterService` gRPC implementation (Call, Stream, Publish, Reply).
 //! - [`error`]: [`RouteError`] and its mapping to gRPC statuses with ErrorInfo.
 
@@ -26,6 +27,7 @@ pub mod config;
 pub mod endpoint;
 pub mod error;
 pub mod load;
+pub mod passthrough;
 pub mod protocol;
 pub mod pump;
 pub mod retry;

@@ -34,13 +34,19 @@ pub enum RouteKey {
     Capability(String),
     /// Every instance subscribed to this topic (publish).
     Topic(String),
+    /// Any instance that serves this gRPC service (typed pass-through), e.g.
+    /// `examples.complaints.v1.TriageService`.
+    GrpcService(String),
 }
 
 impl RouteKey {
     /// The service, capability or topic name.
     pub fn name(&self) -> &str {
         match self {
-            RouteKey::Service(n) | RouteKey::Capability(n) | RouteKey::Topic(n) => n,
+            RouteKey::Service(n)
+            | RouteKey::Capability(n)
+            | RouteKey::Topic(n)
+            | RouteKey::GrpcService(n) => n,
         }
     }
 }
@@ -51,6 +57,7 @@ impl std::fmt::Display for RouteKey {
             RouteKey::Service(name) => write!(f, "service {name:?}"),
             RouteKey::Capability(name) => write!(f, "capability {name:?}"),
             RouteKey::Topic(name) => write!(f, "topic {name:?}"),
+            RouteKey::GrpcService(name) => write!(f, "gRPC service {name:?}"),
         }
     }
 }
@@ -275,7 +282,7 @@ impl RoutingTable {
                 RouteKey::Service(name) => {
                     services.insert(name.clone(), route.members.len());
                 }
-                RouteKey::Topic(_) => {}
+                RouteKey::Topic(_) | RouteKey::GrpcService(_) => {}
             }
         }
         (capabilities, services)
@@ -502,6 +509,12 @@ fn route_keys(spec: &InstanceSpec) -> Vec<RouteKey> {
     for topic in &spec.topics {
         if seen.insert(topic.as_str()) {
             keys.push(RouteKey::Topic(topic.clone()));
+        }
+    }
+    let mut seen = HashSet::new();
+    for service in &spec.grpc_services {
+        if seen.insert(service.as_str()) {
+            keys.push(RouteKey::GrpcService(service.clone()));
         }
     }
     keys

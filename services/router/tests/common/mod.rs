@@ -104,7 +104,11 @@ pub async fn router(registry_url: &str, mut config: RouterConfig) -> TestRouter 
     router.table().wait_synced().await;
     let stop = CancellationToken::new();
     let token = stop.clone();
-    let server = GrpcServer::new().add_service(router.clone().into_server());
+    let server = GrpcServer::new()
+        .add_service(router.clone().into_server())
+        .with_fallback(reach_router::passthrough::PassThrough::new(
+            router.table().clone(),
+        ));
     tokio::spawn(server.serve(listener, async move { token.cancelled().await }));
     TestRouter { router, url, stop }
 }
