@@ -237,12 +237,13 @@ pub fn classify(narrative: &str) -> Classification {
         })
         .collect();
     let total: f64 = scores.iter().map(|(_, s)| s).sum();
-    let (category, best) = scores
-        .iter()
-        .copied()
-        .fold((Category::Servicing, f64::MIN), |acc, item| {
-            if item.1 > acc.1 { item } else { acc }
-        });
+    let (category, best) =
+        scores
+            .iter()
+            .copied()
+            .fold((Category::Servicing, f64::MIN), |acc, item| {
+                if item.1 > acc.1 { item } else { acc }
+            });
     Classification {
         category,
         confidence: if total > 0.0 { best / total } else { 0.0 },

@@ -81,7 +81,11 @@ pub fn triage_agent(config: AgentConfig) -> AgentRuntime {
                     .payload
                     .as_ref()
                     .and_then(|p| p.first_json())
-                    .and_then(|v| v.get("narrative").and_then(|n| n.as_str()).map(str::to_string))
+                    .and_then(|v| {
+                        v.get("narrative")
+                            .and_then(|n| n.as_str())
+                            .map(str::to_string)
+                    })
                     .unwrap_or_default();
                 let classification = crate::classifier::classify(&narrative);
                 Ok(Payload::json(

@@ -113,30 +113,46 @@ pub async fn run(options: &BenchOptions) -> anyhow::Result<()> {
         for &concurrency in concurrencies {
             let direct = mesh.direct.clone();
             cells.push(
-                measure("direct", payload, concurrency, warmup, duration, None, move |m| {
-                    let mut client = direct.clone();
-                    async move {
-                        client
-                            .handle(HandleRequest { message: Some(m) })
-                            .await
-                            .map(|_| ())
-                            .map_err(|s| s.to_string())
-                    }
-                })
+                measure(
+                    "direct",
+                    payload,
+                    concurrency,
+                    warmup,
+                    duration,
+                    None,
+                    move |m| {
+                        let mut client = direct.clone();
+                        async move {
+                            client
+                                .handle(HandleRequest { message: Some(m) })
+                                .await
+                                .map(|_| ())
+                                .map_err(|s| s.to_string())
+                        }
+                    },
+                )
                 .await,
             );
             let router = mesh.router.clone();
             cells.push(
-                measure("router", payload, concurrency, warmup, duration, None, move |m| {
-                    let mut client = router.clone();
-                    async move {
-                        client
-                            .call(CallRequest { message: Some(m) })
-                            .await
-                            .map(|_| ())
-                            .map_err(|s| s.to_string())
-                    }
-                })
+                measure(
+                    "router",
+                    payload,
+                    concurrency,
+                    warmup,
+                    duration,
+                    None,
+                    move |m| {
+                        let mut client = router.clone();
+                        async move {
+                            client
+                                .call(CallRequest { message: Some(m) })
+                                .await
+                                .map(|_| ())
+                                .map_err(|s| s.to_string())
+                        }
+                    },
+                )
                 .await,
             );
             if let Some(nats) = &nats {
@@ -226,7 +242,12 @@ fn cpu_ticks(pid: Option<u32>) -> u64 {
     // Fields after the parenthesised command name; utime and stime are fields 14 and 15.
     let after = stat.rsplit_once(')').map_or("", |(_, rest)| rest);
     let fields: Vec<&str> = after.split_whitespace().collect();
-    let field = |i: usize| fields.get(i).and_then(|f| f.parse::<u64>().ok()).unwrap_or(0);
+    let field = |i: usize| {
+        fields
+            .get(i)
+            .and_then(|f| f.parse::<u64>().ok())
+            .unwrap_or(0)
+    };
     field(11) + field(12)
 }
 
@@ -266,7 +287,8 @@ where
                     if recording.load(Ordering::Relaxed) {
                         match result {
                             Ok(()) => {
-                                let ns = u64::try_from(started.elapsed().as_nanos()).unwrap_or(u64::MAX);
+                                let ns =
+                                    u64::try_from(started.elapsed().as_nanos()).unwrap_or(u64::MAX);
                                 let _ = histogram.record(ns.max(1));
                             }
                             Err(_) => errors += 1,
@@ -386,7 +408,14 @@ fn render(cells: &[Cell], (stream_direct, stream_router): (f64, f64)) -> String 
     let mut out = String::new();
     let mut table = comfy_table::Table::new();
     table.set_header(vec![
-        "payload", "conc", "mode", "req/s", "p50 µs", "p99 µs", "cpu µs/req", "errors",
+        "payload",
+        "conc",
+        "mode",
+        "req/s",
+        "p50 µs",
+        "p99 µs",
+        "cpu µs/req",
+        "errors",
     ]);
     for cell in cells {
         table.add_row(vec![
@@ -498,27 +527,28 @@ impl Mesh {
             .with_max_concurrency(4096)
             .with_max_drain(Duration::from_millis(200));
         config.max_message_bytes = 16 << 20;
-        let (agent, agent_url) = AgentRuntime::new(config)
-            .handle(
-                CAPABILITY,
-                "1.0.0",
-                |_ctx: HandlerContext, m: ReachMessage| async move {
-                    Ok(m.payload.unwrap_or_default())
-                },
-            )
-            .handle_stream(
-                CAPABILITY,
-                "1.0.0",
-                |_ctx: HandlerContext,
-                 first: ReachMessage,
-                 rest: reach_sdk::handler::InboundMessages| {
-                    futures::stream::once(async move { Ok(first) })
-                        .chain(rest)
-                        .map(|m| m.map(|m| m.payload.unwrap_or_default()))
-                },
-            )
-            .start(agent_listener)
-            .await?;
+        let (agent, agent_url) =
+            AgentRuntime::new(config)
+                .handle(
+                    CAPABILITY,
+                    "1.0.0",
+                    |_ctx: HandlerContext, m: ReachMessage| async move {
+                        Ok(m.payload.unwrap_or_default())
+                    },
+                )
+                .handle_stream(
+                    CAPABILITY,
+                    "1.0.0",
+                    |_ctx: HandlerContext,
+                     first: ReachMessage,
+                     rest: reach_sdk::handler::InboundMessages| {
+                        futures::stream::once(async move { Ok(first) })
+                            .chain(rest)
+                            .map(|m| m.map(|m| m.payload.unwrap_or_default()))
+                    },
+                )
+                .start(agent_listener)
+                .await?;
         tokio::time::timeout(Duration::from_secs(10), async {
             while router.table().instances().is_empty() {
                 tokio::time::sleep(Duration::from_millis(5)).await;
@@ -591,7 +621,9 @@ impl Nats {
         responder_client.flush().await?;
         let responder = tokio::spawn(async move {
             while let Some(request) = subscription.next().await {
-                let Some(reply_to) = request.reply else { continue };
+                let Some(reply_to) = request.reply else {
+                    continue;
+                };
                 let client = responder_client.clone();
                 // Same work as the agent: decode the envelope, answer with a reply envelope.
                 let reply = match ReachMessage::decode(request.payload) {

@@ -73,9 +73,9 @@ impl Registry {
     pub fn new(config: RegistryConfig) -> Result<Self, String> {
         config.validate()?;
         let protocols = match (&config.protocol_registry, config.strict) {
-            (Some(path), true) => Some(
-                reach_protocol::ProtocolRegistry::load(path).map_err(|e| e.to_string())?,
-            ),
+            (Some(path), true) => {
+                Some(reach_protocol::ProtocolRegistry::load(path).map_err(|e| e.to_string())?)
+            }
             _ => None,
         };
         let (events, _) = broadcast::channel(WATCH_BUFFER);

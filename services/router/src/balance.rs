@@ -84,10 +84,7 @@ pub fn pick<'a>(
     let mut any_healthy = false;
     let mut any = false;
     for member in members {
-        if excluded
-            .iter()
-            .any(|id| **id == *member.info().instance_id)
-        {
+        if excluded.iter().any(|id| **id == *member.info().instance_id) {
             continue;
         }
         any = true;

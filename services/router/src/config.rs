@@ -199,8 +199,7 @@ impl RouterConfig {
                 self.retry_budget.retry_ratio
             ));
         }
-        if !(Duration::from_secs(1)..=Duration::from_secs(60)).contains(&self.retry_budget.window)
-        {
+        if !(Duration::from_secs(1)..=Duration::from_secs(60)).contains(&self.retry_budget.window) {
             return Err(format!(
                 "router.retry_budget.window is {:?}; it must lie between 1 s and 60 s",
                 self.retry_budget.window

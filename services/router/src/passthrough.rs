@@ -103,7 +103,10 @@ async fn forward(
                 inner: body,
                 _in_flight: reserved,
             };
-            Ok(http::Response::from_parts(parts, axum::body::Body::new(body)))
+            Ok(http::Response::from_parts(
+                parts,
+                axum::body::Body::new(body),
+            ))
         }
         Err(error) => {
             endpoint.record_failure();

@@ -112,18 +112,20 @@ fn rewrite(
     let Some(transform) = transform else {
         return Ok(());
     };
-    let Some(part) = message
-        .payload
-        .as_mut()
-        .and_then(|p| p.parts.iter_mut().find(|p| matches!(p.content, Some(part::Content::Data(_)))))
-    else {
+    let Some(part) = message.payload.as_mut().and_then(|p| {
+        p.parts
+            .iter_mut()
+            .find(|p| matches!(p.content, Some(part::Content::Data(_))))
+    }) else {
         return Ok(());
     };
     let input = part.as_json().unwrap_or_default();
-    let output = transform.apply(&input).map_err(|e| RouteError::AdapterFailed {
-        adapter: adapter.name(),
-        detail: e.to_string(),
-    })?;
+    let output = transform
+        .apply(&input)
+        .map_err(|e| RouteError::AdapterFailed {
+            adapter: adapter.name(),
+            detail: e.to_string(),
+        })?;
     let media_type = std::mem::take(&mut part.media_type);
     *part = Part {
         media_type,
@@ -176,8 +178,7 @@ pub fn validate_input(
         return Err(RouteError::InvalidPayload {
             capability: capability.to_string(),
             pointer: String::new(),
-            detail: "the payload has no data part; the capability's input schema needs one"
-                .into(),
+            detail: "the payload has no data part; the capability's input schema needs one".into(),
         });
     };
     protocols

@@ -250,9 +250,7 @@ impl Router {
         }
         let channel = tonic::transport::Endpoint::from_shared(endpoint.to_string())
             .map_err(|e| {
-                Status::invalid_argument(format!(
-                    "reply_to {endpoint:?} is not a router URL: {e}"
-                ))
+                Status::invalid_argument(format!("reply_to {endpoint:?} is not a router URL: {e}"))
             })?
             .connect_timeout(self.config().connect_timeout)
             .tcp_nodelay(true)
@@ -517,12 +515,9 @@ impl RouterService for Router {
         apply_ttl(header, None)?;
         let key = route_key(&message)?;
         let plan = match &key {
-            RouteKey::Capability(name) => VersionPlan::resolve(
-                &self.inner.table,
-                None,
-                name,
-                &header.capability_version,
-            )?,
+            RouteKey::Capability(name) => {
+                VersionPlan::resolve(&self.inner.table, None, name, &header.capability_version)?
+            }
             _ => VersionPlan::any(),
         };
         let (trace_id, _) = ids_of(&message);

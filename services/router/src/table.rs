@@ -376,7 +376,12 @@ impl RoutingTable {
         state.revision = revision;
     }
 
-    fn upsert_locked(&self, state: &mut State, instance: Instance, touched: &mut HashSet<RouteKey>) {
+    fn upsert_locked(
+        &self,
+        state: &mut State,
+        instance: Instance,
+        touched: &mut HashSet<RouteKey>,
+    ) {
         let new_state = instance.state();
         let Some(spec) = instance.spec else { return };
         let routable = matches!(new_state, InstanceState::Ready | InstanceState::Busy);
@@ -418,10 +423,8 @@ impl RoutingTable {
         if touched.is_empty() {
             return;
         }
-        let mut by_key: HashMap<RouteKey, Vec<(&String, Arc<InstanceEndpoint>)>> = touched
-            .iter()
-            .map(|k| (k.clone(), Vec::new()))
-            .collect();
+        let mut by_key: HashMap<RouteKey, Vec<(&String, Arc<InstanceEndpoint>)>> =
+            touched.iter().map(|k| (k.clone(), Vec::new())).collect();
         for (id, member) in &state.members {
             for key in &member.keys {
                 if let Some(list) = by_key.get_mut(key) {

@@ -61,7 +61,10 @@ async fn spread(
     counts
 }
 
-async fn three_echo_agents(registry: &TestRegistry, weights: [u32; 3]) -> Vec<reach_sdk::runtime::RunningAgent> {
+async fn three_echo_agents(
+    registry: &TestRegistry,
+    weights: [u32; 3],
+) -> Vec<reach_sdk::runtime::RunningAgent> {
     let mut agents = Vec::new();
     for (i, weight) in weights.into_iter().enumerate() {
         let mut config = config("echo", &format!("echo-{i}"), &registry.url);
@@ -106,7 +109,10 @@ async fn weighted_shares_follow_registration_weights() {
     assert!((0.68..=0.82).contains(&heavy), "share {heavy}: {counts:?}");
     for light in ["echo-0", "echo-1"] {
         let share = counts.get(light).copied().unwrap_or(0) as f64 / 800.0;
-        assert!((0.08..=0.18).contains(&share), "{light} share {share}: {counts:?}");
+        assert!(
+            (0.08..=0.18).contains(&share),
+            "{light} share {share}: {counts:?}"
+        );
     }
 }
 
@@ -160,7 +166,13 @@ async fn busy_instances_are_avoided_while_others_have_room() {
     ))
     .await;
     // A second instance id served by the same process, which then reports BUSY.
-    let (lease, _) = register(&registry.registry, "echo", "busy", &endpoint, &[("echo", "1.0.0")]);
+    let (lease, _) = register(
+        &registry.registry,
+        "echo",
+        "busy",
+        &endpoint,
+        &[("echo", "1.0.0")],
+    );
     let router = router(&registry.url, with_policy(Policy::RoundRobin)).await;
     router.wait_routable(2).await;
     registry
@@ -195,7 +207,13 @@ async fn failing_instances_are_ejected_and_return_after_recovery() {
     ))
     .await;
     let (dead, port) = dead_endpoint().await;
-    register(&registry.registry, "echo", "flaky", &dead, &[("echo", "1.0.0")]);
+    register(
+        &registry.registry,
+        "echo",
+        "flaky",
+        &dead,
+        &[("echo", "1.0.0")],
+    );
     let config = RouterConfig {
         ejection: EjectionConfig {
             consecutive_failures: 2,
@@ -223,7 +241,9 @@ async fn failing_instances_are_ejected_and_return_after_recovery() {
 
     // The instance comes back at the same address; after the ejection interval it takes
     // traffic again.
-    let listener = tokio::net::TcpListener::bind(("127.0.0.1", port)).await.unwrap();
+    let listener = tokio::net::TcpListener::bind(("127.0.0.1", port))
+        .await
+        .unwrap();
     let mut revived = config_for_revived(&registry.url);
     revived.registry_endpoint = "http://127.0.0.1:1".into(); // registers by hand above
     let (_revived, _) = echo_agent(revived, "echo", Arc::new(AtomicUsize::new(0)))
@@ -240,7 +260,10 @@ async fn failing_instances_are_ejected_and_return_after_recovery() {
         }
     })
     .await;
-    assert!(served.is_ok(), "the recovered instance never got traffic again");
+    assert!(
+        served.is_ok(),
+        "the recovered instance never got traffic again"
+    );
     assert!(!flaky(&router).ejected);
 }
 
@@ -262,7 +285,13 @@ async fn a_re_registered_instance_replaces_the_old_endpoint_at_once() {
     };
     let (_old, old_endpoint) = agent(answer("old")).await;
     let (_new, new_endpoint) = agent(answer("new")).await;
-    register(&registry.registry, "who", "moving", &old_endpoint, &[("who", "1.0.0")]);
+    register(
+        &registry.registry,
+        "who",
+        "moving",
+        &old_endpoint,
+        &[("who", "1.0.0")],
+    );
     let router = router(&registry.url, RouterConfig::default()).await;
     router.wait_routable(1).await;
     let client = router.client().await;
@@ -280,7 +309,13 @@ async fn a_re_registered_instance_replaces_the_old_endpoint_at_once() {
         .await
         .unwrap();
     assert_eq!(text(first), "old");
-    let (_, revision) = register(&registry.registry, "who", "moving", &new_endpoint, &[("who", "1.0.0")]);
+    let (_, revision) = register(
+        &registry.registry,
+        "who",
+        "moving",
+        &new_endpoint,
+        &[("who", "1.0.0")],
+    );
     router.wait_revision(revision).await;
     for _ in 0..20 {
         let reply = client

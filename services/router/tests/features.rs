@@ -47,21 +47,41 @@ async fn publish_reaches_every_subscriber_and_counts_failures() {
     }
     // Not subscribed: never sees the message.
     let other = Arc::new(AtomicUsize::new(0));
-    agents.push(agent(echo_agent(config("other", "other-1", &registry.url), "notify", other.clone())).await.0);
+    agents.push(
+        agent(echo_agent(
+            config("other", "other-1", &registry.url),
+            "notify",
+            other.clone(),
+        ))
+        .await
+        .0,
+    );
     let router = router(&registry.url, RouterConfig::default()).await;
     router.wait_routable(4).await;
     let client = router.client().await;
     let response = client
-        .publish("complaints.new", Payload::text("notify", "hello"), CallOptions::default())
+        .publish(
+            "complaints.new",
+            Payload::text("notify", "hello"),
+            CallOptions::default(),
+        )
         .await
         .unwrap();
-    assert_eq!((response.delivered, response.failed), (2, 1), "{response:?}");
+    assert_eq!(
+        (response.delivered, response.failed),
+        (2, 1),
+        "{response:?}"
+    );
     assert_eq!(response.failures[0].instance_id, "sub-3");
     assert_eq!(seen.load(Ordering::SeqCst), 3);
     assert_eq!(other.load(Ordering::SeqCst), 0);
     // No subscriber: nothing delivered, nothing failed.
     let none = client
-        .publish("nobody.listens", Payload::text("notify", ""), CallOptions::default())
+        .publish(
+            "nobody.listens",
+            Payload::text("notify", ""),
+            CallOptions::default(),
+        )
         .await
         .unwrap();
     assert_eq!((none.delivered, none.failed), (0, 0));
@@ -73,32 +93,48 @@ async fn an_async_reply_sent_to_another_replica_completes_the_waiting_call() {
     // Two replicas that share nothing but the registry.
     let first = router(&registry.url, RouterConfig::default()).await;
     let second = router(&registry.url, RouterConfig::default()).await;
-    let replier = MeshClient::connect(&second.url, "slowpoke.worker").await.unwrap();
-    let (_agent, _) = agent(AgentRuntime::new(config("slowpoke", "slowpoke-1", &registry.url)).handle(
-        "report.build",
-        "1.0.0",
-        move |ctx: HandlerContext, message: ReachMessage| {
-            let replier = replier.clone();
-            async move {
-                assert!(!ctx.reply_to.is_empty());
-                let question = message.payload.unwrap_or_default().first_text().unwrap_or("").to_string();
-                // Acknowledge now, answer later through the other replica.
-                tokio::spawn(async move {
-                    tokio::time::sleep(Duration::from_millis(100)).await;
-                    let delivered = replier
-                        .reply(&ctx, Payload::text("report", format!("report on {question}")))
-                        .await
-                        .expect("reply accepted");
-                    assert!(delivered, "the waiting call took the reply");
-                });
-                Ok(HandlerContext::ack())
-            }
-        },
-    ))
+    let replier = MeshClient::connect(&second.url, "slowpoke.worker")
+        .await
+        .unwrap();
+    let (_agent, _) = agent(
+        AgentRuntime::new(config("slowpoke", "slowpoke-1", &registry.url)).handle(
+            "report.build",
+            "1.0.0",
+            move |ctx: HandlerContext, message: ReachMessage| {
+                let replier = replier.clone();
+                async move {
+                    assert!(!ctx.reply_to.is_empty());
+                    let question = message
+                        .payload
+                        .unwrap_or_default()
+                        .first_text()
+                        .unwrap_or("")
+                        .to_string();
+                    // Acknowledge now, answer later through the other replica.
+                    tokio::spawn(async move {
+                        tokio::time::sleep(Duration::from_millis(100)).await;
+                        let delivered = replier
+                            .reply(
+                                &ctx,
+                                Payload::text("report", format!("report on {question}")),
+                            )
+                            .await
+                            .expect("reply accepted");
+                        assert!(delivered, "the waiting call took the reply");
+                    });
+                    Ok(HandlerContext::ack())
+                }
+            },
+        ),
+    )
     .await;
     first.wait_routable(1).await;
     let client = first.client().await;
-    let mut message = client.message_to_capability("report.build", Payload::text("t", "Q3"), &CallOptions::default());
+    let mut message = client.message_to_capability(
+        "report.build",
+        Payload::text("t", "Q3"),
+        &CallOptions::default(),
+    );
     message.header.as_mut().unwrap().reply_to = "async".into();
     let reply = client
         .send(message, Some(Duration::from_secs(10)))
@@ -116,12 +152,17 @@ fn summarizer(registry: &str, id: &str, version: &'static str) -> AgentRuntime {
         "complaint.summarize",
         version,
         move |_c: HandlerContext, message: ReachMessage| async move {
-            let mut input = message.payload.unwrap_or_default().first_json().unwrap_or_default();
+            let mut input = message
+                .payload
+                .unwrap_or_default()
+                .first_json()
+                .unwrap_or_default();
             let object = input.as_object_mut().expect("object input");
             if version.starts_with('2') {
-                let text = object.get("text").cloned().ok_or_else(|| {
-                    tonic::Status::invalid_argument("v2 needs `text`")
-                })?;
+                let text = object
+                    .get("text")
+                    .cloned()
+                    .ok_or_else(|| tonic::Status::invalid_argument("v2 needs `text`"))?;
                 object.insert("abstract".into(), text);
             } else {
                 let text = object.get("narrative").cloned().unwrap_or_default();
@@ -133,7 +174,11 @@ fn summarizer(registry: &str, id: &str, version: &'static str) -> AgentRuntime {
     )
 }
 
-async fn summarize(client: &MeshClient, requirement: &str, input: serde_json::Value) -> Result<serde_json::Value, tonic::Status> {
+async fn summarize(
+    client: &MeshClient,
+    requirement: &str,
+    input: serde_json::Value,
+) -> Result<serde_json::Value, tonic::Status> {
     let reply = client
         .call(
             "complaint.summarize",
@@ -144,7 +189,13 @@ async fn summarize(client: &MeshClient, requirement: &str, input: serde_json::Va
             },
         )
         .await?;
-    Ok(reply.message.unwrap().payload.unwrap().first_json().unwrap())
+    Ok(reply
+        .message
+        .unwrap()
+        .payload
+        .unwrap()
+        .first_json()
+        .unwrap())
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -177,7 +228,9 @@ async fn a_version_adapter_bridges_callers_and_keeps_unknown_fields() {
     assert_eq!(out["x_trace"], serde_json::json!({"keep": [1, 2]}));
 
     // No instance and no adapter for 3.x.
-    let status = summarize(&client, "^3", serde_json::json!({"text": "x"})).await.unwrap_err();
+    let status = summarize(&client, "^3", serde_json::json!({"text": "x"}))
+        .await
+        .unwrap_err();
     assert_eq!(status.code(), Code::FailedPrecondition);
     assert_eq!(reason(&status), "VERSION_NOT_SUPPORTED");
     assert!(status.message().contains("2.0.0"), "{}", status.message());
@@ -185,7 +238,9 @@ async fn a_version_adapter_bridges_callers_and_keeps_unknown_fields() {
     // Once a compatible 1.0.0 instance exists it is preferred over adapting.
     let (_v1, _) = agent(summarizer(&registry.url, "sum-v1", "1.0.0")).await;
     router.wait_routable(2).await;
-    let out = summarize(&client, "^1", serde_json::json!({"narrative": "fees"})).await.unwrap();
+    let out = summarize(&client, "^1", serde_json::json!({"narrative": "fees"}))
+        .await
+        .unwrap();
     assert_eq!(out["served_by"], "1.0.0");
     assert_eq!(out["summary"], "fees");
 }
@@ -209,9 +264,11 @@ async fn strict_registry_refuses_undeclared_capabilities() {
         }],
         ..Default::default()
     };
-    let mut client = reach_proto::v1::registry_service_client::RegistryServiceClient::connect(registry.url.clone())
-        .await
-        .unwrap();
+    let mut client = reach_proto::v1::registry_service_client::RegistryServiceClient::connect(
+        registry.url.clone(),
+    )
+    .await
+    .unwrap();
     let status = client
         .register(reach_proto::v1::RegisterRequest {
             instance: Some(spec("complaint.teleport", "1.0.0")),
@@ -221,7 +278,11 @@ async fn strict_registry_refuses_undeclared_capabilities() {
         .unwrap_err();
     assert_eq!(status.code(), Code::FailedPrecondition);
     assert_eq!(reason(&status), "CAPABILITY_NOT_DECLARED");
-    assert!(status.message().contains("complaint.teleport"), "{}", status.message());
+    assert!(
+        status.message().contains("complaint.teleport"),
+        "{}",
+        status.message()
+    );
     let status = client
         .register(reach_proto::v1::RegisterRequest {
             instance: Some(spec("complaint.summarize", "9.0.0")),
@@ -264,7 +325,10 @@ async fn a_payload_that_breaks_the_input_schema_is_refused_with_its_pointer() {
     let status = client
         .call(
             "complaint.ingest",
-            Payload::json("complaint.ingest_request", &serde_json::json!({"path": "x.csv", "concurrency": "lots"})),
+            Payload::json(
+                "complaint.ingest_request",
+                &serde_json::json!({"path": "x.csv", "concurrency": "lots"}),
+            ),
             CallOptions::default(),
         )
         .await
@@ -272,14 +336,19 @@ async fn a_payload_that_breaks_the_input_schema_is_refused_with_its_pointer() {
     assert_eq!(status.code(), Code::InvalidArgument);
     assert_eq!(reason(&status), "INVALID_PAYLOAD");
     assert_eq!(
-        reach_rpc::errors::metadata_of(&status).get("pointer").map(String::as_str),
+        reach_rpc::errors::metadata_of(&status)
+            .get("pointer")
+            .map(String::as_str),
         Some("/concurrency")
     );
     assert_eq!(runs.load(Ordering::SeqCst), 0);
     client
         .call(
             "complaint.ingest",
-            Payload::json("complaint.ingest_request", &serde_json::json!({"path": "x.csv", "concurrency": 4})),
+            Payload::json(
+                "complaint.ingest_request",
+                &serde_json::json!({"path": "x.csv", "concurrency": 4}),
+            ),
             CallOptions::default(),
         )
         .await

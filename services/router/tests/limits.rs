@@ -74,7 +74,9 @@ async fn overload_is_shed_with_a_retry_hint_and_bounded_waiting() {
                     Some(Duration::from_millis(75))
                 );
                 assert_eq!(
-                    reach_rpc::errors::metadata_of(&status).get("retry_after_ms").map(String::as_str),
+                    reach_rpc::errors::metadata_of(&status)
+                        .get("retry_after_ms")
+                        .map(String::as_str),
                     Some("75")
                 );
                 shed += 1;
@@ -93,7 +95,11 @@ async fn an_expired_message_is_refused_with_message_expired() {
             "slow",
             "1.0.0",
             |_c: HandlerContext, m: ReachMessage| async move {
-                let millis = m.payload.as_ref().and_then(|p| p.first_text()).unwrap_or("0");
+                let millis = m
+                    .payload
+                    .as_ref()
+                    .and_then(|p| p.first_text())
+                    .unwrap_or("0");
                 tokio::time::sleep(Duration::from_millis(millis.parse().unwrap_or(0))).await;
                 Ok(Payload::text("done", ""))
             },
@@ -105,7 +111,8 @@ async fn an_expired_message_is_refused_with_message_expired() {
     let client = router.client().await;
 
     // Already expired when it reaches the router.
-    let mut old = client.message_to_capability("slow", Payload::text("t", "0"), &CallOptions::default());
+    let mut old =
+        client.message_to_capability("slow", Payload::text("t", "0"), &CallOptions::default());
     let header = old.header.as_mut().unwrap();
     header.created_at = Some(reach_rpc::time::timestamp(
         std::time::SystemTime::now() - Duration::from_secs(2),
@@ -116,7 +123,8 @@ async fn an_expired_message_is_refused_with_message_expired() {
     assert_eq!(reason(&status), "MESSAGE_EXPIRED");
 
     // Expires while the instance works on it.
-    let mut short = client.message_to_capability("slow", Payload::text("t", "2000"), &CallOptions::default());
+    let mut short =
+        client.message_to_capability("slow", Payload::text("t", "2000"), &CallOptions::default());
     short.header.as_mut().unwrap().ttl =
         Some(reach_rpc::time::proto_duration(Duration::from_millis(100)));
     let status = client.send(short, None).await.unwrap_err();
@@ -124,8 +132,10 @@ async fn an_expired_message_is_refused_with_message_expired() {
     assert_eq!(reason(&status), "MESSAGE_EXPIRED");
 
     // A fresh one within its TTL goes through.
-    let mut fresh = client.message_to_capability("slow", Payload::text("t", "0"), &CallOptions::default());
-    fresh.header.as_mut().unwrap().ttl = Some(reach_rpc::time::proto_duration(Duration::from_secs(5)));
+    let mut fresh =
+        client.message_to_capability("slow", Payload::text("t", "0"), &CallOptions::default());
+    fresh.header.as_mut().unwrap().ttl =
+        Some(reach_rpc::time::proto_duration(Duration::from_secs(5)));
     client.send(fresh, None).await.unwrap();
 }
 
@@ -152,13 +162,15 @@ async fn an_oversized_stream_message_ends_the_stream_with_payload_too_large() {
     let router = router(&registry.url, config).await;
     router.wait_routable(1).await;
     let client = router.client().await;
-    let small = client.message_to_capability("talk", Payload::text("t", "hi"), &CallOptions::default());
+    let small =
+        client.message_to_capability("talk", Payload::text("t", "hi"), &CallOptions::default());
     let big = client.message_to_capability(
         "talk",
         Payload::text("t", "x".repeat(4000)),
         &CallOptions::default(),
     );
-    let next_small = client.message_to_capability("talk", Payload::text("t", "again"), &CallOptions::default());
+    let next_small =
+        client.message_to_capability("talk", Payload::text("t", "again"), &CallOptions::default());
     let (tx, rx) = tokio::sync::mpsc::channel(4);
     let mut replies = client
         .stream(small, tokio_stream_from(rx), Some(Duration::from_secs(10)))
@@ -203,11 +215,15 @@ async fn proxy(target: String) -> Proxy {
     let cut_all = cut.clone();
     tokio::spawn(async move {
         loop {
-            let Ok((inbound, _)) = listener.accept().await else { return };
+            let Ok((inbound, _)) = listener.accept().await else {
+                return;
+            };
             let target = target.trim_start_matches("http://").to_string();
             let cut = cut_all.clone();
             tokio::spawn(async move {
-                let Ok(outbound) = TcpStream::connect(target).await else { return };
+                let Ok(outbound) = TcpStream::connect(target).await else {
+                    return;
+                };
                 let (mut ri, mut wi) = inbound.into_split();
                 let (mut ro, mut wo) = outbound.into_split();
                 tokio::select! {
@@ -251,7 +267,13 @@ async fn agent_behind_proxy(
     ))
     .await;
     let proxy = proxy(endpoint).await;
-    register(&registry.registry, "pay", "pay-1", &proxy.endpoint, &[(capability, "1.0.0")]);
+    register(
+        &registry.registry,
+        "pay",
+        "pay-1",
+        &proxy.endpoint,
+        &[(capability, "1.0.0")],
+    );
     (agent, proxy)
 }
 
@@ -260,7 +282,8 @@ async fn a_reset_after_delivery_is_not_retried_and_redelivery_is_deduplicated() 
     let registry = registry().await;
     let runs = Arc::new(AtomicUsize::new(0));
     let started = Arc::new(Notify::new());
-    let (_agent, proxy) = agent_behind_proxy(&registry, "payment.charge", runs.clone(), started.clone()).await;
+    let (_agent, proxy) =
+        agent_behind_proxy(&registry, "payment.charge", runs.clone(), started.clone()).await;
     let router = router(&registry.url, RouterConfig::default()).await;
     router.wait_routable(1).await;
     let client = router.client().await;
@@ -282,7 +305,10 @@ async fn a_reset_after_delivery_is_not_retried_and_redelivery_is_deduplicated() 
     proxy.cut.notify_waiters();
     let status = call.await.unwrap().unwrap_err();
     assert!(
-        matches!(status.code(), Code::Unavailable | Code::Unknown | Code::Internal),
+        matches!(
+            status.code(),
+            Code::Unavailable | Code::Unknown | Code::Internal
+        ),
         "{status:?}"
     );
     // Not idempotent and possibly delivered: the router did not send it again.
@@ -306,11 +332,16 @@ async fn an_idempotent_capability_is_retried_after_a_reset_without_running_twice
     let dir = std::env::temp_dir().join(format!("reach-idem-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let file = dir.join("protocol-registry.yaml");
-    std::fs::write(&file, "capabilities:\n  balance.read:\n    idempotent: true\n").unwrap();
+    std::fs::write(
+        &file,
+        "capabilities:\n  balance.read:\n    idempotent: true\n",
+    )
+    .unwrap();
     let registry = registry().await;
     let runs = Arc::new(AtomicUsize::new(0));
     let started = Arc::new(Notify::new());
-    let (_agent, proxy) = agent_behind_proxy(&registry, "balance.read", runs.clone(), started.clone()).await;
+    let (_agent, proxy) =
+        agent_behind_proxy(&registry, "balance.read", runs.clone(), started.clone()).await;
     let router = router(
         &registry.url,
         RouterConfig {
@@ -325,7 +356,11 @@ async fn an_idempotent_capability_is_retried_after_a_reset_without_running_twice
         let client = client.clone();
         tokio::spawn(async move {
             client
-                .call("balance.read", Payload::text("t", ""), CallOptions::default())
+                .call(
+                    "balance.read",
+                    Payload::text("t", ""),
+                    CallOptions::default(),
+                )
                 .await
         })
     };

@@ -45,16 +45,26 @@ async fn a_typed_service_is_forwarded_unary_and_streaming_and_balanced() {
     let _agents = two_triage_agents(&registry).await;
     let router = router(&registry.url, round_robin()).await;
     router.wait_routable(2).await;
-    let mut client = TriageServiceClient::connect(router.url.clone()).await.unwrap();
+    let mut client = TriageServiceClient::connect(router.url.clone())
+        .await
+        .unwrap();
 
     let mut served_by = HashSet::new();
     for i in 0..20 {
-        let reply = client.triage(request(&format!("c{i}"))).await.unwrap().into_inner();
+        let reply = client
+            .triage(request(&format!("c{i}")))
+            .await
+            .unwrap()
+            .into_inner();
         assert_eq!(reply.complaint_id, format!("c{i}"));
         assert_eq!(reply.category, "servicing");
         served_by.insert(reply.instance_id);
     }
-    assert_eq!(served_by.len(), 2, "both instances took calls: {served_by:?}");
+    assert_eq!(
+        served_by.len(),
+        2,
+        "both instances took calls: {served_by:?}"
+    );
 
     let requests = futures::stream::iter((0..5).map(|i| request(&format!("s{i}"))));
     let mut replies = client.triage_stream(requests).await.unwrap().into_inner();
@@ -65,9 +75,10 @@ async fn a_typed_service_is_forwarded_unary_and_streaming_and_balanced() {
     assert_eq!(ids, ["s0", "s1", "s2", "s3", "s4"]);
 
     // A service nobody registered.
-    let mut nobody = reach_proto::v1::agent_service_client::AgentServiceClient::connect(router.url.clone())
-        .await
-        .unwrap();
+    let mut nobody =
+        reach_proto::v1::agent_service_client::AgentServiceClient::connect(router.url.clone())
+            .await
+            .unwrap();
     let status = nobody
         .handle(reach_proto::v1::HandleRequest::default())
         .await
@@ -76,7 +87,10 @@ async fn a_typed_service_is_forwarded_unary_and_streaming_and_balanced() {
 }
 
 fn repo_root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..").canonicalize().unwrap()
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../..")
+        .canonicalize()
+        .unwrap()
 }
 
 fn python() -> Option<PathBuf> {
@@ -158,6 +172,10 @@ async fn a_python_grpcio_client_calls_the_typed_service_through_the_router() {
         assert_eq!(row[1], "servicing");
     }
     let instances: HashSet<&str> = unary.iter().map(|r| r[2].as_str().unwrap()).collect();
-    assert_eq!(instances.len(), 2, "balanced across both instances: {instances:?}");
+    assert_eq!(
+        instances.len(),
+        2,
+        "balanced across both instances: {instances:?}"
+    );
     assert_eq!(result["stream"], serde_json::json!(["ps0", "ps1", "ps2"]));
 }

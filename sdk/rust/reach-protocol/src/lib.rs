@@ -215,14 +215,13 @@ impl Transform {
                 "the transform produced several values; it must produce exactly one".into(),
             ));
         }
-        serde_json::from_str(&first.to_string())
-            .map_err(|e| ProtocolError::Transform(format!("the transform's output is not JSON: {e}")))
+        serde_json::from_str(&first.to_string()).map_err(|e| {
+            ProtocolError::Transform(format!("the transform's output is not JSON: {e}"))
+        })
     }
 }
 
-fn compile(
-    code: &str,
-) -> Result<jaq_core::Filter<jaq_core::data::JustLut<jaq_json::Val>>, String> {
+fn compile(code: &str) -> Result<jaq_core::Filter<jaq_core::data::JustLut<jaq_json::Val>>, String> {
     use jaq_core::load::{Arena, File, Loader};
     let defs = jaq_core::defs()
         .chain(jaq_std::defs())
@@ -287,7 +286,9 @@ impl ProtocolRegistry {
                     )
                 })?;
             }
-            for (field, message_type) in [("input", &capability.input), ("output", &capability.output)] {
+            for (field, message_type) in
+                [("input", &capability.input), ("output", &capability.output)]
+            {
                 if let Some(message_type) = message_type
                     && !file.message_types.contains_key(message_type)
                 {
@@ -389,10 +390,17 @@ impl ProtocolRegistry {
             return Err(format!(
                 "capability {name:?} is not declared in the protocol registry {}; declare it under capabilities (declared: {})",
                 self.path.display(),
-                self.capabilities.keys().cloned().collect::<Vec<_>>().join(", ")
+                self.capabilities
+                    .keys()
+                    .cloned()
+                    .collect::<Vec<_>>()
+                    .join(", ")
             ));
         };
-        if !capability.versions.is_empty() && !version.is_empty() && !capability.versions.iter().any(|v| v == version) {
+        if !capability.versions.is_empty()
+            && !version.is_empty()
+            && !capability.versions.iter().any(|v| v == version)
+        {
             return Err(format!(
                 "capability {name:?} version {version:?} is not declared in the protocol registry {}; declared versions: {}",
                 self.path.display(),
@@ -406,7 +414,11 @@ impl ProtocolRegistry {
     ///
     /// # Errors
     /// [`ProtocolError::SchemaViolation`] with the pointer of the first bad value.
-    pub fn validate_input(&self, name: &str, value: &serde_json::Value) -> Result<(), ProtocolError> {
+    pub fn validate_input(
+        &self,
+        name: &str,
+        value: &serde_json::Value,
+    ) -> Result<(), ProtocolError> {
         let Some(validator) = self
             .capabilities
             .get(name)
@@ -481,7 +493,10 @@ adapters:
             .unwrap()
             .apply(&serde_json::json!({"text": "hi", "extra": {"a": [1, 2]}}))
             .unwrap();
-        assert_eq!(out, serde_json::json!({"body": "hi", "extra": {"a": [1, 2]}}));
+        assert_eq!(
+            out,
+            serde_json::json!({"body": "hi", "extra": {"a": [1, 2]}})
+        );
     }
 
     #[test]
@@ -501,7 +516,9 @@ adapters:
         let bad = FILE.replace("'.body = .text | del(.text)'", "'.body = ('");
         let err = ProtocolRegistry::parse(Path::new("t.yaml"), &bad).unwrap_err();
         assert!(err.to_string().contains("adapters[0].request"), "{err}");
-        let err = ProtocolRegistry::parse(Path::new("t.yaml"), "capabilities: {x: {idempotnt: true}}").unwrap_err();
+        let err =
+            ProtocolRegistry::parse(Path::new("t.yaml"), "capabilities: {x: {idempotnt: true}}")
+                .unwrap_err();
         assert!(err.to_string().contains("line 1"), "{err}");
         assert!(registry_declares());
     }

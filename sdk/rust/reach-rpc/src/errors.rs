@@ -73,7 +73,9 @@ pub fn status_with_retry(
 
 /// The `google.rpc.RetryInfo` delay of a status, if it carries one.
 pub fn retry_after_of(status: &Status) -> Option<std::time::Duration> {
-    status.get_details_retry_info().and_then(|info| info.retry_delay)
+    status
+        .get_details_retry_info()
+        .and_then(|info| info.retry_delay)
 }
 
 /// The ErrorInfo reason of a status, if it carries one.

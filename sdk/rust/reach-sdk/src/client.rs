@@ -173,11 +173,7 @@ impl MeshClient {
         payload: Payload,
         options: CallOptions,
     ) -> Result<PublishResponse, Status> {
-        let message = self.message(
-            header::Target::Topic(topic.to_string()),
-            payload,
-            &options,
-        );
+        let message = self.message(header::Target::Topic(topic.to_string()), payload, &options);
         let mut request = tonic::Request::new(PublishRequest {
             message: Some(message),
         });

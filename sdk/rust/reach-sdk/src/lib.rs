@@ -20,7 +20,7 @@
 //! ```
 //!
 //! # Layout
-//! - [`config`]: [`AgentConfig`].
+//! - [`config`]: the agent settings, [`AgentConfig`].
 //! - [`handler`]: the [`Handler`] and [`StreamHandler`] traits and the [`HandlerContext`]
 //!   a handler gets (trace id, deadline, cancellation).
 //! - [`runtime`]: [`AgentRuntime`] — serve, register, heartbeat, bounded concurrency,

@@ -80,10 +80,8 @@ impl AgentRuntime {
     /// `descriptor_set` (the service's encoded `FileDescriptorSet`) is added to reflection.
     pub fn grpc_service<S>(mut self, service: S, descriptor_set: Option<&'static [u8]>) -> Self
     where
-        S: tower::Service<
-                http::Request<tonic::body::Body>,
-                Error = std::convert::Infallible,
-            > + tonic::server::NamedService
+        S: tower::Service<http::Request<tonic::body::Body>, Error = std::convert::Infallible>
+            + tonic::server::NamedService
             + Clone
             + Send
             + Sync
@@ -628,8 +626,9 @@ impl AgentService for AgentGrpc {
         // redelivery of the same message id gets that outcome instead of running it again.
         let task = tokio::spawn(run);
         let run = async move {
-            task.await
-                .unwrap_or_else(|join| Err(Status::internal(format!("handler task failed: {join}"))))
+            task.await.unwrap_or_else(|join| {
+                Err(Status::internal(format!("handler task failed: {join}")))
+            })
         };
         let result = match deadline {
             Some(deadline) => match tokio::time::timeout_at(deadline, run).await {

@@ -127,7 +127,11 @@ pub fn config(service: &str, id: &str, registry: &str) -> AgentConfig {
 }
 
 /// An agent for `capability` whose handler counts calls and answers with its instance id.
-pub fn echo_agent(config: AgentConfig, capability: &str, counter: Arc<AtomicUsize>) -> AgentRuntime {
+pub fn echo_agent(
+    config: AgentConfig,
+    capability: &str,
+    counter: Arc<AtomicUsize>,
+) -> AgentRuntime {
     AgentRuntime::new(config).handle(
         capability,
         "1.0.0",
