@@ -141,12 +141,14 @@ pub fn suggest(category: Category, input: &ComplaintInput, handled_by: &str) -> 
     }
 }
 
-/// Parses the complaint from a message's first data part.
+/// Parses the complaint from a message's first data part: either the complaint's fields at
+/// the top level (`{complaint_id, narrative, ...}`, as the coordinator sends) or under
+/// `complaint` (`{complaint: {...}, classification: {...}}`, as `complaint-flow` sends).
 ///
 /// # Errors
 /// INVALID_ARGUMENT naming what is missing.
 pub fn read_input(message: &ReachMessage) -> Result<ComplaintInput, Status> {
-    let data = message
+    let mut data = message
         .payload
         .as_ref()
         .and_then(Payload::first_json)
@@ -155,8 +157,14 @@ pub fn read_input(message: &ReachMessage) -> Result<ComplaintInput, Status> {
                 "the payload needs a data part with complaint_id and narrative",
             )
         })?;
-    serde_json::from_value(data)
-        .map_err(|e| Status::invalid_argument(format!("the complaint data part is malformed: {e}")))
+    if let Some(inner) = data.get_mut("complaint").filter(|c| c.is_object()) {
+        data = inner.take();
+    }
+    serde_json::from_value(data).map_err(|e| {
+        Status::invalid_argument(format!(
+            "the complaint data part is malformed: {e}; send {{\"complaint_id\": \"...\", \"narrative\": \"...\"}}"
+        ))
+    })
 }
 
 /// The executor handler for `category`.

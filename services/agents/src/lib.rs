@@ -7,15 +7,15 @@
 //! suggestion.
 //!
 //! # Layout
-//! - [`complaint`]: the CSV record and its loader.
-//! - [`classifier`]: the deterministic weighted-term classifier and the `Issue` → category
+//! - [`complaint`] — the CSV record and its loader.
+//! - [`classifier`] — the deterministic weighted-term classifier and the `Issue` → category
 //!   mapping used to score it.
-//! - [`extract`]: key fields from the text (company, state, dollar amounts).
-//! - [`executor`]: the executor handler (`complaint.<category>` capabilities).
-//! - [`coordinator`]: the coordinator handlers (`complaint.triage`, `complaint.classify`).
-//! - [`ingest`]: sends complaints through the mesh and collects the outcomes.
-//! - [`fleet`]: starts the whole example fleet on ephemeral ports.
-//! - [`typed`]: the triage agent's own typed gRPC API (`examples.complaints.v1.TriageService`),
+//! - [`extract`] — key fields from the text (company, state, dollar amounts).
+//! - [`executor`] — the executor handler (`complaint.<category>` capabilities).
+//! - [`coordinator`] — the coordinator handlers (`complaint.triage`, `complaint.classify`).
+//! - [`ingest`] — sends complaints through the mesh and collects the outcomes.
+//! - [`fleet`] — starts the whole example fleet on ephemeral ports.
+//! - [`typed`] — the triage agent's own typed gRPC API (`examples.complaints.v1.TriageService`),
 //!   reached through the router by typed pass-through.
 
 pub mod classifier;

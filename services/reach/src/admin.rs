@@ -1,5 +1,7 @@
-//! The HTTP admin port: `GET /health` and `GET /agents` (JSON), as users of the original
-//! gateway expect.
+//! The HTTP admin port: `GET /metrics` (Prometheus) and `GET /health` from reach-telemetry,
+//! `GET /agents` (JSON) and `DELETE /agents/{service}` (drain, then remove), as users of the
+//! original gateway expect; `reach dev` adds the orchestrator's `GET /tasks/{id}` and
+//! `POST /tasks/{id}/retry`.
 
 use axum::extract::State;
 use axum::http::StatusCode;
@@ -10,16 +12,18 @@ use reach_registry::Registry;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
-/// The admin routes over an optional local registry.
-pub fn routes(registry: Option<Registry>) -> Router {
-    Router::new()
-        .route("/health", get(health))
-        .route("/agents", get(agents))
-        .with_state(registry)
-}
-
-async fn health() -> impl IntoResponse {
-    Json(serde_json::json!({"status": "serving"}))
+/// The admin routes: `/metrics` and `/health` (from `metrics`), and `/agents` over an
+/// optional local registry.
+pub fn routes(
+    metrics: reach_telemetry::metrics::PrometheusHandle,
+    registry: Option<Registry>,
+) -> Router {
+    reach_telemetry::admin_router(metrics).merge(
+        Router::new()
+            .route("/agents", get(agents))
+            .route("/agents/{service}", axum::routing::delete(drain_service))
+            .with_state(registry),
+    )
 }
 
 async fn agents(State(registry): State<Option<Registry>>) -> impl IntoResponse {
@@ -49,6 +53,40 @@ async fn agents(State(registry): State<Option<Registry>>) -> impl IntoResponse {
         })
         .collect();
     Json(serde_json::json!({"revision": list.revision, "instances": instances})).into_response()
+}
+
+/// How long `DELETE /agents/{service}` lets in-flight work finish before removing.
+const DRAIN_GRACE: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// `DELETE /agents/{service}`: drains every instance of the service (DRAINING now, removed
+/// once idle or after 30 s). 202 with the instance ids; 404 when the service has none.
+async fn drain_service(
+    State(registry): State<Option<Registry>>,
+    axum::extract::Path(service): axum::extract::Path<String>,
+) -> impl IntoResponse {
+    let Some(registry) = registry else {
+        return (
+            StatusCode::NOT_FOUND,
+            Json(
+                serde_json::json!({"error": "this process runs no registry; ask the registry's admin port"}),
+            ),
+        );
+    };
+    let drained = registry.drain_service(&service, DRAIN_GRACE);
+    if drained.is_empty() {
+        return (
+            StatusCode::NOT_FOUND,
+            Json(
+                serde_json::json!({"error": format!("no instance of service {service:?} is registered; see GET /agents")}),
+            ),
+        );
+    }
+    (
+        StatusCode::ACCEPTED,
+        Json(
+            serde_json::json!({"service": service, "draining": drained, "grace_s": DRAIN_GRACE.as_secs()}),
+        ),
+    )
 }
 
 /// Serves `routes` on `listener` until `shutdown` is cancelled.

@@ -6,6 +6,7 @@ use std::path::Path;
 
 use figment::Figment;
 use figment::providers::{Env, Format, Serialized, Toml};
+use reach_orchestrator::OrchestratorConfig;
 use reach_registry::RegistryConfig;
 use reach_router::RouterConfig;
 use serde::{Deserialize, Serialize};
@@ -22,6 +23,8 @@ pub struct ReachConfig {
     pub registry: RegistryConfig,
     /// The router's settings.
     pub router: RouterConfig,
+    /// The orchestrator's settings.
+    pub orchestrator: OrchestratorConfig,
 }
 
 impl Default for ReachConfig {
@@ -31,6 +34,7 @@ impl Default for ReachConfig {
             admin_listen: "127.0.0.1:7071".into(),
             registry: RegistryConfig::default(),
             router: RouterConfig::default(),
+            orchestrator: OrchestratorConfig::default(),
         }
     }
 }
@@ -97,6 +101,9 @@ impl ReachConfig {
         }
         self.registry.validate().map_err(ConfigError::Invalid)?;
         self.router.validate().map_err(ConfigError::Invalid)?;
+        self.orchestrator
+            .validate()
+            .map_err(|e| ConfigError::Invalid(format!("orchestrator: {e}")))?;
         Ok(())
     }
 }

@@ -20,13 +20,22 @@ pub struct Services {
     pub registry: bool,
     /// Run the router. With the registry alongside, the router watches it over loopback.
     pub router: bool,
+    /// Run the orchestrator. With the router alongside, task nodes call it over loopback.
+    pub orchestrator: bool,
 }
 
 impl Services {
-    /// Registry and router together.
+    /// Registry, router and orchestrator together, as `reach dev` runs them.
     pub const ALL: Services = Services {
         registry: true,
         router: true,
+        orchestrator: true,
+    };
+    /// Registry and router only (the mesh without flows).
+    pub const MESH: Services = Services {
+        registry: true,
+        router: true,
+        orchestrator: false,
     };
 }
 
@@ -36,6 +45,9 @@ pub enum StartError {
     /// A setting is invalid.
     #[error("invalid configuration: {0}")]
     Config(String),
+    /// The orchestrator could not start (store, flows).
+    #[error("orchestrator: {0}")]
+    Orchestrator(#[from] reach_orchestrator::Error),
     /// The listener could not be used.
     #[error("cannot use the listener: {0}")]
     Io(#[from] std::io::Error),
@@ -46,6 +58,10 @@ pub struct ControlPlane {
     addr: SocketAddr,
     registry: Option<Registry>,
     router: Option<Router>,
+    orchestrator: Option<(
+        reach_orchestrator::Orchestrator,
+        reach_orchestrator::Running,
+    )>,
     shutdown: CancellationToken,
     serve: JoinHandle<Result<(), reach_rpc::server::ServeError>>,
     background: Vec<JoinHandle<()>>,
@@ -67,7 +83,9 @@ impl ControlPlane {
         let registry = if services.registry {
             let registry = Registry::new(config.registry.clone()).map_err(StartError::Config)?;
             background.push(tokio::spawn(registry.clone().run_sweeper()));
-            server = server.add_service(RegistryGrpc::new(registry.clone()).into_server());
+            server = server.add_service(reach_telemetry::traced(
+                RegistryGrpc::new(registry.clone()).into_server(),
+            ));
             Some(registry)
         } else {
             None
@@ -85,7 +103,7 @@ impl ControlPlane {
             let router = Router::new(router_config).map_err(StartError::Config)?;
             background.push(router.spawn_registry_watch());
             server = server
-                .add_service(router.clone().into_server())
+                .add_service(reach_telemetry::traced(router.clone().into_server()))
                 .with_fallback(reach_router::passthrough::PassThrough::new(
                     router.table().clone(),
                 ));
@@ -93,14 +111,33 @@ impl ControlPlane {
         } else {
             None
         };
+        let orchestrator = if services.orchestrator {
+            let mut orchestrator_config = config.orchestrator.clone();
+            if services.router {
+                orchestrator_config.router_endpoint = format!("http://{addr}");
+            }
+            let orchestrator = reach_orchestrator::Orchestrator::new(orchestrator_config).await?;
+            let running = orchestrator.start()?;
+            server = server.add_service(reach_telemetry::traced(orchestrator.grpc_service()));
+            Some((orchestrator, running))
+        } else {
+            None
+        };
         let shutdown = CancellationToken::new();
         let stop = shutdown.clone();
         let serve = tokio::spawn(server.serve(listener, async move { stop.cancelled().await }));
-        info!(%addr, registry = services.registry, router = services.router, "control plane serving");
+        info!(
+            %addr,
+            registry = services.registry,
+            router = services.router,
+            orchestrator = services.orchestrator,
+            "control plane serving"
+        );
         Ok(Self {
             addr,
             registry,
             router,
+            orchestrator,
             shutdown,
             serve,
             background,
@@ -127,6 +164,11 @@ impl ControlPlane {
         self.router.as_ref()
     }
 
+    /// The orchestrator, when this control plane runs one.
+    pub fn orchestrator(&self) -> Option<&reach_orchestrator::Orchestrator> {
+        self.orchestrator.as_ref().map(|(o, _)| o)
+    }
+
     /// A token that stops serving when cancelled.
     pub fn shutdown_token(&self) -> CancellationToken {
         self.shutdown.clone()
@@ -148,6 +190,10 @@ impl ControlPlane {
         for task in self.background {
             task.abort();
         }
+        if let Some((orchestrator, running)) = self.orchestrator {
+            running.shutdown().await;
+            orchestrator.engine().store().close().await;
+        }
         result
     }
 
@@ -156,6 +202,11 @@ impl ControlPlane {
     /// # Errors
     /// The server's failure, if it failed.
     pub async fn shutdown(self) -> Result<(), reach_rpc::server::ServeError> {
+        // Stop following the registry first, so the router does not mistake the shutdown
+        // for an outage and try to reconnect.
+        for task in &self.background {
+            task.abort();
+        }
         self.shutdown.cancel();
         if let Some(registry) = &self.registry {
             registry.close_watches();

@@ -1,18 +1,26 @@
-//! `reach demo`: the main job on the embedded default. Starts registry, router and the
-//! example fleet in this process, sends every complaint of the CSV through the mesh via the
-//! ingest agent, prints a per-complaint table and a summary, and stops everything.
+//! `reach demo`: the main job on the embedded default. Starts registry, router, orchestrator
+//! (SQLite in a temporary directory) and the example fleet in this process, runs every
+//! complaint of the CSV as a task of `complaint-flow`, prints a per-complaint table and a
+//! summary, and stops everything.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::{Context, bail};
+use futures::StreamExt;
+use reach_agents::classifier::{Category, category_for_issue};
+use reach_agents::complaint::Complaint;
 use reach_agents::fleet::{Fleet, FleetOptions};
-use reach_agents::ingest::{INGEST_CAPABILITY, IngestOutcome, IngestReply};
-use reach_proto::v1::Payload;
-use reach_sdk::{CallOptions, MeshClient};
+use reach_agents::ingest::IngestOutcome;
+use reach_proto::v1::orchestrator_service_client::OrchestratorServiceClient;
+use reach_proto::v1::{
+    ApplyFlowRequest, GetTaskRequest, StartTaskRequest, Task, TaskStatus, WatchTaskRequest,
+};
 use serde::Serialize;
 use tokio::net::TcpListener;
+use tokio::time::Instant;
+use tonic::transport::Channel;
 
 use crate::config::ReachConfig;
 use crate::control_plane::{ControlPlane, Services};
@@ -47,12 +55,14 @@ pub struct DemoReport {
     pub succeeded: usize,
     /// Complaints whose triage failed.
     pub failed: usize,
-    /// Complaints marked for human review.
+    /// Complaints whose task waits for a person (the flow's `human_review` node).
     pub human_review: usize,
+    /// The same count under the flow's name for it: tasks in WAITING_HUMAN.
+    pub waiting_human: usize,
     /// Share of complaints whose classified category matches the category of their CSV
     /// `Issue` (mapping: `reach_agents::classifier::category_for_issue`), over all complaints.
     pub accuracy: f64,
-    /// End-to-end triage latency per complaint, as the ingest agent measured it.
+    /// Per complaint, from StartTask until the task ended or waited for a person.
     pub latency_ms: Latency,
     /// Routed complaints per executor capability.
     pub by_capability: BTreeMap<String, usize>,
@@ -64,7 +74,13 @@ pub struct DemoReport {
     pub complaints: Vec<IngestOutcome>,
 }
 
-/// Runs the demo and returns its report.
+/// The flow every complaint runs as (a copy of `examples/flows/complaint-flow.yaml`, embedded
+/// so the demo runs from any directory).
+pub const COMPLAINT_FLOW: &str = include_str!("../../../examples/flows/complaint-flow.yaml");
+
+/// Runs the demo and returns its report: every complaint becomes a task of `complaint-flow`
+/// (classify → the category's executor, or a human review node when unsure), run by the
+/// orchestrator through the router.
 ///
 /// # Errors
 /// When the input is unreadable or the mesh cannot start.
@@ -76,10 +92,14 @@ pub async fn run(options: &DemoOptions) -> anyhow::Result<DemoReport> {
         bail!("{} holds no complaints", input.display());
     }
 
-    let config = ReachConfig {
+    let data_dir = std::env::temp_dir().join(format!("reach-demo-{}", uuid_like()));
+    std::fs::create_dir_all(&data_dir)?;
+    let mut config = ReachConfig {
         listen: "127.0.0.1:0".into(),
         ..ReachConfig::default()
     };
+    config.orchestrator.store_url =
+        format!("sqlite://{}", data_dir.join("orchestrator.db").display());
     let listener = TcpListener::bind("127.0.0.1:0")
         .await
         .context("binding the demo's gRPC port")?;
@@ -100,30 +120,174 @@ pub async fn run(options: &DemoOptions) -> anyhow::Result<DemoReport> {
     .await
     .context("the example agents did not all become routable within 10 s")?;
 
-    let mesh = MeshClient::connect(&endpoint, "demo.cli").await?;
-    let request = serde_json::json!({"path": input.display().to_string(), "concurrency": options.concurrency});
-    let reply = mesh
-        .call(
-            INGEST_CAPABILITY,
-            Payload::json("complaint.ingest_request", &request),
-            CallOptions {
-                timeout: Some(Duration::from_secs(120)),
-                ..CallOptions::default()
-            },
-        )
+    let channel = tonic::transport::Endpoint::from_shared(endpoint.clone())?
+        .connect()
+        .await?;
+    let orchestrator = OrchestratorServiceClient::new(channel);
+    orchestrator
+        .clone()
+        .apply_flow(ApplyFlowRequest {
+            yaml: COMPLAINT_FLOW.to_string(),
+            source: "examples/flows/complaint-flow.yaml".into(),
+        })
         .await
-        .map_err(|s| anyhow::anyhow!("ingest failed: {:?}: {}", s.code(), s.message()))?;
-    let reply: IngestReply = serde_json::from_value(
-        reply
-            .message
-            .and_then(|m| m.payload)
-            .and_then(|p| p.first_json())
-            .context("the ingest reply had no data part")?,
-    )?;
+        .map_err(|s| anyhow::anyhow!("applying complaint-flow failed: {}", s.message()))?;
+
+    let outcomes: Vec<IngestOutcome> = futures::stream::iter(complaints)
+        .map(|complaint| run_task(orchestrator.clone(), complaint))
+        .buffered(options.concurrency.max(1))
+        .collect()
+        .await;
 
     fleet.drain().await;
     plane.shutdown().await?;
-    Ok(summarize(reply.outcomes))
+    let _ = std::fs::remove_dir_all(&data_dir);
+    Ok(summarize(outcomes))
+}
+
+fn uuid_like() -> String {
+    format!(
+        "{}-{}",
+        std::process::id(),
+        reach_rpc::trace::TraceId::random()
+    )
+}
+
+/// Starts one complaint's task and follows it until it ends or waits for a person.
+async fn run_task(
+    mut orchestrator: OrchestratorServiceClient<Channel>,
+    complaint: Complaint,
+) -> IngestOutcome {
+    let started = Instant::now();
+    let mut outcome = IngestOutcome {
+        expected_category: category_for_issue(&complaint.issue).map(|c| c.name().to_string()),
+        complaint_id: complaint.complaint_id.clone(),
+        issue: complaint.issue.clone(),
+        status: "failed".into(),
+        category: None,
+        confidence: None,
+        capability: None,
+        department: None,
+        priority: None,
+        executor_instance: None,
+        company: None,
+        max_amount_usd: None,
+        error: None,
+        latency_ms: 0.0,
+        trace_id: String::new(),
+    };
+    let task = match follow_task(&mut orchestrator, &complaint).await {
+        Ok(task) => task,
+        Err(status) => {
+            outcome.error = Some(format!("{:?}: {}", status.code(), status.message()));
+            outcome.latency_ms = started.elapsed().as_secs_f64() * 1e3;
+            return outcome;
+        }
+    };
+    outcome.latency_ms = started.elapsed().as_secs_f64() * 1e3;
+    outcome.trace_id = task.trace_id.clone();
+    let node_output = |id: &str| {
+        task.nodes
+            .iter()
+            .rev()
+            .find(|n| n.node_id == id)
+            .and_then(|n| n.output.as_ref())
+            .map(reach_proto::json::from_proto)
+    };
+    if let Some(classification) = node_output("classify") {
+        outcome.category = classification["category"].as_str().map(str::to_string);
+        outcome.confidence = classification["confidence"].as_f64();
+    }
+    match task.status() {
+        TaskStatus::WaitingHuman => outcome.status = "human_review".into(),
+        TaskStatus::Succeeded => {
+            let executor = Category::ALL
+                .into_iter()
+                .find_map(|c| node_output(c.name()).map(|output| (c, output)));
+            if let Some((category, suggestion)) = executor {
+                outcome.status = "routed".into();
+                outcome.capability = Some(category.capability().to_string());
+                outcome.department = suggestion["department"].as_str().map(str::to_string);
+                outcome.priority = suggestion["priority"].as_str().map(str::to_string);
+                outcome.executor_instance = suggestion["handled_by"].as_str().map(str::to_string);
+                outcome.company = suggestion["fields"]["company"].as_str().map(str::to_string);
+                outcome.max_amount_usd = suggestion["fields"]["max_amount_usd"].as_f64();
+            } else {
+                outcome.error = Some("the task succeeded without an executor node".into());
+            }
+        }
+        other => {
+            outcome.error = Some(format!("task ended {other:?}: {}", task.error));
+        }
+    }
+    outcome
+}
+
+/// Starts the task, then watches its events until it ends or waits for a person, and returns
+/// the task as it is then.
+async fn follow_task(
+    orchestrator: &mut OrchestratorServiceClient<Channel>,
+    complaint: &Complaint,
+) -> Result<Task, tonic::Status> {
+    let input = serde_json::json!({
+        "complaint_id": complaint.complaint_id,
+        "narrative": complaint.narrative,
+        "company": complaint.company,
+        "state": complaint.state,
+    });
+    let task_id = format!("complaint-{}", complaint.complaint_id);
+    orchestrator
+        .start_task(StartTaskRequest {
+            flow_id: "complaint-flow".into(),
+            flow_version: 0,
+            input: Some(reach_proto::json::to_proto(&input)),
+            task_id: task_id.clone(),
+        })
+        .await?;
+    let settled = |status: TaskStatus| {
+        matches!(
+            status,
+            TaskStatus::WaitingHuman
+                | TaskStatus::Succeeded
+                | TaskStatus::Failed
+                | TaskStatus::Partial
+                | TaskStatus::Cancelled
+        )
+    };
+    let mut events = orchestrator
+        .watch_task(WatchTaskRequest {
+            task_id: task_id.clone(),
+            after_sequence: 0,
+        })
+        .await?
+        .into_inner();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let event = tokio::time::timeout_at(deadline, events.message())
+            .await
+            .map_err(|_| {
+                tonic::Status::deadline_exceeded("the task did not settle within 60 s")
+            })??;
+        match event.and_then(|e| e.event) {
+            Some(event) if settled(event.status()) => break,
+            Some(_) => {}
+            None => break,
+        }
+    }
+    let task = orchestrator
+        .get_task(GetTaskRequest { task_id })
+        .await?
+        .into_inner()
+        .task
+        .ok_or_else(|| tonic::Status::internal("GetTask returned no task"))?;
+    if settled(task.status()) {
+        Ok(task)
+    } else {
+        Err(tonic::Status::internal(format!(
+            "the task stopped watching while {:?}",
+            task.status()
+        )))
+    }
 }
 
 fn absolute(path: &Path) -> anyhow::Result<PathBuf> {
@@ -169,6 +333,7 @@ pub fn summarize(outcomes: Vec<IngestOutcome>) -> DemoReport {
         succeeded: total - failed,
         failed,
         human_review,
+        waiting_human: human_review,
         accuracy: if total == 0 {
             0.0
         } else {
@@ -227,9 +392,8 @@ pub fn render_text(report: &DemoReport) -> String {
     }
     let mut out = table.to_string();
     out.push_str(&format!(
-        "\n\n{} complaints: {} succeeded ({} routed, {} for human review), {} failed\n",
+        "\n\n{} complaints as tasks of complaint-flow: {} routed to an executor, {} waiting for a person, {} failed\n",
         report.total,
-        report.succeeded,
         report.succeeded - report.human_review,
         report.human_review,
         report.failed

@@ -40,13 +40,62 @@ enum Command {
         #[arg(long, default_value_t = 16)]
         concurrency: usize,
     },
-    /// Run registry, router and the example agents in one process until Ctrl-C.
+    /// Run registry, router, orchestrator and the example agents in one process until Ctrl-C.
     Dev {
         #[command(flatten)]
         service: ServiceArgs,
         /// Start without the example agents.
         #[arg(long)]
         no_agents: bool,
+        /// Where the orchestrator keeps its SQLite file; tasks survive restarts of `reach dev`.
+        #[arg(long, default_value = ".reach")]
+        data_dir: PathBuf,
+        /// A directory of flow YAML files, loaded and watched (default: examples/flows when present).
+        #[arg(long)]
+        flows: Option<PathBuf>,
+    },
+    /// Run the orchestrator alone.
+    Orchestrator {
+        #[command(flatten)]
+        service: ServiceArgs,
+        /// The task store: sqlite://PATH or postgres://USER@HOST:PORT/DB.
+        #[arg(long)]
+        store: Option<String>,
+        /// The router task nodes call.
+        #[arg(long)]
+        router: Option<String>,
+        /// A directory of flow YAML files, loaded and watched.
+        #[arg(long)]
+        flows: Option<PathBuf>,
+    },
+    /// Validate, apply and list flows.
+    Flow {
+        /// The orchestrator (or `reach dev`) endpoint.
+        #[arg(long, global = true, default_value = "http://127.0.0.1:7070")]
+        endpoint: String,
+        #[command(flatten)]
+        args: reach_orchestrator::cli::FlowArgs,
+    },
+    /// Start, inspect, resume, cancel and retry tasks.
+    Task {
+        /// The orchestrator (or `reach dev`) endpoint.
+        #[arg(long, global = true, default_value = "http://127.0.0.1:7070")]
+        endpoint: String,
+        #[command(flatten)]
+        args: reach_orchestrator::cli::TaskArgs,
+    },
+    /// Print every message and node event of a task in time order.
+    Dump {
+        /// The orchestrator (or `reach dev`) endpoint.
+        #[arg(long, default_value = "http://127.0.0.1:7070")]
+        endpoint: String,
+        #[command(flatten)]
+        args: reach_orchestrator::cli::DumpArgs,
+    },
+    /// Benchmarks that print their figures.
+    Bench {
+        #[command(subcommand)]
+        bench: BenchCommand,
     },
     /// Run the registry alone.
     Registry {
@@ -64,10 +113,17 @@ enum Command {
         #[arg(long)]
         max_message_bytes: Option<usize>,
     },
-    /// Measure a component's cost side by side with its alternatives.
-    Bench {
-        #[command(subcommand)]
-        target: BenchTarget,
+    /// A live terminal board: instances, traffic per capability, tasks, failures (q quits).
+    Top {
+        /// The registry (or `reach dev`) gRPC endpoint.
+        #[arg(long, default_value = "http://127.0.0.1:7070")]
+        endpoint: String,
+        /// The admin host:port serving /metrics; default: the gRPC port + 1.
+        #[arg(long)]
+        admin: Option<String>,
+        /// Print one frame as text and exit.
+        #[arg(long)]
+        once: bool,
     },
     /// List the registered agent instances and their state.
     Agents {
@@ -80,16 +136,53 @@ enum Command {
     },
 }
 
+impl Command {
+    /// Whether the command prints a result and exits (rather than serving).
+    fn is_client(&self) -> bool {
+        matches!(
+            self,
+            Command::Demo { .. } | Command::Agents { .. } | Command::Top { .. }
+        )
+    }
+
+    /// The default OpenTelemetry `service.name` (OTEL_SERVICE_NAME overrides it).
+    fn service_name(&self) -> &'static str {
+        match self {
+            Command::Demo { .. } => "reach-demo",
+            Command::Dev { .. } => "reach-dev",
+            Command::Registry { .. } => "reach-registry",
+            Command::Router { .. } => "reach-router",
+            Command::Orchestrator { .. } => "reach-orchestrator",
+            Command::Bench { .. } => "reach-bench",
+            Command::Agents { .. }
+            | Command::Top { .. }
+            | Command::Flow { .. }
+            | Command::Task { .. }
+            | Command::Dump { .. } => "reach-cli",
+        }
+    }
+}
+
 #[derive(Subcommand)]
-enum BenchTarget {
+enum BenchCommand {
     /// Unary request-reply direct, through the router and through NATS; stream message rate.
     Router {
-        /// The reduced matrix (under a minute), ending with the tracking line.
+        /// The reduced matrix (under a minute); the last line is
+        /// `router_overhead_p50_us=<n> router_vs_direct_rps=<ratio> router_vs_nats_rps=<ratio>`.
         #[arg(long)]
         quick: bool,
-        /// Skip the NATS comparison.
+        /// Skip the NATS comparison (when nats-server is not installed).
         #[arg(long)]
         no_nats: bool,
+    },
+    /// Durable flow transitions per second on SQLite (and PostgreSQL with --postgres).
+    Flows {
+        /// A reduced run (under a minute); the last line is `sqlite_transitions_per_s=<n>`.
+        #[arg(long)]
+        quick: bool,
+        /// Also measure PostgreSQL at this URL (a fresh database is created there).
+        #[arg(long, env = "REACH_TEST_POSTGRES_URL")]
+        postgres: Option<String>,
     },
 }
 
@@ -125,17 +218,39 @@ impl ServiceArgs {
 #[tokio::main]
 async fn main() -> ExitCode {
     let cli = Cli::parse();
-    if let Err(message) = reach::telemetry::init_logs() {
-        eprintln!("error: {message}");
-        return ExitCode::from(EXIT_USAGE);
-    }
-    match run(cli.command).await {
+    let config =
+        reach_telemetry::TelemetryConfig::from_env(cli.command.service_name()).map(|mut config| {
+            // The demo and the client commands print results; their logs stay quiet unless asked.
+            if std::env::var_os("REACH_LOG").is_none() && cli.command.is_client() {
+                config.log_filter = "warn".into();
+            }
+            config
+        });
+    let telemetry = match config
+        .map_err(|e| e.to_string())
+        .and_then(|config| reach_telemetry::init(&config).map_err(|e| e.to_string()))
+    {
+        Ok(telemetry) => telemetry,
+        Err(message) => {
+            eprintln!("error: {message}");
+            return ExitCode::from(EXIT_USAGE);
+        }
+    };
+    let code = match run(cli.command).await {
         Ok(code) => code,
         Err(error) => {
             eprintln!("error: {error:#}");
             ExitCode::FAILURE
         }
+    };
+    if let Err(error) = telemetry.shutdown().await {
+        eprintln!("warning: spans not flushed: {error}");
     }
+    code
+}
+
+fn exit_code(code: i32) -> ExitCode {
+    ExitCode::from(u8::try_from(code).unwrap_or(1))
 }
 
 async fn run(command: Command) -> anyhow::Result<ExitCode> {
@@ -157,16 +272,101 @@ async fn run(command: Command) -> anyhow::Result<ExitCode> {
                 ExitCode::FAILURE
             })
         }
-        Command::Dev { service, no_agents } => {
-            serve(&service, service.overrides(), Services::ALL, !no_agents).await
+        Command::Dev {
+            service,
+            no_agents,
+            data_dir,
+            flows,
+        } => {
+            std::fs::create_dir_all(&data_dir).map_err(|e| {
+                anyhow::anyhow!("cannot create --data-dir {}: {e}", data_dir.display())
+            })?;
+            let mut overrides = service.overrides();
+            let mut orchestrator = Map::new();
+            orchestrator.insert(
+                "store_url".into(),
+                json!(format!(
+                    "sqlite://{}",
+                    data_dir.join("orchestrator.db").display()
+                )),
+            );
+            let flows = flows.or_else(|| {
+                let default = PathBuf::from("examples/flows");
+                default.is_dir().then_some(default)
+            });
+            if let Some(flows) = flows {
+                orchestrator.insert("flows_dir".into(), json!(flows));
+                orchestrator.insert("watch_flows".into(), json!(true));
+            }
+            overrides.insert("orchestrator".into(), Value::Object(orchestrator));
+            serve(&service, overrides, Services::ALL, !no_agents).await
         }
         Command::Registry { service } => {
             let services = Services {
                 registry: true,
                 router: false,
+                orchestrator: false,
             };
             serve(&service, service.overrides(), services, false).await
         }
+        Command::Orchestrator {
+            service,
+            store,
+            router,
+            flows,
+        } => {
+            let mut overrides = service.overrides();
+            let mut orchestrator = Map::new();
+            if let Some(store) = store {
+                orchestrator.insert("store_url".into(), json!(store));
+            }
+            if let Some(router) = router {
+                orchestrator.insert("router_endpoint".into(), json!(router));
+            }
+            if let Some(flows) = flows {
+                orchestrator.insert("flows_dir".into(), json!(flows));
+                orchestrator.insert("watch_flows".into(), json!(true));
+            }
+            if !orchestrator.is_empty() {
+                overrides.insert("orchestrator".into(), Value::Object(orchestrator));
+            }
+            let services = Services {
+                registry: false,
+                router: false,
+                orchestrator: true,
+            };
+            serve(&service, overrides, services, false).await
+        }
+        Command::Flow { endpoint, args } => {
+            let code =
+                reach_orchestrator::cli::flow(&endpoint, args, &mut std::io::stdout()).await?;
+            Ok(exit_code(code))
+        }
+        Command::Task { endpoint, args } => {
+            let code =
+                reach_orchestrator::cli::task(&endpoint, args, &mut std::io::stdout()).await?;
+            Ok(exit_code(code))
+        }
+        Command::Dump { endpoint, args } => {
+            let code =
+                reach_orchestrator::cli::dump(&endpoint, args, &mut std::io::stdout()).await?;
+            Ok(exit_code(code))
+        }
+        Command::Bench { bench } => match bench {
+            BenchCommand::Router { quick, no_nats } => {
+                reach::bench::run(&reach::bench::BenchOptions { quick, no_nats }).await?;
+                Ok(ExitCode::SUCCESS)
+            }
+            BenchCommand::Flows { quick, postgres } => {
+                reach_orchestrator::bench::bench_flows(
+                    quick,
+                    postgres.as_deref(),
+                    &mut std::io::stdout(),
+                )
+                .await?;
+                Ok(ExitCode::SUCCESS)
+            }
+        },
         Command::Router {
             service,
             registry,
@@ -186,13 +386,22 @@ async fn run(command: Command) -> anyhow::Result<ExitCode> {
             let services = Services {
                 registry: false,
                 router: true,
+                orchestrator: false,
             };
             serve(&service, overrides, services, false).await
         }
-        Command::Bench {
-            target: BenchTarget::Router { quick, no_nats },
+        Command::Top {
+            endpoint,
+            admin,
+            once,
         } => {
-            reach::bench::run(&reach::bench::BenchOptions { quick, no_nats }).await?;
+            let options = reach_telemetry::top::TopOptions {
+                endpoint,
+                admin,
+                once,
+                ..Default::default()
+            };
+            reach_telemetry::top::run(options).await?;
             Ok(ExitCode::SUCCESS)
         }
         Command::Agents { endpoint, json } => {
@@ -236,9 +445,13 @@ async fn serve(
             )
         })?;
         let admin_addr = admin_listener.local_addr()?;
-        let routes = reach::admin::routes(plane.registry().cloned());
+        let metrics = reach_telemetry::metrics::install()?;
+        let mut routes = reach::admin::routes(metrics, plane.registry().cloned());
+        if let Some(orchestrator) = plane.orchestrator() {
+            routes = routes.merge(orchestrator.admin_router());
+        }
         let token = shutdown.clone();
-        println!("admin http   http://{admin_addr}  (/health, /agents)");
+        println!("admin http   http://{admin_addr}  (/health, /metrics, /agents)");
         Some(tokio::spawn(reach::admin::serve(
             admin_listener,
             routes,
@@ -247,11 +460,16 @@ async fn serve(
     };
     println!(
         "grpc         {endpoint}  ({}; health and reflection)",
-        match (services.registry, services.router) {
-            (true, true) => "reach.v1.RegistryService, reach.v1.RouterService",
-            (true, false) => "reach.v1.RegistryService",
-            _ => "reach.v1.RouterService",
-        }
+        [
+            (services.registry, "reach.v1.RegistryService"),
+            (services.router, "reach.v1.RouterService"),
+            (services.orchestrator, "reach.v1.OrchestratorService"),
+        ]
+        .iter()
+        .filter(|(on, _)| *on)
+        .map(|(_, name)| *name)
+        .collect::<Vec<_>>()
+        .join(", ")
     );
     let fleet = if with_agents {
         let fleet =

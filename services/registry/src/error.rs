@@ -22,6 +22,9 @@ pub enum RegistryError {
         /// The lease id the caller sent.
         lease_id: String,
     },
+    /// An operator drained the instance (`DELETE /agents/{service}`); it must not register again.
+    #[error("instance {0:?} was drained by an operator and removed; it must not register again")]
+    Drained(String),
 }
 
 impl From<RegistryError> for Status {
@@ -33,6 +36,12 @@ impl From<RegistryError> for Status {
                 err.to_string(),
                 reason::CAPABILITY_NOT_DECLARED,
                 [],
+            ),
+            RegistryError::Drained(instance_id) => status_with_reason(
+                Code::FailedPrecondition,
+                err.to_string(),
+                reason::INSTANCE_DRAINED,
+                [("instance_id".to_string(), instance_id.clone())],
             ),
             RegistryError::LeaseNotFound {
                 instance_id,

@@ -5,11 +5,11 @@
 //! sessions: an instance stays routable only while it renews its lease with heartbeats.
 //!
 //! # Layout
-//! - [`config`]: [`RegistryConfig`], lease bounds and probing.
-//! - [`store`]: [`Registry`], the in-memory instance table, its revisions and its watchers.
-//! - [`service`]: the `reach.v1.RegistryService` gRPC implementation over a [`Registry`].
-//! - [`probe`]: the first health probe that moves an instance from REGISTERED to READY.
-//! - [`error`]: [`RegistryError`] and its mapping to gRPC statuses.
+//! - [`config`] — [`RegistryConfig`], lease bounds and probing.
+//! - [`store`] — [`Registry`], the in-memory instance table, its revisions and its watchers.
+//! - [`service`] — the `reach.v1.RegistryService` gRPC implementation over a [`Registry`].
+//! - [`probe`] — the first health probe that moves an instance from REGISTERED to READY.
+//! - [`error`] — [`RegistryError`] and its mapping to gRPC statuses.
 
 pub mod config;
 pub mod error;

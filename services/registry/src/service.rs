@@ -36,13 +36,8 @@ impl RegistryGrpc {
     }
 }
 
-#[tonic::async_trait]
-impl RegistryService for RegistryGrpc {
-    async fn register(
-        &self,
-        request: Request<RegisterRequest>,
-    ) -> Result<Response<RegisterResponse>, Status> {
-        let request = request.into_inner();
+impl RegistryGrpc {
+    fn register_request(&self, request: RegisterRequest) -> Result<RegisterResponse, Status> {
         let spec = request
             .instance
             .ok_or_else(|| RegistryError::InvalidRegistration("instance is required".into()))?;
@@ -62,18 +57,14 @@ impl RegistryService for RegistryGrpc {
                 endpoint,
             ));
         }
-        Ok(Response::new(RegisterResponse {
+        Ok(RegisterResponse {
             lease_id: registration.lease_id,
             lease_ttl: Some(reach_rpc::time::proto_duration(registration.lease_ttl)),
             instance: Some(registration.instance),
-        }))
+        })
     }
 
-    async fn heartbeat(
-        &self,
-        request: Request<HeartbeatRequest>,
-    ) -> Result<Response<HeartbeatResponse>, Status> {
-        let request = request.into_inner();
+    fn heartbeat_request(&self, request: HeartbeatRequest) -> Result<HeartbeatResponse, Status> {
         let reported = InstanceState::try_from(request.state).map_err(|_| {
             Status::invalid_argument(format!(
                 "state {} is not a reach.v1.InstanceState",
@@ -86,10 +77,36 @@ impl RegistryService for RegistryGrpc {
             reported,
             request.in_flight,
         )?;
-        Ok(Response::new(HeartbeatResponse {
+        Ok(HeartbeatResponse {
             lease_expires_at: Some(reach_rpc::time::timestamp(expires)),
             state: state as i32,
-        }))
+        })
+    }
+}
+
+/// Records a registry operation's outcome in the metrics and wraps it in a response.
+fn observed<T>(operation: &'static str, result: Result<T, Status>) -> Result<Response<T>, Status> {
+    let code = result
+        .as_ref()
+        .map_or_else(Status::code, |_| tonic::Code::Ok);
+    reach_telemetry::metrics::registry::operation(operation, code);
+    result.map(Response::new)
+}
+
+#[tonic::async_trait]
+impl RegistryService for RegistryGrpc {
+    async fn register(
+        &self,
+        request: Request<RegisterRequest>,
+    ) -> Result<Response<RegisterResponse>, Status> {
+        observed("register", self.register_request(request.into_inner()))
+    }
+
+    async fn heartbeat(
+        &self,
+        request: Request<HeartbeatRequest>,
+    ) -> Result<Response<HeartbeatResponse>, Status> {
+        observed("heartbeat", self.heartbeat_request(request.into_inner()))
     }
 
     async fn deregister(
@@ -97,9 +114,12 @@ impl RegistryService for RegistryGrpc {
         request: Request<DeregisterRequest>,
     ) -> Result<Response<DeregisterResponse>, Status> {
         let request = request.into_inner();
-        self.registry
-            .deregister(&request.instance_id, &request.lease_id)?;
-        Ok(Response::new(DeregisterResponse {}))
+        let result = self
+            .registry
+            .deregister(&request.instance_id, &request.lease_id)
+            .map(|()| DeregisterResponse {})
+            .map_err(Status::from);
+        observed("deregister", result)
     }
 
     async fn list_instances(

@@ -40,6 +40,9 @@ struct Inner {
 #[derive(Default)]
 struct Table {
     instances: HashMap<String, Entry>,
+    /// Leases of instances an operator drained, with when: their heartbeats are answered
+    /// INSTANCE_DRAINED (not LEASE_NOT_FOUND) so they do not register again. Kept 10 min.
+    drained_leases: HashMap<String, Instant>,
     /// Increases by one with every change.
     revision: u64,
 }
@@ -210,6 +213,9 @@ impl Registry {
         in_flight: u32,
     ) -> Result<(SystemTime, InstanceState), RegistryError> {
         let mut table = self.table();
+        if table.drained_leases.contains_key(lease_id) {
+            return Err(RegistryError::Drained(instance_id.to_string()));
+        }
         let not_found = || RegistryError::LeaseNotFound {
             instance_id: instance_id.to_string(),
             lease_id: lease_id.to_string(),
@@ -256,6 +262,72 @@ impl Registry {
         Ok(())
     }
 
+    /// Drains every instance of `service` (an operator's removal): each becomes DRAINING at
+    /// once, so routers stop sending it work, and is removed when it reports no work in flight
+    /// or after `grace`, whichever comes first. Returns the drained instance ids.
+    pub fn drain_service(&self, service: &str, grace: Duration) -> Vec<String> {
+        let ids: Vec<String> = {
+            let mut table = self.table();
+            let ids: Vec<String> = table
+                .instances
+                .values()
+                .filter(|e| service_of(&e.instance) == service)
+                .map(|e| instance_id(&e.instance).to_string())
+                .collect();
+            let now = Instant::now();
+            table
+                .drained_leases
+                .retain(|_, at| now.duration_since(*at) < Duration::from_secs(600));
+            for id in &ids {
+                let lease = table.instances.get(id).map(|e| e.instance.lease_id.clone());
+                if let Some(lease) = lease {
+                    table.drained_leases.insert(lease, now);
+                }
+                if let Some(entry) = table.instances.get_mut(id) {
+                    entry.instance.state = InstanceState::Draining as i32;
+                }
+                info!(instance = %id, "instance drained by an operator");
+                self.touch_and_publish(&mut table, id);
+            }
+            ids
+        };
+        let registry = self.clone();
+        let draining = ids.clone();
+        tokio::spawn(async move {
+            let deadline = Instant::now() + grace;
+            let mut pending = draining;
+            while !pending.is_empty() {
+                let idle: Vec<String> = {
+                    let table = registry.table();
+                    pending
+                        .iter()
+                        .filter(|id| {
+                            table
+                                .instances
+                                .get(*id)
+                                .is_none_or(|e| e.instance.in_flight == 0)
+                        })
+                        .cloned()
+                        .collect()
+                };
+                let overdue = Instant::now() >= deadline;
+                {
+                    let mut table = registry.table();
+                    pending.retain(|id| {
+                        if overdue || idle.contains(id) {
+                            registry.remove(&mut table, id);
+                            false
+                        } else {
+                            true
+                        }
+                    });
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        });
+        ids
+    }
+
     /// Removes every instance of `service` (an operator's forced removal). Returns how many.
     pub fn remove_service(&self, service: &str) -> usize {
         let mut table = self.table();
@@ -283,6 +355,7 @@ impl Registry {
             .collect();
         for id in &expired {
             info!(instance = %id, "lease expired");
+            reach_telemetry::metrics::registry::lease_expired();
             self.remove(&mut table, id);
         }
         expired
@@ -355,11 +428,42 @@ impl Registry {
     }
 
     fn publish(&self, table: &Table, event: watch_response::Event) {
+        record_state_counts(table);
         // No receivers is fine: nobody watches yet.
         let _ = self.inner.events.send(WatchResponse {
             revision: table.revision,
             event: Some(event),
         });
+    }
+}
+
+/// Sets the instances-by-state gauges from the table (O(instances); called on every change).
+fn record_state_counts(table: &Table) {
+    let mut counts = [0usize; 6];
+    for entry in table.instances.values() {
+        if let Some(count) = counts.get_mut(entry.instance.state as usize) {
+            *count += 1;
+        }
+    }
+    for state in [
+        InstanceState::Registered,
+        InstanceState::Ready,
+        InstanceState::Busy,
+        InstanceState::Draining,
+    ] {
+        reach_telemetry::metrics::registry::instances(state_label(state), counts[state as usize]);
+    }
+}
+
+/// The metric label of a state (`ready`, `draining`, ...).
+pub fn state_label(state: InstanceState) -> &'static str {
+    match state {
+        InstanceState::Unspecified => "unspecified",
+        InstanceState::Registered => "registered",
+        InstanceState::Ready => "ready",
+        InstanceState::Busy => "busy",
+        InstanceState::Draining => "draining",
+        InstanceState::Offline => "offline",
     }
 }
 

@@ -14,6 +14,7 @@ use std::time::Duration;
 
 use reach_proto::v1::InstanceState;
 use reach_proto::v1::agent_service_client::AgentServiceClient;
+use reach_telemetry::grpc::GrpcClientTrace;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 use tonic::transport::Channel;
@@ -64,7 +65,7 @@ impl Room {
 /// A connection to one instance plus its shared load, state and health.
 #[derive(Debug)]
 pub struct InstanceEndpoint {
-    client: AgentServiceClient<Channel>,
+    client: AgentServiceClient<GrpcClientTrace<Channel>>,
     channel: Channel,
     info: Arc<InstanceInfo>,
     load: Arc<LoadTracker>,
@@ -92,7 +93,7 @@ impl InstanceEndpoint {
         ejection: EjectionConfig,
         max_message_bytes: usize,
     ) -> Self {
-        let client = AgentServiceClient::new(channel.clone())
+        let client = AgentServiceClient::new(reach_telemetry::traced_channel(channel.clone()))
             .max_decoding_message_size(max_message_bytes)
             .max_encoding_message_size(max_message_bytes);
         Self {
@@ -121,7 +122,7 @@ impl InstanceEndpoint {
     }
 
     /// A client of the instance's AgentService (cheap clone of a shared connection).
-    pub fn client(&self) -> AgentServiceClient<Channel> {
+    pub fn client(&self) -> AgentServiceClient<GrpcClientTrace<Channel>> {
         self.client.clone()
     }
 

@@ -105,7 +105,9 @@ impl futures::Stream for InboundPump {
 /// in-flight load until it ends.
 pub struct OutboundPump {
     agent: Streaming<HandleStreamResponse>,
-    abort: oneshot::Receiver<Status>,
+    /// Resolves with a status when the inbound half aborts; `None` once the inbound half has
+    /// ended without aborting.
+    abort: Option<oneshot::Receiver<Status>>,
     _in_flight: InFlight,
     deadline: Option<Pin<Box<tokio::time::Sleep>>>,
     done: bool,
@@ -121,7 +123,7 @@ impl OutboundPump {
     ) -> Self {
         Self {
             agent,
-            abort,
+            abort: Some(abort),
             _in_flight: in_flight,
             deadline: deadline.map(|d| Box::pin(tokio::time::sleep_until(d))),
             done: false,
@@ -136,9 +138,14 @@ impl futures::Stream for OutboundPump {
         if self.done {
             return Poll::Ready(None);
         }
-        if let Poll::Ready(Ok(status)) = Pin::new(&mut self.abort).poll(cx) {
-            self.done = true;
-            return Poll::Ready(Some(Err(status)));
+        if let Some(abort) = self.abort.as_mut()
+            && let Poll::Ready(outcome) = Pin::new(abort).poll(cx)
+        {
+            self.abort = None;
+            if let Ok(status) = outcome {
+                self.done = true;
+                return Poll::Ready(Some(Err(status)));
+            }
         }
         if let Some(deadline) = self.deadline.as_mut()
             && deadline.as_mut().poll(cx).is_ready()

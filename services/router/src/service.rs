@@ -29,7 +29,7 @@ use tonic::metadata::{MetadataMap, MetadataValue};
 use tonic::transport::Channel;
 use tonic::{Code, Request, Response, Status, Streaming};
 use tower::retry::budget::{Budget, TpsBudget};
-use tracing::{debug, warn};
+use tracing::{Instrument, debug, warn};
 
 use crate::config::RouterConfig;
 use crate::error::RouteError;
@@ -219,9 +219,132 @@ impl Router {
                 return Err(status);
             }
             redeliveries += 1;
+            reach_telemetry::metrics::router::retry(key.label());
             debug!(instance = %endpoint.info().instance_id, code = ?status.code(), redeliveries, idempotent, "retrying on another instance");
             tried.push(Arc::from(endpoint.info().instance_id.as_str()));
         }
+    }
+
+    /// The routed part of Call: TTL, versions and schema, delivery (with retries), the
+    /// asynchronous reply wait, and the reply envelope.
+    async fn call_routed(
+        &self,
+        mut message: ReachMessage,
+        metadata: MetadataMap,
+        key: RouteKey,
+        caller_deadline: Option<Instant>,
+        started: Instant,
+    ) -> Result<Response<CallResponse>, Status> {
+        let header = message.header.as_ref().ok_or(RouteError::MissingMessage)?;
+        let deadline = apply_ttl(header, caller_deadline)?;
+        let ttl_bound = deadline != caller_deadline;
+        let (trace_id, message_id) = ids_of(&message);
+        let metadata = forwarded_metadata(metadata);
+
+        let plan = match &key {
+            RouteKey::Capability(name) => {
+                let requirement = header.capability_version.clone();
+                if self.config().validate_payloads
+                    && let Some(protocols) = &self.inner.protocols
+                {
+                    crate::protocol::validate_input(protocols, name, &message)?;
+                }
+                VersionPlan::resolve(
+                    &self.inner.table,
+                    self.inner.protocols.as_deref(),
+                    name,
+                    &requirement,
+                )?
+            }
+            _ => VersionPlan::any(),
+        };
+        if let Some(adapter) = &plan.adapter {
+            adapter.adapt_request(&mut message)?;
+        }
+
+        // Asynchronous reply: the caller asked for one; this replica will wait for it.
+        let async_reply = message
+            .header
+            .as_ref()
+            .is_some_and(|h| !h.reply_to.is_empty());
+        let mut waiter = None;
+        if async_reply {
+            let advertise = &self.config().advertise_endpoint;
+            if advertise.is_empty() {
+                return Err(Status::failed_precondition(
+                    "this router has no advertise_endpoint, so it cannot take asynchronous replies; set router.advertise_endpoint or send without header.reply_to",
+                ));
+            }
+            if let Some(h) = message.header.as_mut() {
+                h.reply_to.clone_from(advertise);
+            }
+            let (tx, rx) = oneshot::channel();
+            self.inner
+                .waiting_replies
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .insert(message_id.clone(), tx);
+            waiter = Some((
+                rx,
+                ReplyWaiter {
+                    router: self,
+                    message_id: message_id.clone(),
+                },
+            ));
+        }
+
+        let delivered = self
+            .deliver(&key, &message, &metadata, &plan, deadline, started)
+            .await;
+        let (mut reply, instance) = match delivered {
+            Ok(ok) => ok,
+            Err(status) if ttl_bound && status.code() == Code::DeadlineExceeded => {
+                let created = header_age(&message);
+                return Err(RouteError::MessageExpired {
+                    age: created,
+                    ttl: message
+                        .header
+                        .as_ref()
+                        .and_then(|h| h.ttl.as_ref())
+                        .and_then(reach_rpc::time::std_duration)
+                        .unwrap_or_default(),
+                }
+                .into());
+            }
+            Err(status) => return Err(status),
+        };
+        let acked = reply
+            .payload
+            .as_ref()
+            .is_some_and(|p| p.r#type == reach_rpc::ACK_PAYLOAD_TYPE);
+        if let (true, Some((rx, _guard))) = (acked, waiter) {
+            let wait = self.config().max_async_wait;
+            let limit = deadline.map_or(Instant::now() + wait, |d| d.min(Instant::now() + wait));
+            reply = match tokio::time::timeout_at(limit, rx).await {
+                Ok(Ok(reply)) => reply,
+                Ok(Err(_)) => return Err(Status::internal("the reply waiter was dropped")),
+                Err(_) => return Err(RouteError::DeadlineExceeded(started.elapsed()).into()),
+            };
+        }
+        if let Some(adapter) = &plan.adapter {
+            adapter.adapt_response(&mut reply)?;
+        }
+        let reply_header = reply.header.get_or_insert_with(Header::default);
+        if reply_header.trace_id.is_empty() {
+            reply_header.trace_id.clone_from(&trace_id);
+        }
+        if reply_header.correlation_id.is_empty() {
+            reply_header.correlation_id.clone_from(&message_id);
+        }
+        Ok(Response::new(CallResponse {
+            message: Some(reply),
+            route: Some(RouteInfo {
+                instance_id: instance.instance_id.clone(),
+                service: instance.service.clone(),
+                trace_id,
+                message_id,
+            }),
+        }))
     }
 
     /// Completes a waiting asynchronous call; returns whether one was waiting.
@@ -381,117 +504,35 @@ impl RouterService for Router {
         let mut message = body.message.ok_or(RouteError::MissingMessage)?;
         self.check_size(message.encoded_len())?;
         prepare_header(&mut message, &metadata)?;
-        let header = message.header.as_ref().ok_or(RouteError::MissingMessage)?;
-        let deadline = apply_ttl(header, caller_deadline)?;
-        let ttl_bound = deadline != caller_deadline;
         let key = route_key(&message)?;
-        let (trace_id, message_id) = ids_of(&message);
-        let metadata = forwarded_metadata(metadata);
-
-        let plan = match &key {
-            RouteKey::Capability(name) => {
-                let requirement = header.capability_version.clone();
-                if self.config().validate_payloads
-                    && let Some(protocols) = &self.inner.protocols
-                {
-                    crate::protocol::validate_input(protocols, name, &message)?;
-                }
-                VersionPlan::resolve(
-                    &self.inner.table,
-                    self.inner.protocols.as_deref(),
-                    name,
-                    &requirement,
-                )?
-            }
-            _ => VersionPlan::any(),
-        };
-        if let Some(adapter) = &plan.adapter {
-            adapter.adapt_request(&mut message)?;
-        }
-
-        // Asynchronous reply: the caller asked for one; this replica will wait for it.
-        let async_reply = message
-            .header
-            .as_ref()
-            .is_some_and(|h| !h.reply_to.is_empty());
-        let mut waiter = None;
-        if async_reply {
-            let advertise = &self.config().advertise_endpoint;
-            if advertise.is_empty() {
-                return Err(Status::failed_precondition(
-                    "this router has no advertise_endpoint, so it cannot take asynchronous replies; set router.advertise_endpoint or send without header.reply_to",
-                ));
-            }
-            if let Some(h) = message.header.as_mut() {
-                h.reply_to.clone_from(advertise);
-            }
-            let (tx, rx) = oneshot::channel();
-            self.inner
-                .waiting_replies
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .insert(message_id.clone(), tx);
-            waiter = Some((
-                rx,
-                ReplyWaiter {
-                    router: self,
-                    message_id: message_id.clone(),
-                },
-            ));
-        }
-
-        let delivered = self
-            .deliver(&key, &message, &metadata, &plan, deadline, started)
-            .await;
-        let (mut reply, instance) = match delivered {
-            Ok(ok) => ok,
-            Err(status) if ttl_bound && status.code() == Code::DeadlineExceeded => {
-                let created = header_age(&message);
-                return Err(RouteError::MessageExpired {
-                    age: created,
-                    ttl: message
-                        .header
-                        .as_ref()
-                        .and_then(|h| h.ttl.as_ref())
-                        .and_then(reach_rpc::time::std_duration)
-                        .unwrap_or_default(),
-                }
-                .into());
-            }
-            Err(status) => return Err(status),
-        };
-        let acked = reply
+        let span = reach_telemetry::message_span("router.call", &message);
+        let label = key.label().to_string();
+        let _in_flight = reach_telemetry::metrics::router::in_flight(&label);
+        let message_type = message
             .payload
             .as_ref()
-            .is_some_and(|p| p.r#type == reach_rpc::ACK_PAYLOAD_TYPE);
-        if let (true, Some((rx, _guard))) = (acked, waiter) {
-            let wait = self.config().max_async_wait;
-            let limit = deadline.map_or(Instant::now() + wait, |d| d.min(Instant::now() + wait));
-            reply = match tokio::time::timeout_at(limit, rx).await {
-                Ok(Ok(reply)) => reply,
-                Ok(Err(_)) => return Err(Status::internal("the reply waiter was dropped")),
-                Err(_) => return Err(RouteError::DeadlineExceeded(started.elapsed()).into()),
-            };
+            .map(|p| p.r#type.clone())
+            .unwrap_or_default();
+        let result = self
+            .call_routed(message, metadata, key, caller_deadline, started)
+            .instrument(span.clone())
+            .await;
+        let code = result.as_ref().map_or_else(Status::code, |_| Code::Ok);
+        match &result {
+            Ok(response) => {
+                if let Some(route) = &response.get_ref().route {
+                    span.record("instance", route.instance_id.as_str());
+                }
+            }
+            Err(status) => reach_telemetry::metrics::router::message_failure(&message_type, status),
         }
-        if let Some(adapter) = &plan.adapter {
-            adapter.adapt_response(&mut reply)?;
-        }
-        let reply_header = reply.header.get_or_insert_with(Header::default);
-        if reply_header.trace_id.is_empty() {
-            reply_header.trace_id.clone_from(&trace_id);
-        }
-        if reply_header.correlation_id.is_empty() {
-            reply_header.correlation_id.clone_from(&message_id);
-        }
-        Ok(Response::new(CallResponse {
-            message: Some(reply),
-            route: Some(RouteInfo {
-                instance_id: instance.instance_id.clone(),
-                service: instance.service.clone(),
-                trace_id,
-                message_id,
-            }),
-        }))
+        reach_telemetry::record_status(
+            &span,
+            code,
+            result.as_ref().err().map_or("", |s| s.message()),
+        );
+        reach_telemetry::metrics::router::request(&label, code, started.elapsed());
+        result
     }
 
     type StreamStream = Pin<Box<dyn Stream<Item = Result<StreamResponse, Status>> + Send>>;

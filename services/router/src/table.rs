@@ -51,6 +51,13 @@ impl RouteKey {
     }
 }
 
+impl RouteKey {
+    /// The route's name, for metric labels: the capability, service, topic or gRPC service.
+    pub fn label(&self) -> &str {
+        self.name()
+    }
+}
+
 impl std::fmt::Display for RouteKey {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {

@@ -3,7 +3,7 @@
 //! # Layout
 //! - [`v1`]: messages, clients (`*_client`) and servers (`*_server`) generated from
 //!   `proto/reach/v1/*.proto` by `build.rs` (protox + tonic-prost-build; no protoc needed).
-//! - [`json`]: conversions between `serde_json::Value` and `google.protobuf.Value`, and
+//! - [`json`] — conversions between `serde_json::Value` and `google.protobuf.Value`, and
 //!   helpers to build and read message parts.
 //! - [`FILE_DESCRIPTOR_SET`]: the encoded descriptor set of every reach.v1 file, for gRPC
 //!   server reflection (`tonic-reflection`).

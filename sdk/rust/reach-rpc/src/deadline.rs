@@ -72,6 +72,32 @@ pub fn format_grpc_timeout(timeout: Duration) -> String {
     }
 }
 
+/// Whether `status` is tonic's client-side deadline expiry (tonic channels enforce
+/// `grpc-timeout` locally and report it as `CANCELLED: Timeout expired`).
+pub fn is_local_timeout(status: &tonic::Status) -> bool {
+    if status.code() != tonic::Code::Cancelled {
+        return false;
+    }
+    let mut source = std::error::Error::source(status);
+    while let Some(error) = source {
+        if error.is::<tonic::TimeoutExpired>() {
+            return true;
+        }
+        source = error.source();
+    }
+    false
+}
+
+/// Turns tonic's client-side deadline expiry into `DEADLINE_EXCEEDED`, the code the gRPC
+/// spec gives an expired deadline; other statuses pass through.
+pub fn normalize_client_status(status: tonic::Status) -> tonic::Status {
+    if is_local_timeout(&status) {
+        tonic::Status::deadline_exceeded("the deadline passed before the reply arrived")
+    } else {
+        status
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -26,6 +26,8 @@ pub mod reason {
     pub const CAPABILITY_NOT_HANDLED: &str = "CAPABILITY_NOT_HANDLED";
     /// The lease is unknown or expired.
     pub const LEASE_NOT_FOUND: &str = "LEASE_NOT_FOUND";
+    /// An operator drained the instance: it must not register again.
+    pub const INSTANCE_DRAINED: &str = "INSTANCE_DRAINED";
     /// The instance could not be reached.
     pub const INSTANCE_UNAVAILABLE: &str = "INSTANCE_UNAVAILABLE";
     /// Every instance is at its concurrency limit and the wait queue is full or timed out;

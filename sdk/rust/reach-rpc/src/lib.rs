@@ -1,12 +1,12 @@
 //! gRPC plumbing shared by every Reach service and the SDK.
 //!
 //! # Layout
-//! - [`server`]: [`GrpcServer`] serves tonic services on a caller-bound listener, always with
+//! - [`server`] — [`GrpcServer`] serves tonic services on a caller-bound listener, always with
 //!   `grpc.health.v1` and server reflection (v1 and v1alpha, so grpcurl 1.8 works).
-//! - [`deadline`]: the `grpc-timeout` header (gRPC over HTTP/2 spec), parsed and written.
-//! - [`trace`]: W3C trace ids (`traceparent`), validated and generated.
-//! - [`errors`]: statuses with `google.rpc.ErrorInfo` details, and their reasons.
-//! - [`time`]: conversions between `std::time` and the protobuf well-known types.
+//! - [`deadline`] — the `grpc-timeout` header (gRPC over HTTP/2 spec), parsed and written.
+//! - [`trace`] — W3C trace ids (`traceparent`), validated and generated.
+//! - [`errors`] — statuses with `google.rpc.ErrorInfo` details, and their reasons.
+//! - [`time`] — conversions between `std::time` and the protobuf well-known types.
 
 pub mod deadline;
 pub mod errors;

@@ -11,8 +11,10 @@ use reach_proto::v1::{
 
 use crate::handler::HandlerContext;
 use reach_rpc::trace::{self, TraceId};
+use reach_telemetry::grpc::GrpcClientTrace;
 use tonic::transport::Channel;
 use tonic::{Status, Streaming};
+use tracing::Instrument;
 
 /// Options of one call.
 #[derive(Debug, Clone, Default)]
@@ -34,7 +36,7 @@ pub struct CallOptions {
 /// service. Cheap to clone; clones share the connection.
 #[derive(Clone)]
 pub struct MeshClient {
-    router: RouterServiceClient<Channel>,
+    router: RouterServiceClient<GrpcClientTrace<Channel>>,
     source: String,
 }
 
@@ -42,7 +44,7 @@ impl MeshClient {
     /// A client over a channel to a router, sending as `source` (dotted, e.g. `ingest.main`).
     pub fn new(channel: Channel, source: impl Into<String>) -> Self {
         Self {
-            router: RouterServiceClient::new(channel)
+            router: RouterServiceClient::new(reach_telemetry::traced_channel(channel))
                 .max_decoding_message_size(64 << 20)
                 .max_encoding_message_size(64 << 20),
             source: source.into(),
@@ -145,22 +147,28 @@ impl MeshClient {
         message: ReachMessage,
         timeout: Option<Duration>,
     ) -> Result<CallResponse, Status> {
+        // The edge span belongs to the message's trace, so the client span and the
+        // `traceparent` sent with the call do too.
+        let span = reach_telemetry::message_span("mesh.call", &message);
         let mut request = tonic::Request::new(CallRequest {
             message: Some(message),
         });
         if let Some(timeout) = timeout {
+            // Sent as grpc-timeout; tonic's channel also enforces it locally.
             request.set_timeout(timeout);
         }
         let mut router = self.router.clone();
-        let result = router.call(request);
-        match timeout {
-            // tonic clients send the deadline but do not enforce it locally.
-            Some(timeout) => tokio::time::timeout(timeout, result)
-                .await
-                .map_err(|_| Status::deadline_exceeded(format!("no reply within {timeout:?}")))?
-                .map(tonic::Response::into_inner),
-            None => result.await.map(tonic::Response::into_inner),
-        }
+        let result = router
+            .call(request)
+            .instrument(span.clone())
+            .await
+            .map(tonic::Response::into_inner)
+            .map_err(reach_rpc::deadline::normalize_client_status);
+        let (code, text) = result
+            .as_ref()
+            .map_or_else(|s| (s.code(), s.message()), |_| (tonic::Code::Ok, ""));
+        reach_telemetry::record_status(&span, code, text);
+        result
     }
 
     /// Publishes `payload` to every subscriber of `topic`; the response counts deliveries.
@@ -242,6 +250,10 @@ impl MeshClient {
             request.set_timeout(timeout);
         }
         let mut router = self.router.clone();
-        Ok(router.stream(request).await?.into_inner())
+        Ok(router
+            .stream(request)
+            .await
+            .map_err(reach_rpc::deadline::normalize_client_status)?
+            .into_inner())
     }
 }

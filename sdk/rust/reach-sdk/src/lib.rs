@@ -20,14 +20,14 @@
 //! ```
 //!
 //! # Layout
-//! - [`config`]: the agent settings, [`AgentConfig`].
-//! - [`handler`]: the [`Handler`] and [`StreamHandler`] traits and the [`HandlerContext`]
+//! - [`config`] — the agent settings, [`AgentConfig`].
+//! - [`handler`] — the [`Handler`] and [`StreamHandler`] traits and the [`HandlerContext`]
 //!   a handler gets (trace id, deadline, cancellation).
-//! - [`runtime`]: [`AgentRuntime`] — serve, register, heartbeat, bounded concurrency,
+//! - [`runtime`] — [`AgentRuntime`] — serve, register, heartbeat, bounded concurrency,
 //!   duplicate suppression, drain.
-//! - [`dedupe`]: the window of recently handled message ids.
-//! - [`client`]: [`MeshClient`], calls and streams through the router.
-//! - [`signal`]: SIGTERM / Ctrl-C as a future.
+//! - [`dedupe`] — the window of recently handled message ids.
+//! - [`client`] — [`MeshClient`], calls and streams through the router.
+//! - [`signal`] — SIGTERM / Ctrl-C as a future.
 
 pub mod client;
 pub mod config;

@@ -201,13 +201,12 @@ impl AgentRuntime {
             grpc_service_names.push(name);
             server = add(server);
         }
-        let server = server.add_service(
-            AgentServiceServer::new(AgentGrpc {
-                shared: shared.clone(),
-            })
-            .max_decoding_message_size(config.max_message_bytes)
-            .max_encoding_message_size(config.max_message_bytes),
-        );
+        let agent_service = AgentServiceServer::new(AgentGrpc {
+            shared: shared.clone(),
+        })
+        .max_decoding_message_size(config.max_message_bytes)
+        .max_encoding_message_size(config.max_message_bytes);
+        let server = server.add_service(reach_telemetry::traced(agent_service));
         let serve = tokio::spawn(server.serve(listener, async move {
             let mut stopped = serving_stopped;
             let _ = stopped.wait_for(|stop| *stop).await;
@@ -401,7 +400,24 @@ async fn keep_registered(
                 in_flight,
             };
             match registry.heartbeat(beat).await {
+                Ok(response) if response.get_ref().state() == InstanceState::Draining => {
+                    // An operator drained this service: stop renewing (and do not register
+                    // again when the lease goes); in-flight work still finishes.
+                    warn!(
+                        "the registry drained this instance; no longer taking new work through it"
+                    );
+                    return;
+                }
                 Ok(_) => {}
+                Err(status)
+                    if reach_rpc::errors::reason_of(&status).as_deref()
+                        == Some(reason::INSTANCE_DRAINED) =>
+                {
+                    warn!(
+                        "the registry drained this instance; no longer taking new work through it"
+                    );
+                    return;
+                }
                 Err(status) if status.code() == Code::NotFound => {
                     warn!("registry lost the lease; registering again");
                     continue 'register;
@@ -577,13 +593,18 @@ impl AgentService for AgentGrpc {
             .ok_or_else(|| Status::invalid_argument("the request has no message"))?;
         let handler = self.shared.pick(&self.shared.handlers, &message)?.clone();
         let ctx = self.shared.context(&message, deadline);
-        let span = info_span!("handle", trace_id = %ctx.trace_id, task_id = %ctx.task_id, capability = %ctx.capability);
+        let span = reach_telemetry::message_span("agent.handle", &message);
+        span.record("instance", &*self.shared.instance_id);
+        let started = Instant::now();
+        let capability = ctx.capability.clone();
+        let _in_flight_metric = reach_telemetry::metrics::sdk::in_flight(&capability);
         let guard = self.shared.enter();
         let message_id = ctx.message_id.clone();
 
         // Cancels the handler when this call goes away (caller cancelled, deadline passed).
         let cancel_on_drop = ctx.cancellation.clone().drop_guard();
         let shared = self.shared.clone();
+        let queue_capability = capability.clone();
         let run = async move {
             let slot = if message_id.is_empty() {
                 Default::default()
@@ -592,6 +613,10 @@ impl AgentService for AgentGrpc {
             };
             let outcome = slot
                 .get_or_init(|| async {
+                    let waiting = shared
+                        .max_concurrency
+                        .saturating_sub(shared.permits.available_permits());
+                    reach_telemetry::metrics::sdk::queue_depth(&queue_capability, waiting);
                     let _permit = shared
                         .permits
                         .acquire()
@@ -620,7 +645,7 @@ impl AgentService for AgentGrpc {
                 .await;
             outcome.clone()
         }
-        .instrument(span);
+        .instrument(span.clone());
         // The deduplicated run is its own task: when the caller goes away (a reset connection,
         // a passed deadline) the handler still finishes and its outcome is remembered, so a
         // redelivery of the same message id gets that outcome instead of running it again.
@@ -644,6 +669,14 @@ impl AgentService for AgentGrpc {
         };
         drop(cancel_on_drop);
         drop(guard);
+        let code = result.as_ref().map_or_else(Status::code, |_| Code::Ok);
+        let message = result.as_ref().err().map_or("", |s| s.message());
+        reach_telemetry::record_status(&span, code, message);
+        let elapsed = started.elapsed();
+        span.in_scope(
+            || debug!(code = ?code, elapsed_us = elapsed.as_micros() as u64, "message handled"),
+        );
+        reach_telemetry::metrics::sdk::handler(&capability, code, elapsed);
         result.map(Response::new)
     }
 

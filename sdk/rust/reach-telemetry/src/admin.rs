@@ -1,0 +1,52 @@
+//! The HTTP admin router every service serves next to its gRPC port: `GET /metrics`
+//! (Prometheus text format) and `GET /health`; services merge their own JSON routes.
+
+use std::future::Future;
+
+use axum::Router;
+use axum::http::header;
+use axum::response::IntoResponse;
+use axum::routing::get;
+use metrics_exporter_prometheus::PrometheusHandle;
+
+/// The content type of the Prometheus text exposition format.
+pub const PROMETHEUS_CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
+
+/// `GET /metrics` rendering `handle`, and `GET /health` answering `{"status":"ok"}`.
+/// Extend it with `.merge(...)` or `.route(...)`:
+/// `admin_router(metrics::install()?).route("/v1/instances", get(list))`.
+pub fn admin_router(handle: PrometheusHandle) -> Router {
+    Router::new()
+        .route(
+            "/metrics",
+            get(move || {
+                let handle = handle.clone();
+                async move {
+                    handle.run_upkeep();
+                    (
+                        [(header::CONTENT_TYPE, PROMETHEUS_CONTENT_TYPE)],
+                        handle.render(),
+                    )
+                }
+            }),
+        )
+        .route("/health", get(health))
+}
+
+async fn health() -> impl IntoResponse {
+    axum::Json(serde_json::json!({ "status": "ok" }))
+}
+
+/// Serves `router` on a listener the caller bound until `shutdown` resolves.
+///
+/// # Errors
+/// Returns the listener's error when accepting connections fails.
+pub async fn serve_admin(
+    listener: tokio::net::TcpListener,
+    router: Router,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    axum::serve(listener, router)
+        .with_graceful_shutdown(shutdown)
+        .await
+}

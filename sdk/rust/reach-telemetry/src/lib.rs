@@ -1,0 +1,60 @@
+//! Observability for every Reach service and the SDK.
+//!
+//! # Layout
+//! - [`config`] — [`TelemetryConfig`], read from `REACH_LOG`, `REACH_LOG_FORMAT` and the
+//!   standard `OTEL_*` variables (or an injected map, for tests).
+//! - [`init`](mod@init): [`init()`] installs the process-wide `tracing` subscriber (log lines
+//!   plain or JSON, spans to OpenTelemetry, OTLP/gRPC export batched and bounded) and returns
+//!   the [`TelemetryGuard`] whose `shutdown` flushes with a time limit.
+//! - [`propagation`] — W3C `traceparent` in gRPC metadata and HTTP headers, the envelope's
+//!   `trace_id` as the OpenTelemetry trace id ([`message_span`], [`current_trace_id`]).
+//! - [`grpc`] — tower middleware: [`traced`] / [`GrpcServerTraceLayer`] for servers,
+//!   [`traced_channel`] / [`GrpcClientTraceLayer`] for clients.
+//! - [`metrics`] — the Prometheus recorder ([`metrics::install`]), every metric name
+//!   ([`metrics::names`]) and recording helpers per service.
+//! - [`admin`] — the HTTP admin router (`/metrics`, `/health`).
+//! - [`top`] — `reach top`, the live terminal board.
+//!
+//! # Wiring a service
+//!
+//! ```text
+//! // main: first thing, inside the tokio runtime
+//! let config = reach_telemetry::TelemetryConfig::from_env("reach-router")?;
+//! let telemetry = reach_telemetry::init(&config)?;
+//! let metrics = reach_telemetry::metrics::install()?;          // once per process; idempotent
+//!
+//! // gRPC server: wrap each generated server (health and reflection stay untraced)
+//! GrpcServer::new().add_service(reach_telemetry::traced(RouterServiceServer::new(router)))
+//!
+//! // gRPC client: wrap the channel; every call gets a client span and sends traceparent
+//! AgentServiceClient::new(reach_telemetry::traced_channel(channel))
+//!
+//! // handling one message: logs inside carry trace_id and task_id
+//! let span = reach_telemetry::message_span("router.call", &message);
+//! async { ... reach_telemetry::record_status(&Span::current(), status.code(), status.message()) }
+//!     .instrument(span).await
+//!
+//! // admin port: /metrics and /health, plus the service's own JSON routes
+//! let admin = reach_telemetry::admin_router(metrics).route("/v1/instances", get(list));
+//! reach_telemetry::serve_admin(admin_listener, admin, shutdown).await?;
+//!
+//! // on exit, after draining
+//! telemetry.shutdown().await?;
+//! ```
+
+pub mod admin;
+pub mod config;
+pub mod grpc;
+pub mod init;
+pub mod metrics;
+pub mod propagation;
+pub mod top;
+
+pub use admin::{admin_router, serve_admin};
+pub use config::{DEFAULT_LOG_FILTER, LogFormat, TelemetryConfig};
+pub use grpc::{GrpcClientTraceLayer, GrpcServerTraceLayer, traced, traced_channel};
+pub use init::{InitError, ShutdownError, TelemetryGuard, dispatch, init};
+pub use propagation::{
+    adopt_trace_id, current_trace_id, inject_current, inject_trace_context, message_span,
+    record_status, set_parent_from_metadata, span_trace_id,
+};

@@ -1,0 +1,348 @@
+//! Prometheus metrics: the process-wide recorder, and every metric name Reach uses with
+//! helpers that record them with the right labels.
+//!
+//! All durations are in seconds (`*_seconds` histograms with [`LATENCY_BUCKETS`], except
+//! the SDK handler histogram with [`HANDLER_BUCKETS`], since model calls take minutes).
+//! Status labels are gRPC code names (`OK`, `UNAVAILABLE`, ...; see [`code_label`]).
+
+use std::sync::OnceLock;
+use std::time::Duration;
+
+/// The handle that renders the Prometheus text format (from metrics-exporter-prometheus).
+pub use metrics_exporter_prometheus::PrometheusHandle;
+use metrics_exporter_prometheus::{Matcher, PrometheusBuilder};
+
+/// Histogram buckets (seconds) for request latencies: 0.5 ms to 60 s.
+pub const LATENCY_BUCKETS: &[f64] = &[
+    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+    60.0,
+];
+
+/// Histogram buckets (seconds) for agent handlers, which may call models: 1 ms to 10 min.
+pub const HANDLER_BUCKETS: &[f64] = &[
+    0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0,
+];
+
+/// Histogram buckets (seconds) for timer lag: 1 ms to 60 s.
+pub const LAG_BUCKETS: &[f64] = &[
+    0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
+];
+
+/// Metric names. Labels are listed with each; keep their values bounded (capabilities,
+/// instances, states, code names: never ids of messages or tasks).
+pub mod names {
+    /// Counter `{capability, code}`: calls the router finished.
+    pub const ROUTER_REQUESTS: &str = "reach_router_requests_total";
+    /// Histogram `{capability, code}`: end-to-end latency of routed calls, seconds.
+    pub const ROUTER_REQUEST_DURATION: &str = "reach_router_request_duration_seconds";
+    /// Gauge `{capability}`: calls the router is forwarding now.
+    pub const ROUTER_IN_FLIGHT: &str = "reach_router_in_flight";
+    /// Histogram `{service, instance}`: latency of calls per upstream instance, seconds
+    /// (`reach top` shows its p99).
+    pub const ROUTER_INSTANCE_DURATION: &str = "reach_router_instance_duration_seconds";
+    /// Counter `{capability}`: retried attempts.
+    pub const ROUTER_RETRIES: &str = "reach_router_retries_total";
+    /// Counter `{capability, reason}`: calls refused because of overload (`reason`:
+    /// `concurrency`, `budget`, `no_capacity`, ...).
+    pub const ROUTER_SHED: &str = "reach_router_shed_total";
+    /// Counter `{service, instance}`: instances ejected from balancing after failures.
+    pub const ROUTER_EJECTIONS: &str = "reach_router_ejections_total";
+    /// Counter `{message_type, reason}`: failed calls by message type; `reason` is the
+    /// ErrorInfo reason, else the gRPC code name.
+    pub const ROUTER_MESSAGE_FAILURES: &str = "reach_router_message_failures_total";
+
+    /// Gauge `{state}`: instances by lifecycle state (`registered`, `ready`, `busy`,
+    /// `draining`, `offline`).
+    pub const REGISTRY_INSTANCES: &str = "reach_registry_instances";
+    /// Counter: leases that expired without a heartbeat.
+    pub const REGISTRY_LEASE_EXPIRIES: &str = "reach_registry_lease_expiries_total";
+    /// Counter `{operation, code}`: registry RPCs (`register`, `heartbeat`, ...).
+    pub const REGISTRY_OPERATIONS: &str = "reach_registry_operations_total";
+
+    /// Gauge `{status}`: tasks by status now (`pending`, `dispatched`, `processing`,
+    /// `waiting_human`, `succeeded`, `failed`, `partial`, `cancelled`).
+    pub const ORCHESTRATOR_TASKS: &str = "reach_orchestrator_tasks";
+    /// Counter `{status}`: task status transitions, by the status entered.
+    pub const ORCHESTRATOR_TRANSITIONS: &str = "reach_orchestrator_transitions_total";
+    /// Histogram: how late timers fire, seconds.
+    pub const ORCHESTRATOR_TIMER_LAG: &str = "reach_orchestrator_timer_lag_seconds";
+    /// Counter: tasks moved to the dead-letter list.
+    pub const ORCHESTRATOR_DEAD_LETTERS: &str = "reach_orchestrator_dead_letters_total";
+
+    /// Histogram `{capability, code}`: agent handler latency, seconds.
+    pub const SDK_HANDLER_DURATION: &str = "reach_sdk_handler_duration_seconds";
+    /// Gauge `{capability}`: messages waiting for a handler slot.
+    pub const SDK_QUEUE_DEPTH: &str = "reach_sdk_queue_depth";
+    /// Gauge `{capability}`: messages being handled now.
+    pub const SDK_IN_FLIGHT: &str = "reach_sdk_in_flight";
+}
+
+/// Why the Prometheus recorder could not be installed.
+#[derive(Debug, thiserror::Error)]
+pub enum MetricsError {
+    /// Another `metrics` recorder owns this process.
+    #[error("cannot install the prometheus recorder: {0}")]
+    Install(String),
+}
+
+static HANDLE: OnceLock<Result<PrometheusHandle, String>> = OnceLock::new();
+
+/// Installs the process-wide Prometheus recorder on first call and returns a handle to
+/// render it; later calls (several services in one process, as `reach dev` runs them)
+/// return the same handle. No HTTP listener is started: serve it with
+/// [`crate::admin::admin_router`].
+///
+/// # Errors
+/// [`MetricsError::Install`] when another recorder was installed first.
+pub fn install() -> Result<PrometheusHandle, MetricsError> {
+    HANDLE
+        .get_or_init(|| {
+            let builder = PrometheusBuilder::new()
+                .set_buckets(LATENCY_BUCKETS)
+                .and_then(|b| {
+                    b.set_buckets_for_metric(
+                        Matcher::Full(names::SDK_HANDLER_DURATION.to_string()),
+                        HANDLER_BUCKETS,
+                    )
+                })
+                .and_then(|b| {
+                    b.set_buckets_for_metric(
+                        Matcher::Full(names::ORCHESTRATOR_TIMER_LAG.to_string()),
+                        LAG_BUCKETS,
+                    )
+                })
+                .map_err(|e| e.to_string())?;
+            let handle = builder.install_recorder().map_err(|e| e.to_string())?;
+            describe();
+            Ok(handle)
+        })
+        .clone()
+        .map_err(MetricsError::Install)
+}
+
+fn describe() {
+    use ::metrics::{Unit, describe_counter, describe_gauge, describe_histogram};
+    use names::*;
+    describe_counter!(ROUTER_REQUESTS, "calls the router finished");
+    describe_histogram!(
+        ROUTER_REQUEST_DURATION,
+        Unit::Seconds,
+        "latency of routed calls"
+    );
+    describe_gauge!(ROUTER_IN_FLIGHT, "calls the router is forwarding now");
+    describe_histogram!(
+        ROUTER_INSTANCE_DURATION,
+        Unit::Seconds,
+        "latency per upstream instance"
+    );
+    describe_counter!(ROUTER_RETRIES, "retried attempts");
+    describe_counter!(ROUTER_SHED, "calls refused because of overload");
+    describe_counter!(ROUTER_EJECTIONS, "instances ejected from balancing");
+    describe_counter!(
+        ROUTER_MESSAGE_FAILURES,
+        "failed calls by message type and reason"
+    );
+    describe_gauge!(REGISTRY_INSTANCES, "instances by lifecycle state");
+    describe_counter!(REGISTRY_LEASE_EXPIRIES, "leases that expired");
+    describe_counter!(REGISTRY_OPERATIONS, "registry operations by outcome");
+    describe_gauge!(ORCHESTRATOR_TASKS, "tasks by status");
+    describe_counter!(ORCHESTRATOR_TRANSITIONS, "task status transitions");
+    describe_histogram!(
+        ORCHESTRATOR_TIMER_LAG,
+        Unit::Seconds,
+        "how late timers fire"
+    );
+    describe_counter!(
+        ORCHESTRATOR_DEAD_LETTERS,
+        "tasks moved to the dead-letter list"
+    );
+    describe_histogram!(SDK_HANDLER_DURATION, Unit::Seconds, "agent handler latency");
+    describe_gauge!(SDK_QUEUE_DEPTH, "messages waiting for a handler slot");
+    describe_gauge!(SDK_IN_FLIGHT, "messages being handled");
+}
+
+/// The label value of a gRPC code: its canonical upper-case name (`OK`, `NOT_FOUND`, ...).
+pub fn code_label(code: tonic::Code) -> &'static str {
+    use tonic::Code;
+    match code {
+        Code::Ok => "OK",
+        Code::Cancelled => "CANCELLED",
+        Code::Unknown => "UNKNOWN",
+        Code::InvalidArgument => "INVALID_ARGUMENT",
+        Code::DeadlineExceeded => "DEADLINE_EXCEEDED",
+        Code::NotFound => "NOT_FOUND",
+        Code::AlreadyExists => "ALREADY_EXISTS",
+        Code::PermissionDenied => "PERMISSION_DENIED",
+        Code::ResourceExhausted => "RESOURCE_EXHAUSTED",
+        Code::FailedPrecondition => "FAILED_PRECONDITION",
+        Code::Aborted => "ABORTED",
+        Code::OutOfRange => "OUT_OF_RANGE",
+        Code::Unimplemented => "UNIMPLEMENTED",
+        Code::Internal => "INTERNAL",
+        Code::Unavailable => "UNAVAILABLE",
+        Code::DataLoss => "DATA_LOSS",
+        Code::Unauthenticated => "UNAUTHENTICATED",
+    }
+}
+
+/// Decrements a gauge when dropped; returned by the `*_in_flight` helpers.
+#[must_use = "the gauge goes back down when this guard is dropped"]
+#[derive(Debug)]
+pub struct GaugeGuard(::metrics::Gauge);
+
+impl Drop for GaugeGuard {
+    fn drop(&mut self) {
+        self.0.decrement(1.0);
+    }
+}
+
+fn raise(gauge: ::metrics::Gauge) -> GaugeGuard {
+    gauge.increment(1.0);
+    GaugeGuard(gauge)
+}
+
+/// Router metrics.
+pub mod router {
+    use super::*;
+
+    /// Records one finished routed call: counter and latency histogram.
+    pub fn request(capability: &str, code: tonic::Code, elapsed: Duration) {
+        let labels = [
+            ("capability", capability.to_string()),
+            ("code", code_label(code).to_string()),
+        ];
+        ::metrics::counter!(names::ROUTER_REQUESTS, &labels).increment(1);
+        ::metrics::histogram!(names::ROUTER_REQUEST_DURATION, &labels)
+            .record(elapsed.as_secs_f64());
+    }
+
+    /// Counts a call in flight until the guard drops.
+    pub fn in_flight(capability: &str) -> GaugeGuard {
+        raise(::metrics::gauge!(names::ROUTER_IN_FLIGHT, "capability" => capability.to_string()))
+    }
+
+    /// Records the latency of one call to an upstream instance.
+    pub fn instance_latency(service: &str, instance: &str, elapsed: Duration) {
+        ::metrics::histogram!(
+            names::ROUTER_INSTANCE_DURATION,
+            "service" => service.to_string(),
+            "instance" => instance.to_string()
+        )
+        .record(elapsed.as_secs_f64());
+    }
+
+    /// Counts one retried attempt.
+    pub fn retry(capability: &str) {
+        ::metrics::counter!(names::ROUTER_RETRIES, "capability" => capability.to_string())
+            .increment(1);
+    }
+
+    /// Counts one call refused because of overload.
+    pub fn shed(capability: &str, reason: &'static str) {
+        ::metrics::counter!(
+            names::ROUTER_SHED,
+            "capability" => capability.to_string(),
+            "reason" => reason
+        )
+        .increment(1);
+    }
+
+    /// Counts one ejection of an instance from balancing.
+    pub fn ejection(service: &str, instance: &str) {
+        ::metrics::counter!(
+            names::ROUTER_EJECTIONS,
+            "service" => service.to_string(),
+            "instance" => instance.to_string()
+        )
+        .increment(1);
+    }
+
+    /// Counts one failed call of `message_type`; `reason` is the ErrorInfo reason when the
+    /// status has one, else the code name.
+    pub fn message_failure(message_type: &str, status: &tonic::Status) {
+        let reason = reach_rpc::errors::reason_of(status)
+            .unwrap_or_else(|| code_label(status.code()).to_string());
+        ::metrics::counter!(
+            names::ROUTER_MESSAGE_FAILURES,
+            "message_type" => message_type.to_string(),
+            "reason" => reason
+        )
+        .increment(1);
+    }
+}
+
+/// Registry metrics.
+pub mod registry {
+    use super::*;
+
+    /// Sets how many instances are in `state` (lower-case: `ready`, `busy`, ...).
+    pub fn instances(state: &'static str, count: usize) {
+        ::metrics::gauge!(names::REGISTRY_INSTANCES, "state" => state).set(count as f64);
+    }
+
+    /// Counts one expired lease.
+    pub fn lease_expired() {
+        ::metrics::counter!(names::REGISTRY_LEASE_EXPIRIES).increment(1);
+    }
+
+    /// Counts one registry RPC (`operation`: `register`, `heartbeat`, `deregister`, ...).
+    pub fn operation(operation: &'static str, code: tonic::Code) {
+        ::metrics::counter!(
+            names::REGISTRY_OPERATIONS,
+            "operation" => operation,
+            "code" => code_label(code)
+        )
+        .increment(1);
+    }
+}
+
+/// Orchestrator metrics.
+pub mod orchestrator {
+    use super::*;
+
+    /// Sets how many tasks are in `status` (lower-case: `pending`, `waiting_human`, ...).
+    pub fn tasks(status: &'static str, count: usize) {
+        ::metrics::gauge!(names::ORCHESTRATOR_TASKS, "status" => status).set(count as f64);
+    }
+
+    /// Counts one transition into `status`.
+    pub fn transition(status: &'static str) {
+        ::metrics::counter!(names::ORCHESTRATOR_TRANSITIONS, "status" => status).increment(1);
+    }
+
+    /// Records how late a timer fired.
+    pub fn timer_lag(lag: Duration) {
+        ::metrics::histogram!(names::ORCHESTRATOR_TIMER_LAG).record(lag.as_secs_f64());
+    }
+
+    /// Counts one task moved to the dead-letter list.
+    pub fn dead_letter() {
+        ::metrics::counter!(names::ORCHESTRATOR_DEAD_LETTERS).increment(1);
+    }
+}
+
+/// Agent SDK metrics.
+pub mod sdk {
+    use super::*;
+
+    /// Records one handled message.
+    pub fn handler(capability: &str, code: tonic::Code, elapsed: Duration) {
+        ::metrics::histogram!(
+            names::SDK_HANDLER_DURATION,
+            "capability" => capability.to_string(),
+            "code" => code_label(code)
+        )
+        .record(elapsed.as_secs_f64());
+    }
+
+    /// Sets how many messages wait for a handler slot.
+    pub fn queue_depth(capability: &str, depth: usize) {
+        ::metrics::gauge!(names::SDK_QUEUE_DEPTH, "capability" => capability.to_string())
+            .set(depth as f64);
+    }
+
+    /// Counts a message being handled until the guard drops.
+    pub fn in_flight(capability: &str) -> GaugeGuard {
+        raise(::metrics::gauge!(names::SDK_IN_FLIGHT, "capability" => capability.to_string()))
+    }
+}

@@ -1,0 +1,195 @@
+//! Drawing a [`Snapshot`] with ratatui; independent of where the data came from.
+
+use std::time::Duration;
+
+use ratatui::Frame;
+use ratatui::layout::{Constraint, Layout, Rect};
+use ratatui::style::{Modifier, Style};
+use ratatui::text::Line;
+use ratatui::widgets::{Block, Borders, Paragraph, Row, Table};
+
+use super::model::Snapshot;
+
+/// Draws one frame of the board.
+pub fn render(frame: &mut Frame<'_>, snapshot: &Snapshot) {
+    let [header, instances, middle, failures] = Layout::vertical([
+        Constraint::Length(1),
+        Constraint::Min(5),
+        Constraint::Min(5),
+        Constraint::Length(failures_height(snapshot)),
+    ])
+    .areas(frame.area());
+    let [traffic, tasks] =
+        Layout::horizontal([Constraint::Percentage(65), Constraint::Percentage(35)]).areas(middle);
+    render_header(frame, header, snapshot);
+    render_instances(frame, instances, snapshot);
+    render_traffic(frame, traffic, snapshot);
+    render_tasks(frame, tasks, snapshot);
+    render_failures(frame, failures, snapshot);
+}
+
+fn failures_height(snapshot: &Snapshot) -> u16 {
+    // Borders and header, plus up to 10 rows.
+    3 + u16::try_from(snapshot.failures.len().clamp(1, 10)).unwrap_or(10)
+}
+
+/// The number of rows a frame needs to show all of `snapshot` (for printing one frame).
+pub fn content_height(snapshot: &Snapshot) -> u16 {
+    let rows = |n: usize| {
+        u16::try_from(n)
+            .unwrap_or(u16::MAX)
+            .saturating_add(3)
+            .max(5)
+    };
+    let task_lines = snapshot.tasks.as_ref().map_or(1, |t| t.by_status.len() + 2);
+    1u16.saturating_add(rows(snapshot.instances.len()))
+        .saturating_add(rows(snapshot.capabilities.len()).max(rows(task_lines.saturating_sub(1))))
+        .saturating_add(failures_height(snapshot))
+}
+
+fn bold() -> Style {
+    Style::default().add_modifier(Modifier::BOLD)
+}
+
+fn render_header(frame: &mut Frame<'_>, area: Rect, snapshot: &Snapshot) {
+    let mut text = format!(
+        "reach top — {}  instances {}  capabilities {}",
+        snapshot.endpoint,
+        snapshot.instances.len(),
+        snapshot.capabilities.len()
+    );
+    if let Some(e) = &snapshot.registry_error {
+        text.push_str(&format!("  | registry: {e}"));
+    }
+    if let Some(e) = &snapshot.metrics_error {
+        text.push_str(&format!("  | metrics: {e}"));
+    }
+    text.push_str("  (q to quit)");
+    frame.render_widget(Paragraph::new(Line::styled(text, bold())), area);
+}
+
+fn latency(d: Option<Duration>) -> String {
+    match d {
+        None => "-".to_string(),
+        Some(d) if d < Duration::from_millis(1) => format!("{}µs", d.as_micros()),
+        Some(d) if d < Duration::from_secs(1) => format!("{:.1}ms", d.as_secs_f64() * 1e3),
+        Some(d) => format!("{:.2}s", d.as_secs_f64()),
+    }
+}
+
+fn render_instances(frame: &mut Frame<'_>, area: Rect, snapshot: &Snapshot) {
+    let rows = snapshot.instances.iter().map(|i| {
+        let load = if i.max_concurrency == 0 {
+            format!("{}/∞", i.in_flight)
+        } else {
+            format!("{}/{}", i.in_flight, i.max_concurrency)
+        };
+        Row::new(vec![
+            i.service.clone(),
+            i.instance_id.clone(),
+            i.state.clone(),
+            load,
+            latency(i.p99),
+        ])
+    });
+    let table = Table::new(
+        rows,
+        [
+            Constraint::Percentage(28),
+            Constraint::Percentage(32),
+            Constraint::Length(11),
+            Constraint::Length(9),
+            Constraint::Length(10),
+        ],
+    )
+    .header(Row::new(vec!["SERVICE", "INSTANCE", "STATE", "LOAD", "P99"]).style(bold()))
+    .block(Block::default().borders(Borders::ALL).title(" instances "));
+    frame.render_widget(table, area);
+}
+
+fn render_traffic(frame: &mut Frame<'_>, area: Rect, snapshot: &Snapshot) {
+    let rows = snapshot.capabilities.iter().map(|c| {
+        Row::new(vec![
+            c.capability.clone(),
+            format!("{}", c.requests),
+            c.rate
+                .map_or_else(|| "-".to_string(), |r| format!("{r:.1}")),
+            format!("{}", c.errors),
+            format!("{}", c.in_flight),
+            latency(c.p99),
+        ])
+    });
+    let table = Table::new(
+        rows,
+        [
+            Constraint::Min(12),
+            Constraint::Length(9),
+            Constraint::Length(7),
+            Constraint::Length(7),
+            Constraint::Length(6),
+            Constraint::Length(9),
+        ],
+    )
+    .header(
+        Row::new(vec![
+            "CAPABILITY",
+            "REQUESTS",
+            "REQ/S",
+            "ERRORS",
+            "LIVE",
+            "P99",
+        ])
+        .style(bold()),
+    )
+    .block(Block::default().borders(Borders::ALL).title(" traffic "));
+    frame.render_widget(table, area);
+}
+
+fn render_tasks(frame: &mut Frame<'_>, area: Rect, snapshot: &Snapshot) {
+    let lines: Vec<Line<'_>> = match &snapshot.tasks {
+        None => vec![Line::from("no orchestrator metrics")],
+        Some(tasks) => {
+            let mut lines = vec![Line::styled(
+                format!("waiting for a person: {}", tasks.waiting_human),
+                bold(),
+            )];
+            lines.extend(
+                tasks
+                    .by_status
+                    .iter()
+                    .map(|(status, count)| Line::from(format!("{status:<14} {count}"))),
+            );
+            lines.push(Line::from(format!("dead letters   {}", tasks.dead_letters)));
+            lines
+        }
+    };
+    frame.render_widget(
+        Paragraph::new(lines).block(Block::default().borders(Borders::ALL).title(" tasks ")),
+        area,
+    );
+}
+
+fn render_failures(frame: &mut Frame<'_>, area: Rect, snapshot: &Snapshot) {
+    let rows = snapshot.failures.iter().map(|f| {
+        Row::new(vec![
+            f.message_type.clone(),
+            format!("{}", f.count),
+            f.last_error.clone(),
+        ])
+    });
+    let table = Table::new(
+        rows,
+        [
+            Constraint::Percentage(40),
+            Constraint::Length(9),
+            Constraint::Min(10),
+        ],
+    )
+    .header(Row::new(vec!["MESSAGE TYPE", "FAILURES", "LAST ERROR"]).style(bold()))
+    .block(
+        Block::default()
+            .borders(Borders::ALL)
+            .title(" failing message types "),
+    );
+    frame.render_widget(table, area);
+}

@@ -1,0 +1,648 @@
+//! End-to-end tests of the observability layer with real tonic services on 127.0.0.1 and the
+//! real Python OTLP receiver (`tests/otlp_receiver.py`, run with `<repo>/.venv/bin/python`;
+//! create the venv with `scripts/python-env.sh`).
+
+mod support;
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use reach_proto::v1::HandleRequest;
+use reach_proto::v1::agent_service_client::AgentServiceClient;
+use reach_rpc::trace::TraceId;
+use reach_telemetry::TelemetryConfig;
+use serde_json::Value;
+use support::{Agent, Capture, Receiver};
+use tracing::Instrument;
+
+const SPAN_KIND_SERVER: i64 = 2;
+const SPAN_KIND_CLIENT: i64 = 3;
+
+fn config(receiver_endpoint: &str, extra: &[(&str, &str)]) -> TelemetryConfig {
+    let mut vars = vec![
+        ("OTEL_EXPORTER_OTLP_ENDPOINT", receiver_endpoint),
+        ("OTEL_RESOURCE_ATTRIBUTES", "deployment.environment=test"),
+        ("REACH_LOG_FORMAT", "json"),
+        ("REACH_LOG", "warn,reach=info,telemetry=info"),
+    ];
+    vars.extend_from_slice(extra);
+    TelemetryConfig::from_vars("reach-test", vars).unwrap()
+}
+
+fn in_trace<'a>(spans: &'a [Value], trace_id: &str) -> Vec<&'a Value> {
+    spans.iter().filter(|s| s["trace_id"] == trace_id).collect()
+}
+
+/// The field `name` of a JSON log line, looked up in its own fields, its current span and
+/// every enclosing span.
+fn log_field(line: &Value, name: &str) -> Vec<String> {
+    let mut found = Vec::new();
+    if let Some(v) = line.get(name).and_then(Value::as_str) {
+        found.push(v.to_string());
+    }
+    if let Some(v) = line["span"].get(name).and_then(Value::as_str) {
+        found.push(v.to_string());
+    }
+    for span in line["spans"].as_array().into_iter().flatten() {
+        if let Some(v) = span.get(name).and_then(Value::as_str) {
+            found.push(v.to_string());
+        }
+    }
+    found
+}
+
+#[tokio::test]
+async fn a_task_across_two_agents_is_one_linked_trace_and_its_logs_carry_the_trace_id() {
+    let receiver = Receiver::start(false);
+    let logs = Capture::default();
+    let (dispatch, guard) =
+        reach_telemetry::dispatch(&config(&receiver.endpoint(), &[]), logs.clone()).unwrap();
+    let _default = tracing::dispatcher::set_default(&dispatch);
+
+    let b = support::serve(Agent {
+        name: "b",
+        next: None,
+    })
+    .await;
+    let a = support::serve(Agent {
+        name: "a",
+        next: Some(support::client(b.addr).await),
+    })
+    .await;
+    let mut client_a = support::client(a.addr).await;
+
+    // The edge: a root span whose trace id becomes the envelope's trace id.
+    let edge = tracing::info_span!("test.edge");
+    let (trace_id, reply) = async {
+        let trace_id = reach_telemetry::current_trace_id().expect("the edge span has a trace id");
+        let reply = client_a
+            .handle(HandleRequest {
+                message: Some(support::message(&trace_id.to_string(), "task-1")),
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        (trace_id.to_string(), reply)
+    }
+    .instrument(edge)
+    .await;
+    assert_eq!(reply.message.unwrap().header.unwrap().trace_id, trace_id);
+
+    // A message that names a trace but arrives without traceparent (as from a client that
+    // only fills the envelope): its handling joins the envelope's trace.
+    let adopted = TraceId::random().to_string();
+    let mut plain = AgentServiceClient::new(support::channel(b.addr).await);
+    let reply = plain
+        .handle(HandleRequest {
+            message: Some(support::message(&adopted, "task-2")),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(reply.message.unwrap().header.unwrap().trace_id, adopted);
+
+    // A failing call: the status reaches the client and the spans record it.
+    let (failed, status) = async {
+        let failed = reach_telemetry::current_trace_id().unwrap().to_string();
+        let mut message = support::message(&failed, "task-3");
+        message.payload.as_mut().unwrap().r#type = "echo.fail".to_string();
+        let status = client_a
+            .handle(HandleRequest {
+                message: Some(message),
+            })
+            .await
+            .unwrap_err();
+        (failed, status)
+    }
+    .instrument(tracing::info_span!("test.edge.fail"))
+    .await;
+    assert_eq!(status.code(), tonic::Code::Unavailable);
+
+    guard.flush().await.unwrap();
+    let spans = receiver
+        .wait_for(|spans| {
+            in_trace(spans, &trace_id).len() >= 7
+                && !in_trace(spans, &adopted).is_empty()
+                && in_trace(spans, &failed).len() >= 5
+        })
+        .await;
+    let failed_spans = in_trace(&spans, &failed);
+    assert_eq!(failed_spans.len(), 5, "{failed_spans:#?}");
+    for span in &failed_spans {
+        const STATUS_CODE_ERROR: i64 = 2;
+        if span["name"] == "reach.v1.AgentService/Handle" || span["name"] == "agent.handle" {
+            assert_eq!(span["status_code"], STATUS_CODE_ERROR, "{span:#}");
+            assert_eq!(span["attributes"]["rpc.grpc.status_code"], 14, "{span:#}");
+        }
+    }
+
+    // One trace: edge -> client A -> server A -> agent.handle A -> client B -> server B ->
+    // agent.handle B, every parent present.
+    let trace = in_trace(&spans, &trace_id);
+    let by_id: HashMap<&str, &Value> = trace
+        .iter()
+        .map(|s| (s["span_id"].as_str().unwrap(), *s))
+        .collect();
+    let roots: Vec<_> = trace.iter().filter(|s| s["parent_span_id"] == "").collect();
+    assert_eq!(roots.len(), 1, "one root: {trace:#?}");
+    assert_eq!(roots[0]["name"], "test.edge");
+    let deepest = trace
+        .iter()
+        .filter(|s| s["name"] == "agent.handle")
+        .max_by_key(|s| {
+            let mut depth = 0;
+            let mut at = **s;
+            while let Some(parent) = by_id.get(at["parent_span_id"].as_str().unwrap()) {
+                depth += 1;
+                at = parent;
+            }
+            depth
+        })
+        .unwrap();
+    let mut chain = Vec::new();
+    let mut at = *deepest;
+    loop {
+        chain.push((
+            at["name"].as_str().unwrap().to_string(),
+            at["kind"].as_i64().unwrap(),
+        ));
+        match by_id.get(at["parent_span_id"].as_str().unwrap()) {
+            Some(parent) => at = parent,
+            None => {
+                assert_eq!(at["parent_span_id"], "", "a parent is missing: {trace:#?}");
+                break;
+            }
+        }
+    }
+    chain.reverse();
+    let handle = "reach.v1.AgentService/Handle".to_string();
+    assert_eq!(
+        chain,
+        vec![
+            ("test.edge".to_string(), 1),
+            (handle.clone(), SPAN_KIND_CLIENT),
+            (handle.clone(), SPAN_KIND_SERVER),
+            ("agent.handle".to_string(), 1),
+            (handle.clone(), SPAN_KIND_CLIENT),
+            (handle.clone(), SPAN_KIND_SERVER),
+            ("agent.handle".to_string(), 1),
+        ]
+    );
+
+    // Attributes.
+    for span in &trace {
+        assert_eq!(span["service.name"], "reach-test");
+        assert_eq!(span["resource"]["deployment.environment"], "test");
+        if span["name"] == handle.as_str() {
+            let attrs = &span["attributes"];
+            assert_eq!(attrs["rpc.system"], "grpc");
+            assert_eq!(attrs["rpc.service"], "reach.v1.AgentService");
+            assert_eq!(attrs["rpc.method"], "Handle");
+            assert_eq!(attrs["rpc.grpc.status_code"], 0, "{span:#?}");
+            assert_eq!(attrs["trace_id"], trace_id.as_str());
+        }
+        if span["name"] == "agent.handle" {
+            let attrs = &span["attributes"];
+            assert_eq!(attrs["task_id"], "task-1");
+            assert_eq!(attrs["trace_id"], trace_id.as_str());
+            assert_eq!(attrs["message.type"], "echo.request");
+            assert_eq!(attrs["capability"], "echo");
+            assert_eq!(attrs["source"], "test.edge");
+        }
+    }
+    let adopted_spans = in_trace(&spans, &adopted);
+    assert!(
+        adopted_spans
+            .iter()
+            .any(|s| s["name"] == "agent.handle" && s["attributes"]["task_id"] == "task-2"),
+        "{adopted_spans:#?}"
+    );
+
+    // Logs: every line emitted inside a message's handling carries its trace and task ids.
+    let lines: Vec<Value> = logs
+        .lines()
+        .iter()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{l:?}: {e}")))
+        .collect();
+    let handled: Vec<&Value> = lines
+        .iter()
+        .filter(|l| {
+            l["message"] == "handling message"
+                || l["message"] == "inner step"
+                || l["message"] == "refusing message"
+        })
+        .collect();
+    assert_eq!(handled.len(), 9, "{lines:#?}");
+    for line in handled {
+        let trace_ids = log_field(line, "trace_id");
+        let task_ids = log_field(line, "task_id");
+        let (want_trace, want_task) = if task_ids.iter().any(|t| t == "task-2") {
+            (&adopted, "task-2")
+        } else if task_ids.iter().any(|t| t == "task-3") {
+            (&failed, "task-3")
+        } else {
+            (&trace_id, "task-1")
+        };
+        assert!(!trace_ids.is_empty(), "no trace_id in {line}");
+        assert!(trace_ids.iter().all(|t| t == want_trace), "{line}");
+        assert!(task_ids.iter().all(|t| t == want_task), "{line}");
+    }
+
+    drop((a, b));
+    guard.shutdown().await.unwrap();
+}
+
+/// Calls through services whose collector is unreachable (`down`) or never answers
+/// (`blackhole`) finish promptly, and shutdown returns within its limit, well before the
+/// export timeout.
+async fn calls_stay_fast_when_the_collector(endpoint: &str) {
+    let logs = Capture::default();
+    let mut config = config(endpoint, &[("OTEL_EXPORTER_OTLP_TIMEOUT", "8000")]);
+    config.shutdown_timeout = Duration::from_secs(1);
+    let (dispatch, guard) = reach_telemetry::dispatch(&config, logs).unwrap();
+    let _default = tracing::dispatcher::set_default(&dispatch);
+
+    let b = support::serve(Agent {
+        name: "b",
+        next: None,
+    })
+    .await;
+    let mut client = support::client(b.addr).await;
+
+    // Get an export stuck first, then call while it hangs.
+    let flushing = {
+        let guard = guard.clone();
+        tokio::spawn(async move { guard.flush().await })
+    };
+    let start = Instant::now();
+    for i in 0..30 {
+        let span = tracing::info_span!("test.call", i);
+        client
+            .handle(HandleRequest {
+                message: Some(support::message("", "task-x")),
+            })
+            .instrument(span)
+            .await
+            .unwrap();
+    }
+    let calls = start.elapsed();
+    assert!(
+        calls < Duration::from_secs(4),
+        "30 calls took {calls:?} with the collector at {endpoint}"
+    );
+
+    let start = Instant::now();
+    let result = guard.shutdown().await;
+    let shutdown = start.elapsed();
+    eprintln!("collector {endpoint}: calls {calls:?}, shutdown {shutdown:?}: {result:?}");
+    assert!(
+        shutdown < Duration::from_secs(4),
+        "shutdown took {shutdown:?} (limit 1 s, export timeout 8 s): {result:?}"
+    );
+    flushing.abort();
+}
+
+#[tokio::test]
+async fn a_blackholed_collector_neither_slows_calls_nor_shutdown() {
+    let receiver = Receiver::start(true);
+    calls_stay_fast_when_the_collector(&receiver.endpoint()).await;
+}
+
+#[tokio::test]
+async fn a_collector_that_is_down_neither_slows_calls_nor_shutdown() {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    calls_stay_fast_when_the_collector(&format!("http://127.0.0.1:{port}")).await;
+}
+
+#[tokio::test]
+async fn metrics_are_served_and_counters_move() {
+    use reach_telemetry::metrics::{self, names};
+
+    let handle = metrics::install().unwrap();
+    // A second install (another service in the same process) shares the recorder.
+    metrics::install().unwrap();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let router = reach_telemetry::admin_router(handle).route(
+        "/v1/extra",
+        axum::routing::get(|| async { axum::Json(serde_json::json!({"extra": true})) }),
+    );
+    tokio::spawn(reach_telemetry::serve_admin(
+        listener,
+        router,
+        std::future::pending(),
+    ));
+
+    let health = reach_telemetry::top::http_get(&addr.to_string(), "/health")
+        .await
+        .unwrap();
+    assert!(health.contains("ok"), "{health}");
+    let extra = reach_telemetry::top::http_get(&addr.to_string(), "/v1/extra")
+        .await
+        .unwrap();
+    assert!(extra.contains("extra"), "{extra}");
+
+    let requests = |scrape: &prometheus_parse::Scrape| -> f64 {
+        scrape
+            .samples
+            .iter()
+            .find(|s| {
+                s.metric == names::ROUTER_REQUESTS
+                    && s.labels.get("capability") == Some("metrics.test")
+                    && s.labels.get("code") == Some("OK")
+            })
+            .map(|s| match s.value {
+                prometheus_parse::Value::Counter(v) | prometheus_parse::Value::Untyped(v) => v,
+                ref other => panic!("{other:?}"),
+            })
+            .unwrap_or(0.0)
+    };
+    let scrape = || async {
+        let text = reach_telemetry::top::http_get(&addr.to_string(), "/metrics")
+            .await
+            .unwrap();
+        reach_telemetry::top::parse_metrics(&text).unwrap()
+    };
+
+    metrics::router::request("metrics.test", tonic::Code::Ok, Duration::from_millis(3));
+    let before = requests(&scrape().await);
+    assert_eq!(before, 1.0);
+    for _ in 0..4 {
+        metrics::router::request("metrics.test", tonic::Code::Ok, Duration::from_millis(3));
+    }
+    metrics::router::request(
+        "metrics.test",
+        tonic::Code::Unavailable,
+        Duration::from_millis(30),
+    );
+    {
+        let _in_flight = metrics::router::in_flight("metrics.test");
+        metrics::registry::instances("ready", 2);
+        let after = scrape().await;
+        assert_eq!(requests(&after), 5.0);
+        let gauge = after
+            .samples
+            .iter()
+            .find(|s| s.metric == names::ROUTER_IN_FLIGHT)
+            .unwrap();
+        assert!(matches!(gauge.value, prometheus_parse::Value::Gauge(v) if v == 1.0));
+        let histogram = after
+            .samples
+            .iter()
+            .find(|s| {
+                s.metric == names::ROUTER_REQUEST_DURATION
+                    && s.labels.get("code") == Some("UNAVAILABLE")
+            })
+            .unwrap_or_else(|| panic!("{:#?}", after.samples));
+        let prometheus_parse::Value::Histogram(buckets) = &histogram.value else {
+            panic!("{histogram:?}")
+        };
+        let le_50ms = buckets
+            .iter()
+            .find(|b| (b.less_than - 0.05).abs() < 1e-9)
+            .unwrap();
+        assert_eq!(le_50ms.count, 1.0);
+    }
+    let gauge = scrape()
+        .await
+        .samples
+        .into_iter()
+        .find(|s| s.metric == names::ROUTER_IN_FLIGHT)
+        .unwrap();
+    assert!(matches!(gauge.value, prometheus_parse::Value::Gauge(v) if v == 0.0));
+}
+
+#[tokio::test]
+async fn the_default_filter_shows_info_from_every_reach_crate() {
+    let logs = Capture::default();
+    let config = TelemetryConfig::from_vars("x", Vec::<(String, String)>::new()).unwrap();
+    let (dispatch, _guard) = reach_telemetry::dispatch(&config, logs.clone()).unwrap();
+    tracing::dispatcher::with_default(&dispatch, || {
+        tracing::info!(target: "reach_registry::lease", "registry info");
+        tracing::info!(target: "reach_router", "router info");
+        tracing::info!(target: "reach_sdk::runtime", "sdk info");
+        tracing::debug!(target: "reach_router", "router debug");
+        tracing::info!(target: "hyper::proto", "hyper info");
+        tracing::warn!(target: "hyper::proto", "hyper warn");
+        let message = support::message("4bf92f3577b34da6a3ce929d0e0e4736", "task-9");
+        let _span = reach_telemetry::message_span("agent.handle", &message).entered();
+        tracing::info!(target: "reach_sdk::runtime", "inside a message");
+    });
+    let text = logs.lines().join("\n");
+    for shown in ["registry info", "router info", "sdk info", "hyper warn"] {
+        assert!(text.contains(shown), "{shown} missing from {text}");
+    }
+    let inside = logs
+        .lines()
+        .into_iter()
+        .find(|l| l.contains("inside a message"))
+        .unwrap();
+    assert!(
+        inside.contains("trace_id=4bf92f3577b34da6a3ce929d0e0e4736")
+            && inside.contains("task_id=\"task-9\""),
+        "{inside}"
+    );
+    for hidden in ["router debug", "hyper info"] {
+        assert!(!text.contains(hidden), "{hidden} shown in {text}");
+    }
+}
+
+mod board {
+    use super::*;
+    use reach_proto::v1::registry_service_client::RegistryServiceClient;
+    use reach_proto::v1::registry_service_server::{RegistryService, RegistryServiceServer};
+    use reach_proto::v1::{
+        DeregisterRequest, DeregisterResponse, HeartbeatRequest, HeartbeatResponse, Instance,
+        InstanceSpec, InstanceState, ListInstancesRequest, ListInstancesResponse, RegisterRequest,
+        RegisterResponse, WatchRequest, WatchResponse,
+    };
+    use tonic::{Request, Response, Status};
+
+    /// A registry that only lists two fixed instances.
+    struct FixedRegistry;
+
+    #[tonic::async_trait]
+    impl RegistryService for FixedRegistry {
+        async fn register(
+            &self,
+            _: Request<RegisterRequest>,
+        ) -> Result<Response<RegisterResponse>, Status> {
+            Err(Status::unimplemented("fixed"))
+        }
+
+        async fn heartbeat(
+            &self,
+            _: Request<HeartbeatRequest>,
+        ) -> Result<Response<HeartbeatResponse>, Status> {
+            Err(Status::unimplemented("fixed"))
+        }
+
+        async fn deregister(
+            &self,
+            _: Request<DeregisterRequest>,
+        ) -> Result<Response<DeregisterResponse>, Status> {
+            Err(Status::unimplemented("fixed"))
+        }
+
+        async fn list_instances(
+            &self,
+            _: Request<ListInstancesRequest>,
+        ) -> Result<Response<ListInstancesResponse>, Status> {
+            let instance = |id: &str, state: InstanceState| Instance {
+                spec: Some(InstanceSpec {
+                    service: "echo".to_string(),
+                    instance_id: id.to_string(),
+                    max_concurrency: 8,
+                    ..Default::default()
+                }),
+                state: state as i32,
+                in_flight: 1,
+                ..Default::default()
+            };
+            Ok(Response::new(ListInstancesResponse {
+                instances: vec![
+                    instance("echo-1", InstanceState::Ready),
+                    instance("echo-2", InstanceState::Draining),
+                ],
+                revision: 1,
+            }))
+        }
+
+        type WatchStream = tokio_stream::Empty<Result<WatchResponse, Status>>;
+
+        async fn watch(
+            &self,
+            _: Request<WatchRequest>,
+        ) -> Result<Response<Self::WatchStream>, Status> {
+            Err(Status::unimplemented("fixed"))
+        }
+    }
+
+    #[tokio::test]
+    async fn top_reads_a_live_registry_and_admin_port() {
+        let handle = reach_telemetry::metrics::install().unwrap();
+        reach_telemetry::metrics::router::instance_latency(
+            "echo",
+            "echo-1",
+            Duration::from_millis(2),
+        );
+        reach_telemetry::metrics::router::request(
+            "board.test",
+            tonic::Code::Ok,
+            Duration::from_millis(2),
+        );
+
+        let grpc = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let grpc_addr = grpc.local_addr().unwrap();
+        tokio::spawn(
+            reach_rpc::GrpcServer::new()
+                .add_service(RegistryServiceServer::new(FixedRegistry))
+                .serve(grpc, std::future::pending()),
+        );
+        let admin = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let admin_addr = admin.local_addr().unwrap().to_string();
+        tokio::spawn(reach_telemetry::serve_admin(
+            admin,
+            reach_telemetry::admin_router(handle),
+            std::future::pending(),
+        ));
+
+        let endpoint = format!("http://{grpc_addr}");
+        let channel = support::channel(grpc_addr).await;
+        let mut registry = RegistryServiceClient::new(channel);
+        let mut board = reach_telemetry::top::Board::new();
+        let snapshot =
+            reach_telemetry::top::fetch(&mut board, &mut registry, &endpoint, &admin_addr, None)
+                .await;
+        assert_eq!(snapshot.registry_error, None);
+        assert_eq!(snapshot.metrics_error, None);
+        assert_eq!(snapshot.instances.len(), 2);
+        assert!(snapshot.instances[0].p99.is_some());
+        assert!(
+            snapshot
+                .capabilities
+                .iter()
+                .any(|c| c.capability == "board.test")
+        );
+        let frame = reach_telemetry::top::render_to_string(&snapshot, 120, 30);
+        assert!(frame.contains("echo-2"), "{frame}");
+        assert!(frame.contains("draining"), "{frame}");
+        assert!(frame.contains("board.test"), "{frame}");
+
+        // The once mode runs end to end (its frame goes to stdout).
+        reach_telemetry::top::run(reach_telemetry::top::TopOptions {
+            endpoint: endpoint.clone(),
+            admin: Some(admin_addr.clone()),
+            once: true,
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+
+        // An endpoint nobody serves degrades instead of failing.
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let nobody = format!("http://127.0.0.1:{port}");
+        let channel = tonic::transport::Endpoint::from_shared(nobody.clone())
+            .unwrap()
+            .connect_lazy();
+        let snapshot = reach_telemetry::top::fetch(
+            &mut board,
+            &mut RegistryServiceClient::new(channel),
+            &nobody,
+            &format!("127.0.0.1:{port}"),
+            None,
+        )
+        .await;
+        assert!(snapshot.registry_error.is_some());
+        assert!(snapshot.metrics_error.is_some());
+    }
+}
+
+#[tokio::test]
+async fn the_interceptor_and_metadata_helpers_carry_traceparent() {
+    let config = TelemetryConfig::from_vars("x", Vec::<(String, String)>::new()).unwrap();
+    let (dispatch, _guard) = reach_telemetry::dispatch(&config, Capture::default()).unwrap();
+    let _default = tracing::dispatcher::set_default(&dispatch);
+
+    let caller = tracing::info_span!("test.caller");
+    let caller_trace = reach_telemetry::span_trace_id(&caller).unwrap();
+    let request = {
+        let _entered = caller.enter();
+        reach_telemetry::inject_trace_context(tonic::Request::new(())).unwrap()
+    };
+    let traceparent = request
+        .metadata()
+        .get(reach_rpc::trace::TRACEPARENT)
+        .unwrap()
+        .to_str()
+        .unwrap()
+        .to_string();
+    assert_eq!(TraceId::from_traceparent(&traceparent), Some(caller_trace));
+
+    let callee = tracing::info_span!(parent: None, "test.callee");
+    assert!(reach_telemetry::set_parent_from_metadata(
+        &callee,
+        request.metadata()
+    ));
+    assert_eq!(reach_telemetry::span_trace_id(&callee), Some(caller_trace));
+
+    // Without traceparent nothing changes; a root span can adopt an envelope's trace id.
+    let orphan = tracing::info_span!(parent: None, "test.orphan");
+    assert!(!reach_telemetry::set_parent_from_metadata(
+        &orphan,
+        &tonic::metadata::MetadataMap::new()
+    ));
+    let wanted = TraceId::random();
+    assert!(reach_telemetry::adopt_trace_id(&orphan, wanted));
+    assert_eq!(reach_telemetry::span_trace_id(&orphan), Some(wanted));
+    // A started span keeps its trace.
+    assert!(!reach_telemetry::adopt_trace_id(&orphan, TraceId::random()));
+}

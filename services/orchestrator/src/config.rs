@@ -1,0 +1,103 @@
+//! Orchestrator configuration (serde, with defaults for every field).
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+/// How the orchestrator runs. Every field has a default, so `{}` (or an empty TOML table)
+/// is a working embedded configuration.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct OrchestratorConfig {
+    /// The task store: `sqlite://PATH` (embedded, one process) or
+    /// `postgres://USER@HOST:PORT/DB` (several replicas). Default `sqlite://.reach/orchestrator.db`.
+    pub store_url: String,
+    /// SQLite only: `true` fsyncs every commit (`synchronous=FULL`, survives power loss);
+    /// `false` (default) uses WAL with `synchronous=NORMAL` (survives process crashes; a power
+    /// loss may drop the last commits, never corrupting the file).
+    pub sqlite_full_sync: bool,
+    /// A directory of flow files (`*.yaml`) loaded at start and watched for changes.
+    pub flows_dir: Option<PathBuf>,
+    /// Whether to watch `flows_dir` for changes (hot reload). Default true.
+    pub watch_flows: bool,
+    /// The router that task nodes call through. Default `http://127.0.0.1:7070`.
+    pub router_endpoint: String,
+    /// Ended tasks (events, context and ledger) are purged this long after they end.
+    /// Default 24h.
+    #[serde(with = "humantime_serde")]
+    pub context_ttl: Duration,
+    /// Field names whose values are masked in everything shown (added to the built-in list:
+    /// password, secret, token, api_key, authorization, ssn, card_number, account_number, iban).
+    pub redact_fields: Vec<String>,
+    /// This replica's id, the owner of its task leases. Default: a random id per process.
+    /// Give each replica a stable id to let a restarted replica reclaim its tasks at once.
+    pub node_id: Option<String>,
+    /// Task lease length (PostgreSQL): a crashed replica's tasks move after this. Default 15s.
+    #[serde(with = "humantime_serde")]
+    pub lease: Duration,
+    /// How often other replicas' changes and due timers are polled. Default 500ms.
+    #[serde(with = "humantime_serde")]
+    pub poll_interval: Duration,
+    /// Longest a call may take when its node has no `timeout`. Default 5m.
+    #[serde(with = "humantime_serde")]
+    pub default_call_timeout: Duration,
+    /// Tasks driven concurrently. Default 1024.
+    pub max_concurrent_tasks: usize,
+    /// Longest wait for a pooled store connection before an operation fails. Default 30s.
+    #[serde(with = "humantime_serde")]
+    pub store_acquire_timeout: Duration,
+}
+
+impl Default for OrchestratorConfig {
+    fn default() -> Self {
+        Self {
+            store_url: "sqlite://.reach/orchestrator.db".into(),
+            sqlite_full_sync: false,
+            flows_dir: None,
+            watch_flows: true,
+            router_endpoint: "http://127.0.0.1:7070".into(),
+            context_ttl: Duration::from_secs(24 * 3600),
+            redact_fields: Vec::new(),
+            node_id: None,
+            lease: Duration::from_secs(15),
+            poll_interval: Duration::from_millis(500),
+            default_call_timeout: Duration::from_secs(300),
+            max_concurrent_tasks: 1024,
+            store_acquire_timeout: Duration::from_secs(30),
+        }
+    }
+}
+
+impl OrchestratorConfig {
+    /// Checks the values.
+    ///
+    /// # Errors
+    /// A message naming the bad field and what to write instead.
+    pub fn validate(&self) -> Result<(), String> {
+        if !(self.store_url.starts_with("sqlite:")
+            || self.store_url.starts_with("postgres://")
+            || self.store_url.starts_with("postgresql://"))
+        {
+            return Err(format!(
+                "store_url {:?} must start with sqlite:// or postgres://",
+                self.store_url
+            ));
+        }
+        if !(self.router_endpoint.starts_with("http://")
+            || self.router_endpoint.starts_with("https://"))
+        {
+            return Err(format!(
+                "router_endpoint {:?} must be http://HOST:PORT",
+                self.router_endpoint
+            ));
+        }
+        if self.lease < Duration::from_millis(300) {
+            return Err("lease must be at least 300ms".into());
+        }
+        if self.max_concurrent_tasks == 0 {
+            return Err("max_concurrent_tasks must be at least 1".into());
+        }
+        Ok(())
+    }
+}

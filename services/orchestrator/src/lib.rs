@@ -1,0 +1,208 @@
+//! `reach-orchestrator`: runs flows (YAML state machines) durably over the Reach mesh.
+//!
+//! # Layout
+//! - [`flow`]: the flow model, YAML loader and validation with located errors.
+//! - [`expr`]: CEL expressions over the task context (conditions and node inputs).
+//! - [`event`]: task events and the state folded from them (event sourcing).
+//! - [`store`]: the SQLite / PostgreSQL task store (group-committed appends, leases, timers,
+//!   ledger, purge).
+//! - [`flows`]: the registry of applied flow versions and hot reload of a flows directory.
+//! - [`engine`]: drives tasks node by node; durable timers; leases; resume at start-up.
+//! - [`service`]: the `reach.v1.OrchestratorService` gRPC implementation (masked views).
+//! - [`http`]: admin routes (`GET /tasks/{id}`, `POST /tasks/{id}/retry`).
+//! - [`ledger`]: [`ledger::LedgerSink`], the router-side bounded, batched ledger sink.
+//! - [`mask`]: masking of sensitive values in everything shown.
+//! - [`cli`]: the `reach flow ...`, `reach task ...` and `reach dump` commands.
+//! - [`bench`]: durable transitions per second on SQLite and PostgreSQL.
+//! - [`config`]: the configuration, [`OrchestratorConfig`].
+//!
+//! # Running
+//! ```no_run
+//! # async fn run() -> Result<(), reach_orchestrator::Error> {
+//! let config = reach_orchestrator::OrchestratorConfig::default();
+//! let orchestrator = reach_orchestrator::Orchestrator::new(config).await?;
+//! let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+//! orchestrator.serve(listener, async { let _ = tokio::signal::ctrl_c().await; }).await?;
+//! # Ok(()) }
+//! ```
+
+pub mod bench;
+pub mod cli;
+pub mod config;
+pub mod engine;
+pub mod error;
+pub mod event;
+pub mod expr;
+pub mod flow;
+pub mod flows;
+pub mod http;
+pub mod json;
+pub mod ledger;
+pub mod mask;
+pub mod service;
+pub mod store;
+
+use std::future::Future;
+
+pub use config::OrchestratorConfig;
+pub use engine::{Clock, Engine, EngineSettings};
+pub use error::Error;
+pub use ledger::{CallOutcome, LedgerSink, LedgerSinkConfig};
+pub use service::OrchestratorApi;
+
+use reach_proto::v1::orchestrator_service_server::OrchestratorServiceServer;
+
+/// An orchestrator: store, flows, engine and API, ready to run in-process.
+pub struct Orchestrator {
+    config: OrchestratorConfig,
+    engine: Engine,
+    api: OrchestratorApi,
+}
+
+/// The background work of a started orchestrator; [`Running::shutdown`] stops it.
+pub struct Running {
+    engine: Engine,
+    handles: Vec<tokio::task::JoinHandle<()>>,
+}
+
+impl Running {
+    /// Stops without handing tasks over, as a crash would (other replicas take them once the
+    /// leases expire). For failure drills and tests.
+    pub fn abort(self) {
+        self.engine.halt();
+        for h in self.handles {
+            h.abort();
+        }
+    }
+
+    /// Stops the loops and, on PostgreSQL, hands this replica's tasks to the others.
+    pub async fn shutdown(self) {
+        self.engine.stop().await;
+        for h in self.handles {
+            let _ = tokio::time::timeout(std::time::Duration::from_secs(5), h).await;
+        }
+    }
+}
+
+impl Orchestrator {
+    /// Opens the store, loads stored flows and the flows directory.
+    ///
+    /// # Errors
+    /// [`Error::Config`] for invalid settings, [`Error::Store`] when the store cannot be opened.
+    pub async fn new(config: OrchestratorConfig) -> Result<Self, Error> {
+        Self::with_clock(config, Clock::new()).await
+    }
+
+    /// Like [`Orchestrator::new`] with an explicit clock (tests with paused time).
+    ///
+    /// # Errors
+    /// As [`Orchestrator::new`].
+    pub async fn with_clock(config: OrchestratorConfig, clock: Clock) -> Result<Self, Error> {
+        config.validate().map_err(Error::Config)?;
+        let durability = if config.sqlite_full_sync {
+            store::SqliteDurability::Full
+        } else {
+            store::SqliteDurability::Normal
+        };
+        let store =
+            store::Store::open_with(&config.store_url, durability, config.store_acquire_timeout)
+                .await?;
+        let flows = flows::FlowRegistry::load(store.clone()).await?;
+        if let Some(dir) = &config.flows_dir {
+            if !dir.is_dir() {
+                return Err(Error::Config(format!(
+                    "flows_dir {} is not a directory",
+                    dir.display()
+                )));
+            }
+            flows.apply_dir(dir, clock.now_ms()).await;
+        }
+        let settings = EngineSettings {
+            node_id: config
+                .node_id
+                .clone()
+                .unwrap_or_else(|| format!("orchestrator-{}", uuid::Uuid::new_v4().simple())),
+            lease: config.lease,
+            default_call_timeout: config.default_call_timeout,
+            max_concurrent_tasks: config.max_concurrent_tasks,
+            poll_interval: config.poll_interval,
+            context_ttl: config.context_ttl,
+            source: "orchestrator".into(),
+        };
+        let engine = Engine::new(store, flows, &config.router_endpoint, settings, clock)?;
+        let masker = mask::Masker::new(
+            mask::DEFAULT_SENSITIVE_FIELDS
+                .iter()
+                .map(|s| (*s).to_string())
+                .chain(config.redact_fields.iter().cloned()),
+        );
+        let api = OrchestratorApi::new(engine.clone(), masker);
+        Ok(Self {
+            config,
+            engine,
+            api,
+        })
+    }
+
+    /// The engine (start tasks, resume, cancel, retry in-process).
+    pub fn engine(&self) -> &Engine {
+        &self.engine
+    }
+
+    /// The gRPC service, to add to a shared [`reach_rpc::GrpcServer`] (as `reach dev` does).
+    pub fn grpc_service(&self) -> OrchestratorServiceServer<OrchestratorApi> {
+        OrchestratorServiceServer::new(self.api.clone())
+    }
+
+    /// The API implementation.
+    pub fn api(&self) -> &OrchestratorApi {
+        &self.api
+    }
+
+    /// The HTTP admin routes (`GET /tasks/{id}`, `POST /tasks/{id}/retry`).
+    pub fn admin_router(&self) -> axum::Router {
+        http::router(self.api.clone())
+    }
+
+    /// Starts the engine's background work (resuming unfinished tasks, timers, leases,
+    /// purge, flows directory watch). Use with [`Orchestrator::grpc_service`] when the gRPC
+    /// server is shared; [`Orchestrator::serve`] does both.
+    ///
+    /// # Errors
+    /// [`Error::Config`] when the flows directory cannot be watched.
+    pub fn start(&self) -> Result<Running, Error> {
+        let mut handles = self.engine.start();
+        if let (Some(dir), true) = (&self.config.flows_dir, self.config.watch_flows) {
+            let stop = self.engine.inner.stop_receiver();
+            handles.push(
+                self.engine
+                    .flows()
+                    .watch(dir.clone(), self.engine.clock(), stop)?,
+            );
+        }
+        Ok(Running {
+            engine: self.engine.clone(),
+            handles,
+        })
+    }
+
+    /// Serves `OrchestratorService` (with health and reflection) on `listener` until
+    /// `shutdown` resolves, running the engine meanwhile.
+    ///
+    /// # Errors
+    /// [`Error::Serve`] when serving fails; [`Error::Config`] as [`Orchestrator::start`].
+    pub async fn serve(
+        self,
+        listener: tokio::net::TcpListener,
+        shutdown: impl Future<Output = ()> + Send + 'static,
+    ) -> Result<(), Error> {
+        let running = self.start()?;
+        let result = reach_rpc::GrpcServer::new()
+            .add_service(self.grpc_service())
+            .serve(listener, shutdown)
+            .await;
+        running.shutdown().await;
+        self.engine.store().close().await;
+        result.map_err(Error::from)
+    }
+}

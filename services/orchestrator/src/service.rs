@@ -1,0 +1,582 @@
+//! The `reach.v1.OrchestratorService` implementation and the masked views it returns.
+
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::Stream;
+use prost::Message;
+use reach_proto::v1 as pb;
+use reach_proto::v1::orchestrator_service_server::OrchestratorService;
+use tonic::{Request, Response, Status};
+
+use crate::engine::Engine;
+use crate::error::Error;
+use crate::event::{NodeOutcome, StoredEvent, TaskState, TaskStatus};
+use crate::json;
+use crate::mask::Masker;
+use crate::store::TaskSummary;
+
+/// The gRPC service. Cheap to clone.
+#[derive(Clone)]
+pub struct OrchestratorApi {
+    engine: Engine,
+    masker: Masker,
+    ledger_dropped: Arc<std::sync::atomic::AtomicU64>,
+}
+
+impl OrchestratorApi {
+    /// The service over `engine`, masking with `masker`.
+    pub fn new(engine: Engine, masker: Masker) -> Self {
+        Self {
+            engine,
+            masker,
+            ledger_dropped: Arc::default(),
+        }
+    }
+
+    /// Ledger entries routers reported as dropped so far.
+    pub fn ledger_dropped(&self) -> u64 {
+        self.ledger_dropped
+            .load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// The engine.
+    pub fn engine(&self) -> &Engine {
+        &self.engine
+    }
+}
+
+fn ts(ms: i64) -> prost_types::Timestamp {
+    prost_types::Timestamp {
+        seconds: ms.div_euclid(1000),
+        nanos: i32::try_from(ms.rem_euclid(1000) * 1_000_000).unwrap_or(0),
+    }
+}
+
+/// The proto value of a status.
+pub fn status_to_proto(s: TaskStatus) -> pb::TaskStatus {
+    match s {
+        TaskStatus::Pending => pb::TaskStatus::Pending,
+        TaskStatus::Dispatched => pb::TaskStatus::Dispatched,
+        TaskStatus::Processing => pb::TaskStatus::Processing,
+        TaskStatus::WaitingHuman => pb::TaskStatus::WaitingHuman,
+        TaskStatus::Succeeded => pb::TaskStatus::Succeeded,
+        TaskStatus::Failed => pb::TaskStatus::Failed,
+        TaskStatus::Partial => pb::TaskStatus::Partial,
+        TaskStatus::Cancelled => pb::TaskStatus::Cancelled,
+    }
+}
+
+/// The status of a proto value (`None` for unspecified).
+pub fn status_from_proto(s: pb::TaskStatus) -> Option<TaskStatus> {
+    Some(match s {
+        pb::TaskStatus::Unspecified => return None,
+        pb::TaskStatus::Pending => TaskStatus::Pending,
+        pb::TaskStatus::Dispatched => TaskStatus::Dispatched,
+        pb::TaskStatus::Processing => TaskStatus::Processing,
+        pb::TaskStatus::WaitingHuman => TaskStatus::WaitingHuman,
+        pb::TaskStatus::Succeeded => TaskStatus::Succeeded,
+        pb::TaskStatus::Failed => TaskStatus::Failed,
+        pb::TaskStatus::Partial => TaskStatus::Partial,
+        pb::TaskStatus::Cancelled => TaskStatus::Cancelled,
+    })
+}
+
+impl OrchestratorApi {
+    fn masked(&self, v: &serde_json::Value) -> Option<prost_types::Value> {
+        Some(json::to_proto(&self.masker.mask(v)))
+    }
+
+    /// A task with its node history, masked.
+    pub fn task_view(&self, state: &TaskState) -> pb::Task {
+        let flow = self.engine.flows().get(&state.flow_id, state.flow_version);
+        pb::Task {
+            task_id: state.id.clone(),
+            flow_id: state.flow_id.clone(),
+            flow_version: state.flow_version,
+            status: status_to_proto(state.status).into(),
+            current_node: state.current.clone().unwrap_or_default(),
+            input: self.masked(&state.input),
+            output: self.masked(&state.output),
+            error: state
+                .error
+                .as_deref()
+                .map(|e| self.masker.mask_text(e))
+                .unwrap_or_default(),
+            trace_id: state.trace_id.clone(),
+            created_at: Some(ts(state.created_ms)),
+            updated_at: Some(ts(state.updated_ms)),
+            ended_at: state.ended_ms.map(ts),
+            failed_node: state.failed_node.clone().unwrap_or_default(),
+            nodes: state
+                .visits
+                .iter()
+                .map(|v| pb::NodeRun {
+                    node_id: v.node.clone(),
+                    node_type: flow
+                        .as_ref()
+                        .and_then(|f| f.node(&v.node))
+                        .map(|n| n.kind.type_name())
+                        .unwrap_or("")
+                        .to_string(),
+                    status: match v.outcome {
+                        None => pb::NodeStatus::Running,
+                        Some(NodeOutcome::Succeeded) => pb::NodeStatus::Succeeded,
+                        Some(NodeOutcome::Partial) => pb::NodeStatus::Partial,
+                        Some(NodeOutcome::Failed) => pb::NodeStatus::Failed,
+                        Some(NodeOutcome::Cancelled) => pb::NodeStatus::Cancelled,
+                    }
+                    .into(),
+                    attempts: v.attempts,
+                    message_id: v.message_id.clone().unwrap_or_default(),
+                    input: self.masked(&v.input),
+                    output: self.masked(&v.output),
+                    error: v
+                        .error
+                        .as_deref()
+                        .map(|e| self.masker.mask_text(e))
+                        .unwrap_or_default(),
+                    started_at: Some(ts(v.started_ms)),
+                    ended_at: v.ended_ms.map(ts),
+                    next_node: v.next.clone().unwrap_or_default(),
+                })
+                .collect(),
+        }
+    }
+
+    /// A task row (no node history), masked.
+    pub fn summary_view(&self, s: &TaskSummary) -> pb::Task {
+        pb::Task {
+            task_id: s.task_id.clone(),
+            flow_id: s.flow_id.clone(),
+            flow_version: s.flow_version,
+            status: status_to_proto(s.status).into(),
+            current_node: s.current_node.clone().unwrap_or_default(),
+            error: s
+                .error
+                .as_deref()
+                .map(|e| self.masker.mask_text(e))
+                .unwrap_or_default(),
+            trace_id: s.trace_id.clone(),
+            created_at: Some(ts(s.created_ms)),
+            updated_at: Some(ts(s.updated_ms)),
+            ended_at: s.ended_ms.map(ts),
+            failed_node: s.failed_node.clone().unwrap_or_default(),
+            ..Default::default()
+        }
+    }
+
+    /// An event, masked, with the status after it.
+    pub fn event_view(&self, task_id: &str, e: &StoredEvent, status: TaskStatus) -> pb::TaskEvent {
+        let detail = serde_json::to_value(&e.event).unwrap_or_default();
+        pb::TaskEvent {
+            task_id: task_id.to_string(),
+            sequence: u64::try_from(e.seq).unwrap_or(0),
+            at: Some(ts(e.at_ms)),
+            kind: e.event.kind().to_string(),
+            node_id: e.event.node().unwrap_or_default().to_string(),
+            detail: self.masked(&detail),
+            status: status_to_proto(status).into(),
+        }
+    }
+
+    fn events_view(
+        &self,
+        task_id: &str,
+        events: &[StoredEvent],
+        mut state: TaskState,
+    ) -> Vec<pb::TaskEvent> {
+        events
+            .iter()
+            .map(|e| {
+                state.apply(&e.event, e.at_ms);
+                self.event_view(task_id, e, state.status)
+            })
+            .collect()
+    }
+
+    fn mask_ledger(&self, mut entry: pb::LedgerEntry) -> pb::LedgerEntry {
+        entry.status_message = self.masker.mask_text(&entry.status_message);
+        if let Some(h) = entry.header.as_mut() {
+            for v in h.metadata.values_mut() {
+                *v = self.masker.mask_text(v);
+            }
+        }
+        entry
+    }
+
+    /// Everything `reach dump --task ID` prints: the task, then messages and events in time
+    /// order (events before messages at the same millisecond).
+    ///
+    /// # Errors
+    /// [`Error::NotFound`] and store errors.
+    pub async fn dump(&self, task_id: &str) -> Result<pb::DumpTaskResponse, Error> {
+        let events = self.engine.store().events(task_id, 0).await?;
+        if events.is_empty() {
+            return Err(Error::NotFound(format!(
+                "task {task_id:?} does not exist (or was purged after its TTL)"
+            )));
+        }
+        let state = TaskState::fold(task_id, &events);
+        let mut records: Vec<(i64, u8, pb::DumpRecord)> = self
+            .events_view(task_id, &events, TaskState::new(task_id))
+            .into_iter()
+            .zip(&events)
+            .map(|(v, e)| {
+                (
+                    e.at_ms,
+                    0,
+                    pb::DumpRecord {
+                        at: Some(ts(e.at_ms)),
+                        record: Some(pb::dump_record::Record::Event(v)),
+                    },
+                )
+            })
+            .collect();
+        for (at, body) in self.engine.store().ledger(task_id).await? {
+            if let Ok(entry) = pb::LedgerEntry::decode(body.as_slice()) {
+                records.push((
+                    at,
+                    1,
+                    pb::DumpRecord {
+                        at: Some(ts(at)),
+                        record: Some(pb::dump_record::Record::Message(self.mask_ledger(entry))),
+                    },
+                ));
+            }
+        }
+        records.sort_by_key(|(at, kind, _)| (*at, *kind));
+        Ok(pb::DumpTaskResponse {
+            task: Some(self.task_view(&state)),
+            records: records.into_iter().map(|(_, _, r)| r).collect(),
+        })
+    }
+}
+
+fn page_token(tasks: &[TaskSummary], limit: u32) -> String {
+    if tasks.len() < limit as usize {
+        return String::new();
+    }
+    tasks
+        .last()
+        .map(|t| format!("{}:{}", t.created_ms, t.task_id))
+        .unwrap_or_default()
+}
+
+fn parse_token(token: &str) -> Result<Option<(i64, String)>, Error> {
+    if token.is_empty() {
+        return Ok(None);
+    }
+    let bad = || Error::InvalidArgument {
+        message: format!(
+            "page_token {token:?} is not valid; pass the next_page_token of the previous page"
+        ),
+        violations: vec![("page_token".into(), "not a token this server issued".into())],
+    };
+    let (ms, id) = token.split_once(':').ok_or_else(bad)?;
+    Ok(Some((ms.parse().map_err(|_| bad())?, id.to_string())))
+}
+
+fn page_size(n: u32) -> u32 {
+    if n == 0 { 50 } else { n.min(1000) }
+}
+
+type WatchStream = Pin<Box<dyn Stream<Item = Result<pb::WatchTaskResponse, Status>> + Send>>;
+
+#[tonic::async_trait]
+impl OrchestratorService for OrchestratorApi {
+    async fn start_task(
+        &self,
+        request: Request<pb::StartTaskRequest>,
+    ) -> Result<Response<pb::StartTaskResponse>, Status> {
+        let r = request.into_inner();
+        if r.flow_id.is_empty() {
+            return Err(Error::InvalidArgument {
+                message: "flow_id is required; name an applied flow (see ListFlows)".into(),
+                violations: vec![("flow_id".into(), "required".into())],
+            }
+            .into());
+        }
+        let input = json::from_proto_opt(r.input.as_ref());
+        let state = self
+            .engine
+            .start_task(&r.flow_id, r.flow_version, input, Some(r.task_id))
+            .await?;
+        Ok(Response::new(pb::StartTaskResponse {
+            task: Some(self.task_view(&state)),
+        }))
+    }
+
+    async fn get_task(
+        &self,
+        request: Request<pb::GetTaskRequest>,
+    ) -> Result<Response<pb::GetTaskResponse>, Status> {
+        let state = self.engine.load(&request.into_inner().task_id).await?;
+        Ok(Response::new(pb::GetTaskResponse {
+            task: Some(self.task_view(&state)),
+        }))
+    }
+
+    async fn list_tasks(
+        &self,
+        request: Request<pb::ListTasksRequest>,
+    ) -> Result<Response<pb::ListTasksResponse>, Status> {
+        let r = request.into_inner();
+        let status = status_from_proto(
+            pb::TaskStatus::try_from(r.status).unwrap_or(pb::TaskStatus::Unspecified),
+        );
+        let limit = page_size(r.page_size);
+        let flow = (!r.flow_id.is_empty()).then_some(r.flow_id.as_str());
+        let tasks = self
+            .engine
+            .store()
+            .list_tasks(status, flow, limit, parse_token(&r.page_token)?)
+            .await
+            .map_err(Error::from)?;
+        Ok(Response::new(pb::ListTasksResponse {
+            next_page_token: page_token(&tasks, limit),
+            tasks: tasks.iter().map(|t| self.summary_view(t)).collect(),
+        }))
+    }
+
+    type WatchTaskStream = WatchStream;
+
+    async fn watch_task(
+        &self,
+        request: Request<pb::WatchTaskRequest>,
+    ) -> Result<Response<Self::WatchTaskStream>, Status> {
+        let r = request.into_inner();
+        let task_id = r.task_id;
+        let mut updates = self.engine.subscribe();
+        let first = self
+            .engine
+            .store()
+            .events(&task_id, 0)
+            .await
+            .map_err(Error::from)?;
+        if first.is_empty() {
+            return Err(Error::NotFound(format!("task {task_id:?} does not exist")).into());
+        }
+        let api = self.clone();
+        let after = i64::try_from(r.after_sequence).unwrap_or(0);
+        let (tx, rx) = tokio::sync::mpsc::channel(64);
+        tokio::spawn(async move {
+            let mut state = TaskState::new(&task_id);
+            let mut last = 0i64;
+            let mut pending = first;
+            loop {
+                for e in &pending {
+                    state.apply(&e.event, e.at_ms);
+                    last = e.seq;
+                    if e.seq > after
+                        && tx
+                            .send(Ok(pb::WatchTaskResponse {
+                                event: Some(api.event_view(&task_id, e, state.status)),
+                            }))
+                            .await
+                            .is_err()
+                    {
+                        return;
+                    }
+                }
+                if state.status.is_terminal() {
+                    return;
+                }
+                // Wake on a local append of this task, or poll (appends by other replicas).
+                let _ = tokio::time::timeout(Duration::from_millis(500), async {
+                    loop {
+                        match updates.recv().await {
+                            Ok(u) if u.0 == task_id => return,
+                            Ok(_) => {}
+                            Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => return,
+                            Err(tokio::sync::broadcast::error::RecvError::Closed) => {
+                                std::future::pending::<()>().await;
+                            }
+                        }
+                    }
+                })
+                .await;
+                if tx.is_closed() {
+                    return;
+                }
+                pending = match api.engine.store().events(&task_id, last).await {
+                    Ok(p) => p,
+                    Err(e) => {
+                        let _ = tx.send(Err(Status::from(Error::from(e)))).await;
+                        return;
+                    }
+                };
+            }
+        });
+        Ok(Response::new(Box::pin(
+            tokio_stream::wrappers::ReceiverStream::new(rx),
+        )))
+    }
+
+    async fn resume_task(
+        &self,
+        request: Request<pb::ResumeTaskRequest>,
+    ) -> Result<Response<pb::ResumeTaskResponse>, Status> {
+        let r = request.into_inner();
+        let input = json::from_proto_opt(r.input.as_ref());
+        let state = self
+            .engine
+            .resume(&r.task_id, Some(&r.node_id), input)
+            .await?;
+        Ok(Response::new(pb::ResumeTaskResponse {
+            task: Some(self.task_view(&state)),
+        }))
+    }
+
+    async fn cancel_task(
+        &self,
+        request: Request<pb::CancelTaskRequest>,
+    ) -> Result<Response<pb::CancelTaskResponse>, Status> {
+        let r = request.into_inner();
+        let state = self.engine.cancel(&r.task_id, &r.reason).await?;
+        Ok(Response::new(pb::CancelTaskResponse {
+            task: Some(self.task_view(&state)),
+        }))
+    }
+
+    async fn retry_task(
+        &self,
+        request: Request<pb::RetryTaskRequest>,
+    ) -> Result<Response<pb::RetryTaskResponse>, Status> {
+        let state = self.engine.retry(&request.into_inner().task_id).await?;
+        Ok(Response::new(pb::RetryTaskResponse {
+            task: Some(self.task_view(&state)),
+        }))
+    }
+
+    async fn list_dead_letters(
+        &self,
+        request: Request<pb::ListDeadLettersRequest>,
+    ) -> Result<Response<pb::ListDeadLettersResponse>, Status> {
+        let r = request.into_inner();
+        let limit = page_size(r.page_size);
+        let flow = (!r.flow_id.is_empty()).then_some(r.flow_id.as_str());
+        let tasks = self
+            .engine
+            .store()
+            .list_tasks(
+                Some(TaskStatus::Failed),
+                flow,
+                limit,
+                parse_token(&r.page_token)?,
+            )
+            .await
+            .map_err(Error::from)?;
+        Ok(Response::new(pb::ListDeadLettersResponse {
+            next_page_token: page_token(&tasks, limit),
+            dead_letters: tasks
+                .iter()
+                .map(|t| pb::DeadLetter {
+                    task: Some(self.summary_view(t)),
+                    failed_node: t.failed_node.clone().unwrap_or_default(),
+                    error: t
+                        .error
+                        .as_deref()
+                        .map(|e| self.masker.mask_text(e))
+                        .unwrap_or_default(),
+                })
+                .collect(),
+        }))
+    }
+
+    async fn apply_flow(
+        &self,
+        request: Request<pb::ApplyFlowRequest>,
+    ) -> Result<Response<pb::ApplyFlowResponse>, Status> {
+        let r = request.into_inner();
+        let source = if r.source.is_empty() {
+            "api".to_string()
+        } else {
+            r.source
+        };
+        let now = self.engine.clock().now_ms();
+        let (flow, changed) = self.engine.flows().apply(&source, &r.yaml, now).await?;
+        Ok(Response::new(pb::ApplyFlowResponse {
+            flow: Some(flow_summary(&flow, now)),
+            changed,
+        }))
+    }
+
+    async fn list_flows(
+        &self,
+        request: Request<pb::ListFlowsRequest>,
+    ) -> Result<Response<pb::ListFlowsResponse>, Status> {
+        let r = request.into_inner();
+        let flows = self
+            .engine
+            .flows()
+            .latest_all()
+            .into_iter()
+            .filter(|e| r.flow_id.is_empty() || e.flow.id == r.flow_id)
+            .map(|e| flow_summary(&e.flow, e.applied_ms))
+            .collect();
+        Ok(Response::new(pb::ListFlowsResponse { flows }))
+    }
+
+    async fn record_messages(
+        &self,
+        request: Request<pb::RecordMessagesRequest>,
+    ) -> Result<Response<pb::RecordMessagesResponse>, Status> {
+        let r = request.into_inner();
+        if r.dropped > 0 {
+            self.ledger_dropped
+                .fetch_add(r.dropped, std::sync::atomic::Ordering::Relaxed);
+            tracing::warn!(dropped = r.dropped, "router dropped ledger entries");
+        }
+        let now = self.engine.clock().now_ms();
+        let rows: Vec<(String, i64, String, Vec<u8>)> = r
+            .entries
+            .into_iter()
+            .filter_map(|e| {
+                let h = e.header.as_ref()?;
+                if h.task_id.is_empty() {
+                    return None;
+                }
+                let at = e
+                    .routed_at
+                    .as_ref()
+                    .map_or(now, |t| t.seconds * 1000 + i64::from(t.nanos) / 1_000_000);
+                Some((
+                    h.task_id.clone(),
+                    at,
+                    h.message_id.clone(),
+                    e.encode_to_vec(),
+                ))
+            })
+            .collect();
+        let accepted = u32::try_from(rows.len()).unwrap_or(u32::MAX);
+        self.engine
+            .store()
+            .insert_ledger(&rows)
+            .await
+            .map_err(Error::from)?;
+        Ok(Response::new(pb::RecordMessagesResponse { accepted }))
+    }
+
+    async fn dump_task(
+        &self,
+        request: Request<pb::DumpTaskRequest>,
+    ) -> Result<Response<pb::DumpTaskResponse>, Status> {
+        Ok(Response::new(
+            self.dump(&request.into_inner().task_id).await?,
+        ))
+    }
+}
+
+/// The proto summary of a flow.
+pub fn flow_summary(flow: &crate::flow::Flow, applied_ms: i64) -> pb::FlowSummary {
+    pb::FlowSummary {
+        flow_id: flow.id.clone(),
+        version: flow.version,
+        initial: flow.initial.clone(),
+        node_count: u32::try_from(flow.nodes.len()).unwrap_or(u32::MAX),
+        applied_at: Some(ts(applied_ms)),
+        source: flow.source.clone(),
+    }
+}

@@ -1,0 +1,1013 @@
+//! The event-sourced task store, on SQLite (embedded default) or PostgreSQL (several
+//! replicas), through sqlx.
+//!
+//! Tables: `reach_flows` (every applied flow version, YAML text), `reach_tasks` (one row per
+//! task: a projection of its log for listing, plus the lease), `reach_events` (the logs),
+//! `reach_timers` (durable timers, derived from timer events), `reach_ledger` (routed
+//! messages).
+//!
+//! Appends are optimistic: an append names the sequence number it expects and, for engine
+//! appends, the owner it expects; a stale append is refused with [`AppendOutcome::Conflict`]
+//! and changes nothing. All appends go through one writer task that commits many of them in
+//! one transaction (group commit), which is what makes thousands of durable transitions per
+//! second possible on one SQLite file.
+
+use std::str::FromStr;
+use std::time::Duration;
+
+use sqlx::postgres::PgPoolOptions;
+use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
+use tokio::sync::{mpsc, oneshot};
+
+use crate::event::{Event, StoredEvent, TaskStatus};
+
+/// Why a store operation failed.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// The database refused or failed.
+    #[error("task store: {0}")]
+    Db(#[from] sqlx::Error),
+    /// The store URL is not `sqlite://...` or `postgres://...`.
+    #[error("store url {0:?} is not supported: use sqlite://PATH or postgres://USER@HOST:PORT/DB")]
+    BadUrl(String),
+    /// Another orchestrator process uses this SQLite file.
+    #[error(
+        "sqlite store {0} is in use by another orchestrator process; stop it, or use PostgreSQL to run several replicas"
+    )]
+    Locked(String),
+    /// A stored event could not be decoded (written by a newer version?).
+    #[error("stored event {task_id}#{seq} cannot be decoded: {message}")]
+    Corrupt {
+        /// The task.
+        task_id: String,
+        /// The sequence number.
+        seq: i64,
+        /// The decoder's message.
+        message: String,
+    },
+    /// The writer task stopped (the store is shutting down).
+    #[error("task store writer stopped")]
+    WriterGone,
+}
+
+#[derive(Clone, Debug)]
+enum Backend {
+    Sqlite(sqlx::SqlitePool),
+    Postgres(sqlx::PgPool),
+}
+
+macro_rules! with_pool {
+    ($backend:expr, |$pool:ident| $body:expr) => {
+        match $backend {
+            Backend::Sqlite($pool) => $body,
+            Backend::Postgres($pool) => $body,
+        }
+    };
+}
+
+/// Who may append.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Guard {
+    /// A new task: the row must not exist yet.
+    Create {
+        /// The owner to record (the creating replica).
+        owner: String,
+        /// The lease to take (unix ms).
+        lease_until_ms: i64,
+    },
+    /// The engine of `owner`: the task must still be leased to it.
+    Owner(String),
+    /// An API command (resume, cancel, retry): any owner; the lease is released so the next
+    /// claim picks the task up with the new events.
+    Command,
+    /// Only the sequence number is checked and the lease is kept (an exclusive SQLite store,
+    /// where one process owns every task).
+    Seq,
+}
+
+/// The projection stored in `reach_tasks` after an append.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TaskSummary {
+    /// The task id.
+    pub task_id: String,
+    /// The flow.
+    pub flow_id: String,
+    /// The flow version.
+    pub flow_version: u32,
+    /// The status.
+    pub status: TaskStatus,
+    /// The current node.
+    pub current_node: Option<String>,
+    /// The last sequence number.
+    pub seq: i64,
+    /// When created (unix ms).
+    pub created_ms: i64,
+    /// When last changed (unix ms).
+    pub updated_ms: i64,
+    /// When ended (unix ms).
+    pub ended_ms: Option<i64>,
+    /// The trace id.
+    pub trace_id: String,
+    /// The error.
+    pub error: Option<String>,
+    /// The failed node.
+    pub failed_node: Option<String>,
+}
+
+/// One append: events for a task, all or nothing.
+#[derive(Debug, Clone)]
+pub struct Append {
+    /// The sequence number the log must end at.
+    pub expected_seq: i64,
+    /// The events, appended at `expected_seq + 1 ..`.
+    pub events: Vec<Event>,
+    /// When (unix ms).
+    pub at_ms: i64,
+    /// The task row after the events.
+    pub summary: TaskSummary,
+    /// Who appends.
+    pub guard: Guard,
+}
+
+/// What became of an append.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AppendOutcome {
+    /// Stored; the log now ends at this sequence number.
+    Appended(i64),
+    /// The log moved on or the lease is gone; nothing was stored.
+    Conflict,
+}
+
+struct WriteReq {
+    append: Append,
+    reply: oneshot::Sender<Result<AppendOutcome, StoreError>>,
+}
+
+/// A handle to the store. Cheap to clone.
+#[derive(Clone, Debug)]
+pub struct Store {
+    backend: Backend,
+    writer: mpsc::Sender<WriteReq>,
+    /// For an SQLite file: a connection holding an exclusive transaction on `<file>.lock`
+    /// for the life of the store, so a second orchestrator on the same file is refused (the
+    /// OS releases the lock when the process dies, even by SIGKILL).
+    _lock: Option<std::sync::Arc<tokio::sync::Mutex<sqlx::SqliteConnection>>>,
+}
+
+/// Tuning of the SQLite backend.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SqliteDurability {
+    /// `synchronous=NORMAL` in WAL mode: a commit survives a process crash; the last
+    /// commits before a power loss or OS crash may be lost (never corrupted).
+    Normal,
+    /// `synchronous=FULL`: every commit is fsynced (survives power loss), slower.
+    Full,
+}
+
+const MAX_BATCH: usize = 512;
+
+impl Store {
+    /// Opens (and creates the tables of) the store at `url`: `sqlite://PATH` (the file is
+    /// created), `sqlite::memory:`, or `postgres://...`.
+    ///
+    /// # Errors
+    /// [`StoreError::BadUrl`] for other schemes; [`StoreError::Db`] when the database cannot
+    /// be reached or the schema cannot be created.
+    pub async fn open(url: &str, durability: SqliteDurability) -> Result<Self, StoreError> {
+        Self::open_with(url, durability, Duration::from_secs(30)).await
+    }
+
+    /// [`Store::open`] with the longest wait for a pooled connection.
+    ///
+    /// # Errors
+    /// As [`Store::open`].
+    pub async fn open_with(
+        url: &str,
+        durability: SqliteDurability,
+        acquire_timeout: Duration,
+    ) -> Result<Self, StoreError> {
+        let mut lock = None;
+        let backend = if url.starts_with("sqlite:") {
+            if let Some(path) = url.strip_prefix("sqlite://") {
+                let path = path.split('?').next().unwrap_or(path);
+                if let Some(parent) = std::path::Path::new(path).parent()
+                    && !parent.as_os_str().is_empty()
+                {
+                    let _ = std::fs::create_dir_all(parent);
+                }
+                if !path.contains(":memory:") {
+                    lock = Some(std::sync::Arc::new(tokio::sync::Mutex::new(
+                        lock_file(path).await?,
+                    )));
+                }
+            }
+            let opts = SqliteConnectOptions::from_str(url)?
+                .create_if_missing(true)
+                .journal_mode(SqliteJournalMode::Wal)
+                .synchronous(match durability {
+                    SqliteDurability::Normal => SqliteSynchronous::Normal,
+                    SqliteDurability::Full => SqliteSynchronous::Full,
+                })
+                .busy_timeout(Duration::from_secs(10));
+            let memory = url.contains(":memory:");
+            if !memory {
+                // Switch the file to WAL once, on one connection: several connections doing it
+                // at the same time get SQLITE_BUSY without waiting.
+                use sqlx::Connection;
+                sqlx::SqliteConnection::connect_with(&opts)
+                    .await?
+                    .close()
+                    .await?;
+            }
+            let pool = SqlitePoolOptions::new()
+                .max_connections(if memory { 1 } else { 4 })
+                .acquire_timeout(acquire_timeout)
+                .test_before_acquire(false)
+                .min_connections(if memory { 1 } else { 4 })
+                .idle_timeout(None)
+                .max_lifetime(None)
+                .connect_with(opts)
+                .await?;
+            Backend::Sqlite(pool)
+        } else if url.starts_with("postgres://") || url.starts_with("postgresql://") {
+            let pool = PgPoolOptions::new()
+                .max_connections(8)
+                .acquire_timeout(acquire_timeout)
+                .connect(url)
+                .await?;
+            Backend::Postgres(pool)
+        } else {
+            return Err(StoreError::BadUrl(url.to_string()));
+        };
+        create_schema(&backend).await?;
+        let (tx, rx) = mpsc::channel(4096);
+        tokio::spawn(writer(backend.clone(), rx));
+        Ok(Self {
+            backend,
+            writer: tx,
+            _lock: lock,
+        })
+    }
+
+    /// `sqlite` or `postgres`.
+    pub fn backend_name(&self) -> &'static str {
+        match self.backend {
+            Backend::Sqlite(_) => "sqlite",
+            Backend::Postgres(_) => "postgres",
+        }
+    }
+
+    /// Whether this store is an embedded SQLite file (one orchestrator process at a time).
+    pub fn is_exclusive(&self) -> bool {
+        matches!(self.backend, Backend::Sqlite(_))
+    }
+
+    /// Appends events (group-committed with concurrent appends).
+    ///
+    /// # Errors
+    /// [`StoreError`] when the database fails; a stale append is `Ok(Conflict)`.
+    pub async fn append(&self, append: Append) -> Result<AppendOutcome, StoreError> {
+        let (reply, rx) = oneshot::channel();
+        self.writer
+            .send(WriteReq { append, reply })
+            .await
+            .map_err(|_| StoreError::WriterGone)?;
+        rx.await.map_err(|_| StoreError::WriterGone)?
+    }
+
+    /// The task's events after `after_seq`, in order.
+    ///
+    /// # Errors
+    /// [`StoreError`] on database failure or an undecodable event.
+    pub async fn events(
+        &self,
+        task_id: &str,
+        after_seq: i64,
+    ) -> Result<Vec<StoredEvent>, StoreError> {
+        let rows: Vec<(i64, i64, String)> = with_pool!(&self.backend, |p| {
+            sqlx::query_as("SELECT seq, at_ms, body FROM reach_events WHERE task_id = $1 AND seq > $2 ORDER BY seq")
+                .bind(task_id)
+                .bind(after_seq)
+                .fetch_all(p)
+                .await?
+        });
+        rows.into_iter()
+            .map(|(seq, at_ms, body)| {
+                let event = serde_json::from_str(&body).map_err(|e| StoreError::Corrupt {
+                    task_id: task_id.to_string(),
+                    seq,
+                    message: e.to_string(),
+                })?;
+                Ok(StoredEvent { seq, at_ms, event })
+            })
+            .collect()
+    }
+
+    /// The task row.
+    ///
+    /// # Errors
+    /// [`StoreError`] on database failure.
+    pub async fn task(&self, task_id: &str) -> Result<Option<TaskSummary>, StoreError> {
+        let row: Option<SummaryRow> = with_pool!(&self.backend, |p| {
+            sqlx::query_as(sqlx::AssertSqlSafe(format!(
+                "SELECT {SUMMARY_COLUMNS} FROM reach_tasks WHERE task_id = $1"
+            )))
+            .bind(task_id)
+            .fetch_optional(p)
+            .await?
+        });
+        Ok(row.map(summary_from_row))
+    }
+
+    /// Tasks newest first, filtered by status and flow, starting after the page token
+    /// (`created_ms:task_id` of the last row of the previous page).
+    ///
+    /// # Errors
+    /// [`StoreError`] on database failure.
+    pub async fn list_tasks(
+        &self,
+        status: Option<TaskStatus>,
+        flow_id: Option<&str>,
+        limit: u32,
+        after: Option<(i64, String)>,
+    ) -> Result<Vec<TaskSummary>, StoreError> {
+        let (after_ms, after_id) = after.unwrap_or((i64::MAX, String::new()));
+        let sql = format!(
+            "SELECT {SUMMARY_COLUMNS} FROM reach_tasks \
+             WHERE ($1 = '' OR status = $1) AND ($2 = '' OR flow_id = $2) \
+             AND (created_ms < $3 OR (created_ms = $3 AND task_id < $4)) \
+             ORDER BY created_ms DESC, task_id DESC LIMIT $5"
+        );
+        let status = status.map(TaskStatus::as_str).unwrap_or("");
+        let flow = flow_id.unwrap_or("");
+        let rows: Vec<SummaryRow> = with_pool!(&self.backend, |p| {
+            sqlx::query_as(sqlx::AssertSqlSafe(sql.clone()))
+                .bind(status)
+                .bind(flow)
+                .bind(after_ms)
+                .bind(if after_ms == i64::MAX {
+                    "\u{10FFFF}".to_string()
+                } else {
+                    after_id.clone()
+                })
+                .bind(i64::from(limit))
+                .fetch_all(p)
+                .await?
+        });
+        Ok(rows.into_iter().map(summary_from_row).collect())
+    }
+
+    /// How many tasks have not ended.
+    ///
+    /// # Errors
+    /// [`StoreError`] on database failure.
+    pub async fn count_unfinished(&self) -> Result<i64, StoreError> {
+        let (n,): (i64,) = with_pool!(&self.backend, |p| {
+            sqlx::query_as("SELECT COUNT(*) FROM reach_tasks WHERE ended_ms IS NULL")
+                .fetch_one(p)
+                .await?
+        });
+        Ok(n)
+    }
+
+    /// Counts tasks by status.
+    ///
+    /// # Errors
+    /// [`StoreError`] on database failure.
+    pub async fn count_by_status(&self) -> Result<Vec<(TaskStatus, i64)>, StoreError> {
+        let rows: Vec<(String, i64)> = with_pool!(&self.backend, |p| {
+            sqlx::query_as("SELECT status, COUNT(*) FROM reach_tasks GROUP BY status")
+                .fetch_all(p)
+                .await?
+        });
+        Ok(rows
+            .into_iter()
+            .filter_map(|(s, n)| TaskStatus::parse(&s).map(|s| (s, n)))
+            .collect())
+    }
+
+    /// Leases task `task_id` to `owner` until `lease_until_ms` when it is unowned, already
+    /// `owner`'s, expired at `now_ms`, or `force` is set. Ended tasks are never claimed.
+    ///
+    /// # Errors
+    /// [`StoreError`] on database failure.
+    pub async fn claim(
+        &self,
+        task_id: &str,
+        owner: &str,
+        now_ms: i64,
+        lease_until_ms: i64,
+        force: bool,
+    ) -> Result<bool, StoreError> {
+        let n = with_pool!(&self.backend, |p| {
+            sqlx::query(
+                "UPDATE reach_tasks SET owner = $1, lease_until_ms = $2 WHERE task_id = $3 AND ended_ms IS NULL \
+                 AND (owner IS NULL OR owner = $1 OR lease_until_ms < $4 OR $5 = 1)",
+            )
+            .bind(owner)
+            .bind(lease_until_ms)
+            .bind(task_id)
+            .bind(now_ms)
+            .bind(i64::from(force))
+            .execute(p)
+            .await?
+            .rows_affected()
+        });
+        Ok(n == 1)
+    }
+
+    /// Claims up to `limit` unfinished tasks that are unowned or whose lease expired, plus
+    /// those already leased to `owner` when `include_own` (a restart with the same node id),
+    /// or every unfinished task when `force`; returns their ids.
+    ///
+    /// # Errors
+    /// [`StoreError`] on database failure.
+    pub async fn claim_batch(
+        &self,
+        owner: &str,
+        now_ms: i64,
+        lease_until_ms: i64,
+        limit: u32,
+        include_own: bool,
+        force: bool,
+    ) -> Result<Vec<String>, StoreError> {
+        let cond = "ended_ms IS NULL AND (owner IS NULL OR (owner = $1 AND $6 = 1) OR lease_until_ms < $3 OR $4 = 1)";
+        let ids: Vec<(String,)> = match &self.backend {
+            Backend::Postgres(p) => {
+                sqlx::query_as(sqlx::AssertSqlSafe(format!(
+                    "UPDATE reach_tasks SET owner = $1, lease_until_ms = $2 WHERE task_id IN \
+                     (SELECT task_id FROM reach_tasks WHERE {cond} ORDER BY created_ms LIMIT $5 FOR UPDATE SKIP LOCKED) \
+                     AND {cond} RETURNING task_id"
+                )))
+                .bind(owner)
+                .bind(lease_until_ms)
+                .bind(now_ms)
+                .bind(i64::from(force))
+                .bind(i64::from(limit))
+                .bind(i64::from(include_own))
+                .fetch_all(p)
+                .await?
+            }
+            Backend::Sqlite(p) => {
+                sqlx::query_as(sqlx::AssertSqlSafe(format!(
+                    "UPDATE reach_tasks SET owner = $1, lease_until_ms = $2 WHERE task_id IN \
+                     (SELECT task_id FROM reach_tasks WHERE {cond} ORDER BY created_ms LIMIT $5) RETURNING task_id"
+                )))
+                .bind(owner)
+                .bind(lease_until_ms)
+                .bind(now_ms)
+                .bind(i64::from(force))
+                .bind(i64::from(limit))
+                .bind(i64::from(include_own))
+                .fetch_all(p)
+                .await?
+            }
+        };
+        Ok(ids.into_iter().map(|(id,)| id).collect())
+    }
+
+    /// Extends the lease of every unfinished task `owner` holds.
+    ///
+    /// # Errors
+    /// [`StoreError`] on database failure.
+    pub async fn renew(&self, owner: &str, lease_until_ms: i64) -> Result<u64, StoreError> {
+        Ok(with_pool!(&self.backend, |p| {
+            sqlx::query(
+                "UPDATE reach_tasks SET lease_until_ms = $1 WHERE owner = $2 AND ended_ms IS NULL",
+            )
+            .bind(lease_until_ms)
+            .bind(owner)
+            .execute(p)
+            .await?
+            .rows_affected()
+        }))
+    }
+
+    /// Releases every lease `owner` holds (on shutdown, so other replicas take over at once).
+    ///
+    /// # Errors
+    /// [`StoreError`] on database failure.
+    pub async fn release_all(&self, owner: &str) -> Result<u64, StoreError> {
+        Ok(with_pool!(&self.backend, |p| {
+            sqlx::query("UPDATE reach_tasks SET owner = NULL, lease_until_ms = 0 WHERE owner = $1")
+                .bind(owner)
+                .execute(p)
+                .await?
+                .rows_affected()
+        }))
+    }
+
+    /// Tasks leased to `owner` with a pending timer due at `now_ms`, and the earliest pending
+    /// timer of `owner`'s tasks that is not yet due.
+    ///
+    /// # Errors
+    /// [`StoreError`] on database failure.
+    pub async fn due_timers(
+        &self,
+        owner: &str,
+        now_ms: i64,
+        limit: u32,
+    ) -> Result<(Vec<String>, Option<i64>), StoreError> {
+        let due: Vec<(String,)> = with_pool!(&self.backend, |p| {
+            sqlx::query_as(
+                "SELECT DISTINCT t.task_id FROM reach_timers t JOIN reach_tasks k ON k.task_id = t.task_id \
+                 WHERE t.state = 'pending' AND t.fire_at_ms <= $1 AND k.owner = $2 LIMIT $3",
+            )
+            .bind(now_ms)
+            .bind(owner)
+            .bind(i64::from(limit))
+            .fetch_all(p)
+            .await?
+        });
+        let next: Option<(i64,)> = with_pool!(&self.backend, |p| {
+            sqlx::query_as(
+                "SELECT t.fire_at_ms FROM reach_timers t JOIN reach_tasks k ON k.task_id = t.task_id \
+                 WHERE t.state = 'pending' AND t.fire_at_ms > $1 AND k.owner = $2 ORDER BY t.fire_at_ms LIMIT 1",
+            )
+            .bind(now_ms)
+            .bind(owner)
+            .fetch_optional(p)
+            .await?
+        });
+        Ok((
+            due.into_iter().map(|(id,)| id).collect(),
+            next.map(|(n,)| n),
+        ))
+    }
+
+    /// Records an applied flow version; `false` when that version was already stored.
+    ///
+    /// # Errors
+    /// [`StoreError`] on database failure.
+    pub async fn insert_flow(
+        &self,
+        flow_id: &str,
+        version: u32,
+        yaml: &str,
+        source: &str,
+        applied_ms: i64,
+    ) -> Result<bool, StoreError> {
+        Ok(with_pool!(&self.backend, |p| {
+            sqlx::query("INSERT INTO reach_flows (flow_id, version, yaml, source, applied_ms) VALUES ($1, $2, $3, $4, $5) ON CONFLICT DO NOTHING")
+                .bind(flow_id)
+                .bind(i64::from(version))
+                .bind(yaml)
+                .bind(source)
+                .bind(applied_ms)
+                .execute(p)
+                .await?
+                .rows_affected()
+        }) == 1)
+    }
+
+    /// Every stored flow version: `(flow_id, version, yaml, source, applied_ms)`.
+    ///
+    /// # Errors
+    /// [`StoreError`] on database failure.
+    pub async fn flows(&self) -> Result<Vec<(String, u32, String, String, i64)>, StoreError> {
+        let rows: Vec<(String, i64, String, String, i64)> = with_pool!(&self.backend, |p| {
+            sqlx::query_as("SELECT flow_id, version, yaml, source, applied_ms FROM reach_flows ORDER BY flow_id, version")
+                .fetch_all(p)
+                .await?
+        });
+        Ok(rows
+            .into_iter()
+            .map(|(id, v, y, s, a)| (id, u32::try_from(v).unwrap_or(0), y, s, a))
+            .collect())
+    }
+
+    /// Appends ledger entries: `(task_id, at_ms, message_id, encoded LedgerEntry)`.
+    ///
+    /// # Errors
+    /// [`StoreError`] on database failure.
+    pub async fn insert_ledger(
+        &self,
+        rows: &[(String, i64, String, Vec<u8>)],
+    ) -> Result<(), StoreError> {
+        if rows.is_empty() {
+            return Ok(());
+        }
+        with_pool!(&self.backend, |p| {
+            let mut tx = p.begin().await?;
+            for (task, at, id, body) in rows {
+                sqlx::query("INSERT INTO reach_ledger (task_id, at_ms, message_id, body) VALUES ($1, $2, $3, $4)")
+                    .bind(task)
+                    .bind(*at)
+                    .bind(id)
+                    .bind(body)
+                    .execute(&mut *tx)
+                    .await?;
+            }
+            tx.commit().await?;
+        });
+        Ok(())
+    }
+
+    /// The ledger entries of a task: `(at_ms, encoded LedgerEntry)` in time order.
+    ///
+    /// # Errors
+    /// [`StoreError`] on database failure.
+    pub async fn ledger(&self, task_id: &str) -> Result<Vec<(i64, Vec<u8>)>, StoreError> {
+        Ok(with_pool!(&self.backend, |p| {
+            sqlx::query_as("SELECT at_ms, body FROM reach_ledger WHERE task_id = $1 ORDER BY at_ms")
+                .bind(task_id)
+                .fetch_all(p)
+                .await?
+        }))
+    }
+
+    /// Deletes tasks (with events, timers and ledger entries) that ended before
+    /// `ended_before_ms`, and ledger entries older than that without a live task; returns
+    /// how many tasks were purged.
+    ///
+    /// # Errors
+    /// [`StoreError`] on database failure.
+    pub async fn purge(&self, ended_before_ms: i64) -> Result<u64, StoreError> {
+        Ok(with_pool!(&self.backend, |p| {
+            let mut tx = p.begin().await?;
+            let sub =
+                "SELECT task_id FROM reach_tasks WHERE ended_ms IS NOT NULL AND ended_ms < $1";
+            for table in ["reach_events", "reach_timers", "reach_ledger"] {
+                sqlx::query(sqlx::AssertSqlSafe(format!(
+                    "DELETE FROM {table} WHERE task_id IN ({sub})"
+                )))
+                .bind(ended_before_ms)
+                .execute(&mut *tx)
+                .await?;
+            }
+            sqlx::query("DELETE FROM reach_ledger WHERE at_ms < $1 AND task_id NOT IN (SELECT task_id FROM reach_tasks)")
+                .bind(ended_before_ms)
+                .execute(&mut *tx)
+                .await?;
+            let n =
+                sqlx::query("DELETE FROM reach_tasks WHERE ended_ms IS NOT NULL AND ended_ms < $1")
+                    .bind(ended_before_ms)
+                    .execute(&mut *tx)
+                    .await?
+                    .rows_affected();
+            tx.commit().await?;
+            n
+        }))
+    }
+
+    /// Closes the pool.
+    pub async fn close(&self) {
+        with_pool!(&self.backend, |p| p.close().await);
+    }
+}
+
+/// Takes the exclusive lock of an SQLite store file (see [`Store`]).
+async fn lock_file(path: &str) -> Result<sqlx::SqliteConnection, StoreError> {
+    use sqlx::Connection;
+    let opts = SqliteConnectOptions::new()
+        .filename(format!("{path}.lock"))
+        .create_if_missing(true)
+        .locking_mode(sqlx::sqlite::SqliteLockingMode::Exclusive)
+        .busy_timeout(Duration::ZERO);
+    let mut conn = sqlx::SqliteConnection::connect_with(&opts).await?;
+    match sqlx::query("BEGIN EXCLUSIVE").execute(&mut conn).await {
+        Ok(_) => Ok(conn),
+        Err(sqlx::Error::Database(e))
+            if e.message().contains("locked") || e.message().contains("busy") =>
+        {
+            Err(StoreError::Locked(path.to_string()))
+        }
+        Err(e) => Err(e.into()),
+    }
+}
+
+const SUMMARY_COLUMNS: &str = "task_id, flow_id, flow_version, status, current_node, seq, created_ms, updated_ms, ended_ms, trace_id, error, failed_node";
+
+type SummaryRow = (
+    String,
+    String,
+    i64,
+    String,
+    Option<String>,
+    i64,
+    i64,
+    i64,
+    Option<i64>,
+    String,
+    Option<String>,
+    Option<String>,
+);
+
+fn summary_from_row(r: SummaryRow) -> TaskSummary {
+    TaskSummary {
+        task_id: r.0,
+        flow_id: r.1,
+        flow_version: u32::try_from(r.2).unwrap_or(0),
+        status: TaskStatus::parse(&r.3).unwrap_or(TaskStatus::Pending),
+        current_node: r.4,
+        seq: r.5,
+        created_ms: r.6,
+        updated_ms: r.7,
+        ended_ms: r.8,
+        trace_id: r.9,
+        error: r.10,
+        failed_node: r.11,
+    }
+}
+
+const SCHEMA: &[&str] = &[
+    "CREATE TABLE IF NOT EXISTS reach_flows (flow_id TEXT NOT NULL, version BIGINT NOT NULL, yaml TEXT NOT NULL, source TEXT NOT NULL, applied_ms BIGINT NOT NULL, PRIMARY KEY (flow_id, version))",
+    "CREATE TABLE IF NOT EXISTS reach_tasks (task_id TEXT PRIMARY KEY, flow_id TEXT NOT NULL, flow_version BIGINT NOT NULL, status TEXT NOT NULL, current_node TEXT, seq BIGINT NOT NULL, created_ms BIGINT NOT NULL, updated_ms BIGINT NOT NULL, ended_ms BIGINT, owner TEXT, lease_until_ms BIGINT NOT NULL DEFAULT 0, trace_id TEXT NOT NULL, error TEXT, failed_node TEXT)",
+    "CREATE INDEX IF NOT EXISTS reach_tasks_created ON reach_tasks (created_ms)",
+    "CREATE INDEX IF NOT EXISTS reach_tasks_status ON reach_tasks (status, created_ms)",
+    "CREATE INDEX IF NOT EXISTS reach_tasks_owner ON reach_tasks (owner, ended_ms)",
+    "CREATE INDEX IF NOT EXISTS reach_tasks_ended ON reach_tasks (ended_ms)",
+    "CREATE TABLE IF NOT EXISTS reach_events (task_id TEXT NOT NULL, seq BIGINT NOT NULL, at_ms BIGINT NOT NULL, kind TEXT NOT NULL, node TEXT, body TEXT NOT NULL, PRIMARY KEY (task_id, seq))",
+    "CREATE TABLE IF NOT EXISTS reach_timers (timer_id TEXT PRIMARY KEY, task_id TEXT NOT NULL, fire_at_ms BIGINT NOT NULL, state TEXT NOT NULL)",
+    "CREATE INDEX IF NOT EXISTS reach_timers_due ON reach_timers (state, fire_at_ms)",
+    "CREATE INDEX IF NOT EXISTS reach_timers_task ON reach_timers (task_id)",
+];
+
+async fn create_schema(backend: &Backend) -> Result<(), StoreError> {
+    with_pool!(backend, |p| {
+        for stmt in SCHEMA {
+            sqlx::query(*stmt).execute(p).await?;
+        }
+    });
+    let ledger = match backend {
+        Backend::Sqlite(_) => {
+            "CREATE TABLE IF NOT EXISTS reach_ledger (task_id TEXT NOT NULL, at_ms BIGINT NOT NULL, message_id TEXT NOT NULL, body BLOB NOT NULL)"
+        }
+        Backend::Postgres(_) => {
+            "CREATE TABLE IF NOT EXISTS reach_ledger (task_id TEXT NOT NULL, at_ms BIGINT NOT NULL, message_id TEXT NOT NULL, body BYTEA NOT NULL)"
+        }
+    };
+    with_pool!(backend, |p| {
+        sqlx::query(ledger).execute(p).await?;
+        sqlx::query(
+            "CREATE INDEX IF NOT EXISTS reach_ledger_task ON reach_ledger (task_id, at_ms)",
+        )
+        .execute(p)
+        .await?;
+    });
+    Ok(())
+}
+
+// === the writer: group commit ===
+
+macro_rules! write_batch {
+    ($pool:expr, $batch:expr, $bulk:expr) => {
+        async {
+            let pool = $pool;
+            let batch: &[WriteReq] = $batch;
+            let result: Result<Vec<AppendOutcome>, sqlx::Error> = async {
+    let mut tx = pool.begin().await?;
+    let mut out = Vec::with_capacity(batch.len());
+    // (task_id, seq, at_ms, kind, node, body) of every accepted event, inserted at the end.
+    let mut rows: Vec<(String, i64, i64, &'static str, Option<String>, String)> = Vec::new();
+    let new_seq_of = |a: &Append| a.expected_seq + i64::try_from(a.events.len()).unwrap_or(0);
+    // Bulk guard (when `$bulk`): the first engine append of each task in the batch, checked
+    // and applied by one `UPDATE ... FROM (VALUES ...)` per 300 appends (10 parameters each). Later appends
+    // of the same task, creations and commands take the row-by-row path below, in order.
+    let mut decided: Vec<Option<bool>> = vec![None; batch.len()];
+    {
+        let mut seen = std::collections::HashSet::new();
+        let bulk: Vec<usize> = (0..batch.len())
+            .filter(|&i| {
+                $bulk
+                    && matches!(batch[i].append.guard, Guard::Owner(_) | Guard::Seq)
+                    && seen.insert(batch[i].append.summary.task_id.as_str())
+            })
+            .collect();
+        for chunk in bulk.chunks(300) {
+            let mut qb = sqlx::QueryBuilder::new(
+                "UPDATE reach_tasks SET status = v.column2, current_node = v.column3, seq = v.column4, \
+                 updated_ms = v.column5, ended_ms = v.column6, error = v.column7, failed_node = v.column8 FROM (",
+            );
+            qb.push_values(chunk, |mut b, &i| {
+                let a = &batch[i].append;
+                let s = &a.summary;
+                let owner = match &a.guard {
+                    Guard::Owner(o) => Some(o.clone()),
+                    _ => None,
+                };
+                b.push_bind(s.task_id.clone())
+                    .push_bind(s.status.as_str().to_string())
+                    .push_bind(s.current_node.clone())
+                    .push_bind(new_seq_of(a))
+                    .push_bind(s.updated_ms)
+                    .push_bind(s.ended_ms)
+                    .push_bind(s.error.clone())
+                    .push_bind(s.failed_node.clone())
+                    .push_bind(a.expected_seq)
+                    .push_bind(owner);
+            });
+            qb.push(
+                ") AS v WHERE reach_tasks.task_id = v.column1 AND reach_tasks.seq = v.column9 \
+                 AND (v.column10 IS NULL OR reach_tasks.owner = v.column10) RETURNING task_id",
+            );
+            let accepted: Vec<(String,)> = qb.build_query_as().fetch_all(&mut *tx).await?;
+            let accepted: std::collections::HashSet<String> =
+                accepted.into_iter().map(|(t,)| t).collect();
+            for &i in chunk {
+                decided[i] = Some(accepted.contains(&batch[i].append.summary.task_id));
+            }
+        }
+    }
+    for (index, req) in batch.iter().enumerate() {
+        let a = &req.append;
+        let s = &a.summary;
+        let new_seq = new_seq_of(a);
+        let guarded = match (&a.guard, decided[index]) {
+            (_, Some(true)) => 1,
+            (_, Some(false)) => 0,
+            (Guard::Create { owner, lease_until_ms }, None) => {
+                sqlx::query(
+                    "INSERT INTO reach_tasks (task_id, flow_id, flow_version, status, current_node, seq, created_ms, updated_ms, ended_ms, owner, lease_until_ms, trace_id, error, failed_node) \
+                     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14) ON CONFLICT DO NOTHING",
+                )
+                .bind(s.task_id.clone())
+                .bind(s.flow_id.clone())
+                .bind(i64::from(s.flow_version))
+                .bind(s.status.as_str().to_string())
+                .bind(s.current_node.clone())
+                .bind(new_seq)
+                .bind(s.created_ms)
+                .bind(s.updated_ms)
+                .bind(s.ended_ms)
+                .bind(owner.clone())
+                .bind(*lease_until_ms)
+                .bind(s.trace_id.clone())
+                .bind(s.error.clone())
+                .bind(s.failed_node.clone())
+                .execute(&mut *tx)
+                .await?
+                .rows_affected()
+            }
+            (Guard::Owner(owner), None) => {
+                sqlx::query(
+                    "UPDATE reach_tasks SET status = $1, current_node = $2, seq = $3, updated_ms = $4, ended_ms = $5, error = $6, failed_node = $7 \
+                     WHERE task_id = $8 AND seq = $9 AND owner = $10",
+                )
+                .bind(s.status.as_str().to_string())
+                .bind(s.current_node.clone())
+                .bind(new_seq)
+                .bind(s.updated_ms)
+                .bind(s.ended_ms)
+                .bind(s.error.clone())
+                .bind(s.failed_node.clone())
+                .bind(s.task_id.clone())
+                .bind(a.expected_seq)
+                .bind(owner.clone())
+                .execute(&mut *tx)
+                .await?
+                .rows_affected()
+            }
+            (Guard::Command, None) => {
+                sqlx::query(
+                    "UPDATE reach_tasks SET status = $1, current_node = $2, seq = $3, updated_ms = $4, ended_ms = $5, error = $6, failed_node = $7, owner = NULL, lease_until_ms = 0 \
+                     WHERE task_id = $8 AND seq = $9",
+                )
+                .bind(s.status.as_str().to_string())
+                .bind(s.current_node.clone())
+                .bind(new_seq)
+                .bind(s.updated_ms)
+                .bind(s.ended_ms)
+                .bind(s.error.clone())
+                .bind(s.failed_node.clone())
+                .bind(s.task_id.clone())
+                .bind(a.expected_seq)
+                .execute(&mut *tx)
+                .await?
+                .rows_affected()
+            }
+            (Guard::Seq, None) => {
+                sqlx::query(
+                    "UPDATE reach_tasks SET status = $1, current_node = $2, seq = $3, updated_ms = $4, ended_ms = $5, error = $6, failed_node = $7 \
+                     WHERE task_id = $8 AND seq = $9",
+                )
+                .bind(s.status.as_str().to_string())
+                .bind(s.current_node.clone())
+                .bind(new_seq)
+                .bind(s.updated_ms)
+                .bind(s.ended_ms)
+                .bind(s.error.clone())
+                .bind(s.failed_node.clone())
+                .bind(s.task_id.clone())
+                .bind(a.expected_seq)
+                .execute(&mut *tx)
+                .await?
+                .rows_affected()
+            }
+        };
+        if guarded != 1 {
+            out.push(AppendOutcome::Conflict);
+            continue;
+        }
+        for (i, event) in a.events.iter().enumerate() {
+            let seq = a.expected_seq + 1 + i64::try_from(i).unwrap_or(0);
+            let body = serde_json::to_string(event).unwrap_or_else(|_| "{}".into());
+            rows.push((s.task_id.clone(), seq, a.at_ms, event.kind(), event.node().map(str::to_string), body));
+            match event {
+                Event::TimerScheduled { timer, fire_at_ms, .. } => {
+                    sqlx::query("INSERT INTO reach_timers (timer_id, task_id, fire_at_ms, state) VALUES ($1, $2, $3, 'pending')")
+                        .bind(timer.clone())
+                        .bind(s.task_id.clone())
+                        .bind(*fire_at_ms)
+                        .execute(&mut *tx)
+                        .await?;
+                }
+                Event::TimerFired { timer } | Event::TimerCancelled { timer } => {
+                    let state = if matches!(event, Event::TimerFired { .. }) { "fired" } else { "cancelled" };
+                    sqlx::query("UPDATE reach_timers SET state = $1 WHERE timer_id = $2")
+                        .bind(state.to_string())
+                        .bind(timer.clone())
+                        .execute(&mut *tx)
+                        .await?;
+                }
+                Event::TaskEnded { .. } => {
+                    sqlx::query("UPDATE reach_timers SET state = 'cancelled' WHERE task_id = $1 AND state = 'pending'")
+                        .bind(s.task_id.clone())
+                        .execute(&mut *tx)
+                        .await?;
+                }
+                _ => {}
+            }
+        }
+        out.push(AppendOutcome::Appended(new_seq));
+    }
+    // One multi-row INSERT per 500 events (3 000 parameters: within SQLite's and
+    // PostgreSQL's limits).
+    for chunk in rows.chunks(500) {
+        let mut qb = sqlx::QueryBuilder::new("INSERT INTO reach_events (task_id, seq, at_ms, kind, node, body) ");
+        qb.push_values(chunk, |mut b, (task, seq, at, kind, node, body)| {
+            b.push_bind(task.clone())
+                .push_bind(*seq)
+                .push_bind(*at)
+                .push_bind((*kind).to_string())
+                .push_bind(node.clone())
+                .push_bind(body.clone());
+        });
+        qb.build().execute(&mut *tx).await?;
+    }
+    tx.commit().await?;
+    Ok(out)
+}
+            .await;
+            result
+        }
+    };
+}
+
+/// Whether a failed transaction may simply be run again: PostgreSQL deadlock (40P01),
+/// serialization failure (40001) or lock timeout (55P03); SQLite busy or locked.
+fn is_transient(e: &sqlx::Error) -> bool {
+    match e {
+        sqlx::Error::Database(db) => {
+            let code = db.code().unwrap_or_default();
+            matches!(
+                code.as_ref(),
+                "40P01" | "40001" | "55P03" | "5" | "6" | "261" | "262" | "517"
+            ) || db.message().contains("database is locked")
+        }
+        sqlx::Error::PoolTimedOut => true,
+        _ => false,
+    }
+}
+
+async fn writer(backend: Backend, mut rx: mpsc::Receiver<WriteReq>) {
+    // The bulk guard saves PostgreSQL a network round trip per append; SQLite runs in
+    // process, where row-by-row updates by primary key measured the same.
+    let bulk = matches!(backend, Backend::Postgres(_));
+    let mut batch = Vec::with_capacity(MAX_BATCH);
+    loop {
+        if rx.recv_many(&mut batch, MAX_BATCH).await == 0 {
+            return;
+        }
+        // A deadlock with another replica's transaction (PostgreSQL) or a busy file
+        // (SQLite) rolls the whole batch back: nothing was written, so it is retried as is.
+        let mut tries = 0;
+        let result = loop {
+            let result = with_pool!(&backend, |p| write_batch!(p, &batch, bulk).await);
+            match result {
+                Err(e) if tries < 8 && is_transient(&e) => {
+                    tries += 1;
+                    tracing::debug!(error = %e, tries, "task store batch retried");
+                    tokio::time::sleep(Duration::from_millis(5 * tries)).await;
+                }
+                other => break other,
+            }
+        };
+        match result {
+            Ok(outcomes) => {
+                for (req, outcome) in batch.drain(..).zip(outcomes) {
+                    let _ = req.reply.send(Ok(outcome));
+                }
+            }
+            Err(err) => {
+                tracing::warn!(error = %err, size = batch.len(), "task store batch failed");
+                let text = err.to_string();
+                for req in batch.drain(..) {
+                    let _ = req
+                        .reply
+                        .send(Err(StoreError::Db(sqlx::Error::Protocol(text.clone()))));
+                }
+            }
+        }
+    }
+}

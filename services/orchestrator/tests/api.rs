@@ -1,0 +1,611 @@
+//! The management surface: CLI functions, WatchTask, the ledger, HTTP admin routes, hot
+//! reload, TTL purge, timeouts, cancel and masking — against a real orchestrator server.
+
+mod common;
+
+use std::time::Duration;
+
+use common::{TestRouter, eventually};
+use reach_orchestrator::cli;
+use reach_orchestrator::{LedgerSink, LedgerSinkConfig, Orchestrator, OrchestratorConfig};
+use reach_proto::v1 as pb;
+use reach_proto::v1::orchestrator_service_client::OrchestratorServiceClient;
+use serde_json::json;
+use tonic::Status;
+
+const REVIEW_V1: &str = r#"
+id: review
+version: 1
+initial: ask
+states:
+  ask:
+    type: human
+    schema: {type: object, required: [approved], properties: {approved: {type: boolean}}}
+    on_cancel: withdrawn
+    next: act
+  act: {type: task, capability: test.act, next: done}
+  withdrawn: {type: fail, error: withdrawn}
+  done: {type: succeed}
+"#;
+
+const TIMEOUTS: &str = r#"
+id: timeouts
+version: 1
+initial: slow
+states:
+  slow:
+    type: task
+    capability: test.slow
+    timeout: 1s
+    retry: {max_attempts: 5, initial_interval: 50ms, jitter: 0}
+    next: ask
+  ask: {type: human, timeout: 300ms, catch: late, next: done}
+  late: {type: task, capability: test.act, input: {why: "nodes.ask.error"}, next: done}
+  done: {type: succeed}
+"#;
+
+struct Server {
+    endpoint: String,
+    router: TestRouter,
+    orch: std::sync::Arc<Orchestrator>,
+    _router_stop: tokio::sync::oneshot::Sender<()>,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    _dir: tempfile::TempDir,
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        if let Some(s) = self.stop.take() {
+            let _ = s.send(());
+        }
+    }
+}
+
+async fn server(tweak: impl FnOnce(&mut OrchestratorConfig, &std::path::Path)) -> Server {
+    let dir = tempfile::tempdir().unwrap();
+    let router = TestRouter::default();
+    let (router_url, router_stop) = router.serve().await;
+    let mut config = OrchestratorConfig {
+        store_url: format!("sqlite://{}/o.db", dir.path().display()),
+        router_endpoint: router_url,
+        poll_interval: Duration::from_millis(50),
+        redact_fields: vec!["customer_name".into()],
+        ..Default::default()
+    };
+    tweak(&mut config, dir.path());
+    let orch = std::sync::Arc::new(Orchestrator::new(config).await.unwrap());
+    let running = orch.start().unwrap();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let endpoint = format!("http://{}", listener.local_addr().unwrap());
+    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+    let svc = orch.grpc_service();
+    tokio::spawn(async move {
+        reach_rpc::GrpcServer::new()
+            .add_service(svc)
+            .serve(listener, async move {
+                let _ = rx.await;
+            })
+            .await
+            .unwrap();
+        running.shutdown().await;
+    });
+    Server {
+        endpoint,
+        router,
+        orch,
+        _router_stop: router_stop,
+        stop: Some(tx),
+        _dir: dir,
+    }
+}
+
+async fn status_of(endpoint: &str, id: &str) -> Option<pb::Task> {
+    let mut c = OrchestratorServiceClient::connect(endpoint.to_string())
+        .await
+        .ok()?;
+    match c.get_task(pb::GetTaskRequest { task_id: id.into() }).await {
+        Ok(r) => r.into_inner().task,
+        Err(e) => {
+            eprintln!("get_task {id}: {e}");
+            None
+        }
+    }
+}
+
+async fn wait_for(endpoint: &str, id: &str, status: pb::TaskStatus) -> pb::Task {
+    let start = std::time::Instant::now();
+    loop {
+        let task = status_of(endpoint, id).await;
+        if let Some(t) = &task
+            && t.status == status as i32
+        {
+            return t.clone();
+        }
+        let ended = task.as_ref().is_some_and(|t| {
+            [
+                pb::TaskStatus::Succeeded,
+                pb::TaskStatus::Failed,
+                pb::TaskStatus::Partial,
+                pb::TaskStatus::Cancelled,
+            ]
+            .iter()
+            .any(|s| *s as i32 == t.status)
+        });
+        assert!(
+            start.elapsed() < Duration::from_secs(30) && !ended,
+            "task {id} never reached {status:?}; last seen: {:#?}",
+            task.map(|t| cli::task_json(&t))
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+fn out() -> Vec<u8> {
+    Vec::new()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cli_commands_against_a_server() {
+    let s = server(|_, _| {}).await;
+    s.router.handle("test.act", |d| {
+        Ok(json!({"acted": true, "customer_name": d.input["customer_name"].clone()}))
+    });
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("review.yaml");
+    std::fs::write(&file, REVIEW_V1).unwrap();
+
+    let mut o = out();
+    assert_eq!(
+        cli::flow_apply(&s.endpoint, &file, &mut o).await.unwrap(),
+        0
+    );
+    assert_eq!(
+        String::from_utf8_lossy(&o).trim(),
+        "flow review version 1 applied"
+    );
+    let mut o = out();
+    assert_eq!(
+        cli::flow_apply(&s.endpoint, &file, &mut o).await.unwrap(),
+        0
+    );
+    assert!(String::from_utf8_lossy(&o).contains("unchanged"));
+    // Same version, other text: refused with the fix.
+    std::fs::write(&file, REVIEW_V1.replace("withdrawn}", "withdrawn by user}")).unwrap();
+    let mut o = out();
+    assert_eq!(
+        cli::flow_apply(&s.endpoint, &file, &mut o).await.unwrap(),
+        1
+    );
+    assert!(String::from_utf8_lossy(&o).contains("bump `version`"));
+    let mut o = out();
+    cli::flow_list(&s.endpoint, &mut o).await.unwrap();
+    assert!(String::from_utf8_lossy(&o).contains("review"));
+
+    // start -> waiting; a bad resume names the field; a good one finishes the task.
+    let mut o = out();
+    cli::task_start(
+        &s.endpoint,
+        "review",
+        r#"{"customer_name": "Jane Roe", "email": "jane@example.com"}"#,
+        0,
+        Some("order-42".into()),
+        &mut o,
+    )
+    .await
+    .unwrap();
+    let id = String::from_utf8(o).unwrap().trim().to_string();
+    assert_eq!(id, "order-42");
+    // Starting the same id again returns the same task.
+    let mut o = out();
+    cli::task_start(
+        &s.endpoint,
+        "review",
+        "{}",
+        0,
+        Some("order-42".into()),
+        &mut o,
+    )
+    .await
+    .unwrap();
+    assert_eq!(String::from_utf8(o).unwrap().trim(), "order-42");
+    wait_for(&s.endpoint, &id, pb::TaskStatus::WaitingHuman).await;
+    let mut o = out();
+    cli::task_list(&s.endpoint, Some("waiting_human"), None, 10, &mut o)
+        .await
+        .unwrap();
+    assert!(String::from_utf8_lossy(&o).contains("order-42"));
+    let err = cli::task_resume(&s.endpoint, &id, r#"{"approved": "yes"}"#, None, &mut out())
+        .await
+        .unwrap_err();
+    let text = err.to_string();
+    assert!(
+        text.starts_with("invalid argument:") && text.contains("/approved"),
+        "{text}"
+    );
+    assert!(matches!(
+        cli::task_list(&s.endpoint, Some("sleeping"), None, 10, &mut out()).await,
+        Err(cli::CliError::Usage(_))
+    ));
+    cli::task_resume(&s.endpoint, &id, r#"{"approved": true}"#, None, &mut out())
+        .await
+        .unwrap();
+    wait_for(&s.endpoint, &id, pb::TaskStatus::Succeeded).await;
+
+    let mut o = out();
+    cli::task_watch(&s.endpoint, &id, &mut o).await.unwrap();
+    let watched = String::from_utf8(o).unwrap();
+    assert!(
+        watched.lines().last().unwrap().contains("task_ended"),
+        "{watched}"
+    );
+
+    // get --json is masked: the e-mail and the configured field never show.
+    let mut o = out();
+    cli::task_get(&s.endpoint, &id, true, &mut o).await.unwrap();
+    let shown = String::from_utf8(o).unwrap();
+    let v: serde_json::Value = serde_json::from_str(&shown).unwrap();
+    assert_eq!(v["status"], "SUCCEEDED");
+    assert!(
+        !shown.contains("jane@example.com") && !shown.contains("Jane Roe"),
+        "{shown}"
+    );
+    assert_eq!(v["nodes"][1]["output"]["customer_name"], "***");
+    let mut o = out();
+    cli::task_get(&s.endpoint, &id, false, &mut o)
+        .await
+        .unwrap();
+    assert!(String::from_utf8_lossy(&o).contains("SUCCEEDED"));
+
+    // cancel while waiting goes to on_cancel; retry of a cancelled task is refused.
+    let mut o = out();
+    cli::task_start(&s.endpoint, "review", "{}", 0, None, &mut o)
+        .await
+        .unwrap();
+    let id2 = String::from_utf8(o).unwrap().trim().to_string();
+    wait_for(&s.endpoint, &id2, pb::TaskStatus::WaitingHuman).await;
+    cli::task_cancel(&s.endpoint, &id2, "customer withdrew", &mut out())
+        .await
+        .unwrap();
+    let t = wait_for(&s.endpoint, &id2, pb::TaskStatus::Failed).await;
+    assert_eq!(t.failed_node, "withdrawn");
+
+    // A task node failing for good is a dead letter; retry runs it again.
+    s.router
+        .handle("test.act", |_| Err(Status::invalid_argument("refused")));
+    let mut o = out();
+    cli::task_start(&s.endpoint, "review", "{}", 0, None, &mut o)
+        .await
+        .unwrap();
+    let id3 = String::from_utf8(o).unwrap().trim().to_string();
+    wait_for(&s.endpoint, &id3, pb::TaskStatus::WaitingHuman).await;
+    cli::task_resume(&s.endpoint, &id3, r#"{"approved": true}"#, None, &mut out())
+        .await
+        .unwrap();
+    wait_for(&s.endpoint, &id3, pb::TaskStatus::Failed).await;
+    let mut o = out();
+    cli::dead_letters(&s.endpoint, None, &mut o).await.unwrap();
+    assert!(String::from_utf8_lossy(&o).contains(&id3));
+    s.router.handle("test.act", |_| Ok(json!({"acted": true})));
+    let mut o = out();
+    cli::task_retry(&s.endpoint, &id3, &mut o).await.unwrap();
+    assert!(String::from_utf8_lossy(&o).contains("retried from node act"));
+    let t = wait_for(&s.endpoint, &id3, pb::TaskStatus::Succeeded).await;
+    assert_eq!(t.nodes.iter().filter(|n| n.node_id == "act").count(), 2);
+
+    // dump: events and routed messages in time order.
+    let sink = LedgerSink::spawn(
+        &s.endpoint,
+        LedgerSinkConfig {
+            flush_interval: Duration::from_millis(10),
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    for d in s.router.deliveries().iter().filter(|d| d.task_id == id3) {
+        let msg = pb::ReachMessage {
+            header: Some(pb::Header {
+                message_id: d.message_id.clone(),
+                task_id: d.task_id.clone(),
+                trace_id: d.trace_id.clone(),
+                source: "orchestrator".into(),
+                target: Some(pb::header::Target::Capability(d.capability.clone())),
+                ..Default::default()
+            }),
+            payload: Some(pb::Payload {
+                r#type: d.capability.clone(),
+                parts: vec![],
+            }),
+        };
+        let outcome = reach_orchestrator::CallOutcome {
+            code: tonic::Code::Ok,
+            status_message: String::new(),
+            latency: Duration::from_millis(3),
+            routed_at: std::time::SystemTime::now(),
+            instance_id: "act-1".into(),
+        };
+        assert!(sink.record_call(&msg, &outcome));
+    }
+    eventually("ledger flushed", Duration::from_secs(10), || {
+        let n = sink.sent();
+        async move { (n >= 2).then_some(()) }
+    })
+    .await;
+    let mut o = out();
+    cli::dump(
+        &s.endpoint,
+        cli::DumpArgs {
+            task: id3.clone(),
+            json: true,
+        },
+        &mut o,
+    )
+    .await
+    .unwrap();
+    let lines: Vec<serde_json::Value> = String::from_utf8(o)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert!(
+        lines
+            .iter()
+            .any(|l| l["type"] == "message" && l["instance"] == "act-1")
+    );
+    assert!(
+        lines
+            .iter()
+            .any(|l| l["type"] == "event" && l["kind"] == "task_retried")
+    );
+    let times: Vec<String> = lines
+        .iter()
+        .map(|l| l["at"].as_str().unwrap().to_string())
+        .collect();
+    let mut sorted = times.clone();
+    sorted.sort();
+    assert_eq!(times, sorted, "dump is in time order");
+    let mut o = out();
+    cli::dump(
+        &s.endpoint,
+        cli::DumpArgs {
+            task: id3,
+            json: false,
+        },
+        &mut o,
+    )
+    .await
+    .unwrap();
+    assert!(String::from_utf8_lossy(&o).contains("message "));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ledger_sink_never_blocks_and_counts_drops() {
+    // Nothing listens on this port: every batch fails and is counted, record() stays instant.
+    let sink = LedgerSink::spawn(
+        "http://127.0.0.1:9",
+        LedgerSinkConfig {
+            capacity: 4,
+            batch_size: 2,
+            flush_interval: Duration::from_millis(1),
+            timeout: Duration::from_millis(200),
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let entry = |i: u32| pb::LedgerEntry {
+        header: Some(pb::Header {
+            task_id: format!("t{i}"),
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    for i in 0..100 {
+        sink.record(entry(i));
+    }
+    assert!(sink.dropped() > 0);
+    eventually("failed batches counted", Duration::from_secs(10), || {
+        let d = sink.dropped();
+        async move { (d == 100).then_some(()) }
+    })
+    .await;
+    // Sampling is per task and stable.
+    let half = LedgerSink::spawn(
+        "http://127.0.0.1:9",
+        LedgerSinkConfig {
+            sample_rate: 0.0,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    assert!(half.record(entry(1)));
+    assert_eq!(half.dropped(), 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn watch_http_timeouts_hot_reload_and_purge() {
+    let s = server(|c, dir| {
+        let flows = dir.join("flows");
+        std::fs::create_dir_all(&flows).unwrap();
+        std::fs::write(flows.join("review.yaml"), REVIEW_V1).unwrap();
+        std::fs::write(flows.join("timeouts.yaml"), TIMEOUTS).unwrap();
+        c.flows_dir = Some(flows);
+        c.context_ttl = Duration::from_secs(2);
+    })
+    .await;
+    // The first delivery of each attempt of test.slow outlives the 300ms timeout once.
+    s.router.handle("test.slow", |d| {
+        if d.attempt == 1 {
+            Err(Status::aborted("sleep:5000"))
+        } else {
+            Ok(json!({"fast": true}))
+        }
+    });
+    s.router.handle("test.act", |d| Ok(d.input.clone()));
+    let mut c = OrchestratorServiceClient::connect(s.endpoint.clone())
+        .await
+        .unwrap();
+
+    // WatchTask streams every event to the end; attempt timeout -> retry; human timeout -> catch.
+    let t = c
+        .start_task(pb::StartTaskRequest {
+            flow_id: "timeouts".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .task
+        .unwrap();
+    let mut stream = c
+        .watch_task(pb::WatchTaskRequest {
+            task_id: t.task_id.clone(),
+            after_sequence: 0,
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let mut kinds = Vec::new();
+    while let Some(e) = stream.message().await.unwrap() {
+        kinds.push(e.event.unwrap().kind);
+    }
+    assert_eq!(kinds.first().map(String::as_str), Some("task_created"));
+    assert_eq!(kinds.last().map(String::as_str), Some("task_ended"));
+    let task = wait_for(&s.endpoint, &t.task_id, pb::TaskStatus::Succeeded).await;
+    let path: Vec<&str> = task.nodes.iter().map(|n| n.node_id.as_str()).collect();
+    assert_eq!(path, ["slow", "ask", "late", "done"]);
+    assert_eq!(task.nodes[0].attempts, 2);
+    let late = reach_orchestrator::json::from_proto_opt(task.nodes[2].output.as_ref());
+    assert!(
+        late["why"].as_str().unwrap().contains("no one resumed"),
+        "{late}"
+    );
+
+    // HTTP admin routes.
+    use tower::ServiceExt;
+    let admin = s.orch.admin_router();
+    let resp = admin
+        .clone()
+        .oneshot(
+            http::Request::get(format!("/tasks/{}", t.task_id))
+                .body(axum::body::Body::empty())
+                .unwrap(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    let body: serde_json::Value = serde_json::from_slice(
+        &axum::body::to_bytes(resp.into_body(), 1 << 20)
+            .await
+            .unwrap(),
+    )
+    .unwrap();
+    assert_eq!(body["status"], "SUCCEEDED");
+    let resp = admin
+        .clone()
+        .oneshot(
+            http::Request::get("/tasks/nope")
+                .body(axum::body::Body::empty())
+                .unwrap(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 404);
+    let resp = admin
+        .oneshot(
+            http::Request::post(format!("/tasks/{}/retry", t.task_id))
+                .body(axum::body::Body::empty())
+                .unwrap(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 409, "a succeeded task cannot be retried");
+
+    // Hot reload: a waiting task stays on v1 while the directory moves to v2; an invalid file
+    // is not loaded.
+    let waiting = c
+        .start_task(pb::StartTaskRequest {
+            flow_id: "review".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .task
+        .unwrap();
+    wait_for(&s.endpoint, &waiting.task_id, pb::TaskStatus::WaitingHuman).await;
+    let flows_dir = s._dir.path().join("flows");
+    std::fs::write(
+        flows_dir.join("review.yaml"),
+        REVIEW_V1
+            .replace("version: 1", "version: 2")
+            .replace("error: withdrawn}", "error: withdrawn by the customer}"),
+    )
+    .unwrap();
+    std::fs::write(
+        flows_dir.join("broken.yaml"),
+        "id: broken\nversion: 1\nstates: {a: {type: nope}}\n",
+    )
+    .unwrap();
+    let ep = s.endpoint.clone();
+    eventually("review v2 loaded", Duration::from_secs(10), || {
+        let ep = ep.clone();
+        async move {
+            let mut c = OrchestratorServiceClient::connect(ep).await.ok()?;
+            let flows = c
+                .list_flows(pb::ListFlowsRequest::default())
+                .await
+                .ok()?
+                .into_inner()
+                .flows;
+            flows
+                .iter()
+                .any(|f| f.flow_id == "review" && f.version == 2)
+                .then_some(())
+        }
+    })
+    .await;
+    let flows = c
+        .list_flows(pb::ListFlowsRequest::default())
+        .await
+        .unwrap()
+        .into_inner()
+        .flows;
+    assert!(!flows.iter().any(|f| f.flow_id == "broken"));
+    c.resume_task(pb::ResumeTaskRequest {
+        task_id: waiting.task_id.clone(),
+        input: Some(reach_orchestrator::json::to_proto(
+            &json!({"approved": true}),
+        )),
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    let done = wait_for(&s.endpoint, &waiting.task_id, pb::TaskStatus::Succeeded).await;
+    assert_eq!(done.flow_version, 1);
+    let fresh = c
+        .start_task(pb::StartTaskRequest {
+            flow_id: "review".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .task
+        .unwrap();
+    assert_eq!(fresh.flow_version, 2);
+
+    // TTL purge: ended tasks disappear after context_ttl (2s here).
+    let ep = s.endpoint.clone();
+    let id = t.task_id.clone();
+    eventually("task purged", Duration::from_secs(20), || {
+        let ep = ep.clone();
+        let id = id.clone();
+        async move {
+            let mut c = OrchestratorServiceClient::connect(ep).await.ok()?;
+            match c.get_task(pb::GetTaskRequest { task_id: id }).await {
+                Err(s) if s.code() == tonic::Code::NotFound => Some(()),
+                _ => None,
+            }
+        }
+    })
+    .await;
+}

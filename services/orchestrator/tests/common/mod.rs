@@ -1,0 +1,246 @@
+//! Test harness: an in-test RouterService (the orchestrator's real boundary), stores on
+//! SQLite or PostgreSQL, and helpers.
+#![allow(dead_code, missing_docs)]
+
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use reach_proto::v1::router_service_server::{RouterService, RouterServiceServer};
+use reach_proto::v1::{self as pb, CallRequest, CallResponse, Part, Payload, ReachMessage, part};
+use serde_json::Value;
+use tonic::{Request, Response, Status};
+
+pub type Handler = Arc<dyn Fn(&Delivery) -> Result<Value, Status> + Send + Sync>;
+
+/// One delivery the router saw.
+#[derive(Debug, Clone)]
+pub struct Delivery {
+    pub capability: String,
+    pub message_id: String,
+    pub task_id: String,
+    pub trace_id: String,
+    pub node: String,
+    pub input: Value,
+    /// The attempt number the orchestrator sent.
+    pub attempt: u32,
+    /// How many times this message id was delivered before.
+    pub redelivery: usize,
+}
+
+#[derive(Default)]
+pub struct RouterState {
+    pub handlers: Mutex<HashMap<String, Handler>>,
+    pub deliveries: Mutex<Vec<Delivery>>,
+    seen: Mutex<HashMap<String, usize>>,
+}
+
+#[derive(Clone, Default)]
+pub struct TestRouter {
+    pub state: Arc<RouterState>,
+}
+
+impl TestRouter {
+    pub fn handle(
+        &self,
+        capability: &str,
+        f: impl Fn(&Delivery) -> Result<Value, Status> + Send + Sync + 'static,
+    ) {
+        self.state
+            .handlers
+            .lock()
+            .unwrap()
+            .insert(capability.to_string(), Arc::new(f));
+    }
+
+    pub fn deliveries(&self) -> Vec<Delivery> {
+        self.state.deliveries.lock().unwrap().clone()
+    }
+
+    /// Distinct message ids delivered for (task, node): the side effects an SDK that drops
+    /// redelivered ids would perform.
+    pub fn effects(&self, task_id: &str, node: &str) -> usize {
+        self.deliveries()
+            .iter()
+            .filter(|d| d.task_id == task_id && d.node == node)
+            .map(|d| d.message_id.clone())
+            .collect::<HashSet<_>>()
+            .len()
+    }
+
+    /// Serves on 127.0.0.1:0; returns the endpoint URL and a shutdown sender.
+    pub async fn serve(&self) -> (String, tokio::sync::oneshot::Sender<()>) {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+        let svc = RouterServiceServer::new(self.clone());
+        tokio::spawn(async move {
+            reach_rpc::GrpcServer::new()
+                .add_service(svc)
+                .serve(listener, async move {
+                    let _ = rx.await;
+                })
+                .await
+                .unwrap();
+        });
+        (format!("http://{addr}"), tx)
+    }
+}
+
+#[tonic::async_trait]
+impl RouterService for TestRouter {
+    async fn publish(
+        &self,
+        _request: Request<pb::PublishRequest>,
+    ) -> Result<Response<pb::PublishResponse>, Status> {
+        Err(Status::unimplemented("the test router does not publish"))
+    }
+
+    async fn reply(
+        &self,
+        _request: Request<pb::ReplyRequest>,
+    ) -> Result<Response<pb::ReplyResponse>, Status> {
+        Err(Status::unimplemented(
+            "the test router takes no asynchronous replies",
+        ))
+    }
+
+    async fn call(&self, request: Request<CallRequest>) -> Result<Response<CallResponse>, Status> {
+        let msg = request.into_inner().message.unwrap_or_default();
+        let h = msg.header.clone().unwrap_or_default();
+        let capability = match &h.target {
+            Some(pb::header::Target::Capability(c)) => c.clone(),
+            _ => return Err(Status::invalid_argument("no capability")),
+        };
+        let input = msg
+            .payload
+            .as_ref()
+            .and_then(|p| p.parts.first())
+            .and_then(|p| match &p.content {
+                Some(part::Content::Data(v)) => Some(reach_orchestrator::json::from_proto(v)),
+                _ => None,
+            })
+            .unwrap_or(Value::Null);
+        let redelivery = {
+            let mut seen = self.state.seen.lock().unwrap();
+            let n = seen.entry(h.message_id.clone()).or_insert(0);
+            *n += 1;
+            *n - 1
+        };
+        let d = Delivery {
+            capability: capability.clone(),
+            message_id: h.message_id.clone(),
+            task_id: h.task_id.clone(),
+            trace_id: h.trace_id.clone(),
+            node: h.metadata.get("node_id").cloned().unwrap_or_default(),
+            input,
+            attempt: h
+                .metadata
+                .get("attempt")
+                .and_then(|a| a.parse().ok())
+                .unwrap_or(0),
+            redelivery,
+        };
+        self.state.deliveries.lock().unwrap().push(d.clone());
+        let handler = self
+            .state
+            .handlers
+            .lock()
+            .unwrap()
+            .get(&capability)
+            .cloned();
+        let Some(handler) = handler else {
+            return Err(Status::not_found(format!("no handler for {capability}")));
+        };
+        // Handlers may ask to be slow by returning Status::aborted("sleep:<ms>") first.
+        let out = match handler(&d) {
+            Err(s) if s.message().starts_with("sleep:") => {
+                let ms: u64 = s.message()[6..].parse().unwrap_or(0);
+                tokio::time::sleep(Duration::from_millis(ms)).await;
+                Ok(Value::Null)
+            }
+            other => other,
+        }?;
+        Ok(Response::new(CallResponse {
+            message: Some(ReachMessage {
+                header: Some(pb::Header {
+                    trace_id: h.trace_id,
+                    correlation_id: h.message_id,
+                    ..Default::default()
+                }),
+                payload: Some(Payload {
+                    r#type: format!("{capability}.reply"),
+                    parts: vec![Part {
+                        content: Some(part::Content::Data(reach_orchestrator::json::to_proto(
+                            &out,
+                        ))),
+                        ..Default::default()
+                    }],
+                }),
+            }),
+            route: None,
+        }))
+    }
+
+    type StreamStream = futures::stream::Empty<Result<pb::StreamResponse, Status>>;
+
+    async fn stream(
+        &self,
+        _request: Request<tonic::Streaming<pb::StreamRequest>>,
+    ) -> Result<Response<Self::StreamStream>, Status> {
+        Err(Status::unimplemented("not in tests"))
+    }
+}
+
+/// The PostgreSQL URL for tests: a fresh database on the server in REACH_TEST_POSTGRES_URL.
+/// `None` (with a loud message) when unset outside CI; panics when unset with CI=true.
+pub async fn postgres_url() -> Option<String> {
+    let Ok(base) = std::env::var("REACH_TEST_POSTGRES_URL") else {
+        if std::env::var("CI").is_ok_and(|v| v == "true") {
+            panic!(
+                "REACH_TEST_POSTGRES_URL is not set but CI=true: start PostgreSQL with scripts/start-postgres.sh and export the URL it prints"
+            );
+        }
+        eprintln!(
+            "\n!!!!! SKIPPING PostgreSQL test: REACH_TEST_POSTGRES_URL is not set. Run `eval $(scripts/start-postgres.sh)` first. !!!!!\n"
+        );
+        return None;
+    };
+    use sqlx::Connection;
+    let mut conn = sqlx::PgConnection::connect(&base)
+        .await
+        .expect("connect to REACH_TEST_POSTGRES_URL");
+    let db = format!("reach_test_{}", uuid::Uuid::new_v4().simple());
+    sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE {db}")))
+        .execute(&mut conn)
+        .await
+        .unwrap();
+    let (prefix, _) = base.rsplit_once('/').unwrap();
+    Some(format!("{prefix}/{db}"))
+}
+
+/// A store URL for `backend` (`sqlite` in `dir`, or `postgres`); `None` to skip.
+pub async fn store_url(backend: &str, dir: &std::path::Path) -> Option<String> {
+    match backend {
+        "sqlite" => Some(format!("sqlite://{}/orch.db", dir.display())),
+        _ => postgres_url().await,
+    }
+}
+
+/// Polls `f` until it returns Some, up to `limit` (a convergence bound, not a timing assertion).
+pub async fn eventually<T, F, Fut>(what: &str, limit: Duration, mut f: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    let start = std::time::Instant::now();
+    loop {
+        if let Some(v) = f().await {
+            return v;
+        }
+        if start.elapsed() > limit {
+            panic!("timed out waiting for {what}");
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}

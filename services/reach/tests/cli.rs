@@ -1,0 +1,484 @@
+//! The `reach` binary as a user runs it: `reach demo`, `reach dev` with grpcurl, `reach
+//! agents`, and bad configuration.
+
+use std::collections::HashSet;
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use tokio::io::{AsyncBufReadExt, BufReader};
+
+fn reach() -> Command {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_reach"));
+    command.current_dir(repo_root());
+    command
+}
+
+fn repo_root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+#[test]
+fn demo_json_triages_all_87_complaints_without_failure() {
+    let output = reach()
+        .args(["demo", "--json"])
+        .output()
+        .expect("reach demo runs");
+    assert!(
+        output.status.success(),
+        "stderr: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let report: serde_json::Value =
+        serde_json::from_slice(&output.stdout).expect("one JSON object");
+    assert_eq!(report["total"], 87);
+    assert_eq!(report["failed"], 0);
+    assert_eq!(report["succeeded"], 87);
+    let human = report["human_review"].as_u64().unwrap();
+    let routed: u64 = report["by_capability"]
+        .as_object()
+        .unwrap()
+        .values()
+        .map(|v| v.as_u64().unwrap())
+        .sum();
+    assert_eq!(
+        routed + human,
+        87,
+        "every complaint is routed or waits for a person"
+    );
+    let accuracy = report["accuracy"].as_f64().unwrap();
+    assert!((0.0..=1.0).contains(&accuracy));
+    assert!(report["latency_ms"]["p50"].as_f64().unwrap() > 0.0);
+    assert!(
+        report["latency_ms"]["p99"].as_f64().unwrap()
+            >= report["latency_ms"]["p50"].as_f64().unwrap()
+    );
+    let traces: Vec<&str> = report["trace_ids"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t.as_str().unwrap())
+        .collect();
+    assert_eq!(traces.len(), 87);
+    assert_eq!(
+        traces.iter().collect::<HashSet<_>>().len(),
+        87,
+        "one fresh trace per complaint"
+    );
+    assert!(
+        traces
+            .iter()
+            .all(|t| t.len() == 32 && t.bytes().all(|b| b.is_ascii_hexdigit()))
+    );
+    // Both executors of the busiest capability took work.
+    let by_instance = report["by_instance"].as_object().unwrap();
+    assert!(
+        by_instance.contains_key("executor.servicing-1")
+            && by_instance.contains_key("executor.servicing-2"),
+        "{by_instance:?}"
+    );
+}
+
+#[test]
+fn demo_reports_a_missing_input_clearly() {
+    let output = reach()
+        .args(["demo", "--input", "no/such.csv"])
+        .output()
+        .unwrap();
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains("no/such.csv") && stderr.contains("--input"),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn a_bad_config_exits_64_naming_the_key() {
+    let output = reach()
+        .args([
+            "router",
+            "--listen",
+            "127.0.0.1:0",
+            "--max-message-bytes",
+            "10",
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(output.status.code(), Some(64));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("max_message_bytes"), "{stderr}");
+}
+
+fn grpcurl() -> PathBuf {
+    let path = repo_root().join(".venv/bin/grpcurl");
+    assert!(
+        path.exists(),
+        "{} is missing: run scripts/python-env.sh",
+        path.display()
+    );
+    path
+}
+
+#[tokio::test]
+async fn dev_serves_every_service_on_one_port_for_grpcurl_and_reach_agents() {
+    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_reach"))
+        .args([
+            "dev",
+            "--listen",
+            "127.0.0.1:0",
+            "--admin-listen",
+            "127.0.0.1:0",
+        ])
+        .current_dir(repo_root())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let mut grpc = None;
+    let mut admin = None;
+    while let Ok(Some(line)) = tokio::time::timeout(Duration::from_secs(30), lines.next_line())
+        .await
+        .unwrap()
+    {
+        if let Some(rest) = line.strip_prefix("grpc") {
+            grpc = rest
+                .split_whitespace()
+                .next()
+                .map(|u| u.trim_start_matches("http://").to_string());
+        }
+        if let Some(rest) = line.strip_prefix("admin http") {
+            admin = rest
+                .split_whitespace()
+                .next()
+                .map(|u| u.trim_start_matches("http://").to_string());
+        }
+        if line.starts_with("try:") {
+            break;
+        }
+    }
+    let grpc = grpc.expect("reach dev printed its gRPC address");
+    let admin = admin.expect("reach dev printed its admin address");
+
+    let list = Command::new(grpcurl())
+        .args(["-plaintext", &grpc, "list"])
+        .output()
+        .unwrap();
+    let services = String::from_utf8_lossy(&list.stdout);
+    for service in [
+        "reach.v1.RegistryService",
+        "reach.v1.RouterService",
+        "grpc.health.v1.Health",
+    ] {
+        assert!(
+            services.contains(service),
+            "grpcurl list shows {service}: {services}"
+        );
+    }
+    let describe = Command::new(grpcurl())
+        .args(["-plaintext", &grpc, "describe", "reach.v1.RouterService"])
+        .output()
+        .unwrap();
+    assert!(
+        String::from_utf8_lossy(&describe.stdout).contains("rpc Call"),
+        "describe works"
+    );
+
+    // The agents register within moments; then a call through grpcurl reaches one.
+    let mut classified = String::new();
+    for _ in 0..100 {
+        let call = Command::new(grpcurl())
+            .args([
+                "-plaintext",
+                "-d",
+                r#"{"message": {"header": {"capability": "complaint.classify"}, "payload": {"type": "complaint.submitted", "parts": [{"data": {"complaint_id": "1", "narrative": "Equifax shows a derogatory tradeline on my credit report"}}]}}}"#,
+                &grpc,
+                "reach.v1.RouterService/Call",
+            ])
+            .output()
+            .unwrap();
+        classified = String::from_utf8_lossy(&call.stdout).to_string();
+        if call.status.success() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(
+        classified.contains("credit_report"),
+        "grpcurl call classified the complaint: {classified}"
+    );
+
+    let agents = Command::new(env!("CARGO_BIN_EXE_reach"))
+        .args(["agents", "--endpoint", &format!("http://{grpc}")])
+        .output()
+        .unwrap();
+    let table = String::from_utf8_lossy(&agents.stdout);
+    assert!(
+        table.contains("executor.servicing-2") && table.contains("READY"),
+        "{table}"
+    );
+
+    let agents_json = Command::new("curl")
+        .args(["-sf", &format!("http://{admin}/agents")])
+        .output()
+        .expect("curl runs");
+    assert!(
+        String::from_utf8_lossy(&agents_json.stdout).contains("coordinator-1"),
+        "GET /agents lists the instances"
+    );
+
+    // Prometheus metrics on the admin port move with the calls made.
+    let scrape = || {
+        let out = Command::new("curl")
+            .args(["-sf", &format!("http://{admin}/metrics")])
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout).to_string()
+    };
+    let routed = |text: &str| -> f64 {
+        text.lines()
+            .find(|l| {
+                l.starts_with("reach_router_requests_total{")
+                    && l.contains("capability=\"complaint.classify\"")
+                    && l.contains("code=\"OK\"")
+            })
+            .and_then(|l| l.rsplit(' ').next())
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0.0)
+    };
+    let before = routed(&scrape());
+    assert!(before >= 1.0, "the grpcurl call was counted");
+    assert!(Command::new(grpcurl())
+        .args(["-plaintext", "-d", r#"{"message": {"header": {"capability": "complaint.classify"}, "payload": {"parts": [{"data": {"complaint_id": "9", "narrative": "late fee"}}]}}}"#, &grpc, "reach.v1.RouterService/Call"])
+        .output()
+        .unwrap()
+        .status
+        .success());
+    let metrics = scrape();
+    assert_eq!(routed(&metrics), before + 1.0, "the counter moved by one");
+    assert!(
+        metrics.contains("reach_registry_instances{state=\"ready\"} 10"),
+        "instances by state"
+    );
+    assert!(
+        metrics.contains("reach_sdk_handler_duration_seconds_bucket"),
+        "SDK handler latency"
+    );
+
+    // Flows: a complaint task runs through the example agents; a low-confidence one waits for
+    // a person, who resumes it; the orchestrator's metrics move.
+    let endpoint = format!("http://{grpc}");
+    let task = |args: &[&str]| {
+        let out = Command::new(env!("CARGO_BIN_EXE_reach"))
+            .arg("task")
+            .args(args)
+            .args(["--endpoint", &endpoint])
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "reach task {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).to_string()
+    };
+    let run_id = std::process::id();
+    let routed_id = format!("cli-routed-{run_id}");
+    task(&[
+        "start",
+        "--flow",
+        "complaint-flow",
+        "--id",
+        &routed_id,
+        "--input",
+        r#"{"complaint_id": "c1", "narrative": "Equifax and Experian report a derogatory tradeline on my credit report; the FCRA dispute was ignored"}"#,
+    ]);
+    let review_id = format!("cli-review-{run_id}");
+    task(&[
+        "start",
+        "--flow",
+        "complaint-flow",
+        "--id",
+        &review_id,
+        "--input",
+        r#"{"complaint_id": "c2", "narrative": "hello"}"#,
+    ]);
+    let status_of = |id: &str| -> String {
+        let json: serde_json::Value =
+            serde_json::from_str(&task(&["get", id, "--json"])).expect("task get --json");
+        json["status"].as_str().unwrap_or_default().to_string()
+    };
+    let mut statuses = (String::new(), String::new());
+    for _ in 0..200 {
+        statuses = (status_of(&routed_id), status_of(&review_id));
+        if statuses.0.contains("SUCCEEDED") && statuses.1.contains("WAITING_HUMAN") {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(
+        statuses.0.contains("SUCCEEDED"),
+        "routed task: {statuses:?}"
+    );
+    assert!(
+        statuses.1.contains("WAITING_HUMAN"),
+        "low confidence waits for a person: {statuses:?}"
+    );
+    task(&[
+        "resume",
+        &review_id,
+        "--input",
+        r#"{"category": "servicing", "note": "looked at it"}"#,
+    ]);
+    for _ in 0..200 {
+        if status_of(&review_id).contains("SUCCEEDED") {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(
+        status_of(&review_id).contains("SUCCEEDED"),
+        "resumed task finishes"
+    );
+    let dump = Command::new(env!("CARGO_BIN_EXE_reach"))
+        .args(["dump", "--task", &routed_id, "--endpoint", &endpoint])
+        .output()
+        .unwrap();
+    let dump = String::from_utf8_lossy(&dump.stdout);
+    assert!(
+        dump.contains("classify") && dump.contains("credit_report"),
+        "reach dump shows the node history: {dump}"
+    );
+    assert!(
+        scrape().contains("reach_orchestrator_transitions_total"),
+        "orchestrator transitions are counted"
+    );
+
+    // The admin port shows a task, and drains a whole service for good.
+    let task_json = Command::new("curl")
+        .args(["-sf", &format!("http://{admin}/tasks/{routed_id}")])
+        .output()
+        .unwrap();
+    assert!(
+        String::from_utf8_lossy(&task_json.stdout).contains("SUCCEEDED"),
+        "GET /tasks/{{id}}"
+    );
+    let drained = Command::new("curl")
+        .args([
+            "-s",
+            "-o",
+            "/dev/null",
+            "-w",
+            "%{http_code}",
+            "-X",
+            "DELETE",
+            &format!("http://{admin}/agents/executor.origination"),
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(String::from_utf8_lossy(&drained.stdout), "202");
+    let listed = || {
+        let out = Command::new(env!("CARGO_BIN_EXE_reach"))
+            .args(["agents", "--endpoint", &endpoint])
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout).to_string()
+    };
+    for _ in 0..100 {
+        if !listed().contains("executor.origination") {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(
+        !listed().contains("executor.origination"),
+        "drained and removed"
+    );
+    // Past a heartbeat period (a third of the 10 s lease): the agents were told, not re-registered.
+    tokio::time::sleep(Duration::from_millis(4000)).await;
+    assert!(
+        !listed().contains("executor.origination"),
+        "and the agents do not register again"
+    );
+    let missing = Command::new("curl")
+        .args([
+            "-s",
+            "-o",
+            "/dev/null",
+            "-w",
+            "%{http_code}",
+            "-X",
+            "DELETE",
+            &format!("http://{admin}/agents/no.such.service"),
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(String::from_utf8_lossy(&missing.stdout), "404");
+
+    // SIGTERM drains the agents and exits cleanly.
+    let pid = child.id().unwrap().to_string();
+    assert!(
+        Command::new("kill")
+            .args(["-TERM", &pid])
+            .status()
+            .unwrap()
+            .success()
+    );
+    let status = tokio::time::timeout(Duration::from_secs(30), child.wait())
+        .await
+        .expect("reach dev exits")
+        .unwrap();
+    assert!(status.success(), "{status:?}");
+}
+
+#[test]
+fn settings_layer_file_then_env_then_flags() {
+    let dir = std::env::temp_dir().join(format!("reach-cli-config-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("reach.toml");
+    std::fs::write(
+        &file,
+        "listen = \"127.0.0.1:9100\"\n[router]\nmax_message_bytes = 2048\nroute_wait = \"250ms\"\n",
+    )
+    .unwrap();
+    let output = reach()
+        .args(["router", "--dump-config", "--config"])
+        .arg(&file)
+        .args(["--listen", "127.0.0.1:9200"])
+        .env("REACH_ROUTER__MAX_MESSAGE_BYTES", "8192")
+        .output()
+        .unwrap();
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let dumped = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        dumped.contains("listen = \"127.0.0.1:9200\""),
+        "the flag wins: {dumped}"
+    );
+    assert!(
+        dumped.contains("max_message_bytes = 8192"),
+        "env beats the file: {dumped}"
+    );
+    assert!(
+        dumped.contains("route_wait = \"250ms\""),
+        "the file beats defaults: {dumped}"
+    );
+
+    let bad = reach()
+        .args(["registry", "--dump-config"])
+        .env("REACH_REGISTRY__DEFAULT_LEASE_TTL", "forever")
+        .output()
+        .unwrap();
+    assert_eq!(bad.status.code(), Some(64));
+    let stderr = String::from_utf8_lossy(&bad.stderr).to_lowercase();
+    assert!(
+        stderr.contains("default_lease_ttl") && stderr.contains("forever"),
+        "{stderr}"
+    );
+    let _ = std::fs::remove_dir_all(dir);
+}

@@ -1,0 +1,248 @@
+//! Registry behaviour over gRPC: leases, heartbeats, expiry, lifecycle, Watch.
+
+use std::time::Duration;
+
+use reach_proto::v1::{
+    Capability, DeregisterRequest, HeartbeatRequest, InstanceSpec, InstanceState,
+    ListInstancesRequest, RegisterRequest, WatchRequest, watch_response,
+};
+use reach_rpc::GrpcServer;
+use reach_tests::{Sandbox, eventually};
+use tokio::net::TcpListener;
+use tonic::Code;
+
+/// An endpoint that answers grpc.health.v1 (so the registry's probe passes).
+async fn healthy_endpoint() -> String {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(GrpcServer::new().serve(listener, std::future::pending()));
+    format!("http://{addr}")
+}
+
+fn spec(service: &str, id: &str, endpoint: &str) -> InstanceSpec {
+    InstanceSpec {
+        service: service.into(),
+        instance_id: id.into(),
+        endpoint: endpoint.into(),
+        capabilities: vec![Capability {
+            name: "echo".into(),
+            version: "1.0.0".into(),
+        }],
+        protocol_version: "1.0".into(),
+        weight: 1,
+        max_concurrency: 4,
+        ..InstanceSpec::default()
+    }
+}
+
+async fn state_of(sandbox: &Sandbox, id: &str) -> Option<InstanceState> {
+    let list = sandbox
+        .registry_client()
+        .await
+        .list_instances(ListInstancesRequest::default())
+        .await
+        .unwrap()
+        .into_inner();
+    list.instances
+        .iter()
+        .find(|i| i.spec.as_ref().unwrap().instance_id == id)
+        .map(|i| i.state())
+}
+
+#[tokio::test]
+async fn a_lease_is_granted_renewed_by_heartbeats_and_expires_without_them() {
+    let sandbox = Sandbox::start().await;
+    let mut registry = sandbox.registry_client().await;
+    let endpoint = healthy_endpoint().await;
+    let granted = registry
+        .register(RegisterRequest {
+            instance: Some(spec("svc", "svc-1", &endpoint)),
+            lease_ttl: Some(reach_rpc::time::proto_duration(Duration::from_millis(400))),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(
+        reach_rpc::time::std_duration(granted.lease_ttl.as_ref().unwrap()),
+        Some(Duration::from_millis(400))
+    );
+    assert_eq!(granted.instance.unwrap().state(), InstanceState::Registered);
+
+    // The health probe passes: READY.
+    eventually(Duration::from_secs(3), || async {
+        state_of(&sandbox, "svc-1").await == Some(InstanceState::Ready)
+    })
+    .await;
+
+    // Heartbeats keep it alive well past one TTL and carry the reported state.
+    for _ in 0..8 {
+        let beat = registry
+            .heartbeat(HeartbeatRequest {
+                instance_id: "svc-1".into(),
+                lease_id: granted.lease_id.clone(),
+                state: InstanceState::Busy as i32,
+                in_flight: 4,
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        assert_eq!(beat.state(), InstanceState::Busy);
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(state_of(&sandbox, "svc-1").await, Some(InstanceState::Busy));
+
+    // Silence: the lease expires and the instance leaves.
+    eventually(Duration::from_secs(3), || async {
+        state_of(&sandbox, "svc-1").await.is_none()
+    })
+    .await;
+    let late = registry
+        .heartbeat(HeartbeatRequest {
+            instance_id: "svc-1".into(),
+            lease_id: granted.lease_id.clone(),
+            state: InstanceState::Ready as i32,
+            in_flight: 0,
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(late.code(), Code::NotFound);
+    assert_eq!(
+        reach_rpc::errors::reason_of(&late).as_deref(),
+        Some("LEASE_NOT_FOUND")
+    );
+    sandbox.stop().await;
+}
+
+#[tokio::test]
+async fn watch_sends_a_snapshot_then_deltas_with_rising_revisions() {
+    let sandbox = Sandbox::start().await;
+    let mut registry = sandbox.registry_client().await;
+    let endpoint = healthy_endpoint().await;
+    let a = registry
+        .register(RegisterRequest {
+            instance: Some(spec("svc", "a", &endpoint)),
+            lease_ttl: None,
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let mut watch = registry.watch(WatchRequest {}).await.unwrap().into_inner();
+
+    let first = watch.message().await.unwrap().unwrap();
+    let Some(watch_response::Event::Snapshot(snapshot)) = first.event else {
+        panic!("the first watch event must be a snapshot, got {first:?}");
+    };
+    assert!(
+        snapshot
+            .instances
+            .iter()
+            .any(|i| i.spec.as_ref().unwrap().instance_id == "a")
+    );
+    let mut revision = first.revision;
+
+    registry
+        .register(RegisterRequest {
+            instance: Some(spec("svc", "b", &endpoint)),
+            lease_ttl: None,
+        })
+        .await
+        .unwrap();
+    registry
+        .deregister(DeregisterRequest {
+            instance_id: "a".into(),
+            lease_id: a.lease_id,
+        })
+        .await
+        .unwrap();
+
+    let mut saw_b = false;
+    let mut saw_a_removed = false;
+    while !(saw_b && saw_a_removed) {
+        let event = tokio::time::timeout(Duration::from_secs(3), watch.message())
+            .await
+            .unwrap()
+            .unwrap()
+            .unwrap();
+        assert!(
+            event.revision > revision,
+            "revisions must rise: {} after {revision}",
+            event.revision
+        );
+        revision = event.revision;
+        match event.event.unwrap() {
+            watch_response::Event::Upserted(i) if i.spec.as_ref().unwrap().instance_id == "b" => {
+                saw_b = true
+            }
+            watch_response::Event::Removed(i) => {
+                assert_eq!(i.spec.as_ref().unwrap().instance_id, "a");
+                assert_eq!(i.state(), InstanceState::Offline);
+                saw_a_removed = true;
+            }
+            _ => {}
+        }
+    }
+    sandbox.stop().await;
+}
+
+#[tokio::test]
+async fn a_malformed_registration_is_refused_with_the_field_to_fix() {
+    let sandbox = Sandbox::start().await;
+    let mut registry = sandbox.registry_client().await;
+    let err = registry
+        .register(RegisterRequest {
+            instance: Some(spec("svc", "x", "not a url")),
+            lease_ttl: None,
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::InvalidArgument);
+    assert!(
+        err.message().contains("instance.endpoint"),
+        "{}",
+        err.message()
+    );
+    let err = registry
+        .register(RegisterRequest {
+            instance: Some(spec("", "x", "http://127.0.0.1:1")),
+            lease_ttl: None,
+        })
+        .await
+        .unwrap_err();
+    assert!(
+        err.message().contains("instance.service"),
+        "{}",
+        err.message()
+    );
+    sandbox.stop().await;
+}
+
+#[tokio::test]
+async fn an_instance_whose_endpoint_does_not_answer_never_becomes_routable() {
+    let sandbox = Sandbox::start().await;
+    let mut registry = sandbox.registry_client().await;
+    // A bound but never-accepting port: the health probe cannot pass.
+    let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let endpoint = format!("http://{}", silent.local_addr().unwrap());
+    registry
+        .register(RegisterRequest {
+            instance: Some(spec("svc", "silent", &endpoint)),
+            lease_ttl: None,
+        })
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(
+        state_of(&sandbox, "silent").await,
+        Some(InstanceState::Registered)
+    );
+    assert!(
+        sandbox
+            .plane
+            .router()
+            .unwrap()
+            .table()
+            .instances()
+            .is_empty()
+    );
+    sandbox.stop().await;
+}
