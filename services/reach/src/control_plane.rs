@@ -95,9 +95,18 @@ impl ControlPlane {
             if services.registry {
                 router_config.registry_endpoint = format!("http://{addr}");
             }
+            if router_config.advertise_endpoint.is_empty() && !addr.ip().is_unspecified() {
+                // Asynchronous replies name this replica; a wildcard listener needs an explicit
+                // router.advertise_endpoint.
+                router_config.advertise_endpoint = format!("http://{addr}");
+            }
             let router = Router::new(router_config).map_err(StartError::Config)?;
             background.push(router.spawn_registry_watch());
-            server = server.add_service(reach_telemetry::traced(router.clone().into_server()));
+            server = server
+                .add_service(reach_telemetry::traced(router.clone().into_server()))
+                .with_fallback(reach_router::passthrough::PassThrough::new(
+                    router.table().clone(),
+                ));
             Some(router)
         } else {
             None

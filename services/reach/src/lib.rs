@@ -7,12 +7,14 @@
 //!   environment variables and flags (figment).
 //! - [`control_plane`] — registry and router (and, later, orchestrator) served together on
 //!   one gRPC listener.
+//! - [`bench`] — `reach bench router`, the router's cost against direct calls and NATS.
 //! - [`admin`] — the HTTP admin port: reach-telemetry's `/metrics` and `/health`, plus
 //!   `/agents`.
 //! - [`demo`] — `reach demo`, the main job: the example fleet triaging the CFPB complaints.
 //! - [`cli`] — client commands against a running mesh (`reach agents`).
 
 pub mod admin;
+pub mod bench;
 pub mod cli;
 pub mod config;
 pub mod control_plane;

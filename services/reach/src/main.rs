@@ -165,6 +165,16 @@ impl Command {
 
 #[derive(Subcommand)]
 enum BenchCommand {
+    /// Unary request-reply direct, through the router and through NATS; stream message rate.
+    Router {
+        /// The reduced matrix (under a minute); the last line is
+        /// `router_overhead_p50_us=<n> router_vs_direct_rps=<ratio> router_vs_nats_rps=<ratio>`.
+        #[arg(long)]
+        quick: bool,
+        /// Skip the NATS comparison (when nats-server is not installed).
+        #[arg(long)]
+        no_nats: bool,
+    },
     /// Durable flow transitions per second on SQLite (and PostgreSQL with --postgres).
     Flows {
         /// A reduced run (under a minute); the last line is `sqlite_transitions_per_s=<n>`.
@@ -343,6 +353,10 @@ async fn run(command: Command) -> anyhow::Result<ExitCode> {
             Ok(exit_code(code))
         }
         Command::Bench { bench } => match bench {
+            BenchCommand::Router { quick, no_nats } => {
+                reach::bench::run(&reach::bench::BenchOptions { quick, no_nats }).await?;
+                Ok(ExitCode::SUCCESS)
+            }
             BenchCommand::Flows { quick, postgres } => {
                 reach_orchestrator::bench::bench_flows(
                     quick,

@@ -26,6 +26,11 @@ pub struct RegistryConfig {
     /// How long a single probe attempt may take.
     #[serde(with = "humantime_serde")]
     pub probe_timeout: Duration,
+    /// The protocol registry file (`protocol-registry.yaml`) that declares the capabilities.
+    pub protocol_registry: Option<std::path::PathBuf>,
+    /// Strict mode: refuse a registration whose capability (or capability version) is not
+    /// declared in `protocol_registry`. Needs `protocol_registry`.
+    pub strict: bool,
 }
 
 impl Default for RegistryConfig {
@@ -37,6 +42,8 @@ impl Default for RegistryConfig {
             sweep_interval: Duration::from_millis(50),
             health_probe: true,
             probe_timeout: Duration::from_secs(1),
+            protocol_registry: None,
+            strict: false,
         }
     }
 }
@@ -63,6 +70,12 @@ impl RegistryConfig {
                 "registry.default_lease_ttl ({:?}) must lie between min_lease_ttl and max_lease_ttl",
                 self.default_lease_ttl
             ));
+        }
+        if self.strict && self.protocol_registry.is_none() {
+            return Err(
+                "registry.strict needs registry.protocol_registry (the protocol-registry.yaml that declares capabilities)"
+                    .into(),
+            );
         }
         if self.sweep_interval.is_zero() {
             return Err("registry.sweep_interval must be above zero".into());

@@ -9,6 +9,9 @@ pub enum RegistryError {
     /// The registration is malformed; the message names the field and the fix.
     #[error("invalid registration: {0}")]
     InvalidRegistration(String),
+    /// Strict mode: a capability is not declared in the protocol registry.
+    #[error("registration refused: {0}")]
+    CapabilityNotDeclared(String),
     /// The instance or its lease is unknown (never registered, expired or deregistered).
     #[error(
         "no live lease {lease_id:?} for instance {instance_id:?}: it expired or was never granted; register again"
@@ -28,6 +31,12 @@ impl From<RegistryError> for Status {
     fn from(err: RegistryError) -> Self {
         match &err {
             RegistryError::InvalidRegistration(_) => Status::invalid_argument(err.to_string()),
+            RegistryError::CapabilityNotDeclared(_) => status_with_reason(
+                Code::FailedPrecondition,
+                err.to_string(),
+                reason::CAPABILITY_NOT_DECLARED,
+                [],
+            ),
             RegistryError::Drained(instance_id) => status_with_reason(
                 Code::FailedPrecondition,
                 err.to_string(),

@@ -27,6 +27,8 @@ pub struct Registry {
 
 struct Inner {
     config: RegistryConfig,
+    /// The protocol registry, loaded when strict mode is on.
+    protocols: Option<reach_protocol::ProtocolRegistry>,
     table: Mutex<Table>,
     /// Cancelled when the registry shuts down: open watch streams end.
     closed: tokio_util::sync::CancellationToken,
@@ -73,9 +75,16 @@ impl Registry {
     /// The config's validation message.
     pub fn new(config: RegistryConfig) -> Result<Self, String> {
         config.validate()?;
+        let protocols = match (&config.protocol_registry, config.strict) {
+            (Some(path), true) => {
+                Some(reach_protocol::ProtocolRegistry::load(path).map_err(|e| e.to_string())?)
+            }
+            _ => None,
+        };
         let (events, _) = broadcast::channel(WATCH_BUFFER);
         Ok(Self {
             inner: Arc::new(Inner {
+                protocols,
                 config,
                 table: Mutex::new(Table::default()),
                 closed: tokio_util::sync::CancellationToken::new(),
@@ -119,6 +128,13 @@ impl Registry {
         requested_ttl: Option<Duration>,
     ) -> Result<Registration, RegistryError> {
         validate_spec(&spec)?;
+        if let Some(protocols) = &self.inner.protocols {
+            for capability in &spec.capabilities {
+                protocols
+                    .check_declared(&capability.name, &capability.version)
+                    .map_err(RegistryError::CapabilityNotDeclared)?;
+            }
+        }
         let ttl = self.inner.config.grant(requested_ttl);
         let lease_id = uuid::Uuid::new_v4().simple().to_string();
         let probed = !self.inner.config.health_probe;

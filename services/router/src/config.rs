@@ -1,10 +1,14 @@
 //! Router configuration.
 
+use std::collections::BTreeMap;
+use std::path::PathBuf;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-/// How the router finds instances and what it accepts.
+use crate::balance::Policy;
+
+/// How the router finds instances, balances, retries and what it accepts.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct RouterConfig {
@@ -13,8 +17,8 @@ pub struct RouterConfig {
     /// The largest message accepted, in bytes (encoded protobuf size), for calls and for every
     /// message of a stream. Default 4 MiB.
     pub max_message_bytes: usize,
-    /// How long a call waits for a route to get a ready instance when its instances are all
-    /// momentarily unready (for example, one just replaced). Bounded by the caller's deadline.
+    /// How long a call waits for a route to get an instance when its instances are all
+    /// momentarily unroutable (for example, one just replaced). Bounded by the caller's deadline.
     #[serde(with = "humantime_serde")]
     pub route_wait: Duration,
     /// The latency an instance is assumed to have before it has answered anything.
@@ -26,9 +30,86 @@ pub struct RouterConfig {
     /// How long connecting to an instance may take before the attempt counts as failed.
     #[serde(with = "humantime_serde")]
     pub connect_timeout: Duration,
-    /// How many more instances a unary call may try when the first provably did not take it
-    /// (connection refused, or the instance answered that it is draining).
+    /// How many more instances a unary call may try after the first attempt failed in a way
+    /// that is safe to retry (see [`crate::retry`]).
     pub max_redeliveries: u32,
+    /// Balancing policies: a default and per-capability overrides.
+    pub balancing: BalancingConfig,
+    /// Outlier ejection (after Envoy's `outlier_detection.consecutive_gateway_failure`).
+    pub ejection: EjectionConfig,
+    /// Admission: how many calls may wait for an instance with room, and for how long.
+    pub admission: AdmissionConfig,
+    /// The retry budget (after Finagle's `RetryBudget` and gRPC A6 retry throttling).
+    pub retry_budget: RetryBudgetConfig,
+    /// The protocol registry file (`protocol-registry.yaml`): capabilities, schemas, version
+    /// adapters, idempotency. Unset means no schema validation, no adapters, and no capability
+    /// is idempotent.
+    pub protocol_registry: Option<PathBuf>,
+    /// Whether Call validates payload `data` parts against the capability's input schema.
+    pub validate_payloads: bool,
+    /// This replica's own RouterService URL as other replicas and agents reach it
+    /// (`http://10.0.0.5:7070`). Asynchronous replies name it in `reply_to`; empty disables
+    /// asynchronous replies on this replica.
+    pub advertise_endpoint: String,
+    /// The longest a Call waits for an asynchronous reply after the agent acknowledged it
+    /// (and never past the caller's deadline). Default 60 s.
+    #[serde(with = "humantime_serde")]
+    pub max_async_wait: Duration,
+}
+
+/// Which balancing policy each route uses.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct BalancingConfig {
+    /// The policy of routes with no override. Default `p2c_peak_ewma`.
+    pub default: Policy,
+    /// Overrides by capability (or service) name, e.g. `{"complaint.classify" = "weighted"}`.
+    pub routes: BTreeMap<String, Policy>,
+}
+
+/// When an instance is taken out of rotation after failures.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct EjectionConfig {
+    /// Consecutive failures (connect errors, UNAVAILABLE) that eject an instance. 0 disables
+    /// ejection. Default 5.
+    pub consecutive_failures: u32,
+    /// How long the first ejection lasts; each further ejection doubles it. Default 1 s.
+    #[serde(with = "humantime_serde")]
+    pub base_ejection: Duration,
+    /// The longest ejection. Default 30 s.
+    #[serde(with = "humantime_serde")]
+    pub max_ejection: Duration,
+}
+
+/// How calls wait when every instance of a route is at its concurrency limit.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct AdmissionConfig {
+    /// How many calls may wait for room at once across the router; one more is shed at once
+    /// with UNAVAILABLE (`OVERLOADED`). Default 1024.
+    pub max_waiting: usize,
+    /// The longest a call waits for room before it is shed. Default 5 s (and never past the
+    /// caller's deadline).
+    #[serde(with = "humantime_serde")]
+    pub max_wait: Duration,
+    /// The retry hint sent with a shed call (`retry_after_ms` and `google.rpc.RetryInfo`).
+    /// Default 50 ms.
+    #[serde(with = "humantime_serde")]
+    pub retry_after: Duration,
+}
+
+/// How many retries the router may add on top of first attempts.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct RetryBudgetConfig {
+    /// Retries allowed as a fraction of first attempts (0.2 = 20 %). Default 0.2.
+    pub retry_ratio: f32,
+    /// Retries allowed per second regardless of traffic. Default 10.
+    pub min_per_second: u32,
+    /// The window over which first attempts are counted. Default 10 s.
+    #[serde(with = "humantime_serde")]
+    pub window: Duration,
 }
 
 impl Default for RouterConfig {
@@ -41,6 +122,44 @@ impl Default for RouterConfig {
             rtt_decay: Duration::from_secs(10),
             connect_timeout: Duration::from_secs(1),
             max_redeliveries: 2,
+            balancing: BalancingConfig::default(),
+            ejection: EjectionConfig::default(),
+            admission: AdmissionConfig::default(),
+            retry_budget: RetryBudgetConfig::default(),
+            protocol_registry: None,
+            validate_payloads: true,
+            advertise_endpoint: String::new(),
+            max_async_wait: Duration::from_secs(60),
+        }
+    }
+}
+
+impl Default for EjectionConfig {
+    fn default() -> Self {
+        Self {
+            consecutive_failures: 5,
+            base_ejection: Duration::from_secs(1),
+            max_ejection: Duration::from_secs(30),
+        }
+    }
+}
+
+impl Default for AdmissionConfig {
+    fn default() -> Self {
+        Self {
+            max_waiting: 1024,
+            max_wait: Duration::from_secs(5),
+            retry_after: Duration::from_millis(50),
+        }
+    }
+}
+
+impl Default for RetryBudgetConfig {
+    fn default() -> Self {
+        Self {
+            retry_ratio: 0.2,
+            min_per_second: 10,
+            window: Duration::from_secs(10),
         }
     }
 }
@@ -68,7 +187,34 @@ impl RouterConfig {
         if self.rtt_decay.is_zero() {
             return Err("router.rtt_decay must be above zero".into());
         }
+        if self.ejection.base_ejection > self.ejection.max_ejection {
+            return Err(format!(
+                "router.ejection.base_ejection ({:?}) must not exceed router.ejection.max_ejection ({:?})",
+                self.ejection.base_ejection, self.ejection.max_ejection
+            ));
+        }
+        if !(0.0..=1000.0).contains(&self.retry_budget.retry_ratio) {
+            return Err(format!(
+                "router.retry_budget.retry_ratio is {}; it must lie between 0 and 1000 (0.2 = 20 %)",
+                self.retry_budget.retry_ratio
+            ));
+        }
+        if !(Duration::from_secs(1)..=Duration::from_secs(60)).contains(&self.retry_budget.window) {
+            return Err(format!(
+                "router.retry_budget.window is {:?}; it must lie between 1 s and 60 s",
+                self.retry_budget.window
+            ));
+        }
         Ok(())
+    }
+
+    /// The policy of the route named `name` (capability or service).
+    pub fn policy_for(&self, name: &str) -> Policy {
+        self.balancing
+            .routes
+            .get(name)
+            .copied()
+            .unwrap_or(self.balancing.default)
     }
 
     /// The decoding limit handed to tonic: above the routing limit, so that messages a little

@@ -1,52 +1,26 @@
-//! One instance as a `tower::Service`: forwards a unary call or opens a stream to its
-//! `reach.v1.AgentService`, counting the work on the instance's [`LoadTracker`].
+//! One instance as the router sees it: a lazily connecting gRPC client to its
+//! `reach.v1.AgentService`, its shared load signal, its concurrency limit, its registry state
+//! and its outlier-ejection record.
+//!
+//! Ejection follows Envoy's outlier detection (`consecutive_gateway_failure`): after
+//! `consecutive_failures` connect errors or UNAVAILABLE answers in a row the instance is
+//! ejected for `base_ejection × 2^(ejections-1)` (capped); when the interval passes it gets
+//! traffic again, and the first failure after a return ejects it again for twice as long,
+//! while a success clears its record.
 
 use std::sync::Arc;
-use std::task::{Context, Poll};
+use std::sync::atomic::{AtomicI32, AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use std::time::Duration;
 
-use futures::future::BoxFuture;
+use reach_proto::v1::InstanceState;
 use reach_proto::v1::agent_service_client::AgentServiceClient;
-use reach_proto::v1::{HandleRequest, HandleResponse, HandleStreamResponse};
 use reach_telemetry::grpc::GrpcClientTrace;
+use tokio::sync::Notify;
+use tokio::time::Instant;
 use tonic::transport::Channel;
-use tonic::{Response, Status, Streaming};
-use tower::Service;
-use tower::load::Load;
 
-use crate::load::{InFlight, LoadTracker};
-
-/// The inbound half of a forwarded stream, as the agent client consumes it.
-pub type InboundStream = crate::pump::InboundPump;
-
-/// What the router asks an instance to do. Built once per call and moved into the balancer,
-/// so the variants' size difference costs nothing worth a box.
-#[allow(clippy::large_enum_variant)]
-pub enum Forward {
-    /// Deliver one message and wait for the reply.
-    Unary(tonic::Request<HandleRequest>),
-    /// Open a stream fed by the given inbound messages.
-    Stream(tonic::Request<InboundStream>),
-}
-
-/// What came back, tagged with the instance that answered.
-pub struct Forwarded {
-    /// The instance that took the request.
-    pub instance: Arc<InstanceInfo>,
-    /// The instance's answer.
-    pub outcome: Outcome,
-}
-
-/// The answer of an instance.
-pub enum Outcome {
-    /// The unary reply or error status.
-    Unary(Result<Response<HandleResponse>, Status>),
-    /// The opened stream (or the error that prevented it), and the in-flight guard that
-    /// keeps the stream counted as load until it ends.
-    Stream(
-        Result<Response<Streaming<HandleStreamResponse>>, Status>,
-        InFlight,
-    ),
-}
+use crate::config::EjectionConfig;
+use crate::load::LoadTracker;
 
 /// What the router knows about an instance besides its connection.
 #[derive(Debug)]
@@ -57,15 +31,55 @@ pub struct InstanceInfo {
     pub service: String,
     /// The endpoint URL.
     pub endpoint: String,
+    /// The relative weight for weighted balancing (at least 1).
+    pub weight: u32,
+    /// How many calls this router sends it at once; 0 means unlimited.
+    pub max_concurrency: u32,
+    /// The protocol version it speaks.
+    pub protocol_version: String,
 }
 
-/// A connection to one instance plus its shared load signal. Cheap to clone: clones share
-/// the connection and the load tracker.
-#[derive(Clone)]
+/// Wakes calls waiting for room when any instance finishes a call. Shared by every endpoint
+/// of a routing table.
+#[derive(Debug, Default)]
+pub struct Room {
+    notify: Notify,
+    /// Calls waiting now; completions notify only when someone waits.
+    pub(crate) waiting: AtomicUsize,
+}
+
+impl Room {
+    /// Wakes every waiting call (cheap when none waits).
+    pub fn release(&self) {
+        if self.waiting.load(Ordering::Acquire) > 0 {
+            self.notify.notify_waiters();
+        }
+    }
+
+    /// A future that resolves at the next [`Room::release`].
+    pub fn notified(&self) -> tokio::sync::futures::Notified<'_> {
+        self.notify.notified()
+    }
+}
+
+/// A connection to one instance plus its shared load, state and health.
+#[derive(Debug)]
 pub struct InstanceEndpoint {
     client: AgentServiceClient<GrpcClientTrace<Channel>>,
+    channel: Channel,
     info: Arc<InstanceInfo>,
     load: Arc<LoadTracker>,
+    room: Arc<Room>,
+    /// The registry's state for it (READY or BUSY), updated by watch events.
+    state: AtomicI32,
+    /// Failures in a row (connect errors and UNAVAILABLE).
+    consecutive_failures: AtomicU32,
+    /// How many times it was ejected since it last succeeded.
+    ejections: AtomicU32,
+    /// Until when it is ejected, in ns since `epoch`; 0 when it is not.
+    ejected_until_ns: AtomicU64,
+    epoch: Instant,
+    ejection: EjectionConfig,
 }
 
 impl InstanceEndpoint {
@@ -73,16 +87,27 @@ impl InstanceEndpoint {
     pub fn new(
         channel: Channel,
         info: InstanceInfo,
+        state: InstanceState,
         load: Arc<LoadTracker>,
+        room: Arc<Room>,
+        ejection: EjectionConfig,
         max_message_bytes: usize,
     ) -> Self {
-        let client = AgentServiceClient::new(reach_telemetry::traced_channel(channel))
+        let client = AgentServiceClient::new(reach_telemetry::traced_channel(channel.clone()))
             .max_decoding_message_size(max_message_bytes)
             .max_encoding_message_size(max_message_bytes);
         Self {
             client,
+            channel,
             info: Arc::new(info),
             load,
+            room,
+            state: AtomicI32::new(state as i32),
+            consecutive_failures: AtomicU32::new(0),
+            ejections: AtomicU32::new(0),
+            ejected_until_ns: AtomicU64::new(0),
+            epoch: Instant::now(),
+            ejection,
         }
     }
 
@@ -95,42 +120,108 @@ impl InstanceEndpoint {
     pub fn load_tracker(&self) -> &Arc<LoadTracker> {
         &self.load
     }
-}
 
-impl Service<Forward> for InstanceEndpoint {
-    type Response = Forwarded;
-    type Error = tower::BoxError;
-    type Future = BoxFuture<'static, Result<Forwarded, tower::BoxError>>;
-
-    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
-        // The channel buffers and connects on demand; its readiness is awaited per call.
-        Poll::Ready(Ok(()))
+    /// A client of the instance's AgentService (cheap clone of a shared connection).
+    pub fn client(&self) -> AgentServiceClient<GrpcClientTrace<Channel>> {
+        self.client.clone()
     }
 
-    fn call(&mut self, request: Forward) -> Self::Future {
-        let mut client = self.client.clone();
-        let info = self.info.clone();
-        let in_flight = self.load.start();
-        Box::pin(async move {
-            let outcome = match request {
-                Forward::Unary(request) => {
-                    let result = client.handle(request).await;
-                    drop(in_flight);
-                    Outcome::Unary(result)
-                }
-                Forward::Stream(request) => {
-                    Outcome::Stream(client.handle_stream(request).await, in_flight)
-                }
-            };
-            Ok(Forwarded {
-                instance: info,
-                outcome,
-            })
-        })
+    /// The raw channel, for typed pass-through of other gRPC services.
+    pub fn channel(&self) -> Channel {
+        self.channel.clone()
+    }
+
+    /// The registry's state for the instance.
+    pub fn state(&self) -> InstanceState {
+        InstanceState::try_from(self.state.load(Ordering::Relaxed))
+            .unwrap_or(InstanceState::Unspecified)
+    }
+
+    pub(crate) fn set_state(&self, state: InstanceState) {
+        self.state.store(state as i32, Ordering::Relaxed);
+    }
+
+    /// Whether the router may send it one more call now (below its concurrency limit).
+    pub fn has_room(&self) -> bool {
+        let limit = self.info.max_concurrency as usize;
+        limit == 0 || self.load.pending() < limit
+    }
+
+    /// Counts a call in flight if the instance has room; `None` when it is at its limit.
+    pub fn try_reserve(self: &Arc<Self>) -> Option<crate::load::InFlight> {
+        let limit = self.info.max_concurrency as usize;
+        self.load
+            .try_start(limit, self.room.clone())
+            .map(|in_flight| in_flight.with_endpoint(self.clone()))
+    }
+
+    /// Whether the instance is ejected at `now`.
+    pub fn is_ejected(&self, now: Instant) -> bool {
+        let until = self.ejected_until_ns.load(Ordering::Relaxed);
+        until != 0 && self.nanos(now) < until
+    }
+
+    /// How many times the instance was ejected since it last succeeded.
+    pub fn ejections(&self) -> u32 {
+        self.ejections.load(Ordering::Relaxed)
+    }
+
+    fn nanos(&self, now: Instant) -> u64 {
+        u64::try_from(now.saturating_duration_since(self.epoch).as_nanos())
+            .unwrap_or(u64::MAX)
+            .max(1)
+    }
+
+    /// Records an answer that shows the instance is alive (any status but UNAVAILABLE).
+    pub fn record_success(&self) {
+        if self.consecutive_failures.load(Ordering::Relaxed) != 0 {
+            self.consecutive_failures.store(0, Ordering::Relaxed);
+        }
+        if self.ejections.load(Ordering::Relaxed) != 0 {
+            self.ejections.store(0, Ordering::Relaxed);
+            self.ejected_until_ns.store(0, Ordering::Relaxed);
+            tracing::info!(instance = %self.info.instance_id, "instance recovered");
+        }
+    }
+
+    /// Records a connect error or UNAVAILABLE answer; returns whether this ejected it.
+    pub fn record_failure(&self) -> bool {
+        let threshold = self.ejection.consecutive_failures;
+        if threshold == 0 {
+            return false;
+        }
+        let failures = self.consecutive_failures.fetch_add(1, Ordering::Relaxed) + 1;
+        let now = Instant::now();
+        if self.is_ejected(now) {
+            return false;
+        }
+        // On probation after an ejection, one failure is enough.
+        let on_probation = self.ejections.load(Ordering::Relaxed) > 0;
+        if failures < threshold && !on_probation {
+            return false;
+        }
+        let ejections = self.ejections.fetch_add(1, Ordering::Relaxed) + 1;
+        let factor = 1u32 << (ejections - 1).min(16);
+        let interval = self
+            .ejection
+            .base_ejection
+            .saturating_mul(factor)
+            .min(self.ejection.max_ejection);
+        let until = self.nanos(now + interval);
+        self.ejected_until_ns.store(until, Ordering::Relaxed);
+        self.consecutive_failures.store(0, Ordering::Relaxed);
+        tracing::warn!(instance = %self.info.instance_id, ejections, interval = ?interval, "instance ejected after consecutive failures");
+        true
+    }
+
+    /// How long until the ejection ends (zero when not ejected).
+    pub fn ejected_for(&self, now: Instant) -> Duration {
+        let until = self.ejected_until_ns.load(Ordering::Relaxed);
+        Duration::from_nanos(until.saturating_sub(self.nanos(now)))
     }
 }
 
-impl Load for InstanceEndpoint {
+impl tower::load::Load for InstanceEndpoint {
     type Metric = f64;
 
     fn load(&self) -> f64 {

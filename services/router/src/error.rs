@@ -3,7 +3,7 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use reach_rpc::errors::{reason, status_with_reason};
+use reach_rpc::errors::{reason, status_with_reason, status_with_retry};
 use tonic::{Code, Status};
 
 use crate::table::RouteKey;
@@ -63,11 +63,67 @@ pub enum RouteError {
         /// How long the router waited.
         waited: Duration,
     },
-    /// The balancer failed (internal).
-    #[error("route {key} failed: {detail}")]
-    Balancer {
+    /// Every instance of the route is at its concurrency limit and the call could not wait
+    /// (too many waiting, or it waited `admission.max_wait`).
+    #[error(
+        "every instance of {key} is at its concurrency limit; the call was shed, retry after {retry_after:?}"
+    )]
+    Overloaded {
         /// What the message addressed.
         key: RouteKey,
+        /// When the caller should retry.
+        retry_after: Duration,
+    },
+    /// The message's TTL passed before delivery.
+    #[error(
+        "message expired: created {age:?} ago with a ttl of {ttl:?}; send a fresh message or a longer header.ttl"
+    )]
+    MessageExpired {
+        /// How old the message is.
+        age: Duration,
+        /// Its TTL.
+        ttl: Duration,
+    },
+    /// `header.ttl` or `header.created_at` is malformed.
+    #[error("invalid {field}: {detail}")]
+    InvalidHeader {
+        /// The header field.
+        field: &'static str,
+        /// What is wrong with it.
+        detail: String,
+    },
+    /// No instance serves a compatible version and no adapter bridges the gap.
+    #[error(
+        "no instance of capability {capability:?} satisfies version {requirement:?} and no adapter in the protocol registry bridges to one; registered versions: {available}"
+    )]
+    VersionNotSupported {
+        /// The capability.
+        capability: String,
+        /// The caller's semver requirement.
+        requirement: String,
+        /// The registered versions, rendered.
+        available: String,
+    },
+    /// `header.capability_version` is not a semver requirement.
+    #[error(
+        "header.capability_version {0:?} is not a semver requirement; use e.g. \"^1.2\" or \">=2, <3\""
+    )]
+    InvalidVersionRequirement(String),
+    /// The payload does not match the capability's input schema.
+    #[error("payload of {capability:?} does not match its input schema at {pointer:?}: {detail}")]
+    InvalidPayload {
+        /// The capability.
+        capability: String,
+        /// The JSON pointer of the bad field, within the payload's first data part.
+        pointer: String,
+        /// What the schema says.
+        detail: String,
+    },
+    /// A version adapter's transform failed.
+    #[error("version adapter {adapter} failed: {detail}")]
+    AdapterFailed {
+        /// The adapter, as `capability from -> to`.
+        adapter: String,
         /// What failed.
         detail: String,
     },
@@ -119,6 +175,8 @@ impl From<RouteError> for Status {
                 let target = match key {
                     RouteKey::Service(name) => ("service".to_string(), name),
                     RouteKey::Capability(name) => ("capability".to_string(), name),
+                    RouteKey::Topic(name) => ("topic".to_string(), name),
+                    RouteKey::GrpcService(name) => ("grpc_service".to_string(), name),
                 };
                 status_with_reason(
                     Code::NotFound,
@@ -149,7 +207,66 @@ impl From<RouteError> for Status {
             RouteError::NoReadyInstance { .. } => {
                 status_with_reason(Code::Unavailable, message, reason::INSTANCE_UNAVAILABLE, [])
             }
-            RouteError::Balancer { .. } => Status::internal(message),
+            RouteError::Overloaded { key, retry_after } => status_with_retry(
+                Code::Unavailable,
+                message,
+                reason::OVERLOADED,
+                [
+                    ("route".to_string(), key.to_string()),
+                    (
+                        "retry_after_ms".to_string(),
+                        retry_after.as_millis().to_string(),
+                    ),
+                ],
+                retry_after,
+            ),
+            RouteError::MessageExpired { age, ttl } => status_with_reason(
+                Code::DeadlineExceeded,
+                message,
+                reason::MESSAGE_EXPIRED,
+                [
+                    ("age_ms".to_string(), age.as_millis().to_string()),
+                    ("ttl_ms".to_string(), ttl.as_millis().to_string()),
+                ],
+            ),
+            RouteError::InvalidHeader { .. } | RouteError::InvalidVersionRequirement(_) => {
+                Status::invalid_argument(message)
+            }
+            RouteError::VersionNotSupported {
+                capability,
+                requirement,
+                available,
+            } => status_with_reason(
+                Code::FailedPrecondition,
+                message,
+                reason::VERSION_NOT_SUPPORTED,
+                [
+                    ("capability".to_string(), capability),
+                    ("requirement".to_string(), requirement),
+                    ("available".to_string(), available),
+                ],
+            ),
+            RouteError::InvalidPayload {
+                capability,
+                pointer,
+                detail,
+            } => {
+                let mut details = tonic_types::ErrorDetails::with_error_info(
+                    reason::INVALID_PAYLOAD,
+                    reach_rpc::errors::ERROR_DOMAIN,
+                    [
+                        ("capability".to_string(), capability),
+                        ("pointer".to_string(), pointer.clone()),
+                    ],
+                );
+                details.add_bad_request_violation(pointer, detail);
+                <Status as tonic_types::StatusExt>::with_error_details(
+                    Code::InvalidArgument,
+                    message,
+                    details,
+                )
+            }
+            RouteError::AdapterFailed { .. } => Status::internal(message),
         }
     }
 }

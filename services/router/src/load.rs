@@ -9,6 +9,8 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
+use crate::endpoint::{InstanceEndpoint, Room};
+
 /// Per-instance load: requests in flight and a peak-sensitive latency estimate.
 #[derive(Debug)]
 pub struct LoadTracker {
@@ -43,7 +45,38 @@ impl LoadTracker {
         InFlight {
             tracker: self.clone(),
             started: Instant::now(),
+            room: None,
+            endpoint: None,
         }
+    }
+
+    /// Counts a request as in flight if fewer than `limit` are (0: no limit). The guard wakes
+    /// `room` waiters when it drops.
+    pub fn try_start(
+        self: &std::sync::Arc<Self>,
+        limit: usize,
+        room: std::sync::Arc<Room>,
+    ) -> Option<InFlight> {
+        if limit == 0 {
+            self.pending.fetch_add(1, Ordering::Relaxed);
+        } else {
+            self.pending
+                .fetch_update(Ordering::AcqRel, Ordering::Relaxed, |n| {
+                    (n < limit).then_some(n + 1)
+                })
+                .ok()?;
+        }
+        Some(InFlight {
+            tracker: self.clone(),
+            started: Instant::now(),
+            room: Some(room),
+            endpoint: None,
+        })
+    }
+
+    /// The pending-requests cost (p2c over pending): requests in flight now.
+    pub fn pending_cost(&self) -> f64 {
+        self.pending() as f64
     }
 
     /// Requests in flight now.
@@ -93,12 +126,29 @@ impl RttEstimate {
 pub struct InFlight {
     tracker: std::sync::Arc<LoadTracker>,
     started: Instant,
+    room: Option<std::sync::Arc<Room>>,
+    endpoint: Option<std::sync::Arc<InstanceEndpoint>>,
+}
+
+impl InFlight {
+    pub(crate) fn with_endpoint(mut self, endpoint: std::sync::Arc<InstanceEndpoint>) -> Self {
+        self.endpoint = Some(endpoint);
+        self
+    }
+
+    /// The instance the request runs on (set for reservations made by the balancer).
+    pub fn endpoint(&self) -> Option<&std::sync::Arc<InstanceEndpoint>> {
+        self.endpoint.as_ref()
+    }
 }
 
 impl Drop for InFlight {
     fn drop(&mut self) {
-        self.tracker.pending.fetch_sub(1, Ordering::Relaxed);
+        self.tracker.pending.fetch_sub(1, Ordering::AcqRel);
         self.tracker.observe(self.started.elapsed());
+        if let Some(room) = &self.room {
+            room.release();
+        }
     }
 }
 

@@ -1,66 +1,110 @@
-//! `reach.v1.RouterService`: Call and Stream.
+//! `reach.v1.RouterService`: Call, Stream, Publish and Reply.
+//!
+//! The unary path (Call): check size, complete the header, check the TTL, resolve the route
+//! (and, for a versioned capability, the compatible instances or an adapter), reserve a slot
+//! on one instance with the route's policy, forward, and classify the outcome for outlier
+//! ejection and retries (see [`crate::retry`]).
 
+use std::collections::HashMap;
 use std::pin::Pin;
-use std::sync::Arc;
-use std::time::Duration;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime};
 
 use futures::Stream;
+use futures::future::join_all;
 use prost::Message as _;
+use reach_proto::v1::router_service_client::RouterServiceClient;
 use reach_proto::v1::router_service_server::{RouterService, RouterServiceServer};
 use reach_proto::v1::{
-    CallRequest, CallResponse, HandleRequest, Header, ReachMessage, RouteInfo, StreamRequest,
+    CallRequest, CallResponse, HandleRequest, Header, PublishFailure, PublishRequest,
+    PublishResponse, ReachMessage, ReplyRequest, ReplyResponse, RouteInfo, StreamRequest,
     StreamResponse, header,
 };
 use reach_rpc::deadline;
-use reach_rpc::errors::reason;
 use reach_rpc::trace::{self, TraceId};
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use tonic::metadata::{MetadataMap, MetadataValue};
+use tonic::transport::Channel;
 use tonic::{Code, Request, Response, Status, Streaming};
-use tower::{Service, ServiceExt};
-use tracing::{Instrument, debug};
+use tower::retry::budget::{Budget, TpsBudget};
+use tracing::{Instrument, debug, warn};
 
 use crate::config::RouterConfig;
-use crate::endpoint::{Forward, Forwarded, Outcome};
 use crate::error::RouteError;
+use crate::protocol::{AdapterExt, ProtocolRegistry, VersionPlan};
 use crate::pump::{InboundPump, OutboundPump};
-use crate::table::{RouteKey, RouteService, RoutingTable};
+use crate::retry::{Classified, classify};
+use crate::table::{RouteKey, RoutingTable};
 use crate::watch::follow_registry;
 
 /// Response metadata key naming the trace id of a routed stream.
 pub const TRACE_ID_METADATA: &str = "x-reach-trace-id";
 /// Response metadata key naming the instance a stream was routed to.
 pub const INSTANCE_ID_METADATA: &str = "x-reach-instance-id";
+/// Request metadata set on a Reply forwarded between router replicas (never forwarded again).
+pub const FORWARDED_REPLY_METADATA: &str = "x-reach-forwarded-reply";
 
 /// The router: a routing table plus the RouterService that forwards through it. Cloning
-/// shares the table.
+/// shares everything.
 #[derive(Clone)]
 pub struct Router {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
     table: Arc<RoutingTable>,
+    budget: TpsBudget,
+    protocols: Option<Arc<ProtocolRegistry>>,
+    /// Calls waiting for an asynchronous reply, by request message id.
+    waiting_replies: Mutex<HashMap<String, oneshot::Sender<ReachMessage>>>,
+    /// Clients of other router replicas, by endpoint URL, for forwarding replies.
+    peers: Mutex<HashMap<String, RouterServiceClient<Channel>>>,
 }
 
 impl Router {
     /// A router with an empty table. Call [`Router::spawn_registry_watch`] to fill it.
     ///
     /// # Errors
-    /// The config's validation message.
+    /// The config's validation message, or the protocol registry's load error.
     pub fn new(config: RouterConfig) -> Result<Self, String> {
         config.validate()?;
+        let protocols = match &config.protocol_registry {
+            Some(path) => Some(Arc::new(
+                ProtocolRegistry::load(path).map_err(|e| e.to_string())?,
+            )),
+            None => None,
+        };
+        let budget = TpsBudget::new(
+            config.retry_budget.window,
+            config.retry_budget.min_per_second,
+            config.retry_budget.retry_ratio,
+        );
         Ok(Self {
-            table: RoutingTable::new(config),
+            inner: Arc::new(Inner {
+                table: RoutingTable::new(config),
+                budget,
+                protocols,
+                waiting_replies: Mutex::new(HashMap::new()),
+                peers: Mutex::new(HashMap::new()),
+            }),
         })
     }
 
     /// The routing table.
     pub fn table(&self) -> &Arc<RoutingTable> {
-        &self.table
+        &self.inner.table
+    }
+
+    /// The protocol registry, when one is configured.
+    pub fn protocols(&self) -> Option<&Arc<ProtocolRegistry>> {
+        self.inner.protocols.as_ref()
     }
 
     /// Starts following the registry in the background.
     pub fn spawn_registry_watch(&self) -> JoinHandle<()> {
-        tokio::spawn(follow_registry(self.table.clone()))
+        tokio::spawn(follow_registry(self.inner.table.clone()))
     }
 
     /// The tonic service, with message size limits set from the config.
@@ -72,7 +116,7 @@ impl Router {
     }
 
     fn config(&self) -> &RouterConfig {
-        self.table.config()
+        self.inner.table.config()
     }
 
     fn check_size(&self, size: usize) -> Result<(), RouteError> {
@@ -83,21 +127,36 @@ impl Router {
         Ok(())
     }
 
-    /// Forwards a prepared unary message, redelivering when provably undelivered.
-    async fn forward_call(
+    fn is_idempotent(&self, key: &RouteKey) -> bool {
+        match (key, &self.inner.protocols) {
+            (RouteKey::Capability(name), Some(protocols)) => protocols.is_idempotent(name),
+            _ => false,
+        }
+    }
+
+    /// Sends `message` to one instance of `key` (among `plan`'s instances when set), retrying
+    /// on other instances when that is safe, and returns the reply and where it was handled.
+    async fn deliver(
         &self,
-        message: ReachMessage,
-        metadata: MetadataMap,
-        key: RouteKey,
+        key: &RouteKey,
+        message: &ReachMessage,
+        metadata: &MetadataMap,
+        plan: &VersionPlan,
         deadline: Option<Instant>,
         started: Instant,
-    ) -> Result<Response<CallResponse>, Status> {
-        let (trace_id, message_id) = trace_and_message_id(&message);
-        let metadata = forwarded_metadata(metadata);
-
+    ) -> Result<(ReachMessage, Arc<crate::endpoint::InstanceInfo>), Status> {
+        let table = &self.inner.table;
+        let idempotent = self.is_idempotent(key);
+        self.inner.budget.deposit();
+        let mut tried: Vec<Arc<str>> = Vec::new();
         let mut redeliveries = 0;
         loop {
-            let mut service = self.ready_route(&key, deadline, started).await?;
+            let reserved = table
+                .reserve(key, &tried, plan.allowed.as_ref(), deadline, started)
+                .await?;
+            let Some(endpoint) = reserved.endpoint().cloned() else {
+                return Err(Status::internal("a reservation without an instance"));
+            };
             let mut forward = Request::new(HandleRequest {
                 message: Some(message.clone()),
             });
@@ -109,96 +168,245 @@ impl Router {
                 }
                 forward.set_timeout(remaining);
             }
-            let call = service.call(Forward::Unary(forward));
-            let forwarded = match deadline {
+            let mut client = endpoint.client();
+            let call = client.handle(forward);
+            let result = match deadline {
                 Some(deadline) => tokio::time::timeout_at(deadline, call)
                     .await
                     .map_err(|_| RouteError::DeadlineExceeded(started.elapsed()))?,
                 None => call.await,
             };
-            let Forwarded { instance, outcome } =
-                forwarded.map_err(|error| RouteError::Balancer {
-                    key: key.clone(),
-                    detail: error.to_string(),
-                })?;
-            let Outcome::Unary(result) = outcome else {
-                return Err(Status::internal("a unary call came back as a stream"));
-            };
-            match result {
+            drop(reserved);
+            let status = match result {
                 Ok(response) => {
-                    let mut reply = response.into_inner().message.unwrap_or_default();
-                    let header = reply.header.get_or_insert_with(Header::default);
-                    if header.trace_id.is_empty() {
-                        header.trace_id = trace_id.clone();
-                    }
-                    if header.correlation_id.is_empty() {
-                        header.correlation_id = message_id.clone();
-                    }
-                    return Ok(Response::new(CallResponse {
-                        message: Some(reply),
-                        route: Some(RouteInfo {
-                            instance_id: instance.instance_id.clone(),
-                            service: instance.service.clone(),
-                            trace_id,
-                            message_id,
-                        }),
-                    }));
+                    endpoint.record_success();
+                    let reply = response.into_inner().message.unwrap_or_default();
+                    return Ok((reply, endpoint.info().clone()));
                 }
-                Err(status)
-                    if provably_undelivered(&status)
-                        && redeliveries < self.config().max_redeliveries =>
-                {
-                    redeliveries += 1;
-                    reach_telemetry::metrics::router::retry(key.label());
-                    debug!(instance = %instance.instance_id, code = ?status.code(), redeliveries, "not delivered; trying another instance");
-                }
-                Err(status) => return Err(status),
+                Err(status) => status,
+            };
+            // tonic's client enforces the forwarded grpc-timeout itself and reports CANCELLED;
+            // the caller's deadline (or the TTL) is what ran out.
+            if deadline.is_some_and(|d| Instant::now() >= d) {
+                return Err(RouteError::DeadlineExceeded(started.elapsed()).into());
             }
+            let classified = classify(&status);
+            match classified {
+                Classified::NotDelivered { instance_failed } => {
+                    if instance_failed {
+                        endpoint.record_failure();
+                    }
+                }
+                Classified::MaybeDelivered { instance_failed } => {
+                    if instance_failed {
+                        endpoint.record_failure();
+                    } else {
+                        endpoint.record_success();
+                    }
+                }
+                Classified::Answered => endpoint.record_success(),
+            }
+            let retry = match classified {
+                Classified::NotDelivered { .. } => true,
+                Classified::MaybeDelivered { .. } => idempotent,
+                Classified::Answered => false,
+            };
+            if !retry || redeliveries >= self.config().max_redeliveries {
+                return Err(status);
+            }
+            if !self.inner.budget.withdraw() {
+                debug!(instance = %endpoint.info().instance_id, "retry budget exhausted; not retrying");
+                return Err(status);
+            }
+            redeliveries += 1;
+            reach_telemetry::metrics::router::retry(key.label());
+            debug!(instance = %endpoint.info().instance_id, code = ?status.code(), redeliveries, idempotent, "retrying on another instance");
+            tried.push(Arc::from(endpoint.info().instance_id.as_str()));
         }
     }
 
-    fn resolve(&self, key: &RouteKey) -> Result<RouteService, RouteError> {
-        self.table.route(key).ok_or_else(|| {
-            let (capabilities, services) = self.table.summary();
-            RouteError::route_not_found(key.clone(), &capabilities, &services)
-        })
-    }
-
-    /// Waits until the route's balancer has picked a ready instance, within `route_wait` and
-    /// the caller's deadline.
-    async fn ready_route(
+    /// The routed part of Call: TTL, versions and schema, delivery (with retries), the
+    /// asynchronous reply wait, and the reply envelope.
+    async fn call_routed(
         &self,
-        key: &RouteKey,
-        deadline: Option<Instant>,
+        mut message: ReachMessage,
+        metadata: MetadataMap,
+        key: RouteKey,
+        caller_deadline: Option<Instant>,
         started: Instant,
-    ) -> Result<RouteService, RouteError> {
-        let mut service = self.resolve(key)?;
-        let wait = Instant::now() + self.config().route_wait;
-        let limit = deadline.map_or(wait, |d| d.min(wait));
-        match tokio::time::timeout_at(limit, service.ready()).await {
-            Ok(Ok(_)) => Ok(service),
-            Ok(Err(error)) => Err(RouteError::Balancer {
-                key: key.clone(),
-                detail: error.to_string(),
-            }),
-            Err(_) if deadline.is_some_and(|d| d <= limit) => {
-                Err(RouteError::DeadlineExceeded(started.elapsed()))
+    ) -> Result<Response<CallResponse>, Status> {
+        let header = message.header.as_ref().ok_or(RouteError::MissingMessage)?;
+        let deadline = apply_ttl(header, caller_deadline)?;
+        let ttl_bound = deadline != caller_deadline;
+        let (trace_id, message_id) = ids_of(&message);
+        let metadata = forwarded_metadata(metadata);
+
+        let plan = match &key {
+            RouteKey::Capability(name) => {
+                let requirement = header.capability_version.clone();
+                if self.config().validate_payloads
+                    && let Some(protocols) = &self.inner.protocols
+                {
+                    crate::protocol::validate_input(protocols, name, &message)?;
+                }
+                VersionPlan::resolve(
+                    &self.inner.table,
+                    self.inner.protocols.as_deref(),
+                    name,
+                    &requirement,
+                )?
             }
-            Err(_) => Err(RouteError::NoReadyInstance {
-                key: key.clone(),
-                waited: self.config().route_wait,
-            }),
+            _ => VersionPlan::any(),
+        };
+        if let Some(adapter) = &plan.adapter {
+            adapter.adapt_request(&mut message)?;
         }
+
+        // Asynchronous reply: the caller asked for one; this replica will wait for it.
+        let async_reply = message
+            .header
+            .as_ref()
+            .is_some_and(|h| !h.reply_to.is_empty());
+        let mut waiter = None;
+        if async_reply {
+            let advertise = &self.config().advertise_endpoint;
+            if advertise.is_empty() {
+                return Err(Status::failed_precondition(
+                    "this router has no advertise_endpoint, so it cannot take asynchronous replies; set router.advertise_endpoint or send without header.reply_to",
+                ));
+            }
+            if let Some(h) = message.header.as_mut() {
+                h.reply_to.clone_from(advertise);
+            }
+            let (tx, rx) = oneshot::channel();
+            self.inner
+                .waiting_replies
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .insert(message_id.clone(), tx);
+            waiter = Some((
+                rx,
+                ReplyWaiter {
+                    router: self,
+                    message_id: message_id.clone(),
+                },
+            ));
+        }
+
+        let delivered = self
+            .deliver(&key, &message, &metadata, &plan, deadline, started)
+            .await;
+        let (mut reply, instance) = match delivered {
+            Ok(ok) => ok,
+            Err(status) if ttl_bound && status.code() == Code::DeadlineExceeded => {
+                let created = header_age(&message);
+                return Err(RouteError::MessageExpired {
+                    age: created,
+                    ttl: message
+                        .header
+                        .as_ref()
+                        .and_then(|h| h.ttl.as_ref())
+                        .and_then(reach_rpc::time::std_duration)
+                        .unwrap_or_default(),
+                }
+                .into());
+            }
+            Err(status) => return Err(status),
+        };
+        let acked = reply
+            .payload
+            .as_ref()
+            .is_some_and(|p| p.r#type == reach_rpc::ACK_PAYLOAD_TYPE);
+        if let (true, Some((rx, _guard))) = (acked, waiter) {
+            let wait = self.config().max_async_wait;
+            let limit = deadline.map_or(Instant::now() + wait, |d| d.min(Instant::now() + wait));
+            reply = match tokio::time::timeout_at(limit, rx).await {
+                Ok(Ok(reply)) => reply,
+                Ok(Err(_)) => return Err(Status::internal("the reply waiter was dropped")),
+                Err(_) => return Err(RouteError::DeadlineExceeded(started.elapsed()).into()),
+            };
+        }
+        if let Some(adapter) = &plan.adapter {
+            adapter.adapt_response(&mut reply)?;
+        }
+        let reply_header = reply.header.get_or_insert_with(Header::default);
+        if reply_header.trace_id.is_empty() {
+            reply_header.trace_id.clone_from(&trace_id);
+        }
+        if reply_header.correlation_id.is_empty() {
+            reply_header.correlation_id.clone_from(&message_id);
+        }
+        Ok(Response::new(CallResponse {
+            message: Some(reply),
+            route: Some(RouteInfo {
+                instance_id: instance.instance_id.clone(),
+                service: instance.service.clone(),
+                trace_id,
+                message_id,
+            }),
+        }))
+    }
+
+    /// Completes a waiting asynchronous call; returns whether one was waiting.
+    fn complete_reply(&self, reply: ReachMessage) -> bool {
+        let correlation = reply
+            .header
+            .as_ref()
+            .map(|h| h.correlation_id.clone())
+            .unwrap_or_default();
+        let waiter = self
+            .inner
+            .waiting_replies
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&correlation);
+        match waiter {
+            Some(waiter) => waiter.send(reply).is_ok(),
+            None => false,
+        }
+    }
+
+    fn peer(&self, endpoint: &str) -> Result<RouterServiceClient<Channel>, Status> {
+        let mut peers = self.inner.peers.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(client) = peers.get(endpoint) {
+            return Ok(client.clone());
+        }
+        let channel = tonic::transport::Endpoint::from_shared(endpoint.to_string())
+            .map_err(|e| {
+                Status::invalid_argument(format!("reply_to {endpoint:?} is not a router URL: {e}"))
+            })?
+            .connect_timeout(self.config().connect_timeout)
+            .tcp_nodelay(true)
+            .connect_lazy();
+        let client = RouterServiceClient::new(channel)
+            .max_decoding_message_size(self.config().decoding_limit())
+            .max_encoding_message_size(self.config().decoding_limit());
+        peers.insert(endpoint.to_string(), client.clone());
+        Ok(client)
+    }
+}
+
+/// Removes a waiting-reply entry when the waiting call ends (answered, timed out, cancelled).
+struct ReplyWaiter<'a> {
+    router: &'a Router,
+    message_id: String,
+}
+
+impl Drop for ReplyWaiter<'_> {
+    fn drop(&mut self) {
+        self.router
+            .inner
+            .waiting_replies
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&self.message_id);
     }
 }
 
 /// Reads the caller's deadline from `grpc-timeout`.
-fn read_deadline(
-    metadata: &MetadataMap,
-    started: Instant,
-) -> Result<(Option<Instant>, Option<Duration>), RouteError> {
+fn read_deadline(metadata: &MetadataMap, started: Instant) -> Result<Option<Instant>, RouteError> {
     let timeout = deadline::grpc_timeout(metadata).map_err(RouteError::InvalidTimeout)?;
-    Ok((timeout.map(|t| started + t), timeout))
+    Ok(timeout.map(|t| started + t))
 }
 
 /// Completes a message header in place: validates or assigns the trace id (from
@@ -223,6 +431,38 @@ fn prepare_header(message: &mut ReachMessage, metadata: &MetadataMap) -> Result<
     Ok(())
 }
 
+/// Checks the message's TTL and folds its expiry into the deadline: a message whose
+/// `created_at + ttl` has passed is refused with MESSAGE_EXPIRED, and one that is still valid
+/// is delivered no later than its expiry.
+fn apply_ttl(header: &Header, deadline: Option<Instant>) -> Result<Option<Instant>, RouteError> {
+    let Some(ttl) = &header.ttl else {
+        return Ok(deadline);
+    };
+    let ttl = reach_rpc::time::std_duration(ttl).ok_or_else(|| RouteError::InvalidHeader {
+        field: "header.ttl",
+        detail: "it is negative; leave it unset for no limit".into(),
+    })?;
+    if ttl.is_zero() {
+        return Ok(deadline);
+    }
+    let created = header
+        .created_at
+        .as_ref()
+        .and_then(reach_rpc::time::system_time)
+        .ok_or_else(|| RouteError::InvalidHeader {
+            field: "header.created_at",
+            detail: "it is out of range; leave it unset to have the router stamp it".into(),
+        })?;
+    let age = SystemTime::now()
+        .duration_since(created)
+        .unwrap_or(Duration::ZERO);
+    if age >= ttl {
+        return Err(RouteError::MessageExpired { age, ttl });
+    }
+    let expiry = Instant::now() + (ttl - age);
+    Ok(Some(deadline.map_or(expiry, |d| d.min(expiry))))
+}
+
 fn route_key(message: &ReachMessage) -> Result<RouteKey, RouteError> {
     match message.header.as_ref().and_then(|h| h.target.as_ref()) {
         Some(header::Target::Service(name)) if !name.is_empty() => {
@@ -243,17 +483,7 @@ fn forwarded_metadata(mut metadata: MetadataMap) -> MetadataMap {
     metadata
 }
 
-/// Whether a failed attempt provably never reached a handler, so another instance may take
-/// the message: the instance said it is draining, or the connection itself failed (a status
-/// made locally from a transport error; statuses sent by an instance carry no source).
-fn provably_undelivered(status: &Status) -> bool {
-    if reach_rpc::errors::reason_of(status).as_deref() == Some(reason::INSTANCE_DRAINING) {
-        return true;
-    }
-    status.code() == Code::Unavailable && std::error::Error::source(status).is_some()
-}
-
-fn trace_and_message_id(message: &ReachMessage) -> (String, String) {
+fn ids_of(message: &ReachMessage) -> (String, String) {
     message
         .header
         .as_ref()
@@ -261,12 +491,16 @@ fn trace_and_message_id(message: &ReachMessage) -> (String, String) {
         .unwrap_or_default()
 }
 
+fn code_name(code: Code) -> String {
+    format!("{code:?}")
+}
+
 #[tonic::async_trait]
 impl RouterService for Router {
     async fn call(&self, request: Request<CallRequest>) -> Result<Response<CallResponse>, Status> {
         let started = Instant::now();
         let (metadata, _, body) = request.into_parts();
-        let (deadline, _) = read_deadline(&metadata, started)?;
+        let caller_deadline = read_deadline(&metadata, started)?;
         let mut message = body.message.ok_or(RouteError::MissingMessage)?;
         self.check_size(message.encoded_len())?;
         prepare_header(&mut message, &metadata)?;
@@ -280,7 +514,7 @@ impl RouterService for Router {
             .map(|p| p.r#type.clone())
             .unwrap_or_default();
         let result = self
-            .forward_call(message, metadata, key, deadline, started)
+            .call_routed(message, metadata, key, caller_deadline, started)
             .instrument(span.clone())
             .await;
         let code = result.as_ref().map_or_else(Status::code, |_| Code::Ok);
@@ -309,7 +543,7 @@ impl RouterService for Router {
     ) -> Result<Response<Self::StreamStream>, Status> {
         let started = Instant::now();
         let (metadata, _, mut inbound) = request.into_parts();
-        let (deadline, _) = read_deadline(&metadata, started)?;
+        let deadline = read_deadline(&metadata, started)?;
         let first = inbound.message().await?.ok_or_else(|| {
             Status::invalid_argument(
                 "the stream closed before its first message; the first message picks the instance",
@@ -318,9 +552,25 @@ impl RouterService for Router {
         let mut message = first.message.ok_or(RouteError::MissingMessage)?;
         self.check_size(message.encoded_len())?;
         prepare_header(&mut message, &metadata)?;
+        let header = message.header.as_ref().ok_or(RouteError::MissingMessage)?;
+        apply_ttl(header, None)?;
         let key = route_key(&message)?;
-        let (trace_id, _) = trace_and_message_id(&message);
+        let plan = match &key {
+            RouteKey::Capability(name) => {
+                VersionPlan::resolve(&self.inner.table, None, name, &header.capability_version)?
+            }
+            _ => VersionPlan::any(),
+        };
+        let (trace_id, _) = ids_of(&message);
 
+        let reserved = self
+            .inner
+            .table
+            .reserve(&key, &[], plan.allowed.as_ref(), deadline, started)
+            .await?;
+        let Some(endpoint) = reserved.endpoint().cloned() else {
+            return Err(Status::internal("a reservation without an instance"));
+        };
         let (abort_tx, abort_rx) = oneshot::channel();
         let inbound = InboundPump::new(
             message,
@@ -334,26 +584,160 @@ impl RouterService for Router {
         if let Some(deadline) = deadline {
             forward.set_timeout(deadline.saturating_duration_since(Instant::now()));
         }
-        let mut service = self.ready_route(&key, deadline, started).await?;
-        let Forwarded { instance, outcome } = service
-            .call(Forward::Stream(forward))
-            .await
-            .map_err(|error| RouteError::Balancer {
-                key: key.clone(),
-                detail: error.to_string(),
-            })?;
-        let Outcome::Stream(result, in_flight) = outcome else {
-            return Err(Status::internal("a stream came back as a unary call"));
+        let opened = endpoint.client().handle_stream(forward).await;
+        let agent_stream = match opened {
+            Ok(response) => {
+                endpoint.record_success();
+                response.into_inner()
+            }
+            Err(status) => {
+                if status.code() == Code::Unavailable {
+                    endpoint.record_failure();
+                }
+                return Err(status);
+            }
         };
-        let agent_stream = result?.into_inner();
-        let outbound = OutboundPump::new(agent_stream, abort_rx, in_flight, deadline);
+        let outbound = OutboundPump::new(agent_stream, abort_rx, reserved, deadline);
         let mut response = Response::new(Box::pin(outbound) as Self::StreamStream);
         if let Ok(value) = MetadataValue::try_from(trace_id.as_str()) {
             response.metadata_mut().insert(TRACE_ID_METADATA, value);
         }
-        if let Ok(value) = MetadataValue::try_from(instance.instance_id.as_str()) {
+        if let Ok(value) = MetadataValue::try_from(endpoint.info().instance_id.as_str()) {
             response.metadata_mut().insert(INSTANCE_ID_METADATA, value);
         }
         Ok(response)
     }
+
+    async fn publish(
+        &self,
+        request: Request<PublishRequest>,
+    ) -> Result<Response<PublishResponse>, Status> {
+        let started = Instant::now();
+        let (metadata, _, body) = request.into_parts();
+        let caller_deadline = read_deadline(&metadata, started)?;
+        let mut message = body.message.ok_or(RouteError::MissingMessage)?;
+        self.check_size(message.encoded_len())?;
+        prepare_header(&mut message, &metadata)?;
+        let header = message.header.as_ref().ok_or(RouteError::MissingMessage)?;
+        let deadline = apply_ttl(header, caller_deadline)?;
+        let topic = match &header.target {
+            Some(header::Target::Topic(topic)) if !topic.is_empty() => topic.clone(),
+            _ => {
+                return Err(RouteError::InvalidHeader {
+                    field: "header.topic",
+                    detail: "Publish needs a topic target; use Call for a service or capability"
+                        .into(),
+                }
+                .into());
+            }
+        };
+        let (_, message_id) = ids_of(&message);
+        let metadata = forwarded_metadata(metadata);
+        let members = self
+            .inner
+            .table
+            .route(&RouteKey::Topic(topic))
+            .map(|route| route.members.clone())
+            .unwrap_or_else(|| Arc::from(Vec::new()));
+        let sends = members.iter().map(|endpoint| {
+            let mut forward = Request::new(HandleRequest {
+                message: Some(message.clone()),
+            });
+            *forward.metadata_mut() = metadata.clone();
+            if let Some(deadline) = deadline {
+                forward.set_timeout(deadline.saturating_duration_since(Instant::now()));
+            }
+            let endpoint = endpoint.clone();
+            async move {
+                let _in_flight = endpoint.load_tracker().start();
+                let mut client = endpoint.client();
+                let call = client.handle(forward);
+                let result = match deadline {
+                    Some(deadline) => match tokio::time::timeout_at(deadline, call).await {
+                        Ok(result) => result.map(|_| ()),
+                        Err(_) => Err(Status::deadline_exceeded(
+                            "the deadline passed before the subscriber answered",
+                        )),
+                    },
+                    None => call.await.map(|_| ()),
+                };
+                match &result {
+                    Ok(()) => endpoint.record_success(),
+                    Err(status) if status.code() == Code::Unavailable => {
+                        endpoint.record_failure();
+                    }
+                    Err(_) => endpoint.record_success(),
+                }
+                (endpoint.info().instance_id.clone(), result)
+            }
+        });
+        let mut response = PublishResponse {
+            message_id,
+            ..PublishResponse::default()
+        };
+        for (instance_id, result) in join_all(sends).await {
+            match result {
+                Ok(()) => response.delivered += 1,
+                Err(status) => {
+                    response.failed += 1;
+                    response.failures.push(PublishFailure {
+                        instance_id,
+                        code: code_name(status.code()),
+                        message: status.message().to_string(),
+                    });
+                }
+            }
+        }
+        Ok(Response::new(response))
+    }
+
+    async fn reply(
+        &self,
+        request: Request<ReplyRequest>,
+    ) -> Result<Response<ReplyResponse>, Status> {
+        let forwarded = request.metadata().contains_key(FORWARDED_REPLY_METADATA);
+        let body = request.into_inner();
+        let message = body.message.ok_or(RouteError::MissingMessage)?;
+        self.check_size(message.encoded_len())?;
+        if message
+            .header
+            .as_ref()
+            .is_none_or(|h| h.correlation_id.is_empty())
+        {
+            return Err(Status::invalid_argument(
+                "a reply needs header.correlation_id set to the request's message_id",
+            ));
+        }
+        let own = &self.config().advertise_endpoint;
+        if forwarded || body.reply_to.is_empty() || body.reply_to == *own {
+            let delivered = self.complete_reply(message);
+            return Ok(Response::new(ReplyResponse { delivered }));
+        }
+        // The waiting call is held by another replica: hand the reply to it.
+        let mut peer = self.peer(&body.reply_to)?;
+        let mut forward = Request::new(ReplyRequest {
+            message: Some(message),
+            reply_to: body.reply_to.clone(),
+        });
+        forward
+            .metadata_mut()
+            .insert(FORWARDED_REPLY_METADATA, MetadataValue::from_static("1"));
+        match peer.reply(forward).await {
+            Ok(response) => Ok(response),
+            Err(status) => {
+                warn!(reply_to = %body.reply_to, code = ?status.code(), "could not forward an asynchronous reply to its router replica");
+                Err(status)
+            }
+        }
+    }
+}
+
+fn header_age(message: &ReachMessage) -> Duration {
+    message
+        .header
+        .as_ref()
+        .and_then(|h| h.created_at.as_ref())
+        .and_then(reach_rpc::time::system_time)
+        .and_then(|created| SystemTime::now().duration_since(created).ok())
+        .unwrap_or_default()
 }

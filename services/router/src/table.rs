@@ -1,34 +1,29 @@
-//! The routing table: which instances are routable, and one tower p2c balancer per route.
+//! The routing table: which instances are routable, grouped into routes, and admission of a
+//! call onto one of them.
 //!
-//! A route is a service name or a capability name. Each route owns a
-//! `tower::balance::p2c::Balance` fed by a discovery channel; the table inserts and removes
-//! instances on it as registry watch events arrive. Balancers sit behind a `tower::buffer`
-//! so that many concurrent calls share one balancer.
+//! A route is a service name, a capability name or a topic. Each route holds an immutable
+//! snapshot of its members (`Arc<[Arc<InstanceEndpoint>]>`) replaced as a whole under the
+//! table's write lock when a registry watch event changes it, so a call sees either the old
+//! or the new member set, never a mix; a re-registered instance at a new address is swapped in
+//! the same step (no stale-endpoint window). Calls pick synchronously from the snapshot with
+//! the route's [`Policy`] (no buffer task or channel hop on the request path) and reserve a
+//! slot under the instance's concurrency limit; when no instance has room they wait, bounded
+//! in number and time, then are shed (see [`RoutingTable::reserve`]).
 
 use std::collections::{BTreeMap, HashMap, HashSet};
-use std::convert::Infallible;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, RwLock};
 
-use futures::StreamExt;
 use reach_proto::v1::{Instance, InstanceSpec, InstanceState};
-use tokio::sync::{mpsc, watch};
-use tokio_stream::wrappers::UnboundedReceiverStream;
-use tower::balance::p2c::Balance;
-use tower::buffer::Buffer;
-use tower::discover::Change;
-use tower::util::BoxCloneSyncService;
+use tokio::sync::watch;
+use tokio::time::Instant;
 use tracing::{debug, info, warn};
 
+use crate::balance::{self, NoPick, Policy};
 use crate::config::RouterConfig;
-use crate::endpoint::{Forward, Forwarded, InstanceEndpoint, InstanceInfo};
-use crate::load::LoadTracker;
-
-/// How many calls may wait in one route's buffer for the balancer.
-const ROUTE_BUFFER: usize = 1024;
-
-/// A balanced handle on one route: call it to forward to the least loaded of two random
-/// ready instances.
-pub type RouteService = BoxCloneSyncService<Forward, Forwarded, tower::BoxError>;
+use crate::endpoint::{InstanceEndpoint, InstanceInfo, Room};
+use crate::error::RouteError;
+use crate::load::{InFlight, LoadTracker};
 
 /// What a message addresses.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -37,14 +32,29 @@ pub enum RouteKey {
     Service(String),
     /// Any instance that serves this capability.
     Capability(String),
+    /// Every instance subscribed to this topic (publish).
+    Topic(String),
+    /// Any instance that serves this gRPC service (typed pass-through), e.g.
+    /// `examples.complaints.v1.TriageService`.
+    GrpcService(String),
 }
 
 impl RouteKey {
-    /// The route's name, for metric labels: the capability or service name.
-    pub fn label(&self) -> &str {
+    /// The service, capability or topic name.
+    pub fn name(&self) -> &str {
         match self {
-            RouteKey::Service(name) | RouteKey::Capability(name) => name,
+            RouteKey::Service(n)
+            | RouteKey::Capability(n)
+            | RouteKey::Topic(n)
+            | RouteKey::GrpcService(n) => n,
         }
+    }
+}
+
+impl RouteKey {
+    /// The route's name, for metric labels: the capability, service, topic or gRPC service.
+    pub fn label(&self) -> &str {
+        self.name()
     }
 }
 
@@ -53,7 +63,31 @@ impl std::fmt::Display for RouteKey {
         match self {
             RouteKey::Service(name) => write!(f, "service {name:?}"),
             RouteKey::Capability(name) => write!(f, "capability {name:?}"),
+            RouteKey::Topic(name) => write!(f, "topic {name:?}"),
+            RouteKey::GrpcService(name) => write!(f, "gRPC service {name:?}"),
         }
+    }
+}
+
+/// One route's members and policy at one moment.
+#[derive(Debug)]
+pub struct Route {
+    /// What the route addresses.
+    pub key: RouteKey,
+    /// How it balances.
+    pub policy: Policy,
+    /// Its members, in instance-id order.
+    pub members: Arc<[Arc<InstanceEndpoint>]>,
+    rr: AtomicUsize,
+}
+
+impl Route {
+    /// Picks a member with the route's policy, skipping `excluded` instance ids.
+    ///
+    /// # Errors
+    /// [`NoPick`] when no member can take a call now.
+    pub fn pick(&self, excluded: &[Arc<str>]) -> Result<&Arc<InstanceEndpoint>, NoPick> {
+        balance::pick(self.policy, &self.members, excluded, &self.rr)
     }
 }
 
@@ -63,26 +97,21 @@ pub struct RoutingTable {
     config: RouterConfig,
     state: RwLock<State>,
     synced: watch::Sender<bool>,
+    room: Arc<Room>,
 }
 
 #[derive(Default)]
 struct State {
     members: HashMap<String, Member>,
-    routes: HashMap<RouteKey, Route>,
+    routes: HashMap<RouteKey, Arc<Route>>,
     revision: u64,
 }
 
+/// A routable instance: its declaration and its endpoint.
 struct Member {
     spec: InstanceSpec,
-    state: InstanceState,
-    endpoint: InstanceEndpoint,
+    endpoint: Arc<InstanceEndpoint>,
     keys: Vec<RouteKey>,
-}
-
-struct Route {
-    service: RouteService,
-    changes: mpsc::UnboundedSender<Change<String, InstanceEndpoint>>,
-    members: HashSet<String>,
 }
 
 /// A routable instance as the table sees it (for admin views and tests).
@@ -92,10 +121,14 @@ pub struct RoutableInstance {
     pub instance_id: String,
     /// Its service.
     pub service: String,
+    /// Its endpoint URL.
+    pub endpoint: String,
     /// Its state (READY or BUSY).
     pub state: InstanceState,
-    /// Requests the router has in flight on it.
+    /// Requests this router has in flight on it.
     pub pending: usize,
+    /// Whether it is ejected now.
+    pub ejected: bool,
 }
 
 impl RoutingTable {
@@ -105,6 +138,7 @@ impl RoutingTable {
             config,
             state: RwLock::new(State::default()),
             synced: watch::Sender::new(false),
+            room: Arc::new(Room::default()),
         })
     }
 
@@ -119,14 +153,127 @@ impl RoutingTable {
         let _ = rx.wait_for(|synced| *synced).await;
     }
 
-    /// The balanced service of a route, or `None` when no routable instance is on it.
-    pub fn route(&self, key: &RouteKey) -> Option<RouteService> {
+    /// How many calls wait for room now (bounded by `admission.max_waiting`).
+    pub fn waiting(&self) -> usize {
+        self.room.waiting.load(Ordering::Acquire)
+    }
+
+    /// The route's current snapshot, or `None` when no routable instance is on it.
+    pub fn route(&self, key: &RouteKey) -> Option<Arc<Route>> {
+        let state = self.state.read().unwrap_or_else(|p| p.into_inner());
+        state.routes.get(key).cloned()
+    }
+
+    /// The capability versions the members of a capability route declared, by instance id.
+    pub fn capability_versions(&self, capability: &str) -> HashMap<String, String> {
         let state = self.state.read().unwrap_or_else(|p| p.into_inner());
         state
-            .routes
-            .get(key)
-            .filter(|route| !route.members.is_empty())
-            .map(|route| route.service.clone())
+            .members
+            .iter()
+            .filter_map(|(id, m)| {
+                m.spec
+                    .capabilities
+                    .iter()
+                    .find(|c| c.name == capability)
+                    .map(|c| (id.clone(), c.version.clone()))
+            })
+            .collect()
+    }
+
+    /// Reserves a slot on an instance of `key` for one call: picks with the route's policy,
+    /// skipping `excluded` instance ids (already tried) and, when `allowed` is set, every
+    /// instance not in it. When every instance is at its limit the call waits for room, at
+    /// most `admission.max_wait` and until `deadline`, with at most `admission.max_waiting`
+    /// calls waiting router-wide.
+    ///
+    /// # Errors
+    /// [`RouteError::RouteNotFound`] when nothing serves `key`; [`RouteError::Overloaded`]
+    /// when the call is shed; [`RouteError::DeadlineExceeded`] when the deadline passes first.
+    pub async fn reserve(
+        &self,
+        key: &RouteKey,
+        excluded: &[Arc<str>],
+        allowed: Option<&HashSet<String>>,
+        deadline: Option<Instant>,
+        started: Instant,
+    ) -> Result<InFlight, RouteError> {
+        if let Some(reserved) = self.try_reserve(key, excluded, allowed)? {
+            return Ok(reserved);
+        }
+        let admission = &self.config.admission;
+        if self.room.waiting.fetch_add(1, Ordering::AcqRel) >= admission.max_waiting {
+            self.room.waiting.fetch_sub(1, Ordering::AcqRel);
+            return Err(self.overloaded(key));
+        }
+        let _waiting = WaitingGuard(&self.room);
+        let max_wait = Instant::now() + admission.max_wait;
+        let limit = deadline.map_or(max_wait, |d| d.min(max_wait));
+        loop {
+            let notified = self.room.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            if let Some(reserved) = self.try_reserve(key, excluded, allowed)? {
+                return Ok(reserved);
+            }
+            if tokio::time::timeout_at(limit, notified).await.is_err() {
+                if deadline.is_some_and(|d| d <= limit) {
+                    return Err(RouteError::DeadlineExceeded(started.elapsed()));
+                }
+                return Err(self.overloaded(key));
+            }
+        }
+    }
+
+    fn try_reserve(
+        &self,
+        key: &RouteKey,
+        excluded: &[Arc<str>],
+        allowed: Option<&HashSet<String>>,
+    ) -> Result<Option<InFlight>, RouteError> {
+        let route = self.route(key).ok_or_else(|| self.not_found(key))?;
+        let filtered;
+        let route = match allowed {
+            Some(allowed) => {
+                filtered = Route {
+                    key: route.key.clone(),
+                    policy: route.policy,
+                    members: route
+                        .members
+                        .iter()
+                        .filter(|m| allowed.contains(&m.info().instance_id))
+                        .cloned()
+                        .collect(),
+                    rr: AtomicUsize::new(route.rr.fetch_add(1, Ordering::Relaxed)),
+                };
+                &filtered
+            }
+            None => &*route,
+        };
+        // A pick can lose the race for the last slot; try a few times before waiting.
+        for _ in 0..4 {
+            match route.pick(excluded) {
+                Ok(endpoint) => {
+                    if let Some(reserved) = endpoint.try_reserve() {
+                        return Ok(Some(reserved));
+                    }
+                }
+                Err(NoPick::Full) => return Ok(None),
+                Err(NoPick::Empty) => return Err(self.not_found(key)),
+            }
+        }
+        Ok(None)
+    }
+
+    fn not_found(&self, key: &RouteKey) -> RouteError {
+        let (capabilities, services) = self.summary();
+        RouteError::route_not_found(key.clone(), &capabilities, &services)
+    }
+
+    fn overloaded(&self, key: &RouteKey) -> RouteError {
+        RouteError::Overloaded {
+            key: key.clone(),
+            retry_after: self.config.admission.retry_after,
+        }
     }
 
     /// Routable capabilities and services with their instance counts, for error messages.
@@ -137,10 +284,13 @@ impl RoutingTable {
         for (key, route) in &state.routes {
             match key {
                 RouteKey::Capability(name) => {
-                    capabilities.insert(name.clone(), route.members.len())
+                    capabilities.insert(name.clone(), route.members.len());
                 }
-                RouteKey::Service(name) => services.insert(name.clone(), route.members.len()),
-            };
+                RouteKey::Service(name) => {
+                    services.insert(name.clone(), route.members.len());
+                }
+                RouteKey::Topic(_) | RouteKey::GrpcService(_) => {}
+            }
         }
         (capabilities, services)
     }
@@ -148,18 +298,27 @@ impl RoutingTable {
     /// Every routable instance, sorted by id.
     pub fn instances(&self) -> Vec<RoutableInstance> {
         let state = self.state.read().unwrap_or_else(|p| p.into_inner());
+        let now = Instant::now();
         let mut out: Vec<RoutableInstance> = state
             .members
             .iter()
             .map(|(id, m)| RoutableInstance {
                 instance_id: id.clone(),
                 service: m.spec.service.clone(),
-                state: m.state,
+                endpoint: m.spec.endpoint.clone(),
+                state: m.endpoint.state(),
                 pending: m.endpoint.load_tracker().pending(),
+                ejected: m.endpoint.is_ejected(now),
             })
             .collect();
         out.sort_by(|a, b| a.instance_id.cmp(&b.instance_id));
         out
+    }
+
+    /// The endpoint of instance `id`, if it is routable.
+    pub fn endpoint(&self, id: &str) -> Option<Arc<InstanceEndpoint>> {
+        let state = self.state.read().unwrap_or_else(|p| p.into_inner());
+        state.members.get(id).map(|m| m.endpoint.clone())
     }
 
     /// The registry revision last applied.
@@ -183,14 +342,17 @@ impl RoutingTable {
             .filter(|id| !live.contains(*id))
             .cloned()
             .collect();
+        let mut touched = HashSet::new();
         for id in gone {
-            remove_member(&mut state, &id);
+            remove_member(&mut state, &id, &mut touched);
         }
         for instance in instances {
-            self.upsert_locked(&mut state, instance);
+            self.upsert_locked(&mut state, instance, &mut touched);
         }
+        self.rebuild(&mut state, touched);
         state.revision = revision;
         drop(state);
+        self.room.release();
         self.synced.send_replace(true);
         info!(
             revision,
@@ -202,64 +364,107 @@ impl RoutingTable {
     /// Applies an added or changed instance.
     pub fn apply_upsert(&self, revision: u64, instance: Instance) {
         let mut state = self.state.write().unwrap_or_else(|p| p.into_inner());
-        self.upsert_locked(&mut state, instance);
+        let mut touched = HashSet::new();
+        self.upsert_locked(&mut state, instance, &mut touched);
+        self.rebuild(&mut state, touched);
         state.revision = revision;
+        drop(state);
+        self.room.release();
     }
 
     /// Applies a removed instance.
     pub fn apply_remove(&self, revision: u64, instance: &Instance) {
         let mut state = self.state.write().unwrap_or_else(|p| p.into_inner());
+        let mut touched = HashSet::new();
         if let Some(spec) = &instance.spec {
-            remove_member(&mut state, &spec.instance_id);
+            remove_member(&mut state, &spec.instance_id, &mut touched);
         }
+        self.rebuild(&mut state, touched);
         state.revision = revision;
     }
 
-    fn upsert_locked(&self, state: &mut State, instance: Instance) {
+    fn upsert_locked(
+        &self,
+        state: &mut State,
+        instance: Instance,
+        touched: &mut HashSet<RouteKey>,
+    ) {
         let new_state = instance.state();
         let Some(spec) = instance.spec else { return };
         let routable = matches!(new_state, InstanceState::Ready | InstanceState::Busy);
         let id = spec.instance_id.clone();
-        if let Some(member) = state.members.get_mut(&id) {
+        if let Some(member) = state.members.get(&id) {
             if routable && member.spec == spec {
-                member.state = new_state;
+                member.endpoint.set_state(new_state);
                 return;
             }
             // Gone unroutable, or re-registered with another endpoint or capabilities: the old
-            // connection leaves every route before any new one joins.
-            remove_member(state, &id);
+            // endpoint leaves every route in the same step as the new one joins.
+            remove_member(state, &id, touched);
         }
         if !routable {
             return;
         }
-        let endpoint = match self.connect(&spec) {
-            Ok(endpoint) => endpoint,
+        let endpoint = match self.connect(&spec, new_state) {
+            Ok(endpoint) => Arc::new(endpoint),
             Err(error) => {
                 warn!(instance = %id, endpoint = %spec.endpoint, %error, "instance endpoint unusable; not routing to it");
                 return;
             }
         };
         let keys = route_keys(&spec);
-        for key in &keys {
-            let route = state.routes.entry(key.clone()).or_insert_with(new_route);
-            route.members.insert(id.clone());
-            let _ = route
-                .changes
-                .send(Change::Insert(id.clone(), endpoint.clone()));
-        }
+        touched.extend(keys.iter().cloned());
         debug!(instance = %id, routes = keys.len(), "instance routable");
         state.members.insert(
             id,
             Member {
                 spec,
-                state: new_state,
                 endpoint,
                 keys,
             },
         );
     }
 
-    fn connect(&self, spec: &InstanceSpec) -> Result<InstanceEndpoint, tonic::transport::Error> {
+    /// Rebuilds the snapshots of the `touched` routes from the members.
+    fn rebuild(&self, state: &mut State, touched: HashSet<RouteKey>) {
+        if touched.is_empty() {
+            return;
+        }
+        let mut by_key: HashMap<RouteKey, Vec<(&String, Arc<InstanceEndpoint>)>> =
+            touched.iter().map(|k| (k.clone(), Vec::new())).collect();
+        for (id, member) in &state.members {
+            for key in &member.keys {
+                if let Some(list) = by_key.get_mut(key) {
+                    list.push((id, member.endpoint.clone()));
+                }
+            }
+        }
+        let mut routes = std::mem::take(&mut state.routes);
+        for (key, mut list) in by_key {
+            if list.is_empty() {
+                routes.remove(&key);
+                continue;
+            }
+            list.sort_by(|a, b| a.0.cmp(b.0));
+            let policy = self.config.policy_for(key.name());
+            routes.insert(
+                key.clone(),
+                Arc::new(Route {
+                    key,
+                    policy,
+                    members: list.into_iter().map(|(_, e)| e).collect(),
+                    rr: AtomicUsize::new(0),
+                }),
+            );
+        }
+        state.routes = routes;
+    }
+
+    fn connect(
+        &self,
+        spec: &InstanceSpec,
+        state: InstanceState,
+    ) -> Result<InstanceEndpoint, tonic::transport::Error> {
         let channel = tonic::transport::Endpoint::from_shared(spec.endpoint.clone())?
             .connect_timeout(self.config.connect_timeout)
             .tcp_nodelay(true)
@@ -270,42 +475,36 @@ impl RoutingTable {
                 instance_id: spec.instance_id.clone(),
                 service: spec.service.clone(),
                 endpoint: spec.endpoint.clone(),
+                weight: spec.weight.max(1),
+                max_concurrency: spec.max_concurrency,
+                protocol_version: spec.protocol_version.clone(),
             },
+            state,
             Arc::new(LoadTracker::new(
                 self.config.default_rtt,
                 self.config.rtt_decay,
             )),
+            self.room.clone(),
+            self.config.ejection.clone(),
             self.config.decoding_limit(),
         ))
     }
 }
 
-fn remove_member(state: &mut State, id: &str) {
+struct WaitingGuard<'a>(&'a Room);
+
+impl Drop for WaitingGuard<'_> {
+    fn drop(&mut self) {
+        self.0.waiting.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+fn remove_member(state: &mut State, id: &str, touched: &mut HashSet<RouteKey>) {
     let Some(member) = state.members.remove(id) else {
         return;
     };
-    for key in member.keys {
-        if let Some(route) = state.routes.get_mut(&key) {
-            route.members.remove(id);
-            let _ = route.changes.send(Change::Remove(id.to_string()));
-            if route.members.is_empty() {
-                state.routes.remove(&key);
-            }
-        }
-    }
+    touched.extend(member.keys);
     debug!(instance = %id, "instance no longer routable");
-}
-
-fn new_route() -> Route {
-    let (changes, rx) = mpsc::unbounded_channel();
-    let discover = UnboundedReceiverStream::new(rx).map(Ok::<_, Infallible>);
-    let balance = Balance::new(discover);
-    let service = BoxCloneSyncService::new(Buffer::new(balance, ROUTE_BUFFER));
-    Route {
-        service,
-        changes,
-        members: HashSet::new(),
-    }
 }
 
 fn route_keys(spec: &InstanceSpec) -> Vec<RouteKey> {
@@ -314,6 +513,18 @@ fn route_keys(spec: &InstanceSpec) -> Vec<RouteKey> {
     for capability in &spec.capabilities {
         if seen.insert(capability.name.as_str()) {
             keys.push(RouteKey::Capability(capability.name.clone()));
+        }
+    }
+    let mut seen = HashSet::new();
+    for topic in &spec.topics {
+        if seen.insert(topic.as_str()) {
+            keys.push(RouteKey::Topic(topic.clone()));
+        }
+    }
+    let mut seen = HashSet::new();
+    for service in &spec.grpc_services {
+        if seen.insert(service.as_str()) {
+            keys.push(RouteKey::GrpcService(service.clone()));
         }
     }
     keys

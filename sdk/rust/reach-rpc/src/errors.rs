@@ -30,6 +30,17 @@ pub mod reason {
     pub const INSTANCE_DRAINED: &str = "INSTANCE_DRAINED";
     /// The instance could not be reached.
     pub const INSTANCE_UNAVAILABLE: &str = "INSTANCE_UNAVAILABLE";
+    /// Every instance is at its concurrency limit and the wait queue is full or timed out;
+    /// retry after the hinted delay (`retry_after_ms`).
+    pub const OVERLOADED: &str = "OVERLOADED";
+    /// The message's TTL (`created_at` + `ttl`) passed before it was delivered.
+    pub const MESSAGE_EXPIRED: &str = "MESSAGE_EXPIRED";
+    /// No instance speaks a compatible capability version and no adapter bridges the gap.
+    pub const VERSION_NOT_SUPPORTED: &str = "VERSION_NOT_SUPPORTED";
+    /// The payload does not match the capability's input schema.
+    pub const INVALID_PAYLOAD: &str = "INVALID_PAYLOAD";
+    /// The capability is not declared in the protocol registry (strict mode).
+    pub const CAPABILITY_NOT_DECLARED: &str = "CAPABILITY_NOT_DECLARED";
 }
 
 /// A status with `code`, `message` and an ErrorInfo of `reason` in [`ERROR_DOMAIN`] carrying
@@ -46,6 +57,27 @@ pub fn status_with_reason(
         message,
         ErrorDetails::with_error_info(reason, ERROR_DOMAIN, metadata),
     )
+}
+
+/// Like [`status_with_reason`], plus a `google.rpc.RetryInfo` telling the caller when to retry.
+pub fn status_with_retry(
+    code: Code,
+    message: impl Into<String>,
+    reason: &str,
+    metadata: impl IntoIterator<Item = (String, String)>,
+    retry_after: std::time::Duration,
+) -> Status {
+    let metadata: HashMap<String, String> = metadata.into_iter().collect();
+    let mut details = ErrorDetails::with_error_info(reason, ERROR_DOMAIN, metadata);
+    details.set_retry_info(Some(retry_after));
+    Status::with_error_details(code, message, details)
+}
+
+/// The `google.rpc.RetryInfo` delay of a status, if it carries one.
+pub fn retry_after_of(status: &Status) -> Option<std::time::Duration> {
+    status
+        .get_details_retry_info()
+        .and_then(|info| info.retry_delay)
 }
 
 /// The ErrorInfo reason of a status, if it carries one.

@@ -15,3 +15,8 @@ pub mod time;
 pub mod trace;
 
 pub use server::GrpcServer;
+
+/// The payload type of an acknowledgement: an agent that will answer asynchronously (the
+/// request carried `header.reply_to`) returns a payload of this type at once and sends the
+/// real answer later through `RouterService.Reply`.
+pub const ACK_PAYLOAD_TYPE: &str = "reach.ack";

@@ -16,6 +16,13 @@ use tonic_health::ServingStatus;
 use tonic_health::server::HealthReporter;
 use tower::Service;
 
+/// A service for requests no added service claims (see [`GrpcServer::with_fallback`]).
+pub type Fallback = tower::util::BoxCloneSyncService<
+    http::Request<axum::body::Body>,
+    axum::response::Response,
+    Infallible,
+>;
+
 /// How long in-flight calls may run after shutdown begins, by default.
 pub const DEFAULT_GRACE: Duration = Duration::from_secs(10);
 
@@ -32,6 +39,7 @@ pub struct GrpcServer {
     service_names: Vec<&'static str>,
     descriptor_sets: Vec<&'static [u8]>,
     grace: Duration,
+    fallback: Option<Fallback>,
 }
 
 impl Default for GrpcServer {
@@ -57,7 +65,26 @@ impl GrpcServer {
                 tonic_health::pb::FILE_DESCRIPTOR_SET,
             ],
             grace: DEFAULT_GRACE,
+            fallback: None,
         }
+    }
+
+    /// Sends requests for paths no added service serves to `fallback` (the router's typed
+    /// pass-through) instead of answering UNIMPLEMENTED.
+    pub fn with_fallback<S>(mut self, fallback: S) -> Self
+    where
+        S: Service<
+                http::Request<axum::body::Body>,
+                Response = axum::response::Response,
+                Error = Infallible,
+            > + Clone
+            + Send
+            + Sync
+            + 'static,
+        S::Future: Send + 'static,
+    {
+        self.fallback = Some(tower::util::BoxCloneSyncService::new(fallback));
+        self
     }
 
     /// Adds a tonic service; it is reported SERVING once the server runs.
@@ -119,13 +146,16 @@ impl GrpcServer {
                 .set_service_status(*name, ServingStatus::Serving)
                 .await;
         }
-        let router = self
+        let mut router = self
             .routes
             .add_service(self.health_service)
             .add_service(v1)
             .add_service(v1alpha)
             .prepare()
             .into_axum_router();
+        if let Some(fallback) = self.fallback {
+            router = router.fallback_service(fallback);
+        }
         let listener = listener.tap_io(|tcp| {
             // Small gRPC frames must not wait for Nagle's algorithm.
             let _ = tcp.set_nodelay(true);

@@ -5,8 +5,11 @@ use std::time::Duration;
 use futures::Stream;
 use reach_proto::v1::router_service_client::RouterServiceClient;
 use reach_proto::v1::{
-    CallRequest, CallResponse, Header, Payload, ReachMessage, StreamRequest, StreamResponse, header,
+    CallRequest, CallResponse, Header, Payload, PublishRequest, PublishResponse, ReachMessage,
+    ReplyRequest, StreamRequest, StreamResponse, header,
 };
+
+use crate::handler::HandlerContext;
 use reach_rpc::trace::{self, TraceId};
 use reach_telemetry::grpc::GrpcClientTrace;
 use tonic::transport::Channel;
@@ -166,6 +169,63 @@ impl MeshClient {
             .map_or_else(|s| (s.code(), s.message()), |_| (tonic::Code::Ok, ""));
         reach_telemetry::record_status(&span, code, text);
         result
+    }
+
+    /// Publishes `payload` to every subscriber of `topic`; the response counts deliveries.
+    ///
+    /// # Errors
+    /// The router's status (for example INVALID_ARGUMENT for an empty topic).
+    pub async fn publish(
+        &self,
+        topic: &str,
+        payload: Payload,
+        options: CallOptions,
+    ) -> Result<PublishResponse, Status> {
+        let message = self.message(header::Target::Topic(topic.to_string()), payload, &options);
+        let mut request = tonic::Request::new(PublishRequest {
+            message: Some(message),
+        });
+        if let Some(timeout) = options.timeout {
+            request.set_timeout(timeout);
+        }
+        let mut router = self.router.clone();
+        Ok(router.publish(request).await?.into_inner())
+    }
+
+    /// Sends the asynchronous answer to the request `ctx` describes (a handler that returned
+    /// [`HandlerContext::ack`]). Any router replica takes it and hands it to the replica
+    /// whose caller waits. Returns whether a caller was still waiting.
+    ///
+    /// # Errors
+    /// INVALID_ARGUMENT when the request asked for no asynchronous reply; the router's status
+    /// otherwise.
+    pub async fn reply(&self, ctx: &HandlerContext, payload: Payload) -> Result<bool, Status> {
+        if ctx.reply_to.is_empty() {
+            return Err(Status::invalid_argument(
+                "the request carried no reply_to; return the answer from the handler instead",
+            ));
+        }
+        let message = ReachMessage {
+            header: Some(Header {
+                message_id: trace::new_message_id(),
+                trace_id: ctx.trace_id.clone(),
+                task_id: ctx.task_id.clone(),
+                source: self.source.clone(),
+                correlation_id: ctx.message_id.clone(),
+                protocol_version: "1.0".into(),
+                created_at: Some(reach_rpc::time::now()),
+                ..Header::default()
+            }),
+            payload: Some(payload),
+        };
+        let mut router = self.router.clone();
+        let response = router
+            .reply(ReplyRequest {
+                message: Some(message),
+                reply_to: ctx.reply_to.clone(),
+            })
+            .await?;
+        Ok(response.into_inner().delivered)
     }
 
     /// Opens a stream through the router. The first message picks the instance; `rest` follows

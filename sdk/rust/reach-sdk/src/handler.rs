@@ -28,9 +28,21 @@ pub struct HandlerContext {
     pub cancellation: CancellationToken,
     /// This instance's id.
     pub instance_id: Arc<str>,
+    /// Where an asynchronous reply goes ("" when the caller waits for the handler's return
+    /// value). When set, a handler may return [`HandlerContext::ack`] at once and send the
+    /// answer later with [`crate::MeshClient::reply`].
+    pub reply_to: String,
 }
 
 impl HandlerContext {
+    /// The acknowledgement payload: return it to answer asynchronously later.
+    pub fn ack() -> Payload {
+        Payload {
+            r#type: reach_rpc::ACK_PAYLOAD_TYPE.to_string(),
+            parts: Vec::new(),
+        }
+    }
+
     /// Whether the call has been cancelled.
     pub fn is_cancelled(&self) -> bool {
         self.cancellation.is_cancelled()

@@ -50,12 +50,16 @@ pub enum AgentError {
     Serve(#[from] reach_rpc::server::ServeError),
 }
 
+/// Adds one of the agent's own gRPC services to its server.
+type AddService = Box<dyn FnOnce(GrpcServer) -> GrpcServer + Send>;
+
 /// An agent process: handlers by capability, served and registered.
 pub struct AgentRuntime {
     config: AgentConfig,
     handlers: HashMap<String, Arc<dyn Handler>>,
     stream_handlers: HashMap<String, Arc<dyn StreamHandler>>,
     capabilities: Vec<Capability>,
+    grpc_services: Vec<(String, AddService)>,
 }
 
 impl AgentRuntime {
@@ -66,7 +70,36 @@ impl AgentRuntime {
             handlers: HashMap::new(),
             stream_handlers: HashMap::new(),
             capabilities: Vec::new(),
+            grpc_services: Vec::new(),
         }
+    }
+
+    /// Serves one of the agent's own tonic services (for example
+    /// `examples.complaints.v1.TriageService`) next to AgentService, and registers its name so
+    /// the router forwards its method paths to this instance (typed pass-through).
+    /// `descriptor_set` (the service's encoded `FileDescriptorSet`) is added to reflection.
+    pub fn grpc_service<S>(mut self, service: S, descriptor_set: Option<&'static [u8]>) -> Self
+    where
+        S: tower::Service<http::Request<tonic::body::Body>, Error = std::convert::Infallible>
+            + tonic::server::NamedService
+            + Clone
+            + Send
+            + Sync
+            + 'static,
+        S::Response: axum::response::IntoResponse,
+        S::Future: Send + 'static,
+    {
+        self.grpc_services.push((
+            S::NAME.to_string(),
+            Box::new(move |server: GrpcServer| {
+                let server = server.add_service(service);
+                match descriptor_set {
+                    Some(set) => server.add_file_descriptor_set(set),
+                    None => server,
+                }
+            }),
+        ));
+        self
     }
 
     /// Serves unary messages for `capability` (semver `version`) with `handler`.
@@ -162,12 +195,18 @@ impl AgentRuntime {
         });
 
         let (stop_serving, serving_stopped) = watch::channel(false);
+        let mut grpc_service_names = Vec::new();
+        let mut server = GrpcServer::new();
+        for (name, add) in self.grpc_services {
+            grpc_service_names.push(name);
+            server = add(server);
+        }
         let agent_service = AgentServiceServer::new(AgentGrpc {
             shared: shared.clone(),
         })
         .max_decoding_message_size(config.max_message_bytes)
         .max_encoding_message_size(config.max_message_bytes);
-        let server = GrpcServer::new().add_service(reach_telemetry::traced(agent_service));
+        let server = server.add_service(reach_telemetry::traced(agent_service));
         let serve = tokio::spawn(server.serve(listener, async move {
             let mut stopped = serving_stopped;
             let _ = stopped.wait_for(|stop| *stop).await;
@@ -183,6 +222,7 @@ impl AgentRuntime {
             max_concurrency: u32::try_from(config.max_concurrency).unwrap_or(u32::MAX),
             topics: config.topics.clone(),
             labels: config.labels.clone(),
+            grpc_services: grpc_service_names,
         };
         let registry = tonic::transport::Endpoint::from_shared(config.registry_endpoint.clone())
             .map_err(|e| {
@@ -436,6 +476,7 @@ impl Shared {
             _ => String::new(),
         };
         HandlerContext {
+            reply_to: header.reply_to,
             trace_id: header.trace_id,
             task_id: header.task_id,
             message_id: header.message_id,
@@ -605,6 +646,15 @@ impl AgentService for AgentGrpc {
             outcome.clone()
         }
         .instrument(span.clone());
+        // The deduplicated run is its own task: when the caller goes away (a reset connection,
+        // a passed deadline) the handler still finishes and its outcome is remembered, so a
+        // redelivery of the same message id gets that outcome instead of running it again.
+        let task = tokio::spawn(run);
+        let run = async move {
+            task.await.unwrap_or_else(|join| {
+                Err(Status::internal(format!("handler task failed: {join}")))
+            })
+        };
         let result = match deadline {
             Some(deadline) => match tokio::time::timeout_at(deadline, run).await {
                 Ok(result) => result,

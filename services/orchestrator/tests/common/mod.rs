@@ -89,6 +89,22 @@ impl TestRouter {
 
 #[tonic::async_trait]
 impl RouterService for TestRouter {
+    async fn publish(
+        &self,
+        _request: Request<pb::PublishRequest>,
+    ) -> Result<Response<pb::PublishResponse>, Status> {
+        Err(Status::unimplemented("the test router does not publish"))
+    }
+
+    async fn reply(
+        &self,
+        _request: Request<pb::ReplyRequest>,
+    ) -> Result<Response<pb::ReplyResponse>, Status> {
+        Err(Status::unimplemented(
+            "the test router takes no asynchronous replies",
+        ))
+    }
+
     async fn call(&self, request: Request<CallRequest>) -> Result<Response<CallResponse>, Status> {
         let msg = request.into_inner().message.unwrap_or_default();
         let h = msg.header.clone().unwrap_or_default();

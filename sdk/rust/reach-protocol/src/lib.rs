@@ -1,0 +1,531 @@
+//! The protocol registry: what the mesh's capabilities are, what their messages look like
+//! and how to bridge versions, loaded from `protocol-registry.yaml`.
+//!
+//! ```yaml
+//! capabilities:
+//!   complaint.classify:
+//!     description: classify a consumer complaint
+//!     versions: ["1.0.0", "2.0.0"]
+//!     idempotent: true              # the router may retry it after a reset
+//!     input: complaint.classify_request
+//!     output: complaint.classification
+//! message_types:
+//!   complaint.classify_request:
+//!     schema: {type: object, required: [narrative]}
+//! adapters:
+//!   - capability: complaint.classify
+//!     from: "1.0.0"                 # the version the caller speaks
+//!     to: "2.0.0"                   # the version the instance serves (^to matches)
+//!     request: '.text = .narrative | del(.narrative)'   # jq, run by jaq
+//!     response: '.label = .category | del(.category)'
+//! ```
+//!
+//! Transforms are jq programs run by [jaq](https://github.com/01mf02/jaq): a filter such as
+//! `.text = .narrative | del(.narrative)` touches only the fields it names, so every other
+//! field passes through untouched.
+//!
+//! # Layout
+//! - [`ProtocolRegistry`]: the loaded file, with lookups (capability, schema, adapter).
+//! - [`Transform`]: one compiled jq program.
+//! - [`LoadError`]: what is wrong with a file, located (file, line and column, or the path of
+//!   the offending entry).
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+
+/// Why a protocol registry file could not be used.
+#[derive(Debug, thiserror::Error)]
+pub enum LoadError {
+    /// The file could not be read.
+    #[error("cannot read protocol registry {path}: {source}")]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// The I/O error.
+        source: std::io::Error,
+    },
+    /// The YAML is malformed or has unknown keys.
+    #[error("{path}: {message}")]
+    Syntax {
+        /// The file.
+        path: PathBuf,
+        /// The parser's message, with line and column.
+        message: String,
+    },
+    /// An entry is invalid; `at` is its path in the document.
+    #[error("{path}: {at}: {message}")]
+    Invalid {
+        /// The file.
+        path: PathBuf,
+        /// Where in the document (for example `adapters[0].request`).
+        at: String,
+        /// What is wrong and how to fix it.
+        message: String,
+    },
+}
+
+/// Why a payload or transform failed at run time.
+#[derive(Debug, thiserror::Error)]
+pub enum ProtocolError {
+    /// The payload does not match the schema.
+    #[error("{detail}")]
+    SchemaViolation {
+        /// The JSON pointer of the offending value ("" for the root).
+        pointer: String,
+        /// What the schema requires.
+        detail: String,
+    },
+    /// A transform failed or produced no single value.
+    #[error("{0}")]
+    Transform(String),
+}
+
+/// The file's shape.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct File {
+    #[serde(default)]
+    capabilities: BTreeMap<String, CapabilitySpec>,
+    #[serde(default)]
+    message_types: BTreeMap<String, MessageTypeSpec>,
+    #[serde(default)]
+    adapters: Vec<AdapterSpec>,
+}
+
+/// A declared capability.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CapabilitySpec {
+    /// What it does.
+    #[serde(default)]
+    pub description: String,
+    /// The versions that exist (semver); empty means any.
+    #[serde(default)]
+    pub versions: Vec<String>,
+    /// Whether running it twice has the effect of running it once, so the router may retry
+    /// it after an ambiguous failure.
+    #[serde(default)]
+    pub idempotent: bool,
+    /// The message type of its requests.
+    #[serde(default)]
+    pub input: Option<String>,
+    /// The message type of its replies.
+    #[serde(default)]
+    pub output: Option<String>,
+}
+
+/// A declared message type.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MessageTypeSpec {
+    /// What it carries.
+    #[serde(default)]
+    pub description: String,
+    /// The JSON Schema of its first `data` part.
+    #[serde(default)]
+    pub schema: Option<serde_json::Value>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct AdapterSpec {
+    capability: String,
+    from: String,
+    to: String,
+    #[serde(default)]
+    request: Option<String>,
+    #[serde(default)]
+    response: Option<String>,
+}
+
+/// A version adapter: the caller speaks `from`, the instance serves a version matching `^to`.
+#[derive(Debug, Clone)]
+pub struct Adapter {
+    /// The capability.
+    pub capability: String,
+    /// The version the caller speaks.
+    pub from: semver::Version,
+    /// The version the instance serves.
+    pub to: semver::Version,
+    /// Rewrites a request from `from` to `to` (identity when unset).
+    pub request: Option<Transform>,
+    /// Rewrites a reply from `to` back to `from` (identity when unset).
+    pub response: Option<Transform>,
+}
+
+impl Adapter {
+    /// Whether an instance at `version` can take adapted requests (`^to`).
+    pub fn serves(&self, version: &semver::Version) -> bool {
+        version.major == self.to.major
+            && (self.to.major != 0 || version.minor == self.to.minor)
+            && version >= &self.to
+    }
+
+    /// `capability from -> to`, for messages.
+    pub fn name(&self) -> String {
+        format!("{} {} -> {}", self.capability, self.from, self.to)
+    }
+}
+
+/// One jq program, checked at load time.
+#[derive(Debug, Clone)]
+pub struct Transform {
+    code: String,
+}
+
+impl Transform {
+    /// Compiles `code` to check it.
+    ///
+    /// # Errors
+    /// The parser's or compiler's message.
+    pub fn new(code: &str) -> Result<Self, String> {
+        compile(code)?;
+        Ok(Self {
+            code: code.to_string(),
+        })
+    }
+
+    /// The program text.
+    pub fn code(&self) -> &str {
+        &self.code
+    }
+
+    /// Runs the program on `input`; it must produce exactly one value.
+    ///
+    /// # Errors
+    /// [`ProtocolError::Transform`] when the program fails or yields no or several values.
+    pub fn apply(&self, input: &serde_json::Value) -> Result<serde_json::Value, ProtocolError> {
+        use jaq_core::{Ctx, Vars, data, unwrap_valr};
+        // jaq values are reference counted (not Send), so the program is compiled per run;
+        // adapters are off the common path.
+        let filter = compile(&self.code).map_err(ProtocolError::Transform)?;
+        let text = input.to_string();
+        let value = jaq_json::read::parse_single(text.as_bytes())
+            .map_err(|e| ProtocolError::Transform(format!("cannot read the payload: {e:?}")))?;
+        let ctx = Ctx::<data::JustLut<jaq_json::Val>>::new(&filter.lut, Vars::new([]));
+        let mut out = filter.id.run((ctx, value)).map(unwrap_valr);
+        let first = out
+            .next()
+            .ok_or_else(|| ProtocolError::Transform("the transform produced no value".into()))?
+            .map_err(|e| ProtocolError::Transform(format!("the transform failed: {e}")))?;
+        if out.next().is_some() {
+            return Err(ProtocolError::Transform(
+                "the transform produced several values; it must produce exactly one".into(),
+            ));
+        }
+        serde_json::from_str(&first.to_string()).map_err(|e| {
+            ProtocolError::Transform(format!("the transform's output is not JSON: {e}"))
+        })
+    }
+}
+
+fn compile(code: &str) -> Result<jaq_core::Filter<jaq_core::data::JustLut<jaq_json::Val>>, String> {
+    use jaq_core::load::{Arena, File, Loader};
+    let defs = jaq_core::defs()
+        .chain(jaq_std::defs())
+        .chain(jaq_json::defs());
+    let funs = jaq_core::funs()
+        .chain(jaq_std::funs())
+        .chain(jaq_json::funs());
+    let loader = Loader::new(defs);
+    let arena = Arena::default();
+    let modules = loader
+        .load(&arena, File { code, path: () })
+        .map_err(|errors| format!("jq syntax error: {errors:?}"))?;
+    jaq_core::Compiler::default()
+        .with_funs(funs)
+        .compile(modules)
+        .map_err(|errors| format!("jq compile error: {errors:?}"))
+}
+
+/// A loaded protocol registry.
+#[derive(Debug)]
+pub struct ProtocolRegistry {
+    path: PathBuf,
+    capabilities: BTreeMap<String, CapabilitySpec>,
+    message_types: BTreeMap<String, MessageTypeSpec>,
+    validators: BTreeMap<String, jsonschema::Validator>,
+    adapters: Vec<Adapter>,
+}
+
+impl ProtocolRegistry {
+    /// Loads and checks `path`.
+    ///
+    /// # Errors
+    /// [`LoadError`], located in the file.
+    pub fn load(path: &Path) -> Result<Self, LoadError> {
+        let text = std::fs::read_to_string(path).map_err(|source| LoadError::Read {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        Self::parse(path, &text)
+    }
+
+    /// Parses and checks `text` (read from `path`, which errors name).
+    ///
+    /// # Errors
+    /// [`LoadError`], located in the text.
+    pub fn parse(path: &Path, text: &str) -> Result<Self, LoadError> {
+        let file: File = serde_norway::from_str(text).map_err(|e| LoadError::Syntax {
+            path: path.to_path_buf(),
+            message: e.to_string(),
+        })?;
+        let invalid = |at: String, message: String| LoadError::Invalid {
+            path: path.to_path_buf(),
+            at,
+            message,
+        };
+        for (name, capability) in &file.capabilities {
+            for (i, version) in capability.versions.iter().enumerate() {
+                semver::Version::parse(version).map_err(|e| {
+                    invalid(
+                        format!("capabilities.{name}.versions[{i}]"),
+                        format!("{version:?} is not a semver version ({e}); write e.g. \"1.2.0\""),
+                    )
+                })?;
+            }
+            for (field, message_type) in
+                [("input", &capability.input), ("output", &capability.output)]
+            {
+                if let Some(message_type) = message_type
+                    && !file.message_types.contains_key(message_type)
+                {
+                    return Err(invalid(
+                        format!("capabilities.{name}.{field}"),
+                        format!(
+                            "message type {message_type:?} is not declared; add it under message_types"
+                        ),
+                    ));
+                }
+            }
+        }
+        let mut validators = BTreeMap::new();
+        for (name, message_type) in &file.message_types {
+            if let Some(schema) = &message_type.schema {
+                let validator = jsonschema::validator_for(schema).map_err(|e| {
+                    invalid(
+                        format!("message_types.{name}.schema{}", e.instance_path()),
+                        format!("not a valid JSON Schema: {e}"),
+                    )
+                })?;
+                validators.insert(name.clone(), validator);
+            }
+        }
+        let mut adapters = Vec::new();
+        for (i, spec) in file.adapters.iter().enumerate() {
+            if !file.capabilities.contains_key(&spec.capability) {
+                return Err(invalid(
+                    format!("adapters[{i}].capability"),
+                    format!(
+                        "capability {:?} is not declared; add it under capabilities",
+                        spec.capability
+                    ),
+                ));
+            }
+            let version = |field: &str, text: &str| {
+                semver::Version::parse(text).map_err(|e| {
+                    invalid(
+                        format!("adapters[{i}].{field}"),
+                        format!("{text:?} is not a semver version ({e}); write e.g. \"1.0.0\""),
+                    )
+                })
+            };
+            let transform = |field: &str, code: &Option<String>| {
+                code.as_deref()
+                    .map(Transform::new)
+                    .transpose()
+                    .map_err(|e| invalid(format!("adapters[{i}].{field}"), e))
+            };
+            adapters.push(Adapter {
+                capability: spec.capability.clone(),
+                from: version("from", &spec.from)?,
+                to: version("to", &spec.to)?,
+                request: transform("request", &spec.request)?,
+                response: transform("response", &spec.response)?,
+            });
+        }
+        Ok(Self {
+            path: path.to_path_buf(),
+            capabilities: file.capabilities,
+            message_types: file.message_types,
+            validators,
+            adapters,
+        })
+    }
+
+    /// The file it was loaded from.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// The declared capability `name`.
+    pub fn capability(&self, name: &str) -> Option<&CapabilitySpec> {
+        self.capabilities.get(name)
+    }
+
+    /// Every declared capability name, sorted.
+    pub fn capability_names(&self) -> impl Iterator<Item = &str> {
+        self.capabilities.keys().map(String::as_str)
+    }
+
+    /// The declared message type `name`.
+    pub fn message_type(&self, name: &str) -> Option<&MessageTypeSpec> {
+        self.message_types.get(name)
+    }
+
+    /// Whether capability `name` is declared idempotent.
+    pub fn is_idempotent(&self, name: &str) -> bool {
+        self.capabilities.get(name).is_some_and(|c| c.idempotent)
+    }
+
+    /// Checks a registration's capability against the file: declared, and (when the file
+    /// lists versions) at a declared version.
+    ///
+    /// # Errors
+    /// A message saying what to declare.
+    pub fn check_declared(&self, name: &str, version: &str) -> Result<(), String> {
+        let Some(capability) = self.capabilities.get(name) else {
+            return Err(format!(
+                "capability {name:?} is not declared in the protocol registry {}; declare it under capabilities (declared: {})",
+                self.path.display(),
+                self.capabilities
+                    .keys()
+                    .cloned()
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ));
+        };
+        if !capability.versions.is_empty()
+            && !version.is_empty()
+            && !capability.versions.iter().any(|v| v == version)
+        {
+            return Err(format!(
+                "capability {name:?} version {version:?} is not declared in the protocol registry {}; declared versions: {}",
+                self.path.display(),
+                capability.versions.join(", ")
+            ));
+        }
+        Ok(())
+    }
+
+    /// Validates `value` against the input schema of capability `name` (no schema: valid).
+    ///
+    /// # Errors
+    /// [`ProtocolError::SchemaViolation`] with the pointer of the first bad value.
+    pub fn validate_input(
+        &self,
+        name: &str,
+        value: &serde_json::Value,
+    ) -> Result<(), ProtocolError> {
+        let Some(validator) = self
+            .capabilities
+            .get(name)
+            .and_then(|c| c.input.as_ref())
+            .and_then(|t| self.validators.get(t))
+        else {
+            return Ok(());
+        };
+        match validator.iter_errors(value).next() {
+            None => Ok(()),
+            Some(error) => Err(ProtocolError::SchemaViolation {
+                pointer: error.instance_path().to_string(),
+                detail: error.to_string(),
+            }),
+        }
+    }
+
+    /// Whether capability `name` has an input schema.
+    pub fn has_input_schema(&self, name: &str) -> bool {
+        self.capabilities
+            .get(name)
+            .and_then(|c| c.input.as_ref())
+            .is_some_and(|t| self.validators.contains_key(t))
+    }
+
+    /// The adapters of capability `name` whose caller version satisfies `requirement`, best
+    /// (highest `to`) first.
+    pub fn adapters_for(&self, name: &str, requirement: &semver::VersionReq) -> Vec<&Adapter> {
+        let mut found: Vec<&Adapter> = self
+            .adapters
+            .iter()
+            .filter(|a| a.capability == name && requirement.matches(&a.from))
+            .collect();
+        found.sort_by(|a, b| b.to.cmp(&a.to));
+        found
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const FILE: &str = r#"
+capabilities:
+  demo.echo:
+    versions: ["1.0.0", "2.0.0"]
+    idempotent: true
+    input: demo.request
+message_types:
+  demo.request:
+    schema:
+      type: object
+      required: [text]
+      properties:
+        text: {type: string}
+        n: {type: integer}
+adapters:
+  - capability: demo.echo
+    from: "1.0.0"
+    to: "2.0.0"
+    request: '.body = .text | del(.text)'
+    response: '.text = .body | del(.body)'
+"#;
+
+    #[test]
+    fn a_transform_keeps_fields_it_does_not_name() {
+        let registry = ProtocolRegistry::parse(Path::new("t.yaml"), FILE).unwrap();
+        let adapter = registry.adapters_for("demo.echo", &"^1".parse().unwrap())[0];
+        let out = adapter
+            .request
+            .as_ref()
+            .unwrap()
+            .apply(&serde_json::json!({"text": "hi", "extra": {"a": [1, 2]}}))
+            .unwrap();
+        assert_eq!(
+            out,
+            serde_json::json!({"body": "hi", "extra": {"a": [1, 2]}})
+        );
+    }
+
+    #[test]
+    fn a_schema_violation_names_its_pointer() {
+        let registry = ProtocolRegistry::parse(Path::new("t.yaml"), FILE).unwrap();
+        let err = registry
+            .validate_input("demo.echo", &serde_json::json!({"text": "x", "n": "seven"}))
+            .unwrap_err();
+        match err {
+            ProtocolError::SchemaViolation { pointer, .. } => assert_eq!(pointer, "/n"),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn errors_are_located() {
+        let bad = FILE.replace("'.body = .text | del(.text)'", "'.body = ('");
+        let err = ProtocolRegistry::parse(Path::new("t.yaml"), &bad).unwrap_err();
+        assert!(err.to_string().contains("adapters[0].request"), "{err}");
+        let err =
+            ProtocolRegistry::parse(Path::new("t.yaml"), "capabilities: {x: {idempotnt: true}}")
+                .unwrap_err();
+        assert!(err.to_string().contains("line 1"), "{err}");
+        assert!(registry_declares());
+    }
+
+    fn registry_declares() -> bool {
+        let registry = ProtocolRegistry::parse(Path::new("t.yaml"), FILE).unwrap();
+        registry.check_declared("demo.echo", "1.0.0").is_ok()
+            && registry.check_declared("demo.other", "1.0.0").is_err()
+    }
+}

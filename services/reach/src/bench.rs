@@ -1,0 +1,666 @@
+//! `reach bench router`: the router's cost, measured side by side in one run.
+//!
+//! One process hosts a registry, a router, an echo agent (the SDK's `AgentRuntime`) and the
+//! load generator (tonic clients); `nats-server` runs as a child process with an in-process
+//! async-nats responder. For each payload size and concurrency it drives closed-loop
+//! request-reply for a fixed time:
+//! - `direct`: `AgentService.Handle` on the agent's own port;
+//! - `router`: `RouterService.Call`, routed by capability to the same agent;
+//! - `nats`:   NATS request-reply to a responder that decodes the same `ReachMessage` and
+//!   answers with a reply envelope, as the agent does.
+//!
+//! It prints throughput, p50/p99 latency (HDR histograms), CPU time per request (user +
+//! system time of this process, plus nats-server's for NATS, read from `/proc` — the same
+//! counters `getrusage` reports), the ratios router/direct and router/NATS, and a
+//! bidirectional stream's message rate through the router vs direct. The last line is
+//! `router_overhead_p50_us=<n> router_vs_direct_rps=<ratio> router_vs_nats_rps=<ratio>` at
+//! concurrency 64 with 4 KiB payloads, for tracking from run to run.
+
+use std::future::Future;
+use std::process::Stdio;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use anyhow::{Context, bail};
+use futures::StreamExt;
+use hdrhistogram::Histogram;
+use prost::Message as _;
+use reach_proto::v1::agent_service_client::AgentServiceClient;
+use reach_proto::v1::router_service_client::RouterServiceClient;
+use reach_proto::v1::{
+    CallRequest, HandleRequest, HandleStreamRequest, Header, Part, Payload, ReachMessage,
+    StreamRequest, header, part,
+};
+use reach_registry::{Registry, RegistryConfig, RegistryGrpc};
+use reach_router::{Router, RouterConfig};
+use reach_rpc::GrpcServer;
+use reach_rpc::trace::{self, TraceId};
+use reach_sdk::{AgentConfig, AgentRuntime, HandlerContext};
+use tokio::net::TcpListener;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+/// The capability the bench agent serves.
+const CAPABILITY: &str = "bench.echo";
+/// The NATS subject of the bench responder.
+const SUBJECT: &str = "bench.echo";
+
+/// What to run.
+#[derive(Debug, Clone)]
+pub struct BenchOptions {
+    /// The reduced matrix (under a minute): concurrency 1 and 64 at 4 KiB, short cells.
+    pub quick: bool,
+    /// Skip NATS (when nats-server is not installed).
+    pub no_nats: bool,
+}
+
+/// One measured cell.
+#[derive(Debug, Clone)]
+pub struct Cell {
+    /// `direct`, `router` or `nats`.
+    pub mode: &'static str,
+    /// Payload bytes.
+    pub payload: usize,
+    /// Closed-loop workers.
+    pub concurrency: usize,
+    /// Requests completed per second.
+    pub rps: f64,
+    /// Median latency, µs.
+    pub p50_us: f64,
+    /// 99th percentile latency, µs.
+    pub p99_us: f64,
+    /// CPU time per request, µs (this process, plus nats-server for NATS).
+    pub cpu_us: f64,
+    /// Failed requests.
+    pub errors: u64,
+}
+
+/// Runs the benchmark and prints its report to stdout.
+///
+/// # Errors
+/// When the in-process mesh or nats-server cannot start.
+pub async fn run(options: &BenchOptions) -> anyhow::Result<()> {
+    let mesh = Mesh::start().await?;
+    let nats = if options.no_nats {
+        None
+    } else {
+        Some(Nats::start().await?)
+    };
+    let (payloads, concurrencies, warmup, duration): (&[usize], &[usize], _, _) = if options.quick {
+        (
+            &[4096],
+            &[1, 64],
+            Duration::from_millis(300),
+            Duration::from_millis(1500),
+        )
+    } else {
+        (
+            &[128, 4096, 65536],
+            &[1, 16, 64],
+            Duration::from_millis(500),
+            Duration::from_secs(2),
+        )
+    };
+    println!(
+        "reach bench router: {} cores, {} per cell after {} warm-up; client, router and agent share this process",
+        std::thread::available_parallelism().map_or(1, |n| n.get()),
+        humantime::format_duration(duration),
+        humantime::format_duration(warmup),
+    );
+    let mut cells = Vec::new();
+    for &payload in payloads {
+        for &concurrency in concurrencies {
+            let direct = mesh.direct.clone();
+            cells.push(
+                measure(
+                    "direct",
+                    payload,
+                    concurrency,
+                    warmup,
+                    duration,
+                    None,
+                    move |m| {
+                        let mut client = direct.clone();
+                        async move {
+                            client
+                                .handle(HandleRequest { message: Some(m) })
+                                .await
+                                .map(|_| ())
+                                .map_err(|s| s.to_string())
+                        }
+                    },
+                )
+                .await,
+            );
+            let router = mesh.router.clone();
+            cells.push(
+                measure(
+                    "router",
+                    payload,
+                    concurrency,
+                    warmup,
+                    duration,
+                    None,
+                    move |m| {
+                        let mut client = router.clone();
+                        async move {
+                            client
+                                .call(CallRequest { message: Some(m) })
+                                .await
+                                .map(|_| ())
+                                .map_err(|s| s.to_string())
+                        }
+                    },
+                )
+                .await,
+            );
+            if let Some(nats) = &nats {
+                let client = nats.client.clone();
+                cells.push(
+                    measure(
+                        "nats",
+                        payload,
+                        concurrency,
+                        warmup,
+                        duration,
+                        Some(nats.pid),
+                        move |m| {
+                            let client = client.clone();
+                            async move {
+                                let reply = client
+                                    .request(SUBJECT, m.encode_to_vec().into())
+                                    .await
+                                    .map_err(|e| e.to_string())?;
+                                ReachMessage::decode(reply.payload)
+                                    .map(|_| ())
+                                    .map_err(|e| e.to_string())
+                            }
+                        },
+                    )
+                    .await,
+                );
+            }
+        }
+    }
+    let streams = (
+        stream_rate(&mesh, false, warmup, duration).await?,
+        stream_rate(&mesh, true, warmup, duration).await?,
+    );
+    print!("{}", render(&cells, streams));
+    let find = |mode: &str| {
+        cells
+            .iter()
+            .find(|c| c.mode == mode && c.payload == 4096 && c.concurrency == 64)
+    };
+    let (direct, router) = (find("direct"), find("router"));
+    let nats_cell = find("nats");
+    if let (Some(direct), Some(router)) = (direct, router) {
+        println!(
+            "router_overhead_p50_us={:.0} router_vs_direct_rps={:.2} router_vs_nats_rps={}",
+            router.p50_us - direct.p50_us,
+            router.rps / direct.rps,
+            nats_cell.map_or("n/a".to_string(), |n| format!("{:.2}", router.rps / n.rps)),
+        );
+    }
+    drop(nats);
+    mesh.stop().await;
+    Ok(())
+}
+
+fn message(payload: &Payload) -> ReachMessage {
+    ReachMessage {
+        header: Some(Header {
+            message_id: trace::new_message_id(),
+            trace_id: TraceId::random().to_string(),
+            source: "bench.client".into(),
+            target: Some(header::Target::Capability(CAPABILITY.into())),
+            protocol_version: "1.0".into(),
+            ..Header::default()
+        }),
+        payload: Some(payload.clone()),
+    }
+}
+
+fn payload_of(size: usize) -> Payload {
+    Payload {
+        r#type: "bench.blob".into(),
+        parts: vec![Part {
+            content: Some(part::Content::Raw(vec![0xab; size])),
+            media_type: "application/octet-stream".into(),
+            filename: String::new(),
+        }],
+    }
+}
+
+/// CPU ticks (user + system) of a process, from `/proc/<pid>/stat`.
+fn cpu_ticks(pid: Option<u32>) -> u64 {
+    let path = pid.map_or("/proc/self/stat".to_string(), |p| format!("/proc/{p}/stat"));
+    let Ok(stat) = std::fs::read_to_string(path) else {
+        return 0;
+    };
+    // Fields after the parenthesised command name; utime and stime are fields 14 and 15.
+    let after = stat.rsplit_once(')').map_or("", |(_, rest)| rest);
+    let fields: Vec<&str> = after.split_whitespace().collect();
+    let field = |i: usize| {
+        fields
+            .get(i)
+            .and_then(|f| f.parse::<u64>().ok())
+            .unwrap_or(0)
+    };
+    field(11) + field(12)
+}
+
+/// Linux reports CPU time in clock ticks of 10 ms (USER_HZ = 100).
+const TICK_US: f64 = 10_000.0;
+
+async fn measure<F, Fut>(
+    mode: &'static str,
+    payload: usize,
+    concurrency: usize,
+    warmup: Duration,
+    duration: Duration,
+    extra_pid: Option<u32>,
+    call: F,
+) -> Cell
+where
+    F: Fn(ReachMessage) -> Fut + Clone + Send + Sync + 'static,
+    Fut: Future<Output = Result<(), String>> + Send,
+{
+    let body = payload_of(payload);
+    let recording = Arc::new(AtomicBool::new(false));
+    let stop = Arc::new(AtomicBool::new(false));
+    let workers: Vec<_> = (0..concurrency)
+        .map(|_| {
+            let call = call.clone();
+            let body = body.clone();
+            let recording = recording.clone();
+            let stop = stop.clone();
+            tokio::spawn(async move {
+                let mut histogram =
+                    Histogram::<u64>::new_with_bounds(1, 60_000_000_000, 3).expect("bounds");
+                let mut errors = 0u64;
+                while !stop.load(Ordering::Relaxed) {
+                    let m = message(&body);
+                    let started = Instant::now();
+                    let result = call(m).await;
+                    if recording.load(Ordering::Relaxed) {
+                        match result {
+                            Ok(()) => {
+                                let ns =
+                                    u64::try_from(started.elapsed().as_nanos()).unwrap_or(u64::MAX);
+                                let _ = histogram.record(ns.max(1));
+                            }
+                            Err(_) => errors += 1,
+                        }
+                    }
+                }
+                (histogram, errors)
+            })
+        })
+        .collect();
+    tokio::time::sleep(warmup).await;
+    let cpu_before = cpu_ticks(None) + extra_pid.map_or(0, |p| cpu_ticks(Some(p)));
+    let started = Instant::now();
+    recording.store(true, Ordering::Relaxed);
+    tokio::time::sleep(duration).await;
+    recording.store(false, Ordering::Relaxed);
+    let elapsed = started.elapsed();
+    let cpu_after = cpu_ticks(None) + extra_pid.map_or(0, |p| cpu_ticks(Some(p)));
+    stop.store(true, Ordering::Relaxed);
+    let mut total = Histogram::<u64>::new_with_bounds(1, 60_000_000_000, 3).expect("bounds");
+    let mut errors = 0;
+    for worker in workers {
+        if let Ok((histogram, e)) = worker.await {
+            let _ = total.add(histogram);
+            errors += e;
+        }
+    }
+    let count = total.len().max(1);
+    let cell = Cell {
+        mode,
+        payload,
+        concurrency,
+        rps: total.len() as f64 / elapsed.as_secs_f64(),
+        p50_us: total.value_at_quantile(0.5) as f64 / 1000.0,
+        p99_us: total.value_at_quantile(0.99) as f64 / 1000.0,
+        cpu_us: cpu_after.saturating_sub(cpu_before) as f64 * TICK_US / count as f64,
+        errors,
+    };
+    eprintln!(
+        "  {mode:<6} {payload:>6} B  c={concurrency:<3} {:>9.0} req/s  p50 {:>8.1} µs  p99 {:>8.1} µs",
+        cell.rps, cell.p50_us, cell.p99_us
+    );
+    cell
+}
+
+/// Messages per second echoed on one bidirectional stream (128 B payloads).
+async fn stream_rate(
+    mesh: &Mesh,
+    through_router: bool,
+    warmup: Duration,
+    duration: Duration,
+) -> anyhow::Result<f64> {
+    let body = payload_of(128);
+    let (tx, rx) = tokio::sync::mpsc::channel::<ReachMessage>(256);
+    let stop = CancellationToken::new();
+    let feeder = {
+        let stop = stop.clone();
+        tokio::spawn(async move {
+            loop {
+                tokio::select! {
+                    _ = stop.cancelled() => return,
+                    sent = tx.send(message(&body)) => if sent.is_err() { return },
+                }
+            }
+        })
+    };
+    let inbound = tokio_stream::wrappers::ReceiverStream::new(rx);
+    let mut replies: futures::stream::BoxStream<'static, Result<(), tonic::Status>> =
+        if through_router {
+            let mut client = mesh.router.clone();
+            let outbound = inbound.map(|m| StreamRequest { message: Some(m) });
+            client
+                .stream(outbound)
+                .await?
+                .into_inner()
+                .map(|r| r.map(|_| ()))
+                .boxed()
+        } else {
+            let mut client = mesh.direct.clone();
+            let outbound = inbound.map(|m| HandleStreamRequest { message: Some(m) });
+            client
+                .handle_stream(outbound)
+                .await?
+                .into_inner()
+                .map(|r| r.map(|_| ()))
+                .boxed()
+        };
+    let warm_until = Instant::now() + warmup;
+    while Instant::now() < warm_until {
+        if replies.next().await.is_none() {
+            bail!("the stream ended during warm-up");
+        }
+    }
+    let started = Instant::now();
+    let until = started + duration;
+    let mut count = 0u64;
+    while Instant::now() < until {
+        match replies.next().await {
+            Some(Ok(())) => count += 1,
+            Some(Err(status)) => bail!("stream failed: {status}"),
+            None => break,
+        }
+    }
+    let rate = count as f64 / started.elapsed().as_secs_f64();
+    stop.cancel();
+    drop(replies);
+    let _ = feeder.await;
+    eprintln!(
+        "  stream {:<6} {rate:>9.0} msg/s",
+        if through_router { "router" } else { "direct" }
+    );
+    Ok(rate)
+}
+
+fn render(cells: &[Cell], (stream_direct, stream_router): (f64, f64)) -> String {
+    use std::fmt::Write as _;
+    let mut out = String::new();
+    let mut table = comfy_table::Table::new();
+    table.set_header(vec![
+        "payload",
+        "conc",
+        "mode",
+        "req/s",
+        "p50 µs",
+        "p99 µs",
+        "cpu µs/req",
+        "errors",
+    ]);
+    for cell in cells {
+        table.add_row(vec![
+            size_label(cell.payload),
+            cell.concurrency.to_string(),
+            cell.mode.to_string(),
+            format!("{:.0}", cell.rps),
+            format!("{:.1}", cell.p50_us),
+            format!("{:.1}", cell.p99_us),
+            format!("{:.1}", cell.cpu_us),
+            cell.errors.to_string(),
+        ]);
+    }
+    let _ = writeln!(out, "{table}");
+    let mut ratios = comfy_table::Table::new();
+    ratios.set_header(vec![
+        "payload",
+        "conc",
+        "router − direct p50 µs",
+        "router/direct req/s",
+        "router/nats req/s",
+    ]);
+    let mut keys: Vec<(usize, usize)> = cells.iter().map(|c| (c.payload, c.concurrency)).collect();
+    keys.dedup();
+    for (payload, concurrency) in keys {
+        let get = |mode: &str| {
+            cells
+                .iter()
+                .find(|c| c.mode == mode && c.payload == payload && c.concurrency == concurrency)
+        };
+        let (Some(direct), Some(router)) = (get("direct"), get("router")) else {
+            continue;
+        };
+        ratios.add_row(vec![
+            size_label(payload),
+            concurrency.to_string(),
+            format!("{:+.1}", router.p50_us - direct.p50_us),
+            format!("{:.2}", router.rps / direct.rps),
+            get("nats").map_or("n/a".into(), |n| format!("{:.2}", router.rps / n.rps)),
+        ]);
+    }
+    let _ = writeln!(out, "{ratios}");
+    let _ = writeln!(
+        out,
+        "bidi stream, 128 B messages: direct {stream_direct:.0} msg/s, router {stream_router:.0} msg/s, router/direct {:.2}",
+        stream_router / stream_direct.max(1.0)
+    );
+    out
+}
+
+fn size_label(bytes: usize) -> String {
+    if bytes >= 1024 {
+        format!("{} KiB", bytes / 1024)
+    } else {
+        format!("{bytes} B")
+    }
+}
+
+/// Registry, router and echo agent, in-process.
+struct Mesh {
+    direct: AgentServiceClient<tonic::transport::Channel>,
+    router: RouterServiceClient<tonic::transport::Channel>,
+    stop: CancellationToken,
+    agent: reach_sdk::runtime::RunningAgent,
+}
+
+impl Mesh {
+    async fn start() -> anyhow::Result<Self> {
+        let stop = CancellationToken::new();
+        let registry = Registry::new(RegistryConfig {
+            health_probe: false,
+            ..RegistryConfig::default()
+        })
+        .map_err(anyhow::Error::msg)?;
+        tokio::spawn(registry.clone().run_sweeper());
+        let registry_listener = TcpListener::bind("127.0.0.1:0").await?;
+        let registry_url = format!("http://{}", registry_listener.local_addr()?);
+        let token = stop.clone();
+        let closing = registry.clone();
+        tokio::spawn(
+            GrpcServer::new()
+                .add_service(RegistryGrpc::new(registry).into_server())
+                .with_grace(Duration::from_millis(100))
+                .serve(registry_listener, async move {
+                    token.cancelled().await;
+                    closing.close_watches();
+                }),
+        );
+
+        let router_listener = TcpListener::bind("127.0.0.1:0").await?;
+        let router_url = format!("http://{}", router_listener.local_addr()?);
+        let router = Router::new(RouterConfig {
+            registry_endpoint: registry_url.clone(),
+            ..RouterConfig::default()
+        })
+        .map_err(anyhow::Error::msg)?;
+        router.spawn_registry_watch();
+        let token = stop.clone();
+        tokio::spawn(
+            GrpcServer::new()
+                .add_service(router.clone().into_server())
+                .with_grace(Duration::from_millis(100))
+                .serve(router_listener, async move { token.cancelled().await }),
+        );
+
+        let agent_listener = TcpListener::bind("127.0.0.1:0").await?;
+        let mut config = AgentConfig::new("bench.echo", registry_url)
+            .with_instance_id("bench-echo-1")
+            .with_max_concurrency(4096)
+            .with_max_drain(Duration::from_millis(200));
+        config.max_message_bytes = 16 << 20;
+        let (agent, agent_url) =
+            AgentRuntime::new(config)
+                .handle(
+                    CAPABILITY,
+                    "1.0.0",
+                    |_ctx: HandlerContext, m: ReachMessage| async move {
+                        Ok(m.payload.unwrap_or_default())
+                    },
+                )
+                .handle_stream(
+                    CAPABILITY,
+                    "1.0.0",
+                    |_ctx: HandlerContext,
+                     first: ReachMessage,
+                     rest: reach_sdk::handler::InboundMessages| {
+                        futures::stream::once(async move { Ok(first) })
+                            .chain(rest)
+                            .map(|m| m.map(|m| m.payload.unwrap_or_default()))
+                    },
+                )
+                .start(agent_listener)
+                .await?;
+        tokio::time::timeout(Duration::from_secs(10), async {
+            while router.table().instances().is_empty() {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        })
+        .await
+        .context("the bench agent did not become routable within 10 s")?;
+        let connect = |url: String| async move {
+            tonic::transport::Endpoint::from_shared(url)?
+                .tcp_nodelay(true)
+                .connect()
+                .await
+        };
+        let direct = AgentServiceClient::new(connect(agent_url).await?)
+            .max_decoding_message_size(16 << 20)
+            .max_encoding_message_size(16 << 20);
+        let router = RouterServiceClient::new(connect(router_url).await?)
+            .max_decoding_message_size(16 << 20)
+            .max_encoding_message_size(16 << 20);
+        Ok(Self {
+            direct,
+            router,
+            stop,
+            agent,
+        })
+    }
+
+    async fn stop(self) {
+        let _ = self.agent.drain().await;
+        self.stop.cancel();
+    }
+}
+
+/// nats-server as a child process plus an in-process responder.
+struct Nats {
+    _child: KillOnDrop,
+    pid: u32,
+    client: async_nats::Client,
+    _responder: tokio::task::JoinHandle<()>,
+}
+
+impl Nats {
+    async fn start() -> anyhow::Result<Self> {
+        let port = {
+            let probe = std::net::TcpListener::bind("127.0.0.1:0")?;
+            probe.local_addr()?.port()
+        };
+        let child = std::process::Command::new("nats-server")
+            .args(["-a", "127.0.0.1", "-p", &port.to_string()])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .context("cannot start nats-server (apt-get install nats-server, or pass --no-nats)")?;
+        let pid = child.id();
+        let child = KillOnDrop(child);
+        let url = format!("nats://127.0.0.1:{port}");
+        let mut attempt = 0;
+        let client = loop {
+            match async_nats::connect(&url).await {
+                Ok(client) => break client,
+                Err(_) if attempt < 100 => {
+                    attempt += 1;
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+                Err(e) => bail!("nats-server did not accept connections at {url}: {e}"),
+            }
+        };
+        let responder_client = async_nats::connect(&url).await?;
+        let mut subscription = responder_client.subscribe(SUBJECT).await?;
+        responder_client.flush().await?;
+        let responder = tokio::spawn(async move {
+            while let Some(request) = subscription.next().await {
+                let Some(reply_to) = request.reply else {
+                    continue;
+                };
+                let client = responder_client.clone();
+                // Same work as the agent: decode the envelope, answer with a reply envelope.
+                let reply = match ReachMessage::decode(request.payload) {
+                    Ok(m) => ReachMessage {
+                        header: Some(Header {
+                            message_id: trace::new_message_id(),
+                            correlation_id: m
+                                .header
+                                .as_ref()
+                                .map(|h| h.message_id.clone())
+                                .unwrap_or_default(),
+                            trace_id: m.header.map(|h| h.trace_id).unwrap_or_default(),
+                            created_at: Some(reach_rpc::time::now()),
+                            ..Header::default()
+                        }),
+                        payload: m.payload,
+                    },
+                    Err(_) => ReachMessage::default(),
+                };
+                let _ = client.publish(reply_to, reply.encode_to_vec().into()).await;
+            }
+        });
+        Ok(Self {
+            _child: child,
+            pid,
+            client,
+            _responder: responder,
+        })
+    }
+}
+
+/// Stops the child process (nats-server) when dropped, also on an early error return.
+struct KillOnDrop(std::process::Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}

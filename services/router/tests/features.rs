@@ -1,0 +1,357 @@
+//! Publish, asynchronous replies across router replicas, versioned capabilities with
+//! adapters, strict registration and payload validation.
+
+mod common;
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use common::*;
+use reach_proto::v1::{Payload, ReachMessage};
+use reach_registry::RegistryConfig;
+use reach_router::RouterConfig;
+use reach_sdk::{AgentConfig, AgentRuntime, CallOptions, HandlerContext, MeshClient};
+use tonic::Code;
+
+fn example_registry() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../examples/protocol-registry.yaml")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn publish_reaches_every_subscriber_and_counts_failures() {
+    let registry = registry().await;
+    let seen = Arc::new(AtomicUsize::new(0));
+    let mut agents = Vec::new();
+    for (id, fail) in [("sub-1", false), ("sub-2", false), ("sub-3", true)] {
+        let mut config = config("subscriber", id, &registry.url);
+        config.topics = vec!["complaints.new".into()];
+        let seen = seen.clone();
+        let runtime = AgentRuntime::new(config).handle(
+            "notify",
+            "1.0.0",
+            move |_c: HandlerContext, _m: ReachMessage| {
+                let seen = seen.clone();
+                async move {
+                    seen.fetch_add(1, Ordering::SeqCst);
+                    if fail {
+                        Err(tonic::Status::internal("subscriber broke"))
+                    } else {
+                        Ok(Payload::text("ok", ""))
+                    }
+                }
+            },
+        );
+        agents.push(agent(runtime).await.0);
+    }
+    // Not subscribed: never sees the message.
+    let other = Arc::new(AtomicUsize::new(0));
+    agents.push(
+        agent(echo_agent(
+            config("other", "other-1", &registry.url),
+            "notify",
+            other.clone(),
+        ))
+        .await
+        .0,
+    );
+    let router = router(&registry.url, RouterConfig::default()).await;
+    router.wait_routable(4).await;
+    let client = router.client().await;
+    let response = client
+        .publish(
+            "complaints.new",
+            Payload::text("notify", "hello"),
+            CallOptions::default(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        (response.delivered, response.failed),
+        (2, 1),
+        "{response:?}"
+    );
+    assert_eq!(response.failures[0].instance_id, "sub-3");
+    assert_eq!(seen.load(Ordering::SeqCst), 3);
+    assert_eq!(other.load(Ordering::SeqCst), 0);
+    // No subscriber: nothing delivered, nothing failed.
+    let none = client
+        .publish(
+            "nobody.listens",
+            Payload::text("notify", ""),
+            CallOptions::default(),
+        )
+        .await
+        .unwrap();
+    assert_eq!((none.delivered, none.failed), (0, 0));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_async_reply_sent_to_another_replica_completes_the_waiting_call() {
+    let registry = registry().await;
+    // Two replicas that share nothing but the registry.
+    let first = router(&registry.url, RouterConfig::default()).await;
+    let second = router(&registry.url, RouterConfig::default()).await;
+    let replier = MeshClient::connect(&second.url, "slowpoke.worker")
+        .await
+        .unwrap();
+    let (_agent, _) = agent(
+        AgentRuntime::new(config("slowpoke", "slowpoke-1", &registry.url)).handle(
+            "report.build",
+            "1.0.0",
+            move |ctx: HandlerContext, message: ReachMessage| {
+                let replier = replier.clone();
+                async move {
+                    assert!(!ctx.reply_to.is_empty());
+                    let question = message
+                        .payload
+                        .unwrap_or_default()
+                        .first_text()
+                        .unwrap_or("")
+                        .to_string();
+                    // Acknowledge now, answer later through the other replica.
+                    tokio::spawn(async move {
+                        tokio::time::sleep(Duration::from_millis(100)).await;
+                        let delivered = replier
+                            .reply(
+                                &ctx,
+                                Payload::text("report", format!("report on {question}")),
+                            )
+                            .await
+                            .expect("reply accepted");
+                        assert!(delivered, "the waiting call took the reply");
+                    });
+                    Ok(HandlerContext::ack())
+                }
+            },
+        ),
+    )
+    .await;
+    first.wait_routable(1).await;
+    let client = first.client().await;
+    let mut message = client.message_to_capability(
+        "report.build",
+        Payload::text("t", "Q3"),
+        &CallOptions::default(),
+    );
+    message.header.as_mut().unwrap().reply_to = "async".into();
+    let reply = client
+        .send(message, Some(Duration::from_secs(10)))
+        .await
+        .unwrap();
+    let reply = reply.message.unwrap();
+    assert_eq!(reply.payload.unwrap().first_text(), Some("report on Q3"));
+    assert!(!reply.header.unwrap().correlation_id.is_empty());
+}
+
+/// An agent serving `complaint.summarize` at `version`, echoing its input data back as
+/// `{"abstract": <text or narrative>, ...input}` (v2 shape) or `{"summary": ...}` (v1).
+fn summarizer(registry: &str, id: &str, version: &'static str) -> AgentRuntime {
+    AgentRuntime::new(config("summarizer", id, registry)).handle(
+        "complaint.summarize",
+        version,
+        move |_c: HandlerContext, message: ReachMessage| async move {
+            let mut input = message
+                .payload
+                .unwrap_or_default()
+                .first_json()
+                .unwrap_or_default();
+            let object = input.as_object_mut().expect("object input");
+            if version.starts_with('2') {
+                let text = object
+                    .get("text")
+                    .cloned()
+                    .ok_or_else(|| tonic::Status::invalid_argument("v2 needs `text`"))?;
+                object.insert("abstract".into(), text);
+            } else {
+                let text = object.get("narrative").cloned().unwrap_or_default();
+                object.insert("summary".into(), text);
+            }
+            object.insert("served_by".into(), serde_json::json!(version));
+            Ok(Payload::json("complaint.summary", &input))
+        },
+    )
+}
+
+async fn summarize(
+    client: &MeshClient,
+    requirement: &str,
+    input: serde_json::Value,
+) -> Result<serde_json::Value, tonic::Status> {
+    let reply = client
+        .call(
+            "complaint.summarize",
+            Payload::json("complaint.summarize_request", &input),
+            CallOptions {
+                capability_version: Some(requirement.into()),
+                ..CallOptions::default()
+            },
+        )
+        .await?;
+    Ok(reply
+        .message
+        .unwrap()
+        .payload
+        .unwrap()
+        .first_json()
+        .unwrap())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_version_adapter_bridges_callers_and_keeps_unknown_fields() {
+    let registry = registry().await;
+    let (_v2, _) = agent(summarizer(&registry.url, "sum-v2", "2.0.0")).await;
+    let router = router(
+        &registry.url,
+        RouterConfig {
+            protocol_registry: Some(example_registry()),
+            ..RouterConfig::default()
+        },
+    )
+    .await;
+    router.wait_routable(1).await;
+    let client = router.client().await;
+
+    // A 1.x caller reaches the 2.0.0 instance through the adapter, both ways.
+    let out = summarize(
+        &client,
+        "^1",
+        serde_json::json!({"narrative": "late fees", "max_words": 5, "x_trace": {"keep": [1, 2]}}),
+    )
+    .await
+    .unwrap();
+    assert_eq!(out["served_by"], "2.0.0");
+    assert_eq!(out["summary"], "late fees");
+    assert!(out.get("abstract").is_none());
+    assert_eq!(out["max_words"], 5);
+    assert_eq!(out["x_trace"], serde_json::json!({"keep": [1, 2]}));
+
+    // No instance and no adapter for 3.x.
+    let status = summarize(&client, "^3", serde_json::json!({"text": "x"}))
+        .await
+        .unwrap_err();
+    assert_eq!(status.code(), Code::FailedPrecondition);
+    assert_eq!(reason(&status), "VERSION_NOT_SUPPORTED");
+    assert!(status.message().contains("2.0.0"), "{}", status.message());
+
+    // Once a compatible 1.0.0 instance exists it is preferred over adapting.
+    let (_v1, _) = agent(summarizer(&registry.url, "sum-v1", "1.0.0")).await;
+    router.wait_routable(2).await;
+    let out = summarize(&client, "^1", serde_json::json!({"narrative": "fees"}))
+        .await
+        .unwrap();
+    assert_eq!(out["served_by"], "1.0.0");
+    assert_eq!(out["summary"], "fees");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn strict_registry_refuses_undeclared_capabilities() {
+    let registry = registry_with(RegistryConfig {
+        health_probe: false,
+        strict: true,
+        protocol_registry: Some(example_registry()),
+        ..RegistryConfig::default()
+    })
+    .await;
+    let spec = |capability: &str, version: &str| reach_proto::v1::InstanceSpec {
+        service: "s".into(),
+        instance_id: "s-1".into(),
+        endpoint: "http://127.0.0.1:9".into(),
+        capabilities: vec![reach_proto::v1::Capability {
+            name: capability.into(),
+            version: version.into(),
+        }],
+        ..Default::default()
+    };
+    let mut client = reach_proto::v1::registry_service_client::RegistryServiceClient::connect(
+        registry.url.clone(),
+    )
+    .await
+    .unwrap();
+    let status = client
+        .register(reach_proto::v1::RegisterRequest {
+            instance: Some(spec("complaint.teleport", "1.0.0")),
+            lease_ttl: None,
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(status.code(), Code::FailedPrecondition);
+    assert_eq!(reason(&status), "CAPABILITY_NOT_DECLARED");
+    assert!(
+        status.message().contains("complaint.teleport"),
+        "{}",
+        status.message()
+    );
+    let status = client
+        .register(reach_proto::v1::RegisterRequest {
+            instance: Some(spec("complaint.summarize", "9.0.0")),
+            lease_ttl: None,
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(reason(&status), "CAPABILITY_NOT_DECLARED");
+    client
+        .register(reach_proto::v1::RegisterRequest {
+            instance: Some(spec("complaint.summarize", "2.0.0")),
+            lease_ttl: None,
+        })
+        .await
+        .expect("a declared capability registers");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_payload_that_breaks_the_input_schema_is_refused_with_its_pointer() {
+    let registry = registry().await;
+    let runs = Arc::new(AtomicUsize::new(0));
+    let (_agent, _) = agent(echo_agent(
+        AgentConfig {
+            ..config("ingest", "ingest-1", &registry.url)
+        },
+        "complaint.ingest",
+        runs.clone(),
+    ))
+    .await;
+    let router = router(
+        &registry.url,
+        RouterConfig {
+            protocol_registry: Some(example_registry()),
+            ..RouterConfig::default()
+        },
+    )
+    .await;
+    router.wait_routable(1).await;
+    let client = router.client().await;
+    let status = client
+        .call(
+            "complaint.ingest",
+            Payload::json(
+                "complaint.ingest_request",
+                &serde_json::json!({"path": "x.csv", "concurrency": "lots"}),
+            ),
+            CallOptions::default(),
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(status.code(), Code::InvalidArgument);
+    assert_eq!(reason(&status), "INVALID_PAYLOAD");
+    assert_eq!(
+        reach_rpc::errors::metadata_of(&status)
+            .get("pointer")
+            .map(String::as_str),
+        Some("/concurrency")
+    );
+    assert_eq!(runs.load(Ordering::SeqCst), 0);
+    client
+        .call(
+            "complaint.ingest",
+            Payload::json(
+                "complaint.ingest_request",
+                &serde_json::json!({"path": "x.csv", "concurrency": 4}),
+            ),
+            CallOptions::default(),
+        )
+        .await
+        .expect("a valid payload goes through");
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+}

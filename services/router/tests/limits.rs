@@ -1,0 +1,376 @@
+//! Limits and delivery safety: shedding, TTL, stream message size, and retries that never run
+//! a side effect twice.
+
+mod common;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use common::*;
+use reach_proto::v1::{Payload, ReachMessage};
+use reach_router::RouterConfig;
+use reach_router::config::AdmissionConfig;
+use reach_sdk::{AgentConfig, AgentRuntime, CallOptions, HandlerContext};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{Notify, Semaphore};
+use tonic::Code;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn overload_is_shed_with_a_retry_hint_and_bounded_waiting() {
+    let registry = registry().await;
+    let gate = Arc::new(Semaphore::new(0));
+    let handler_gate = gate.clone();
+    let (_agent, _) = agent(
+        AgentRuntime::new(config("slow", "slow-1", &registry.url).with_max_concurrency(1)).handle(
+            "slow",
+            "1.0.0",
+            move |_c: HandlerContext, _m: ReachMessage| {
+                let gate = handler_gate.clone();
+                async move {
+                    gate.acquire().await.unwrap().forget();
+                    Ok(Payload::text("done", ""))
+                }
+            },
+        ),
+    )
+    .await;
+    let config = RouterConfig {
+        admission: AdmissionConfig {
+            max_waiting: 2,
+            max_wait: Duration::from_secs(5),
+            retry_after: Duration::from_millis(75),
+        },
+        ..RouterConfig::default()
+    };
+    let router = router(&registry.url, config).await;
+    router.wait_routable(1).await;
+    let client = router.client().await;
+
+    // One call runs (the instance's limit is 1), two wait, the rest are shed at once.
+    let calls: Vec<_> = (0..12)
+        .map(|_| {
+            let client = client.clone();
+            tokio::spawn(async move {
+                client
+                    .call("slow", Payload::text("t", ""), CallOptions::default())
+                    .await
+            })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(router.router.table().waiting() <= 2);
+    gate.add_permits(100);
+    let mut ok = 0;
+    let mut shed = 0;
+    for call in calls {
+        match call.await.unwrap() {
+            Ok(_) => ok += 1,
+            Err(status) => {
+                assert_eq!(status.code(), Code::Unavailable, "{status:?}");
+                assert_eq!(reason(&status), "OVERLOADED");
+                assert_eq!(
+                    reach_rpc::errors::retry_after_of(&status),
+                    Some(Duration::from_millis(75))
+                );
+                assert_eq!(
+                    reach_rpc::errors::metadata_of(&status)
+                        .get("retry_after_ms")
+                        .map(String::as_str),
+                    Some("75")
+                );
+                shed += 1;
+            }
+        }
+    }
+    assert_eq!((ok, shed), (3, 9));
+    assert_eq!(router.router.table().waiting(), 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_expired_message_is_refused_with_message_expired() {
+    let registry = registry().await;
+    let (_agent, _) = agent(
+        AgentRuntime::new(config("slow", "slow-1", &registry.url)).handle(
+            "slow",
+            "1.0.0",
+            |_c: HandlerContext, m: ReachMessage| async move {
+                let millis = m
+                    .payload
+                    .as_ref()
+                    .and_then(|p| p.first_text())
+                    .unwrap_or("0");
+                tokio::time::sleep(Duration::from_millis(millis.parse().unwrap_or(0))).await;
+                Ok(Payload::text("done", ""))
+            },
+        ),
+    )
+    .await;
+    let router = router(&registry.url, RouterConfig::default()).await;
+    router.wait_routable(1).await;
+    let client = router.client().await;
+
+    // Already expired when it reaches the router.
+    let mut old =
+        client.message_to_capability("slow", Payload::text("t", "0"), &CallOptions::default());
+    let header = old.header.as_mut().unwrap();
+    header.created_at = Some(reach_rpc::time::timestamp(
+        std::time::SystemTime::now() - Duration::from_secs(2),
+    ));
+    header.ttl = Some(reach_rpc::time::proto_duration(Duration::from_secs(1)));
+    let status = client.send(old, None).await.unwrap_err();
+    assert_eq!(status.code(), Code::DeadlineExceeded);
+    assert_eq!(reason(&status), "MESSAGE_EXPIRED");
+
+    // Expires while the instance works on it.
+    let mut short =
+        client.message_to_capability("slow", Payload::text("t", "2000"), &CallOptions::default());
+    short.header.as_mut().unwrap().ttl =
+        Some(reach_rpc::time::proto_duration(Duration::from_millis(100)));
+    let status = client.send(short, None).await.unwrap_err();
+    assert_eq!(status.code(), Code::DeadlineExceeded);
+    assert_eq!(reason(&status), "MESSAGE_EXPIRED");
+
+    // A fresh one within its TTL goes through.
+    let mut fresh =
+        client.message_to_capability("slow", Payload::text("t", "0"), &CallOptions::default());
+    fresh.header.as_mut().unwrap().ttl =
+        Some(reach_rpc::time::proto_duration(Duration::from_secs(5)));
+    client.send(fresh, None).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_oversized_stream_message_ends_the_stream_with_payload_too_large() {
+    let registry = registry().await;
+    let (_agent, _) = agent(
+        AgentRuntime::new(config("talk", "talk-1", &registry.url)).handle_stream(
+            "talk",
+            "1.0.0",
+            |_c: HandlerContext, first: ReachMessage, rest: reach_sdk::handler::InboundMessages| {
+                use futures::StreamExt;
+                futures::stream::once(async move { Ok(first) })
+                    .chain(rest)
+                    .map(|m| m.map(|m| m.payload.unwrap_or_default()))
+            },
+        ),
+    )
+    .await;
+    let config = RouterConfig {
+        max_message_bytes: 2048,
+        ..RouterConfig::default()
+    };
+    let router = router(&registry.url, config).await;
+    router.wait_routable(1).await;
+    let client = router.client().await;
+    let small =
+        client.message_to_capability("talk", Payload::text("t", "hi"), &CallOptions::default());
+    let big = client.message_to_capability(
+        "talk",
+        Payload::text("t", "x".repeat(4000)),
+        &CallOptions::default(),
+    );
+    let next_small =
+        client.message_to_capability("talk", Payload::text("t", "again"), &CallOptions::default());
+    let (tx, rx) = tokio::sync::mpsc::channel(4);
+    let mut replies = client
+        .stream(small, tokio_stream_from(rx), Some(Duration::from_secs(10)))
+        .await
+        .unwrap();
+    let first = replies.message().await.unwrap().unwrap();
+    assert_eq!(
+        first.message.unwrap().payload.unwrap().first_text(),
+        Some("hi")
+    );
+    tx.send(big).await.unwrap();
+    let _ = tx.send(next_small).await;
+    let status = loop {
+        match replies.message().await {
+            Ok(Some(_)) => continue,
+            Ok(None) => panic!("the stream ended without an error"),
+            Err(status) => break status,
+        }
+    };
+    assert_eq!(status.code(), Code::ResourceExhausted, "{status:?}");
+    assert_eq!(reason(&status), "PAYLOAD_TOO_LARGE");
+    let meta = reach_rpc::errors::metadata_of(&status);
+    assert_eq!(meta.get("limit_bytes").map(String::as_str), Some("2048"));
+}
+
+fn tokio_stream_from(
+    rx: tokio::sync::mpsc::Receiver<ReachMessage>,
+) -> impl futures::Stream<Item = ReachMessage> + Send + 'static {
+    futures::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|m| (m, rx)) })
+}
+
+/// A TCP proxy in front of an agent that can cut every connection it carries.
+struct Proxy {
+    endpoint: String,
+    cut: Arc<Notify>,
+}
+
+async fn proxy(target: String) -> Proxy {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let endpoint = format!("http://{}", listener.local_addr().unwrap());
+    let cut = Arc::new(Notify::new());
+    let cut_all = cut.clone();
+    tokio::spawn(async move {
+        loop {
+            let Ok((inbound, _)) = listener.accept().await else {
+                return;
+            };
+            let target = target.trim_start_matches("http://").to_string();
+            let cut = cut_all.clone();
+            tokio::spawn(async move {
+                let Ok(outbound) = TcpStream::connect(target).await else {
+                    return;
+                };
+                let (mut ri, mut wi) = inbound.into_split();
+                let (mut ro, mut wo) = outbound.into_split();
+                tokio::select! {
+                    _ = tokio::io::copy(&mut ri, &mut wo) => {}
+                    _ = tokio::io::copy(&mut ro, &mut wi) => {}
+                    _ = cut.notified() => {}
+                }
+                // Dropping both halves resets the connections.
+            });
+        }
+    });
+    Proxy { endpoint, cut }
+}
+
+/// An agent reached only through a proxy: it registers nowhere; the test registers the
+/// proxy's address for it.
+async fn agent_behind_proxy(
+    registry: &TestRegistry,
+    capability: &str,
+    runs: Arc<AtomicUsize>,
+    started: Arc<Notify>,
+) -> (reach_sdk::runtime::RunningAgent, Proxy) {
+    let config = AgentConfig {
+        registry_endpoint: "http://127.0.0.1:1".into(),
+        ..config("pay", "pay-1", &registry.url)
+    };
+    let (agent, endpoint) = agent(AgentRuntime::new(config).handle(
+        capability,
+        "1.0.0",
+        move |_c: HandlerContext, _m: ReachMessage| {
+            let runs = runs.clone();
+            let started = started.clone();
+            async move {
+                // The side effect happens, then the reply takes a while.
+                let n = runs.fetch_add(1, Ordering::SeqCst) + 1;
+                started.notify_one();
+                tokio::time::sleep(Duration::from_millis(200)).await;
+                Ok(Payload::text("charged", n.to_string()))
+            }
+        },
+    ))
+    .await;
+    let proxy = proxy(endpoint).await;
+    register(
+        &registry.registry,
+        "pay",
+        "pay-1",
+        &proxy.endpoint,
+        &[(capability, "1.0.0")],
+    );
+    (agent, proxy)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reset_after_delivery_is_not_retried_and_redelivery_is_deduplicated() {
+    let registry = registry().await;
+    let runs = Arc::new(AtomicUsize::new(0));
+    let started = Arc::new(Notify::new());
+    let (_agent, proxy) =
+        agent_behind_proxy(&registry, "payment.charge", runs.clone(), started.clone()).await;
+    let router = router(&registry.url, RouterConfig::default()).await;
+    router.wait_routable(1).await;
+    let client = router.client().await;
+
+    let options = CallOptions {
+        message_id: Some(reach_rpc::trace::new_message_id()),
+        ..CallOptions::default()
+    };
+    let call = {
+        let client = client.clone();
+        let options = options.clone();
+        tokio::spawn(async move {
+            client
+                .call("payment.charge", Payload::text("t", "10 EUR"), options)
+                .await
+        })
+    };
+    started.notified().await;
+    proxy.cut.notify_waiters();
+    let status = call.await.unwrap().unwrap_err();
+    assert!(
+        matches!(
+            status.code(),
+            Code::Unavailable | Code::Unknown | Code::Internal
+        ),
+        "{status:?}"
+    );
+    // Not idempotent and possibly delivered: the router did not send it again.
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+
+    // The caller resends the same message id: the agent answers from its dedupe window.
+    let reply = client
+        .call("payment.charge", Payload::text("t", "10 EUR"), options)
+        .await
+        .unwrap();
+    assert_eq!(
+        reply.message.unwrap().payload.unwrap().first_text(),
+        Some("1")
+    );
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idempotent_capability_is_retried_after_a_reset_without_running_twice() {
+    let dir = std::env::temp_dir().join(format!("reach-idem-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("protocol-registry.yaml");
+    std::fs::write(
+        &file,
+        "capabilities:\n  balance.read:\n    idempotent: true\n",
+    )
+    .unwrap();
+    let registry = registry().await;
+    let runs = Arc::new(AtomicUsize::new(0));
+    let started = Arc::new(Notify::new());
+    let (_agent, proxy) =
+        agent_behind_proxy(&registry, "balance.read", runs.clone(), started.clone()).await;
+    let router = router(
+        &registry.url,
+        RouterConfig {
+            protocol_registry: Some(file),
+            ..RouterConfig::default()
+        },
+    )
+    .await;
+    router.wait_routable(1).await;
+    let client = router.client().await;
+    let call = {
+        let client = client.clone();
+        tokio::spawn(async move {
+            client
+                .call(
+                    "balance.read",
+                    Payload::text("t", ""),
+                    CallOptions::default(),
+                )
+                .await
+        })
+    };
+    started.notified().await;
+    proxy.cut.notify_waiters();
+    // The router retried on its own; the agent's dedupe window answered the redelivery.
+    let reply = call.await.unwrap().expect("the idempotent call is retried");
+    assert_eq!(
+        reply.message.unwrap().payload.unwrap().first_text(),
+        Some("1")
+    );
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+}
