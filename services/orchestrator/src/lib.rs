@@ -10,7 +10,6 @@
 //! - [`engine`]: drives tasks node by node; durable timers; leases; resume at start-up.
 //! - [`service`]: the `reach.v1.OrchestratorService` gRPC implementation (masked views).
 //! - [`http`]: admin routes (`GET /tasks/{id}`, `POST /tasks/{id}/retry`).
-//! - [`ledger`]: [`ledger::LedgerSink`], the router-side bounded, batched ledger sink.
 //! - [`mask`]: masking of sensitive values in everything shown.
 //! - [`cli`]: the `reach flow ...`, `reach task ...` and `reach dump` commands.
 //! - [`bench`]: durable transitions per second on SQLite and PostgreSQL.
@@ -37,7 +36,6 @@ pub mod flow;
 pub mod flows;
 pub mod http;
 pub mod json;
-pub mod ledger;
 pub mod mask;
 pub mod service;
 pub mod store;
@@ -47,7 +45,6 @@ use std::future::Future;
 pub use config::OrchestratorConfig;
 pub use engine::{Clock, Engine, EngineSettings};
 pub use error::Error;
-pub use ledger::{CallOutcome, LedgerSink, LedgerSinkConfig};
 pub use service::OrchestratorApi;
 
 use reach_proto::v1::orchestrator_service_server::OrchestratorServiceServer;

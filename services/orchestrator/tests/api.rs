@@ -7,9 +7,10 @@ use std::time::Duration;
 
 use common::{TestRouter, eventually};
 use reach_orchestrator::cli;
-use reach_orchestrator::{LedgerSink, LedgerSinkConfig, Orchestrator, OrchestratorConfig};
+use reach_orchestrator::{Orchestrator, OrchestratorConfig};
 use reach_proto::v1 as pb;
 use reach_proto::v1::orchestrator_service_client::OrchestratorServiceClient;
+use reach_router::ledger::{CallOutcome, LedgerSink, LedgerSinkConfig};
 use serde_json::json;
 use tonic::Status;
 
@@ -316,7 +317,7 @@ async fn cli_commands_against_a_server() {
                 parts: vec![],
             }),
         };
-        let outcome = reach_orchestrator::CallOutcome {
+        let outcome = CallOutcome {
             code: tonic::Code::Ok,
             status_message: String::new(),
             latency: Duration::from_millis(3),

@@ -95,6 +95,10 @@ impl ControlPlane {
             if services.registry {
                 router_config.registry_endpoint = format!("http://{addr}");
             }
+            if services.orchestrator && router_config.ledger_endpoint.is_empty() {
+                // The co-located orchestrator keeps the message ledger (`reach dump`).
+                router_config.ledger_endpoint = format!("http://{addr}");
+            }
             if router_config.advertise_endpoint.is_empty() && !addr.ip().is_unspecified() {
                 // Asynchronous replies name this replica; a wildcard listener needs an explicit
                 // router.advertise_endpoint.

@@ -352,6 +352,12 @@ async fn dev_serves_every_service_on_one_port_for_grpcurl_and_reach_agents() {
         "reach dump shows the node history: {dump}"
     );
     assert!(
+        dump.lines().any(|l| l.contains(" message ")
+            && l.contains("capability:complaint.classify")
+            && l.contains("coordinator-1")),
+        "the router's ledger records each routed message of the task: {dump}"
+    );
+    assert!(
         scrape().contains("reach_orchestrator_transitions_total"),
         "orchestrator transitions are counted"
     );

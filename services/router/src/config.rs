@@ -51,6 +51,13 @@ pub struct RouterConfig {
     /// (`http://10.0.0.5:7070`). Asynchronous replies name it in `reply_to`; empty disables
     /// asynchronous replies on this replica.
     pub advertise_endpoint: String,
+    /// The orchestrator whose message ledger records every routed message of a task
+    /// (`OrchestratorService.RecordMessages`); empty disables the ledger. The sink is bounded
+    /// and batched: it never slows or fails routing, and counts what it had to drop.
+    pub ledger_endpoint: String,
+    /// The share of tasks (0..=1, chosen by task id, the same on every replica) whose
+    /// messages the ledger records. Default 1.
+    pub ledger_sample_rate: f64,
     /// The longest a Call waits for an asynchronous reply after the agent acknowledged it
     /// (and never past the caller's deadline). Default 60 s.
     #[serde(with = "humantime_serde")]
@@ -129,6 +136,8 @@ impl Default for RouterConfig {
             protocol_registry: None,
             validate_payloads: true,
             advertise_endpoint: String::new(),
+            ledger_endpoint: String::new(),
+            ledger_sample_rate: 1.0,
             max_async_wait: Duration::from_secs(60),
         }
     }

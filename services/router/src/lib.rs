@@ -6,6 +6,8 @@
 //!
 //! # Layout
 //! - [`config`] — [`RouterConfig`]: policies, ejection, admission, retry budget, protocol registry.
+//! - [`ledger`] — the bounded, batched sink through which the router records every message
+//!   it routes in the orchestrator's message ledger (`OrchestratorService.RecordMessages`).
 //! - [`load`] — the per-instance load signal (peak-EWMA latency × pending requests) and the
 //!   in-flight guard that counts a call against an instance's concurrency limit.
 //! - [`endpoint`] — one instance: its connection, load, registry state and outlier-ejection record.
@@ -26,6 +28,7 @@ pub mod balance;
 pub mod config;
 pub mod endpoint;
 pub mod error;
+pub mod ledger;
 pub mod load;
 pub mod passthrough;
 pub mod protocol;

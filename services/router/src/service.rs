@@ -33,6 +33,7 @@ use tracing::{Instrument, debug, warn};
 
 use crate::config::RouterConfig;
 use crate::error::RouteError;
+use crate::ledger::{CallOutcome, LedgerSink, LedgerSinkConfig};
 use crate::protocol::{AdapterExt, ProtocolRegistry, VersionPlan};
 use crate::pump::{InboundPump, OutboundPump};
 use crate::retry::{Classified, classify};
@@ -61,6 +62,8 @@ struct Inner {
     waiting_replies: Mutex<HashMap<String, oneshot::Sender<ReachMessage>>>,
     /// Clients of other router replicas, by endpoint URL, for forwarding replies.
     peers: Mutex<HashMap<String, RouterServiceClient<Channel>>>,
+    /// The message ledger sink, when one is configured.
+    ledger: Option<LedgerSink>,
 }
 
 impl Router {
@@ -81,6 +84,18 @@ impl Router {
             config.retry_budget.min_per_second,
             config.retry_budget.retry_ratio,
         );
+        let ledger = if config.ledger_endpoint.is_empty() {
+            None
+        } else {
+            Some(LedgerSink::spawn(
+                &config.ledger_endpoint,
+                LedgerSinkConfig {
+                    recorded_by: "router".into(),
+                    sample_rate: config.ledger_sample_rate,
+                    ..LedgerSinkConfig::default()
+                },
+            )?)
+        };
         Ok(Self {
             inner: Arc::new(Inner {
                 table: RoutingTable::new(config),
@@ -88,6 +103,7 @@ impl Router {
                 protocols,
                 waiting_replies: Mutex::new(HashMap::new()),
                 peers: Mutex::new(HashMap::new()),
+                ledger,
             }),
         })
     }
@@ -513,11 +529,42 @@ impl RouterService for Router {
             .as_ref()
             .map(|p| p.r#type.clone())
             .unwrap_or_default();
+        // The ledger keeps task messages only; cloning is skipped for everything else.
+        let for_ledger = self
+            .inner
+            .ledger
+            .as_ref()
+            .filter(|_| {
+                message
+                    .header
+                    .as_ref()
+                    .is_some_and(|h| !h.task_id.is_empty())
+            })
+            .map(|sink| (sink, message.clone(), std::time::SystemTime::now()));
         let result = self
             .call_routed(message, metadata, key, caller_deadline, started)
             .instrument(span.clone())
             .await;
         let code = result.as_ref().map_or_else(Status::code, |_| Code::Ok);
+        if let Some((sink, request, routed_at)) = for_ledger {
+            let outcome = CallOutcome {
+                code,
+                status_message: result
+                    .as_ref()
+                    .err()
+                    .map(|s| s.message().to_string())
+                    .unwrap_or_default(),
+                latency: started.elapsed(),
+                routed_at,
+                instance_id: result
+                    .as_ref()
+                    .ok()
+                    .and_then(|r| r.get_ref().route.as_ref())
+                    .map(|r| r.instance_id.clone())
+                    .unwrap_or_default(),
+            };
+            sink.record_call(&request, &outcome);
+        }
         match &result {
             Ok(response) => {
                 if let Some(route) = &response.get_ref().route {
