@@ -47,6 +47,7 @@ impl LoadTracker {
             started: Instant::now(),
             room: None,
             endpoint: None,
+            observe_latency: true,
         }
     }
 
@@ -71,6 +72,7 @@ impl LoadTracker {
             started: Instant::now(),
             room: Some(room),
             endpoint: None,
+            observe_latency: true,
         })
     }
 
@@ -128,9 +130,20 @@ pub struct InFlight {
     started: Instant,
     room: Option<std::sync::Arc<Room>>,
     endpoint: Option<std::sync::Arc<InstanceEndpoint>>,
+    /// Whether the request's duration feeds the latency estimate. A stream's lifetime is
+    /// how long the caller keeps talking, not how fast the instance answers, so streams
+    /// count as pending only.
+    observe_latency: bool,
 }
 
 impl InFlight {
+    /// Marks the request as a stream: it counts as in flight until it ends, but its duration
+    /// is not taken as the instance's latency.
+    pub fn for_stream(mut self) -> Self {
+        self.observe_latency = false;
+        self
+    }
+
     pub(crate) fn with_endpoint(mut self, endpoint: std::sync::Arc<InstanceEndpoint>) -> Self {
         self.endpoint = Some(endpoint);
         self
@@ -145,7 +158,9 @@ impl InFlight {
 impl Drop for InFlight {
     fn drop(&mut self) {
         self.tracker.pending.fetch_sub(1, Ordering::AcqRel);
-        self.tracker.observe(self.started.elapsed());
+        if self.observe_latency {
+            self.tracker.observe(self.started.elapsed());
+        }
         if let Some(room) = &self.room {
             room.release();
         }
@@ -185,5 +200,23 @@ mod tests {
         assert!(peak > 90e6, "{peak}");
         tokio::time::advance(Duration::from_secs(5)).await;
         assert!(tracker.cost() < peak / 100.0);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_long_stream_counts_as_pending_but_not_as_latency() {
+        let tracker = Arc::new(LoadTracker::new(
+            Duration::from_millis(1),
+            Duration::from_secs(10),
+        ));
+        let idle = tracker.cost();
+        let stream = tracker.start().for_stream();
+        tokio::time::advance(Duration::from_secs(4)).await;
+        assert!(tracker.cost() > idle, "an open stream is load");
+        drop(stream);
+        assert!(
+            tracker.cost() <= idle * 1.01,
+            "its 4 s lifetime is not the instance's latency: {}",
+            tracker.cost()
+        );
     }
 }

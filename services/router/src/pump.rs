@@ -124,7 +124,7 @@ impl OutboundPump {
         Self {
             agent,
             abort: Some(abort),
-            _in_flight: in_flight,
+            _in_flight: in_flight.for_stream(),
             deadline: deadline.map(|d| Box::pin(tokio::time::sleep_until(d))),
             done: false,
         }

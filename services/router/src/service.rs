@@ -21,6 +21,7 @@ use reach_proto::v1::{
     StreamResponse, header,
 };
 use reach_rpc::deadline;
+use reach_rpc::errors::{reason, status_with_reason};
 use reach_rpc::trace::{self, TraceId};
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
@@ -228,11 +229,19 @@ impl Router {
                 Classified::Answered => false,
             };
             if !retry || redeliveries >= self.config().max_redeliveries {
-                return Err(status);
+                return Err(explain_lost_instance(
+                    status,
+                    classified,
+                    &endpoint.info().instance_id,
+                ));
             }
             if !self.inner.budget.withdraw() {
                 debug!(instance = %endpoint.info().instance_id, "retry budget exhausted; not retrying");
-                return Err(status);
+                return Err(explain_lost_instance(
+                    status,
+                    classified,
+                    &endpoint.info().instance_id,
+                ));
             }
             redeliveries += 1;
             reach_telemetry::metrics::router::retry(key.label());
@@ -416,6 +425,33 @@ impl Drop for ReplyWaiter<'_> {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .remove(&self.message_id);
+    }
+}
+
+/// A failure the instance did not answer with (its connection broke mid-call) becomes
+/// UNAVAILABLE naming the instance and saying the message may have been handled, instead of
+/// the transport's UNKNOWN; statuses an instance sent pass through unchanged.
+fn explain_lost_instance(status: Status, classified: Classified, instance_id: &str) -> Status {
+    let local = std::error::Error::source(&status).is_some();
+    match classified {
+        Classified::MaybeDelivered {
+            instance_failed: true,
+        }
+        | Classified::NotDelivered {
+            instance_failed: true,
+        } if local => {
+            warn!(instance = %instance_id, code = ?status.code(), error = %status.message(), "instance failed during a call");
+            status_with_reason(
+                Code::Unavailable,
+                format!(
+                    "instance {instance_id} failed during the call ({}); the message may or may not have been handled: retry with the same message_id to be safe",
+                    status.message()
+                ),
+                reason::INSTANCE_UNAVAILABLE,
+                [("instance_id".to_string(), instance_id.to_string())],
+            )
+        }
+        _ => status,
     }
 }
 
