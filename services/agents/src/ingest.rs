@@ -54,6 +54,30 @@ pub struct IngestOutcome {
     pub trace_id: String,
 }
 
+impl IngestOutcome {
+    /// A `failed` outcome for `complaint` with nothing filled in yet; callers fill in what
+    /// they learn.
+    pub fn pending(complaint: &Complaint) -> Self {
+        Self {
+            expected_category: category_for_issue(&complaint.issue).map(|c| c.name().to_string()),
+            complaint_id: complaint.complaint_id.clone(),
+            issue: complaint.issue.clone(),
+            status: "failed".into(),
+            category: None,
+            confidence: None,
+            capability: None,
+            department: None,
+            priority: None,
+            executor_instance: None,
+            company: None,
+            max_amount_usd: None,
+            error: None,
+            latency_ms: 0.0,
+            trace_id: String::new(),
+        }
+    }
+}
+
 /// The ingest agent's request: the CSV content itself (the agent reads no files on a
 /// caller's behalf).
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -111,23 +135,9 @@ async fn triage_one(mesh: &MeshClient, complaint: Complaint, timeout: Duration) 
     let started = Instant::now();
     let reply = mesh.send(message, options.timeout).await;
     let latency_ms = started.elapsed().as_secs_f64() * 1e3;
-    let mut outcome = IngestOutcome {
-        expected_category: category_for_issue(&complaint.issue).map(|c| c.name().to_string()),
-        complaint_id: complaint.complaint_id,
-        issue: complaint.issue,
-        status: "failed".into(),
-        category: None,
-        confidence: None,
-        capability: None,
-        department: None,
-        priority: None,
-        executor_instance: None,
-        company: None,
-        max_amount_usd: None,
-        error: None,
-        latency_ms,
-        trace_id,
-    };
+    let mut outcome = IngestOutcome::pending(&complaint);
+    outcome.latency_ms = latency_ms;
+    outcome.trace_id = trace_id;
     let parsed = reply.and_then(|r| {
         r.message
             .and_then(|m| m.payload)

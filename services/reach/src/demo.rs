@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use anyhow::{Context, bail};
 use futures::StreamExt;
-use reach_agents::classifier::{Category, category_for_issue};
+use reach_agents::classifier::Category;
 use reach_agents::complaint::Complaint;
 use reach_agents::fleet::{Fleet, FleetOptions};
 use reach_agents::ingest::IngestOutcome;
@@ -159,23 +159,7 @@ async fn run_task(
     complaint: Complaint,
 ) -> IngestOutcome {
     let started = Instant::now();
-    let mut outcome = IngestOutcome {
-        expected_category: category_for_issue(&complaint.issue).map(|c| c.name().to_string()),
-        complaint_id: complaint.complaint_id.clone(),
-        issue: complaint.issue.clone(),
-        status: "failed".into(),
-        category: None,
-        confidence: None,
-        capability: None,
-        department: None,
-        priority: None,
-        executor_instance: None,
-        company: None,
-        max_amount_usd: None,
-        error: None,
-        latency_ms: 0.0,
-        trace_id: String::new(),
-    };
+    let mut outcome = IngestOutcome::pending(&complaint);
     let task = match follow_task(&mut orchestrator, &complaint).await {
         Ok(task) => task,
         Err(status) => {
