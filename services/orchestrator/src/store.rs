@@ -858,41 +858,28 @@ macro_rules! write_batch {
                 .await?
                 .rows_affected()
             }
-            (Guard::Command, None) => {
-                sqlx::query(
+            (guard @ (Guard::Command | Guard::Seq), None) => {
+                // A command (resume, cancel, retry) also releases the task's lease.
+                let sql = if matches!(guard, Guard::Command) {
                     "UPDATE reach_tasks SET status = $1, current_node = $2, seq = $3, updated_ms = $4, ended_ms = $5, error = $6, failed_node = $7, owner = NULL, lease_until_ms = 0 \
-                     WHERE task_id = $8 AND seq = $9",
-                )
-                .bind(s.status.as_str().to_string())
-                .bind(s.current_node.clone())
-                .bind(new_seq)
-                .bind(s.updated_ms)
-                .bind(s.ended_ms)
-                .bind(s.error.clone())
-                .bind(s.failed_node.clone())
-                .bind(s.task_id.clone())
-                .bind(a.expected_seq)
-                .execute(&mut *tx)
-                .await?
-                .rows_affected()
-            }
-            (Guard::Seq, None) => {
-                sqlx::query(
+                     WHERE task_id = $8 AND seq = $9"
+                } else {
                     "UPDATE reach_tasks SET status = $1, current_node = $2, seq = $3, updated_ms = $4, ended_ms = $5, error = $6, failed_node = $7 \
-                     WHERE task_id = $8 AND seq = $9",
-                )
-                .bind(s.status.as_str().to_string())
-                .bind(s.current_node.clone())
-                .bind(new_seq)
-                .bind(s.updated_ms)
-                .bind(s.ended_ms)
-                .bind(s.error.clone())
-                .bind(s.failed_node.clone())
-                .bind(s.task_id.clone())
-                .bind(a.expected_seq)
-                .execute(&mut *tx)
-                .await?
-                .rows_affected()
+                     WHERE task_id = $8 AND seq = $9"
+                };
+                sqlx::query(sql)
+                    .bind(s.status.as_str().to_string())
+                    .bind(s.current_node.clone())
+                    .bind(new_seq)
+                    .bind(s.updated_ms)
+                    .bind(s.ended_ms)
+                    .bind(s.error.clone())
+                    .bind(s.failed_node.clone())
+                    .bind(s.task_id.clone())
+                    .bind(a.expected_seq)
+                    .execute(&mut *tx)
+                    .await?
+                    .rows_affected()
             }
         };
         if guarded != 1 {
