@@ -342,11 +342,22 @@ async fn dev_serves_every_service_on_one_port_for_grpcurl_and_reach_agents() {
         status_of(&review_id).contains("SUCCEEDED"),
         "resumed task finishes"
     );
-    let dump = Command::new(env!("CARGO_BIN_EXE_reach"))
-        .args(["dump", "--task", &routed_id, "--endpoint", &endpoint])
-        .output()
-        .unwrap();
-    let dump = String::from_utf8_lossy(&dump.stdout);
+    // The router's ledger sink flushes in batches (every 200 ms): wait for its lines.
+    let run_dump = || {
+        let out = Command::new(env!("CARGO_BIN_EXE_reach"))
+            .args(["dump", "--task", &routed_id, "--endpoint", &endpoint])
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout).to_string()
+    };
+    let mut dump = run_dump();
+    for _ in 0..100 {
+        if dump.lines().filter(|l| l.contains(" message ")).count() >= 2 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        dump = run_dump();
+    }
     assert!(
         dump.contains("classify") && dump.contains("credit_report"),
         "reach dump shows the node history: {dump}"
