@@ -219,42 +219,25 @@ pub fn message_span(otel_name: &str, message: &ReachMessage) -> Span {
     let current_trace = span_trace_id(&current);
     let as_root = wanted.is_some() && current_trace.is_some() && current_trace != wanted;
     let (capability, service, topic) = target_fields(&header);
-    let span = if as_root {
-        tracing::info_span!(
-            parent: None,
-            "reach.message",
-            otel.name = otel_name,
-            trace_id = tracing::field::Empty,
-            task_id = header.task_id.as_str(),
-            message_id = header.message_id.as_str(),
-            "message.type" = message_type,
-            source = header.source.as_str(),
-            capability,
-            service,
-            topic,
-            instance = tracing::field::Empty,
-            rpc.grpc.status_code = tracing::field::Empty,
-            otel.status_code = tracing::field::Empty,
-            otel.status_description = tracing::field::Empty,
-        )
-    } else {
-        tracing::info_span!(
-            "reach.message",
-            otel.name = otel_name,
-            trace_id = tracing::field::Empty,
-            task_id = header.task_id.as_str(),
-            message_id = header.message_id.as_str(),
-            "message.type" = message_type,
-            source = header.source.as_str(),
-            capability,
-            service,
-            topic,
-            instance = tracing::field::Empty,
-            rpc.grpc.status_code = tracing::field::Empty,
-            otel.status_code = tracing::field::Empty,
-            otel.status_description = tracing::field::Empty,
-        )
-    };
+    // A root of the envelope's trace when the current span belongs to another trace.
+    let parent = if as_root { None } else { current.id() };
+    let span = tracing::info_span!(
+        parent: parent,
+        "reach.message",
+        otel.name = otel_name,
+        trace_id = tracing::field::Empty,
+        task_id = header.task_id.as_str(),
+        message_id = header.message_id.as_str(),
+        "message.type" = message_type,
+        source = header.source.as_str(),
+        capability,
+        service,
+        topic,
+        instance = tracing::field::Empty,
+        rpc.grpc.status_code = tracing::field::Empty,
+        otel.status_code = tracing::field::Empty,
+        otel.status_description = tracing::field::Empty,
+    );
     if as_root {
         let cx = current.context();
         span.add_link(cx.span().span_context().clone());
