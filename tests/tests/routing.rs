@@ -380,3 +380,54 @@ async fn a_message_without_target_is_refused() {
     );
     sandbox.stop().await;
 }
+
+#[tokio::test]
+async fn an_instance_reports_each_running_message_once_in_its_load() {
+    let sandbox = Sandbox::start().await;
+    let release = Arc::new(Notify::new());
+    let (started_tx, mut started_rx) = mpsc::unbounded_channel::<()>();
+    let agent = {
+        let release = release.clone();
+        AgentRuntime::new(sandbox.agent_config("loaded", "loaded-1")).handle(
+            "work",
+            "1.0.0",
+            move |_ctx: HandlerContext, _m: ReachMessage| {
+                let release = release.clone();
+                let started_tx = started_tx.clone();
+                async move {
+                    let _ = started_tx.send(());
+                    release.notified().await;
+                    Ok(Payload::text("t", "done"))
+                }
+            },
+        )
+    };
+    let running = sandbox.start_agent(agent).await;
+    let mesh = sandbox.mesh().await;
+    let call = tokio::spawn(async move {
+        mesh.call("work", Payload::text("t", "x"), CallOptions::default())
+            .await
+    });
+    started_rx.recv().await.unwrap();
+    assert_eq!(
+        running.in_flight(),
+        1,
+        "one message in flight, counted once"
+    );
+    // The heartbeat (every third of the 1 s lease) reports the same load to the registry.
+    let registry = sandbox.plane.registry().unwrap().clone();
+    eventually(Duration::from_secs(3), || {
+        let registry = registry.clone();
+        async move {
+            registry
+                .list("loaded", "")
+                .instances
+                .first()
+                .is_some_and(|i| i.in_flight == 1)
+        }
+    })
+    .await;
+    release.notify_waiters();
+    call.await.unwrap().unwrap();
+    sandbox.stop().await;
+}

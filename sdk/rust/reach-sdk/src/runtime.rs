@@ -598,7 +598,6 @@ impl AgentService for AgentGrpc {
         let started = Instant::now();
         let capability = ctx.capability.clone();
         let _in_flight_metric = reach_telemetry::metrics::sdk::in_flight(&capability);
-        let guard = self.shared.enter();
         let message_id = ctx.message_id.clone();
 
         // Cancels the handler when this call goes away (caller cancelled, deadline passed).
@@ -606,6 +605,9 @@ impl AgentService for AgentGrpc {
         let shared = self.shared.clone();
         let queue_capability = capability.clone();
         let run = async move {
+            // Counted in flight until the handler returns, even after the caller has gone:
+            // a drain waits for it.
+            let _in_flight = shared.enter();
             let slot = if message_id.is_empty() {
                 Default::default()
             } else {
@@ -623,32 +625,19 @@ impl AgentService for AgentGrpc {
                         .await
                         .map_err(|_| Status::unavailable("instance is shutting down"))?;
                     let request_header = message.header.clone().unwrap_or_default();
-                    // The handler runs on its own task so that it can observe cancellation
-                    // and finish cleanly; in-flight accounting lasts until it returns.
-                    let handler_guard = shared.enter();
-                    let task = tokio::spawn(
-                        async move {
-                            let result = handler.handle(ctx, message).await;
-                            drop(handler_guard);
-                            result
-                        }
-                        .in_current_span(),
-                    );
-                    match task.await {
-                        Ok(Ok(payload)) => Ok(HandleResponse {
-                            message: Some(shared.reply(&request_header, payload)),
-                        }),
-                        Ok(Err(status)) => Err(status),
-                        Err(join) => Err(Status::internal(format!("handler panicked: {join}"))),
-                    }
+                    let payload = handler.handle(ctx, message).await?;
+                    Ok(HandleResponse {
+                        message: Some(shared.reply(&request_header, payload)),
+                    })
                 })
                 .await;
             outcome.clone()
         }
         .instrument(span.clone());
         // The deduplicated run is its own task: when the caller goes away (a reset connection,
-        // a passed deadline) the handler still finishes and its outcome is remembered, so a
-        // redelivery of the same message id gets that outcome instead of running it again.
+        // a passed deadline) the handler is told through its cancellation token, may still
+        // finish, and its outcome is remembered, so a redelivery of the same message id gets
+        // that outcome instead of running it again. A panicking handler fails only its call.
         let task = tokio::spawn(run);
         let run = async move {
             task.await.unwrap_or_else(|join| {
@@ -668,7 +657,6 @@ impl AgentService for AgentGrpc {
             None => run.await,
         };
         drop(cancel_on_drop);
-        drop(guard);
         let code = result.as_ref().map_or_else(Status::code, |_| Code::Ok);
         let message = result.as_ref().err().map_or("", |s| s.message());
         reach_telemetry::record_status(&span, code, message);
