@@ -1537,25 +1537,4 @@ fn status_label(status: TaskStatus) -> &'static str {
 }
 
 /// The canonical name of a gRPC code (`UNAVAILABLE`, ...).
-pub fn code_name(code: tonic::Code) -> &'static str {
-    use tonic::Code as C;
-    match code {
-        C::Ok => "OK",
-        C::Cancelled => "CANCELLED",
-        C::Unknown => "UNKNOWN",
-        C::InvalidArgument => "INVALID_ARGUMENT",
-        C::DeadlineExceeded => "DEADLINE_EXCEEDED",
-        C::NotFound => "NOT_FOUND",
-        C::AlreadyExists => "ALREADY_EXISTS",
-        C::PermissionDenied => "PERMISSION_DENIED",
-        C::ResourceExhausted => "RESOURCE_EXHAUSTED",
-        C::FailedPrecondition => "FAILED_PRECONDITION",
-        C::Aborted => "ABORTED",
-        C::OutOfRange => "OUT_OF_RANGE",
-        C::Unimplemented => "UNIMPLEMENTED",
-        C::Internal => "INTERNAL",
-        C::Unavailable => "UNAVAILABLE",
-        C::DataLoss => "DATA_LOSS",
-        C::Unauthenticated => "UNAUTHENTICATED",
-    }
-}
+pub use reach_rpc::errors::code_name;

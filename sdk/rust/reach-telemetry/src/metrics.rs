@@ -162,28 +162,7 @@ fn describe() {
 }
 
 /// The label value of a gRPC code: its canonical upper-case name (`OK`, `NOT_FOUND`, ...).
-pub fn code_label(code: tonic::Code) -> &'static str {
-    use tonic::Code;
-    match code {
-        Code::Ok => "OK",
-        Code::Cancelled => "CANCELLED",
-        Code::Unknown => "UNKNOWN",
-        Code::InvalidArgument => "INVALID_ARGUMENT",
-        Code::DeadlineExceeded => "DEADLINE_EXCEEDED",
-        Code::NotFound => "NOT_FOUND",
-        Code::AlreadyExists => "ALREADY_EXISTS",
-        Code::PermissionDenied => "PERMISSION_DENIED",
-        Code::ResourceExhausted => "RESOURCE_EXHAUSTED",
-        Code::FailedPrecondition => "FAILED_PRECONDITION",
-        Code::Aborted => "ABORTED",
-        Code::OutOfRange => "OUT_OF_RANGE",
-        Code::Unimplemented => "UNIMPLEMENTED",
-        Code::Internal => "INTERNAL",
-        Code::Unavailable => "UNAVAILABLE",
-        Code::DataLoss => "DATA_LOSS",
-        Code::Unauthenticated => "UNAUTHENTICATED",
-    }
-}
+pub use reach_rpc::errors::code_name as code_label;
 
 /// Decrements a gauge when dropped; returned by the `*_in_flight` helpers.
 #[must_use = "the gauge goes back down when this guard is dropped"]
