@@ -4,9 +4,13 @@
 //! load generator (tonic clients); `nats-server` runs as a child process with an in-process
 //! async-nats responder. For each payload size and concurrency it drives closed-loop
 //! request-reply for a fixed time:
-//! - `direct`: `AgentService.Handle` on the agent's own port;
-//! - `router`: `RouterService.Call`, routed by capability to the same agent;
-//! - `nats`:   NATS request-reply to a responder that decodes the same `ReachMessage` and
+//! - `direct`:     `AgentService.Handle` (unary) on the agent's own port;
+//! - `direct-mux`: `AgentService.HandleMux`, calls multiplexed on one stream to the agent;
+//! - `router`:     `RouterService.Call` (unary, as a generated client or grpcurl calls it),
+//!   routed by capability to the same agent (the router → agent hop is multiplexed);
+//! - `router-mux`: the SDK's `MeshClient` (`RouterService.CallMux`, then `HandleMux`): the
+//!   brokered path Reach's own clients take;
+//! - `nats`:       NATS request-reply to a responder that decodes the same `ReachMessage` and
 //!   answers with a reply envelope, as the agent does.
 //!
 //! It prints throughput, p50/p99 latency (HDR histograms), CPU time per request (user +
@@ -14,7 +18,8 @@
 //! counters `getrusage` reports), the ratios router/direct and router/NATS, and a
 //! bidirectional stream's message rate through the router vs direct. The last line is
 //! `router_overhead_p50_us=<n> router_vs_direct_rps=<ratio> router_vs_nats_rps=<ratio>` at
-//! concurrency 64 with 4 KiB payloads, for tracking from run to run.
+//! concurrency 64 with 4 KiB payloads for the multiplexed path (`router-mux` against
+//! `direct-mux` and `nats`), for tracking from run to run.
 
 use std::future::Future;
 use std::process::Stdio;
@@ -29,14 +34,15 @@ use prost::Message as _;
 use reach_proto::v1::agent_service_client::AgentServiceClient;
 use reach_proto::v1::router_service_client::RouterServiceClient;
 use reach_proto::v1::{
-    CallRequest, HandleRequest, HandleStreamRequest, Header, Part, Payload, ReachMessage,
-    StreamRequest, header, part,
+    CallRequest, HandleMuxRequest, HandleMuxResponse, HandleRequest, HandleStreamRequest, Header,
+    Part, Payload, ReachMessage, StreamRequest, header, part,
 };
 use reach_registry::{Registry, RegistryConfig, RegistryGrpc};
 use reach_router::{Router, RouterConfig};
 use reach_rpc::GrpcServer;
+use reach_rpc::mux::{MuxLink, OutgoingCall};
 use reach_rpc::trace::{self, TraceId};
-use reach_sdk::{AgentConfig, AgentRuntime, HandlerContext};
+use reach_sdk::{AgentConfig, AgentRuntime, HandlerContext, MeshClient};
 use tokio::net::TcpListener;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -53,12 +59,17 @@ pub struct BenchOptions {
     pub quick: bool,
     /// Skip NATS (when nats-server is not installed).
     pub no_nats: bool,
+    /// Measure only these modes (empty: all).
+    pub only: Vec<String>,
 }
+
+/// The modes, in the order they run.
+pub const MODES: [&str; 5] = ["direct", "direct-mux", "router-mux", "router", "nats"];
 
 /// One measured cell.
 #[derive(Debug, Clone)]
 pub struct Cell {
-    /// `direct`, `router` or `nats`.
+    /// `direct`, `direct-mux`, `router`, `router-mux` or `nats`.
     pub mode: &'static str,
     /// Payload bytes.
     pub payload: usize,
@@ -81,8 +92,15 @@ pub struct Cell {
 /// # Errors
 /// When the in-process mesh or nats-server cannot start.
 pub async fn run(options: &BenchOptions) -> anyhow::Result<()> {
+    if let Some(unknown) = options.only.iter().find(|m| !MODES.contains(&m.as_str())) {
+        bail!(
+            "unknown bench mode {unknown:?}; the modes are {}",
+            MODES.join(", ")
+        );
+    }
+    let wanted = |mode: &str| options.only.is_empty() || options.only.iter().any(|m| m == mode);
     let mesh = Mesh::start().await?;
-    let nats = if options.no_nats {
+    let nats = if options.no_nats || !wanted("nats") {
         None
     } else {
         Some(Nats::start().await?)
@@ -111,50 +129,107 @@ pub async fn run(options: &BenchOptions) -> anyhow::Result<()> {
     let mut cells = Vec::new();
     for &payload in payloads {
         for &concurrency in concurrencies {
-            let direct = mesh.direct.clone();
-            cells.push(
-                measure(
-                    "direct",
-                    payload,
-                    concurrency,
-                    warmup,
-                    duration,
-                    None,
-                    move |m| {
-                        let mut client = direct.clone();
-                        async move {
-                            client
-                                .handle(HandleRequest { message: Some(m) })
-                                .await
-                                .map(|_| ())
-                                .map_err(|s| s.to_string())
-                        }
-                    },
-                )
-                .await,
-            );
-            let router = mesh.router.clone();
-            cells.push(
-                measure(
-                    "router",
-                    payload,
-                    concurrency,
-                    warmup,
-                    duration,
-                    None,
-                    move |m| {
-                        let mut client = router.clone();
-                        async move {
-                            client
-                                .call(CallRequest { message: Some(m) })
-                                .await
-                                .map(|_| ())
-                                .map_err(|s| s.to_string())
-                        }
-                    },
-                )
-                .await,
-            );
+            if wanted("direct") {
+                let direct = mesh.direct.clone();
+                cells.push(
+                    measure(
+                        "direct",
+                        payload,
+                        concurrency,
+                        warmup,
+                        duration,
+                        None,
+                        move |m| {
+                            let mut client = direct.clone();
+                            async move {
+                                client
+                                    .handle(HandleRequest { message: Some(m) })
+                                    .await
+                                    .map(|_| ())
+                                    .map_err(|s| s.to_string())
+                            }
+                        },
+                    )
+                    .await,
+                );
+            }
+            if wanted("direct-mux") {
+                let link = mesh.direct_mux.clone();
+                cells.push(
+                    measure(
+                        "direct-mux",
+                        payload,
+                        concurrency,
+                        warmup,
+                        duration,
+                        None,
+                        move |m| {
+                            let link = link.clone();
+                            async move {
+                                let reply = link
+                                    .call(OutgoingCall {
+                                        message: m,
+                                        ..OutgoingCall::default()
+                                    })
+                                    .await
+                                    .map_err(|e| tonic::Status::from(e).to_string())?;
+                                reach_rpc::mux::outcome_of(reply.frame)
+                                    .map(|_| ())
+                                    .map_err(|s| s.to_string())
+                            }
+                        },
+                    )
+                    .await,
+                );
+            }
+            if wanted("router-mux") {
+                let client = mesh.client.clone();
+                cells.push(
+                    measure(
+                        "router-mux",
+                        payload,
+                        concurrency,
+                        warmup,
+                        duration,
+                        None,
+                        move |m| {
+                            let client = client.clone();
+                            async move {
+                                client
+                                    .send(m, None)
+                                    .await
+                                    .map(|_| ())
+                                    .map_err(|s| s.to_string())
+                            }
+                        },
+                    )
+                    .await,
+                );
+            }
+            if wanted("router") {
+                let router = mesh.router.clone();
+                cells.push(
+                    measure(
+                        "router",
+                        payload,
+                        concurrency,
+                        warmup,
+                        duration,
+                        None,
+                        move |m| {
+                            let mut client = router.clone();
+                            async move {
+                                client
+                                    .call(CallRequest { message: Some(m) })
+                                    .await
+                                    .map(|_| ())
+                                    .map_err(|s| s.to_string())
+                            }
+                        },
+                    )
+                    .await,
+                );
+            }
             if let Some(nats) = &nats {
                 let client = nats.client.clone();
                 cells.push(
@@ -183,17 +258,22 @@ pub async fn run(options: &BenchOptions) -> anyhow::Result<()> {
             }
         }
     }
-    let streams = (
-        stream_rate(&mesh, false, warmup, duration).await?,
-        stream_rate(&mesh, true, warmup, duration).await?,
-    );
+    // The stream comparison runs with the full set of modes only.
+    let streams = if options.only.is_empty() {
+        (
+            stream_rate(&mesh, false, warmup, duration).await?,
+            stream_rate(&mesh, true, warmup, duration).await?,
+        )
+    } else {
+        (0.0, 0.0)
+    };
     print!("{}", render(&cells, streams));
     let find = |mode: &str| {
         cells
             .iter()
             .find(|c| c.mode == mode && c.payload == 4096 && c.concurrency == 64)
     };
-    let (direct, router) = (find("direct"), find("router"));
+    let (direct, router) = (find("direct-mux"), find("router-mux"));
     let nats_cell = find("nats");
     if let (Some(direct), Some(router)) = (direct, router) {
         println!(
@@ -226,7 +306,7 @@ fn payload_of(size: usize) -> Payload {
     Payload {
         r#type: "bench.blob".into(),
         parts: vec![Part {
-            content: Some(part::Content::Raw(vec![0xab; size])),
+            content: Some(part::Content::Raw(vec![0xab; size].into())),
             media_type: "application/octet-stream".into(),
             filename: String::new(),
         }],
@@ -328,7 +408,7 @@ where
         errors,
     };
     eprintln!(
-        "  {mode:<6} {payload:>6} B  c={concurrency:<3} {:>9.0} req/s  p50 {:>8.1} µs  p99 {:>8.1} µs",
+        "  {mode:<10} {payload:>6} B  c={concurrency:<3} {:>9.0} req/s  p50 {:>8.1} µs  p99 {:>8.1} µs",
         cell.rps, cell.p50_us, cell.p99_us
     );
     cell
@@ -434,6 +514,7 @@ fn render(cells: &[Cell], (stream_direct, stream_router): (f64, f64)) -> String 
     ratios.set_header(vec![
         "payload",
         "conc",
+        "path",
         "router − direct p50 µs",
         "router/direct req/s",
         "router/nats req/s",
@@ -446,16 +527,22 @@ fn render(cells: &[Cell], (stream_direct, stream_router): (f64, f64)) -> String 
                 .iter()
                 .find(|c| c.mode == mode && c.payload == payload && c.concurrency == concurrency)
         };
-        let (Some(direct), Some(router)) = (get("direct"), get("router")) else {
-            continue;
-        };
-        ratios.add_row(vec![
-            size_label(payload),
-            concurrency.to_string(),
-            format!("{:+.1}", router.p50_us - direct.p50_us),
-            format!("{:.2}", router.rps / direct.rps),
-            get("nats").map_or("n/a".into(), |n| format!("{:.2}", router.rps / n.rps)),
-        ]);
+        for (path, direct, router) in [
+            ("unary", "direct", "router"),
+            ("mux", "direct-mux", "router-mux"),
+        ] {
+            let (Some(direct), Some(router)) = (get(direct), get(router)) else {
+                continue;
+            };
+            ratios.add_row(vec![
+                size_label(payload),
+                concurrency.to_string(),
+                path.to_string(),
+                format!("{:+.1}", router.p50_us - direct.p50_us),
+                format!("{:.2}", router.rps / direct.rps),
+                get("nats").map_or("n/a".into(), |n| format!("{:.2}", router.rps / n.rps)),
+            ]);
+        }
     }
     let _ = writeln!(out, "{ratios}");
     let _ = writeln!(
@@ -477,7 +564,9 @@ fn size_label(bytes: usize) -> String {
 /// Registry, router and echo agent, in-process.
 struct Mesh {
     direct: AgentServiceClient<tonic::transport::Channel>,
+    direct_mux: Arc<MuxLink<HandleMuxResponse>>,
     router: RouterServiceClient<tonic::transport::Channel>,
+    client: MeshClient,
     stop: CancellationToken,
     agent: reach_sdk::runtime::RunningAgent,
 }
@@ -565,12 +654,27 @@ impl Mesh {
         let direct = AgentServiceClient::new(connect(agent_url).await?)
             .max_decoding_message_size(16 << 20)
             .max_encoding_message_size(16 << 20);
-        let router = RouterServiceClient::new(connect(router_url).await?)
+        let mux_client = direct.clone();
+        let direct_mux = Arc::new(MuxLink::new(
+            "the bench agent",
+            Arc::new(move |frames| {
+                let mut client = mux_client.clone();
+                Box::pin(async move {
+                    let request = frames.map(|frame| HandleMuxRequest { frame: Some(frame) });
+                    Ok(client.handle_mux(request).await?.into_inner().boxed())
+                })
+            }),
+        ));
+        let router_channel = connect(router_url).await?;
+        let client = MeshClient::new(router_channel.clone(), "bench.client");
+        let router = RouterServiceClient::new(router_channel)
             .max_decoding_message_size(16 << 20)
             .max_encoding_message_size(16 << 20);
         Ok(Self {
             direct,
+            direct_mux,
             router,
+            client,
             stop,
             agent,
         })

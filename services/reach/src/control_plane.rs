@@ -183,13 +183,19 @@ impl ControlPlane {
     /// # Errors
     /// The server's failure, if it failed.
     pub async fn wait(self) -> Result<(), reach_rpc::server::ServeError> {
-        if let Some(registry) = self.registry.clone() {
-            let token = self.shutdown.clone();
-            tokio::spawn(async move {
-                token.cancelled().await;
+        // Long-lived streams (registry watches, CallMux) end when shutdown begins, so they do
+        // not hold the server's graceful shutdown up.
+        let (registry, router) = (self.registry.clone(), self.router.clone());
+        let token = self.shutdown.clone();
+        tokio::spawn(async move {
+            token.cancelled().await;
+            if let Some(registry) = registry {
                 registry.close_watches();
-            });
-        }
+            }
+            if let Some(router) = router {
+                router.close_streams();
+            }
+        });
         let result = self.serve.await.unwrap_or(Ok(()));
         for task in self.background {
             task.abort();
@@ -214,6 +220,9 @@ impl ControlPlane {
         self.shutdown.cancel();
         if let Some(registry) = &self.registry {
             registry.close_watches();
+        }
+        if let Some(router) = &self.router {
+            router.close_streams();
         }
         self.wait().await
     }

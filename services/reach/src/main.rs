@@ -12,6 +12,12 @@ use serde_json::{Map, Value, json};
 use tokio::net::TcpListener;
 use tracing::{error, info};
 
+/// mimalloc instead of the system allocator: every routed call allocates and frees message
+/// buffers of a few KiB on several threads, where glibc's malloc spends much of its time
+/// trimming and re-zeroing pages (measured in `docs/benchmarks.md`).
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 /// EX_USAGE from sysexits.h: the command was used incorrectly (bad configuration).
 const EXIT_USAGE: u8 = 64;
 
@@ -174,6 +180,10 @@ enum BenchCommand {
         /// Skip the NATS comparison (when nats-server is not installed).
         #[arg(long)]
         no_nats: bool,
+        /// Measure only these modes (comma-separated: direct, direct-mux, router, router-mux,
+        /// nats), for profiling one path.
+        #[arg(long, value_delimiter = ',')]
+        only: Vec<String>,
     },
     /// Durable flow transitions per second on SQLite (and PostgreSQL with --postgres).
     Flows {
@@ -353,8 +363,17 @@ async fn run(command: Command) -> anyhow::Result<ExitCode> {
             Ok(exit_code(code))
         }
         Command::Bench { bench } => match bench {
-            BenchCommand::Router { quick, no_nats } => {
-                reach::bench::run(&reach::bench::BenchOptions { quick, no_nats }).await?;
+            BenchCommand::Router {
+                quick,
+                no_nats,
+                only,
+            } => {
+                reach::bench::run(&reach::bench::BenchOptions {
+                    quick,
+                    no_nats,
+                    only,
+                })
+                .await?;
                 Ok(ExitCode::SUCCESS)
             }
             BenchCommand::Flows { quick, postgres } => {

@@ -2,22 +2,33 @@
 //! `reach.v1.AgentService`, its shared load signal, its concurrency limit, its registry state
 //! and its outlier-ejection record.
 //!
+//! Calls go over the instance's multiplexed `HandleMux` stream (one per instance and router,
+//! opened on first use, see [`reach_rpc::mux`]); an instance that does not serve it (an agent
+//! written without the SDK) gets unary `Handle` calls instead.
+//!
 //! Ejection follows Envoy's outlier detection (`consecutive_gateway_failure`): after
 //! `consecutive_failures` connect errors or UNAVAILABLE answers in a row the instance is
 //! ejected for `base_ejection × 2^(ejections-1)` (capped); when the interval passes it gets
 //! traffic again, and the first failure after a return ejects it again for twice as long,
 //! while a success clears its record.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicI32, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
-use reach_proto::v1::InstanceState;
+use futures::StreamExt;
 use reach_proto::v1::agent_service_client::AgentServiceClient;
+use reach_proto::v1::{
+    HandleMuxRequest, HandleMuxResponse, HandleRequest, InstanceState, ReachMessage,
+};
+use reach_rpc::mux::{MuxError, MuxLink, OutgoingCall};
 use reach_telemetry::grpc::GrpcClientTrace;
 use tokio::sync::Notify;
 use tokio::time::Instant;
+use tonic::metadata::{KeyAndValueRef, MetadataMap};
 use tonic::transport::Channel;
+use tonic::{Request, Status};
 
 use crate::config::EjectionConfig;
 use crate::load::LoadTracker;
@@ -67,6 +78,8 @@ impl Room {
 pub struct InstanceEndpoint {
     client: AgentServiceClient<GrpcClientTrace<Channel>>,
     channel: Channel,
+    /// The multiplexed `HandleMux` stream to the instance.
+    link: MuxLink<HandleMuxResponse>,
     info: Arc<InstanceInfo>,
     load: Arc<LoadTracker>,
     room: Arc<Room>,
@@ -96,9 +109,26 @@ impl InstanceEndpoint {
         let client = AgentServiceClient::new(reach_telemetry::traced_channel(channel.clone()))
             .max_decoding_message_size(max_message_bytes)
             .max_encoding_message_size(max_message_bytes);
+        // The stream is long-lived, so it is not traced as one call: each call on it carries
+        // its own `traceparent` in the frame.
+        let mux_client = AgentServiceClient::new(channel.clone())
+            .max_decoding_message_size(max_message_bytes)
+            .max_encoding_message_size(max_message_bytes);
+        let link = MuxLink::new(
+            format!("instance {} ({})", info.instance_id, info.endpoint),
+            Arc::new(move |frames| {
+                let mut client = mux_client.clone();
+                Box::pin(async move {
+                    let request = frames.map(|frame| HandleMuxRequest { frame: Some(frame) });
+                    let replies = client.handle_mux(request).await?.into_inner();
+                    Ok(replies.boxed())
+                })
+            }),
+        );
         Self {
             client,
             channel,
+            link,
             info: Arc::new(info),
             load,
             room,
@@ -124,6 +154,77 @@ impl InstanceEndpoint {
     /// A client of the instance's AgentService (cheap clone of a shared connection).
     pub fn client(&self) -> AgentServiceClient<GrpcClientTrace<Channel>> {
         self.client.clone()
+    }
+
+    /// Delivers one message and returns the instance's reply: over the multiplexed stream, or
+    /// as a unary `Handle` when the instance does not serve it. `metadata` is the caller's
+    /// (forwarded without `grpc-timeout`); `timeout` is the time the instance has. The span
+    /// context of the current span travels as `traceparent`.
+    ///
+    /// # Errors
+    /// The instance's status; a transport status (with its source) when nothing could be
+    /// sent; UNAVAILABLE with reason `INSTANCE_UNAVAILABLE` when the connection broke while
+    /// the call was in flight (the instance may have handled it).
+    pub async fn handle(
+        &self,
+        message: ReachMessage,
+        metadata: &MetadataMap,
+        timeout: Option<Duration>,
+    ) -> Result<ReachMessage, Status> {
+        if !self.link.is_unsupported() {
+            let mut call_metadata = HashMap::new();
+            for entry in metadata.iter() {
+                if let KeyAndValueRef::Ascii(key, value) = entry
+                    && let Ok(value) = value.to_str()
+                    && forwards(key.as_str())
+                {
+                    call_metadata.insert(key.as_str().to_string(), value.to_string());
+                }
+            }
+            reach_telemetry::inject_span_map(&tracing::Span::current(), &mut call_metadata);
+            let call = OutgoingCall {
+                message,
+                timeout,
+                metadata: call_metadata,
+            };
+            match self.link.call(call).await {
+                Ok(reply) => return reach_rpc::mux::outcome_of(reply.frame),
+                // Not served: the call comes back and goes as a unary Handle.
+                Err(MuxError::Unsupported(call)) => {
+                    return self.handle_unary(call.message, metadata, timeout).await;
+                }
+                Err(MuxError::Failed(status)) => return Err(status),
+                Err(MuxError::Lost(status)) => {
+                    return Err(lost_instance(&self.info.instance_id, status.message()));
+                }
+            }
+        }
+        self.handle_unary(message, metadata, timeout).await
+    }
+
+    async fn handle_unary(
+        &self,
+        message: ReachMessage,
+        metadata: &MetadataMap,
+        timeout: Option<Duration>,
+    ) -> Result<ReachMessage, Status> {
+        let mut forward = Request::new(HandleRequest {
+            message: Some(message),
+        });
+        *forward.metadata_mut() = metadata.clone();
+        if let Some(timeout) = timeout {
+            forward.set_timeout(timeout);
+        }
+        let mut client = self.client();
+        client
+            .handle(forward)
+            .await
+            .map(|response| response.into_inner().message.unwrap_or_default())
+    }
+
+    /// The multiplexed `HandleMux` link to the instance.
+    pub fn link(&self) -> &MuxLink<HandleMuxResponse> {
+        &self.link
     }
 
     /// The raw channel, for typed pass-through of other gRPC services.
@@ -227,4 +328,26 @@ impl tower::load::Load for InstanceEndpoint {
     fn load(&self) -> f64 {
         self.load.cost()
     }
+}
+
+/// Whether a caller's metadata key travels with a multiplexed call: application keys, W3C
+/// baggage and trace context, not gRPC's own or HTTP/2's. The caller's `traceparent` is
+/// replaced by the router's span when the router records spans, and passes through
+/// unchanged when it does not.
+fn forwards(key: &str) -> bool {
+    !(key.starts_with("grpc-") || matches!(key, "te" | "content-type" | "user-agent"))
+}
+
+/// The status of a call whose instance connection broke while the call was in flight:
+/// UNAVAILABLE with reason `INSTANCE_UNAVAILABLE` naming the instance, and the advice to
+/// retry with the same `message_id`.
+pub fn lost_instance(instance_id: &str, detail: &str) -> Status {
+    reach_rpc::errors::status_with_reason(
+        tonic::Code::Unavailable,
+        format!(
+            "instance {instance_id} failed during the call ({detail}); the message may or may not have been handled: retry with the same message_id to be safe"
+        ),
+        reach_rpc::errors::reason::INSTANCE_UNAVAILABLE,
+        [("instance_id".to_string(), instance_id.to_string())],
+    )
 }

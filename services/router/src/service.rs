@@ -10,22 +10,22 @@ use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
-use futures::Stream;
 use futures::future::join_all;
+use futures::{Stream, StreamExt};
 use prost::Message as _;
 use reach_proto::v1::router_service_client::RouterServiceClient;
 use reach_proto::v1::router_service_server::{RouterService, RouterServiceServer};
 use reach_proto::v1::{
-    CallRequest, CallResponse, HandleRequest, Header, PublishFailure, PublishRequest,
-    PublishResponse, ReachMessage, ReplyRequest, ReplyResponse, RouteInfo, StreamRequest,
-    StreamResponse, header,
+    CallMuxRequest, CallMuxResponse, CallRequest, CallResponse, Header, PublishFailure,
+    PublishRequest, PublishResponse, ReachMessage, ReplyRequest, ReplyResponse, RouteInfo,
+    StreamRequest, StreamResponse, header,
 };
-use reach_rpc::deadline;
-use reach_rpc::errors::{reason, status_with_reason};
 use reach_rpc::trace::{self, TraceId};
+use reach_rpc::{deadline, mux};
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
 use tonic::metadata::{MetadataMap, MetadataValue};
 use tonic::transport::Channel;
 use tonic::{Code, Request, Response, Status, Streaming};
@@ -65,6 +65,8 @@ struct Inner {
     peers: Mutex<HashMap<String, RouterServiceClient<Channel>>>,
     /// The message ledger sink, when one is configured.
     ledger: Option<LedgerSink>,
+    /// Cancelled by [`Router::close_streams`]: CallMux streams stop reading calls.
+    closing: CancellationToken,
 }
 
 impl Router {
@@ -105,8 +107,17 @@ impl Router {
                 waiting_replies: Mutex::new(HashMap::new()),
                 peers: Mutex::new(HashMap::new()),
                 ledger,
+                closing: CancellationToken::new(),
             }),
         })
+    }
+
+    /// Tells every open `CallMux` stream to stop reading calls, answer those it read and end
+    /// (UNAVAILABLE, `INSTANCE_DRAINING`, so clients send the rest to another replica). Call
+    /// it when shutdown begins, before the server's grace period, so open streams do not hold
+    /// the server up.
+    pub fn close_streams(&self) {
+        self.inner.closing.cancel();
     }
 
     /// The routing table.
@@ -174,19 +185,15 @@ impl Router {
             let Some(endpoint) = reserved.endpoint().cloned() else {
                 return Err(Status::internal("a reservation without an instance"));
             };
-            let mut forward = Request::new(HandleRequest {
-                message: Some(message.clone()),
-            });
-            *forward.metadata_mut() = metadata.clone();
+            let mut timeout = None;
             if let Some(deadline) = deadline {
                 let remaining = deadline.saturating_duration_since(Instant::now());
                 if remaining.is_zero() {
                     return Err(RouteError::DeadlineExceeded(started.elapsed()).into());
                 }
-                forward.set_timeout(remaining);
+                timeout = Some(remaining);
             }
-            let mut client = endpoint.client();
-            let call = client.handle(forward);
+            let call = endpoint.handle(message.clone(), metadata, timeout);
             let result = match deadline {
                 Some(deadline) => tokio::time::timeout_at(deadline, call)
                     .await
@@ -195,9 +202,8 @@ impl Router {
             };
             drop(reserved);
             let status = match result {
-                Ok(response) => {
+                Ok(reply) => {
                     endpoint.record_success();
-                    let reply = response.into_inner().message.unwrap_or_default();
                     return Ok((reply, endpoint.info().clone()));
                 }
                 Err(status) => status,
@@ -259,7 +265,7 @@ impl Router {
         key: RouteKey,
         caller_deadline: Option<Instant>,
         started: Instant,
-    ) -> Result<Response<CallResponse>, Status> {
+    ) -> Result<CallResponse, Status> {
         let header = message.header.as_ref().ok_or(RouteError::MissingMessage)?;
         let deadline = apply_ttl(header, caller_deadline)?;
         let ttl_bound = deadline != caller_deadline;
@@ -361,7 +367,7 @@ impl Router {
         if reply_header.correlation_id.is_empty() {
             reply_header.correlation_id.clone_from(&message_id);
         }
-        Ok(Response::new(CallResponse {
+        Ok(CallResponse {
             message: Some(reply),
             route: Some(RouteInfo {
                 instance_id: instance.instance_id.clone(),
@@ -369,7 +375,84 @@ impl Router {
                 trace_id,
                 message_id,
             }),
-        }))
+        })
+    }
+
+    /// Call's work after the request is read: size, header, route, delivery, ledger, span and
+    /// metrics. Shared by Call and CallMux; `remote_parent` is a multiplexed call's
+    /// `traceparent` (a unary call's parent is the current gRPC server span).
+    async fn route_call(
+        &self,
+        mut message: ReachMessage,
+        metadata: MetadataMap,
+        caller_deadline: Option<Instant>,
+        started: Instant,
+        remote_parent: Option<reach_telemetry::OtelContext>,
+    ) -> Result<CallResponse, Status> {
+        self.check_size(message.encoded_len())?;
+        prepare_header(&mut message, &metadata)?;
+        let key = route_key(&message)?;
+        let span =
+            reach_telemetry::message_span_with_parent("router.call", &message, remote_parent);
+
+        let label = key.label().to_string();
+        let _in_flight = reach_telemetry::metrics::router::in_flight(&label);
+        let message_type = message
+            .payload
+            .as_ref()
+            .map(|p| p.r#type.clone())
+            .unwrap_or_default();
+        // The ledger keeps task messages only; cloning is skipped for everything else.
+        let for_ledger = self
+            .inner
+            .ledger
+            .as_ref()
+            .filter(|_| {
+                message
+                    .header
+                    .as_ref()
+                    .is_some_and(|h| !h.task_id.is_empty())
+            })
+            .map(|sink| (sink, message.clone(), std::time::SystemTime::now()));
+        let result = self
+            .call_routed(message, metadata, key, caller_deadline, started)
+            .instrument(span.clone())
+            .await;
+        let code = result.as_ref().map_or_else(Status::code, |_| Code::Ok);
+        if let Some((sink, request, routed_at)) = for_ledger {
+            let outcome = CallOutcome {
+                code,
+                status_message: result
+                    .as_ref()
+                    .err()
+                    .map(|s| s.message().to_string())
+                    .unwrap_or_default(),
+                latency: started.elapsed(),
+                routed_at,
+                instance_id: result
+                    .as_ref()
+                    .ok()
+                    .and_then(|r| r.route.as_ref())
+                    .map(|r| r.instance_id.clone())
+                    .unwrap_or_default(),
+            };
+            sink.record_call(&request, &outcome);
+        }
+        match &result {
+            Ok(response) => {
+                if let Some(route) = &response.route {
+                    span.record("instance", route.instance_id.as_str());
+                }
+            }
+            Err(status) => reach_telemetry::metrics::router::message_failure(&message_type, status),
+        }
+        reach_telemetry::record_status(
+            &span,
+            code,
+            result.as_ref().err().map_or("", |s| s.message()),
+        );
+        reach_telemetry::metrics::router::request(&label, code, started.elapsed());
+        result
     }
 
     /// Completes a waiting asynchronous call; returns whether one was waiting.
@@ -441,18 +524,30 @@ fn explain_lost_instance(status: Status, classified: Classified, instance_id: &s
             instance_failed: true,
         } if local => {
             warn!(instance = %instance_id, code = ?status.code(), error = %status.message(), "instance failed during a call");
-            status_with_reason(
-                Code::Unavailable,
-                format!(
-                    "instance {instance_id} failed during the call ({}); the message may or may not have been handled: retry with the same message_id to be safe",
-                    status.message()
-                ),
-                reason::INSTANCE_UNAVAILABLE,
-                [("instance_id".to_string(), instance_id.to_string())],
-            )
+            crate::endpoint::lost_instance(instance_id, status.message())
         }
         _ => status,
     }
+}
+
+/// Calls one `CallMux` stream may have open at once; more are answered RESOURCE_EXHAUSTED
+/// (open another stream). Above the router's own limits (per-instance concurrency and
+/// shedding), this only bounds the tasks one client can make the router hold.
+pub const MAX_OPEN_CALLS_PER_STREAM: usize = 4096;
+
+/// A multiplexed call's metadata map as gRPC metadata (keys that are not valid ASCII
+/// metadata are dropped).
+fn metadata_of(entries: HashMap<String, String>) -> MetadataMap {
+    let mut metadata = MetadataMap::new();
+    for (key, value) in entries {
+        if let (Ok(key), Ok(value)) = (
+            tonic::metadata::AsciiMetadataKey::from_bytes(key.as_bytes()),
+            MetadataValue::try_from(value.as_str()),
+        ) {
+            metadata.insert(key, value);
+        }
+    }
+    metadata
 }
 
 /// Reads the caller's deadline from `grpc-timeout`.
@@ -553,69 +648,54 @@ impl RouterService for Router {
         let started = Instant::now();
         let (metadata, _, body) = request.into_parts();
         let caller_deadline = read_deadline(&metadata, started)?;
-        let mut message = body.message.ok_or(RouteError::MissingMessage)?;
-        self.check_size(message.encoded_len())?;
-        prepare_header(&mut message, &metadata)?;
-        let key = route_key(&message)?;
-        let span = reach_telemetry::message_span("router.call", &message);
-        let label = key.label().to_string();
-        let _in_flight = reach_telemetry::metrics::router::in_flight(&label);
-        let message_type = message
-            .payload
-            .as_ref()
-            .map(|p| p.r#type.clone())
-            .unwrap_or_default();
-        // The ledger keeps task messages only; cloning is skipped for everything else.
-        let for_ledger = self
-            .inner
-            .ledger
-            .as_ref()
-            .filter(|_| {
-                message
-                    .header
-                    .as_ref()
-                    .is_some_and(|h| !h.task_id.is_empty())
-            })
-            .map(|sink| (sink, message.clone(), std::time::SystemTime::now()));
-        let result = self
-            .call_routed(message, metadata, key, caller_deadline, started)
-            .instrument(span.clone())
-            .await;
-        let code = result.as_ref().map_or_else(Status::code, |_| Code::Ok);
-        if let Some((sink, request, routed_at)) = for_ledger {
-            let outcome = CallOutcome {
-                code,
-                status_message: result
-                    .as_ref()
-                    .err()
-                    .map(|s| s.message().to_string())
-                    .unwrap_or_default(),
-                latency: started.elapsed(),
-                routed_at,
-                instance_id: result
-                    .as_ref()
-                    .ok()
-                    .and_then(|r| r.get_ref().route.as_ref())
-                    .map(|r| r.instance_id.clone())
-                    .unwrap_or_default(),
-            };
-            sink.record_call(&request, &outcome);
-        }
-        match &result {
-            Ok(response) => {
-                if let Some(route) = &response.get_ref().route {
-                    span.record("instance", route.instance_id.as_str());
+        let message = body.message.ok_or(RouteError::MissingMessage)?;
+        self.route_call(message, metadata, caller_deadline, started, None)
+            .await
+            .map(Response::new)
+    }
+
+    type CallMuxStream = Pin<Box<dyn Stream<Item = Result<CallMuxResponse, Status>> + Send>>;
+
+    async fn call_mux(
+        &self,
+        request: Request<Streaming<CallMuxRequest>>,
+    ) -> Result<Response<Self::CallMuxStream>, Status> {
+        let inbound = request
+            .into_inner()
+            .map(|item| item.map(|request| request.frame.unwrap_or_default()));
+        let router = self.clone();
+        let outcomes = mux::serve(
+            inbound,
+            move |call: mux::IncomingCall| {
+                let router = router.clone();
+                async move {
+                    let started = Instant::now();
+                    let parent = reach_telemetry::extract_map(&call.metadata);
+                    let metadata = metadata_of(call.metadata);
+                    router
+                        .route_call(call.message, metadata, call.deadline, started, Some(parent))
+                        .await
                 }
-            }
-            Err(status) => reach_telemetry::metrics::router::message_failure(&message_type, status),
-        }
-        reach_telemetry::record_status(
-            &span,
-            code,
-            result.as_ref().err().map_or("", |s| s.message()),
+            },
+            MAX_OPEN_CALLS_PER_STREAM,
+            self.inner.closing.clone(),
         );
-        reach_telemetry::metrics::router::request(&label, code, started.elapsed());
-        result
+        let replies = outcomes.map(|item| {
+            item.map(|(call_id, outcome)| match outcome {
+                Ok(response) => CallMuxResponse {
+                    frame: Some(mux::reply_frame(
+                        call_id,
+                        Ok(response.message.unwrap_or_default()),
+                    )),
+                    route: response.route,
+                },
+                Err(status) => CallMuxResponse {
+                    frame: Some(mux::reply_frame(call_id, Err(status))),
+                    route: None,
+                },
+            })
+        });
+        Ok(Response::new(Box::pin(replies)))
     }
 
     type StreamStream = Pin<Box<dyn Stream<Item = Result<StreamResponse, Status>> + Send>>;
@@ -723,18 +803,12 @@ impl RouterService for Router {
             .map(|route| route.members.clone())
             .unwrap_or_else(|| Arc::from(Vec::new()));
         let sends = members.iter().map(|endpoint| {
-            let mut forward = Request::new(HandleRequest {
-                message: Some(message.clone()),
-            });
-            *forward.metadata_mut() = metadata.clone();
-            if let Some(deadline) = deadline {
-                forward.set_timeout(deadline.saturating_duration_since(Instant::now()));
-            }
+            let timeout = deadline.map(|d| d.saturating_duration_since(Instant::now()));
             let endpoint = endpoint.clone();
+            let (message, metadata) = (&message, &metadata);
             async move {
                 let _in_flight = endpoint.load_tracker().start();
-                let mut client = endpoint.client();
-                let call = client.handle(forward);
+                let call = endpoint.handle(message.clone(), metadata, timeout);
                 let result = match deadline {
                     Some(deadline) => match tokio::time::timeout_at(deadline, call).await {
                         Ok(result) => result.map(|_| ()),

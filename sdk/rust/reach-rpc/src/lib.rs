@@ -6,10 +6,13 @@
 //! - [`deadline`] — the `grpc-timeout` header (gRPC over HTTP/2 spec), parsed and written.
 //! - [`trace`] — W3C trace ids (`traceparent`), validated and generated.
 //! - [`errors`] — statuses with `google.rpc.ErrorInfo` details, and their reasons.
+//! - [`mux`] — many concurrent request-reply calls over one bidirectional stream
+//!   (`CallFrame` / `ReplyFrame`): [`mux::MuxLink`] for callers, [`mux::serve`] for callees.
 //! - [`time`] — conversions between `std::time` and the protobuf well-known types.
 
 pub mod deadline;
 pub mod errors;
+pub mod mux;
 pub mod server;
 pub mod time;
 pub mod trace;

@@ -1,13 +1,20 @@
 //! [`MeshClient`]: calls and streams through the router, addressing capabilities or services.
+//!
+//! Calls go over one multiplexed `RouterService.CallMux` stream per client (opened on first
+//! use, reopened after it breaks; see [`reach_rpc::mux`]), or as unary `Call`s to a router
+//! that does not serve it.
 
+use std::collections::HashMap;
+use std::sync::Arc;
 use std::time::Duration;
 
-use futures::Stream;
+use futures::{Stream, StreamExt};
 use reach_proto::v1::router_service_client::RouterServiceClient;
 use reach_proto::v1::{
-    CallRequest, CallResponse, Header, Payload, PublishRequest, PublishResponse, ReachMessage,
-    ReplyRequest, StreamRequest, StreamResponse, header,
+    CallMuxRequest, CallMuxResponse, CallRequest, CallResponse, Header, Payload, PublishRequest,
+    PublishResponse, ReachMessage, ReplyRequest, StreamRequest, StreamResponse, header,
 };
+use reach_rpc::mux::{MuxError, MuxLink, OutgoingCall};
 
 use crate::handler::HandlerContext;
 use reach_rpc::trace::{self, TraceId};
@@ -37,16 +44,39 @@ pub struct CallOptions {
 #[derive(Clone)]
 pub struct MeshClient {
     router: RouterServiceClient<GrpcClientTrace<Channel>>,
+    /// The multiplexed CallMux stream to the router.
+    link: Arc<MuxLink<CallMuxResponse>>,
     source: String,
 }
+
+/// The largest message the client sends or accepts (bytes); the router enforces its own,
+/// usually smaller, limit with PAYLOAD_TOO_LARGE.
+const MAX_MESSAGE_BYTES: usize = 64 << 20;
 
 impl MeshClient {
     /// A client over a channel to a router, sending as `source` (dotted, e.g. `ingest.main`).
     pub fn new(channel: Channel, source: impl Into<String>) -> Self {
+        // The stream is long-lived, so it is not traced as one call: each call on it carries
+        // its own `traceparent` in the frame.
+        let mux_client = RouterServiceClient::new(channel.clone())
+            .max_decoding_message_size(MAX_MESSAGE_BYTES)
+            .max_encoding_message_size(MAX_MESSAGE_BYTES);
+        let link = MuxLink::new(
+            "the router",
+            Arc::new(move |frames| {
+                let mut client = mux_client.clone();
+                Box::pin(async move {
+                    let request = frames.map(|frame| CallMuxRequest { frame: Some(frame) });
+                    let replies = client.call_mux(request).await?.into_inner();
+                    Ok(replies.boxed())
+                })
+            }),
+        );
         Self {
             router: RouterServiceClient::new(reach_telemetry::traced_channel(channel))
-                .max_decoding_message_size(64 << 20)
-                .max_encoding_message_size(64 << 20),
+                .max_decoding_message_size(MAX_MESSAGE_BYTES)
+                .max_encoding_message_size(MAX_MESSAGE_BYTES),
+            link: Arc::new(link),
             source: source.into(),
         }
     }
@@ -64,6 +94,13 @@ impl MeshClient {
             .connect()
             .await?;
         Ok(Self::new(channel, source))
+    }
+
+    /// How many multiplexed CallMux streams this client (and its clones) opened to the
+    /// router: 1 while the first lives, more after reconnects, 0 when calls go unary (a
+    /// router without CallMux). For diagnostics and tests.
+    pub fn mux_streams_opened(&self) -> u64 {
+        self.link.streams_opened()
     }
 
     /// A message to `capability` carrying `payload`, with a fresh message id and, unless the
@@ -138,18 +175,75 @@ impl MeshClient {
         self.send(message, options.timeout).await
     }
 
-    /// Sends a prepared message through the router's Call.
+    /// Sends a prepared message through the router (CallMux, or Call when the router does
+    /// not serve it).
     ///
     /// # Errors
-    /// As [`MeshClient::call`].
+    /// As [`MeshClient::call`]; DEADLINE_EXCEEDED when `timeout` passes first; UNAVAILABLE
+    /// when the connection to the router broke while the call was in flight (it may have
+    /// been handled: resend with the same `message_id`).
     pub async fn send(
         &self,
         message: ReachMessage,
         timeout: Option<Duration>,
     ) -> Result<CallResponse, Status> {
-        // The edge span belongs to the message's trace, so the client span and the
-        // `traceparent` sent with the call do too.
+        // The edge span belongs to the message's trace, so the `traceparent` sent with the
+        // call does too.
         let span = reach_telemetry::message_span("mesh.call", &message);
+        let result = if self.link.is_unsupported() {
+            self.send_unary(message, timeout, &span).await
+        } else {
+            match self.send_mux(message, timeout, &span).await {
+                // Not served: the call comes back and goes as a unary Call.
+                Err(MuxError::Unsupported(call)) => {
+                    self.send_unary(call.message, timeout, &span).await
+                }
+                Err(error) => Err(error.into()),
+                Ok(response) => Ok(response),
+            }
+        };
+        let (code, text) = result
+            .as_ref()
+            .map_or_else(|s| (s.code(), s.message()), |_| (tonic::Code::Ok, ""));
+        reach_telemetry::record_status(&span, code, text);
+        result
+    }
+
+    async fn send_mux(
+        &self,
+        message: ReachMessage,
+        timeout: Option<Duration>,
+        span: &tracing::Span,
+    ) -> Result<CallResponse, MuxError> {
+        let mut metadata = HashMap::new();
+        reach_telemetry::inject_span_map(span, &mut metadata);
+        let call = self.link.call(OutgoingCall {
+            message,
+            timeout,
+            metadata,
+        });
+        let reply = match timeout {
+            Some(timeout) => tokio::time::timeout(timeout, call).await.map_err(|_| {
+                MuxError::Failed(Status::deadline_exceeded(format!(
+                    "no reply within the call's timeout of {timeout:?}"
+                )))
+            })??,
+            None => call.await?,
+        };
+        let route = reply.route;
+        let message = reach_rpc::mux::outcome_of(reply.frame).map_err(MuxError::Failed)?;
+        Ok(CallResponse {
+            message: Some(message),
+            route,
+        })
+    }
+
+    async fn send_unary(
+        &self,
+        message: ReachMessage,
+        timeout: Option<Duration>,
+        span: &tracing::Span,
+    ) -> Result<CallResponse, Status> {
         let mut request = tonic::Request::new(CallRequest {
             message: Some(message),
         });
@@ -158,17 +252,12 @@ impl MeshClient {
             request.set_timeout(timeout);
         }
         let mut router = self.router.clone();
-        let result = router
+        router
             .call(request)
             .instrument(span.clone())
             .await
             .map(tonic::Response::into_inner)
-            .map_err(reach_rpc::deadline::normalize_client_status);
-        let (code, text) = result
-            .as_ref()
-            .map_or_else(|s| (s.code(), s.message()), |_| (tonic::Code::Ok, ""));
-        reach_telemetry::record_status(&span, code, text);
-        result
+            .map_err(reach_rpc::deadline::normalize_client_status)
     }
 
     /// Publishes `payload` to every subscriber of `topic`; the response counts deliveries.

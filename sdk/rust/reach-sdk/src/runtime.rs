@@ -19,12 +19,12 @@ use futures::{Stream, StreamExt};
 use reach_proto::v1::agent_service_server::{AgentService, AgentServiceServer};
 use reach_proto::v1::registry_service_client::RegistryServiceClient;
 use reach_proto::v1::{
-    Capability, DeregisterRequest, HandleRequest, HandleResponse, HandleStreamRequest,
-    HandleStreamResponse, Header, HeartbeatRequest, InstanceSpec, InstanceState, Payload,
-    ReachMessage, RegisterRequest, header,
+    Capability, DeregisterRequest, HandleMuxRequest, HandleMuxResponse, HandleRequest,
+    HandleResponse, HandleStreamRequest, HandleStreamResponse, Header, HeartbeatRequest,
+    InstanceSpec, InstanceState, Payload, ReachMessage, RegisterRequest, header,
 };
 use reach_rpc::errors::{reason, status_with_reason};
-use reach_rpc::{GrpcServer, deadline, trace};
+use reach_rpc::{GrpcServer, deadline, mux, trace};
 use tokio::sync::{Notify, Semaphore, watch};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -191,6 +191,7 @@ impl AgentRuntime {
             in_flight: AtomicU32::new(0),
             idle: Notify::new(),
             draining: AtomicBool::new(false),
+            closing: CancellationToken::new(),
             dedupe: DedupeCache::new(config.dedupe_window, config.dedupe_capacity),
         });
 
@@ -295,6 +296,7 @@ impl RunningAgent {
     pub async fn drain(self) -> Result<(), AgentError> {
         let instance = self.shared.instance_id.clone();
         self.shared.draining.store(true, Ordering::SeqCst);
+        self.shared.closing.cancel();
         self.stop_heartbeats.cancel();
         let _ = self.heartbeats.await;
         let lease = self.lease.lock().await.clone();
@@ -440,6 +442,9 @@ struct Shared {
     in_flight: AtomicU32,
     idle: Notify,
     draining: AtomicBool,
+    /// Cancelled when draining begins: multiplexed streams stop reading calls, answer what
+    /// they read and end (see `reach_rpc::mux::serve`).
+    closing: CancellationToken,
     dedupe: DedupeCache<Result<HandleResponse, Status>>,
 }
 
@@ -579,6 +584,101 @@ struct AgentGrpc {
     shared: Arc<Shared>,
 }
 
+/// Calls one multiplexed stream may have open at once (beyond the handler concurrency they
+/// wait for a permit, as unary calls do).
+const MAX_OPEN_CALLS_PER_STREAM: usize = 1024;
+
+/// Handles one message: dedupe slot, in-flight count, concurrency permit, the handler, the
+/// reply envelope, the deadline. Shared by Handle and HandleMux; `span` is the message's span
+/// (`agent.handle`), already parented.
+async fn handle_message(
+    shared: &Arc<Shared>,
+    message: ReachMessage,
+    deadline: Option<Instant>,
+    span: tracing::Span,
+) -> Result<HandleResponse, Status> {
+    span.record("instance", &*shared.instance_id);
+    let handler = match shared.pick(&shared.handlers, &message) {
+        Ok(handler) => handler.clone(),
+        Err(status) => {
+            reach_telemetry::record_status(&span, status.code(), status.message());
+            return Err(status);
+        }
+    };
+    let ctx = shared.context(&message, deadline);
+    let started = Instant::now();
+    let capability = ctx.capability.clone();
+    let _in_flight_metric = reach_telemetry::metrics::sdk::in_flight(&capability);
+    let message_id = ctx.message_id.clone();
+
+    // Cancels the handler when this call goes away (caller cancelled, deadline passed).
+    let cancel_on_drop = ctx.cancellation.clone().drop_guard();
+    let run_shared = shared.clone();
+    let queue_capability = capability.clone();
+    let run = async move {
+        let shared = run_shared;
+        // Counted in flight until the handler returns, even after the caller has gone:
+        // a drain waits for it.
+        let _in_flight = shared.enter();
+        let slot = if message_id.is_empty() {
+            Default::default()
+        } else {
+            shared.dedupe.slot(&message_id)
+        };
+        let outcome = slot
+            .get_or_init(|| async {
+                let waiting = shared
+                    .max_concurrency
+                    .saturating_sub(shared.permits.available_permits());
+                reach_telemetry::metrics::sdk::queue_depth(&queue_capability, waiting);
+                let _permit = shared
+                    .permits
+                    .acquire()
+                    .await
+                    .map_err(|_| Status::unavailable("instance is shutting down"))?;
+                let request_header = message.header.clone().unwrap_or_default();
+                let payload = handler.handle(ctx, message).await?;
+                Ok(HandleResponse {
+                    message: Some(shared.reply(&request_header, payload)),
+                })
+            })
+            .await;
+        outcome.clone()
+    }
+    .instrument(span.clone());
+    // The deduplicated run is its own task: when the caller goes away (a reset connection,
+    // a passed deadline, a cancel frame) the handler is told through its cancellation token,
+    // may still finish, and its outcome is remembered, so a redelivery of the same message id
+    // gets that outcome instead of running it again. A panicking handler fails only its call.
+    let task = tokio::spawn(run);
+    let run = async move {
+        task.await
+            .unwrap_or_else(|join| Err(Status::internal(format!("handler task failed: {join}"))))
+    };
+    let result = match deadline {
+        Some(deadline) => match tokio::time::timeout_at(deadline, run).await {
+            Ok(result) => result,
+            Err(_) => Err(status_with_reason(
+                Code::DeadlineExceeded,
+                "the caller's deadline passed before the handler finished",
+                reason::DEADLINE_EXCEEDED,
+                [],
+            )),
+        },
+        None => run.await,
+    };
+    drop(cancel_on_drop);
+    let code = result.as_ref().map_or_else(Status::code, |_| Code::Ok);
+    let message = result.as_ref().err().map_or("", |s| s.message());
+    reach_telemetry::record_status(&span, code, message);
+    let elapsed = started.elapsed();
+    span.in_scope(
+        || debug!(code = ?code, elapsed_us = elapsed.as_micros() as u64, "message handled"),
+    );
+    reach_telemetry::metrics::sdk::handler(&capability, code, elapsed);
+    result
+}
+
 #[tonic::async_trait]
 impl AgentService for AgentGrpc {
     async fn handle(
@@ -591,81 +691,49 @@ impl AgentService for AgentGrpc {
             .into_inner()
             .message
             .ok_or_else(|| Status::invalid_argument("the request has no message"))?;
-        let handler = self.shared.pick(&self.shared.handlers, &message)?.clone();
-        let ctx = self.shared.context(&message, deadline);
         let span = reach_telemetry::message_span("agent.handle", &message);
-        span.record("instance", &*self.shared.instance_id);
-        let started = Instant::now();
-        let capability = ctx.capability.clone();
-        let _in_flight_metric = reach_telemetry::metrics::sdk::in_flight(&capability);
-        let message_id = ctx.message_id.clone();
+        handle_message(&self.shared, message, deadline, span)
+            .await
+            .map(Response::new)
+    }
 
-        // Cancels the handler when this call goes away (caller cancelled, deadline passed).
-        let cancel_on_drop = ctx.cancellation.clone().drop_guard();
+    type HandleMuxStream = Pin<Box<dyn Stream<Item = Result<HandleMuxResponse, Status>> + Send>>;
+
+    async fn handle_mux(
+        &self,
+        request: Request<Streaming<HandleMuxRequest>>,
+    ) -> Result<Response<Self::HandleMuxStream>, Status> {
+        self.shared.refuse_if_draining()?;
+        let inbound = request
+            .into_inner()
+            .map(|item| item.map(|request| request.frame.unwrap_or_default()));
         let shared = self.shared.clone();
-        let queue_capability = capability.clone();
-        let run = async move {
-            // Counted in flight until the handler returns, even after the caller has gone:
-            // a drain waits for it.
-            let _in_flight = shared.enter();
-            let slot = if message_id.is_empty() {
-                Default::default()
-            } else {
-                shared.dedupe.slot(&message_id)
-            };
-            let outcome = slot
-                .get_or_init(|| async {
-                    let waiting = shared
-                        .max_concurrency
-                        .saturating_sub(shared.permits.available_permits());
-                    reach_telemetry::metrics::sdk::queue_depth(&queue_capability, waiting);
-                    let _permit = shared
-                        .permits
-                        .acquire()
-                        .await
-                        .map_err(|_| Status::unavailable("instance is shutting down"))?;
-                    let request_header = message.header.clone().unwrap_or_default();
-                    let payload = handler.handle(ctx, message).await?;
-                    Ok(HandleResponse {
-                        message: Some(shared.reply(&request_header, payload)),
-                    })
-                })
-                .await;
-            outcome.clone()
-        }
-        .instrument(span.clone());
-        // The deduplicated run is its own task: when the caller goes away (a reset connection,
-        // a passed deadline) the handler is told through its cancellation token, may still
-        // finish, and its outcome is remembered, so a redelivery of the same message id gets
-        // that outcome instead of running it again. A panicking handler fails only its call.
-        let task = tokio::spawn(run);
-        let run = async move {
-            task.await.unwrap_or_else(|join| {
-                Err(Status::internal(format!("handler task failed: {join}")))
-            })
-        };
-        let result = match deadline {
-            Some(deadline) => match tokio::time::timeout_at(deadline, run).await {
-                Ok(result) => result,
-                Err(_) => Err(status_with_reason(
-                    Code::DeadlineExceeded,
-                    "the caller's deadline passed before the handler finished",
-                    reason::DEADLINE_EXCEEDED,
-                    [],
-                )),
+        let outcomes = mux::serve(
+            inbound,
+            move |call: mux::IncomingCall| {
+                let shared = shared.clone();
+                async move {
+                    shared.refuse_if_draining()?;
+                    let parent = reach_telemetry::extract_map(&call.metadata);
+                    let span = reach_telemetry::message_span_with_parent(
+                        "agent.handle",
+                        &call.message,
+                        Some(parent),
+                    );
+                    let response =
+                        handle_message(&shared, call.message, call.deadline, span).await?;
+                    Ok(response.message.unwrap_or_default())
+                }
             },
-            None => run.await,
-        };
-        drop(cancel_on_drop);
-        let code = result.as_ref().map_or_else(Status::code, |_| Code::Ok);
-        let message = result.as_ref().err().map_or("", |s| s.message());
-        reach_telemetry::record_status(&span, code, message);
-        let elapsed = started.elapsed();
-        span.in_scope(
-            || debug!(code = ?code, elapsed_us = elapsed.as_micros() as u64, "message handled"),
+            MAX_OPEN_CALLS_PER_STREAM,
+            self.shared.closing.clone(),
         );
-        reach_telemetry::metrics::sdk::handler(&capability, code, elapsed);
-        result.map(Response::new)
+        let replies = outcomes.map(|item| {
+            item.map(|(call_id, outcome)| HandleMuxResponse {
+                frame: Some(mux::reply_frame(call_id, outcome)),
+            })
+        });
+        Ok(Response::new(Box::pin(replies)))
     }
 
     type HandleStreamStream =

@@ -122,7 +122,16 @@ where
     fn call(&mut self, request: http::Request<B>) -> Self::Future {
         let span = call_span(Side::Server, request.uri().path());
         set_parent_from_headers(&span, request.headers());
-        if let Some(trace_id) = span_trace_id(&span) {
+        // Without OpenTelemetry (nothing exported) the caller's traceparent still names the
+        // trace for log lines.
+        let trace_id = span_trace_id(&span).or_else(|| {
+            request
+                .headers()
+                .get(reach_rpc::trace::TRACEPARENT)
+                .and_then(|v| v.to_str().ok())
+                .and_then(reach_rpc::trace::TraceId::from_traceparent)
+        });
+        if let Some(trace_id) = trace_id {
             span.record("trace_id", tracing::field::display(trace_id));
         }
         let inner = {

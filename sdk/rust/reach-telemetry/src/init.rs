@@ -176,13 +176,22 @@ where
             .with_filter(log_filter)
             .boxed(),
     };
-    let span_layer = tracing_opentelemetry::layer()
-        .with_tracer(tracer)
-        .with_tracked_inactivity(false)
-        .with_threads(false)
-        .with_filter(EnvFilter::new(SPAN_FILTER))
-        .boxed();
-    let subscriber = Registry::default().with(vec![log_layer, span_layer]);
+    let mut layers = vec![log_layer];
+    // Spans become OpenTelemetry spans only when they go somewhere: without an exporter the
+    // layer would cost every span its bookkeeping for nothing. Trace context then passes
+    // through unchanged (the router forwards the caller's `traceparent`), as with
+    // OpenTelemetry's no-op tracer, and log lines still carry the envelope's trace id.
+    if exporting {
+        layers.push(
+            tracing_opentelemetry::layer()
+                .with_tracer(tracer)
+                .with_tracked_inactivity(false)
+                .with_threads(false)
+                .with_filter(EnvFilter::new(SPAN_FILTER))
+                .boxed(),
+        );
+    }
+    let subscriber = Registry::default().with(layers);
     Ok((
         Dispatch::new(subscriber),
         TelemetryGuard {

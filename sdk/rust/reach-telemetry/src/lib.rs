@@ -54,7 +54,10 @@ pub use admin::{admin_router, serve_admin};
 pub use config::{DEFAULT_LOG_FILTER, LogFormat, TelemetryConfig};
 pub use grpc::{GrpcClientTraceLayer, GrpcServerTraceLayer, traced, traced_channel};
 pub use init::{InitError, ShutdownError, TelemetryGuard, dispatch, init};
+/// An OpenTelemetry context (a remote parent extracted with [`extract_map`]).
+pub use opentelemetry::Context as OtelContext;
 pub use propagation::{
-    adopt_trace_id, current_trace_id, inject_current, inject_trace_context, message_span,
-    record_status, set_parent_from_metadata, span_trace_id,
+    adopt_trace_id, current_trace_id, extract_map, inject_current, inject_span_map,
+    inject_trace_context, message_span, message_span_with_parent, record_status,
+    set_parent_from_metadata, span_trace_id,
 };

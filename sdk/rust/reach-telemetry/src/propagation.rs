@@ -114,6 +114,19 @@ pub fn inject_trace_context(
     Ok(request)
 }
 
+/// `span`'s context as W3C `traceparent` / `tracestate` entries of a plain map: the per-call
+/// metadata of a multiplexed call (`reach.v1.CallFrame.metadata`).
+pub fn inject_span_map(span: &Span, map: &mut std::collections::HashMap<String, String>) {
+    let cx = span.context();
+    TraceContextPropagator::new().inject_context(&cx, map);
+}
+
+/// The remote span context in a plain map's `traceparent` / `tracestate` (a multiplexed call's
+/// metadata); an empty context when there is none or it is malformed.
+pub fn extract_map(map: &std::collections::HashMap<String, String>) -> opentelemetry::Context {
+    TraceContextPropagator::new().extract(map)
+}
+
 /// The remote parent carried by gRPC metadata; an empty context when there is no valid
 /// `traceparent`.
 pub fn extract_metadata(metadata: &MetadataMap) -> opentelemetry::Context {
@@ -208,24 +221,68 @@ pub fn adopt_trace_id(span: &Span, trace_id: TraceId) -> bool {
 /// arrived), the span becomes the root of the envelope's trace instead, linked to the
 /// current span; so the envelope's `trace_id` is always the span's trace id.
 pub fn message_span(otel_name: &str, message: &ReachMessage) -> Span {
-    let header = message.header.clone().unwrap_or_default();
+    message_span_with_parent(otel_name, message, None)
+}
+
+/// Like [`message_span`], but a child of `remote` — the caller's span context carried with the
+/// message (a multiplexed call's `traceparent` metadata, see [`extract_map`]) — instead of the
+/// current span. A `remote` that is absent or invalid falls back to [`message_span`]'s rules.
+pub fn message_span_with_parent(
+    otel_name: &str,
+    message: &ReachMessage,
+    remote: Option<opentelemetry::Context>,
+) -> Span {
+    let empty;
+    let header = match &message.header {
+        Some(header) => header,
+        None => {
+            empty = Header::default();
+            &empty
+        }
+    };
     let message_type = message
         .payload
         .as_ref()
         .map(|p| p.r#type.as_str())
         .unwrap_or_default();
     let wanted = TraceId::parse(&header.trace_id).ok();
+    // A remote parent is followed when it belongs to the envelope's trace, linked otherwise.
+    let (remote, remote_other) = match remote {
+        Some(cx) if cx.span().span_context().is_valid() => {
+            let same = wanted.is_none_or(|id| to_trace_id(cx.span().span_context()) == id);
+            if same {
+                (Some(cx), None)
+            } else {
+                (None, Some(cx))
+            }
+        }
+        _ => (None, None),
+    };
     let current = Span::current();
-    let current_trace = span_trace_id(&current);
-    let as_root = wanted.is_some() && current_trace.is_some() && current_trace != wanted;
-    let (capability, service, topic) = target_fields(&header);
+    let current_trace = if remote.is_some() || remote_other.is_some() {
+        None
+    } else {
+        span_trace_id(&current)
+    };
+    let as_root = remote_other.is_some()
+        || (remote.is_none()
+            && wanted.is_some()
+            && current_trace.is_some()
+            && current_trace != wanted);
+    let (capability, service, topic) = target_fields(header);
     // A root of the envelope's trace when the current span belongs to another trace.
-    let parent = if as_root { None } else { current.id() };
+    let parent = if as_root || remote.is_some() || remote_other.is_some() {
+        None
+    } else {
+        current.id()
+    };
+    // The span's trace id is the envelope's whenever that is valid (followed, adopted or
+    // inherited), so it is set at creation rather than recorded afterwards.
     let span = tracing::info_span!(
         parent: parent,
         "reach.message",
         otel.name = otel_name,
-        trace_id = tracing::field::Empty,
+        trace_id = wanted.as_ref().map(tracing::field::display),
         task_id = header.task_id.as_str(),
         message_id = header.message_id.as_str(),
         "message.type" = message_type,
@@ -238,19 +295,25 @@ pub fn message_span(otel_name: &str, message: &ReachMessage) -> Span {
         otel.status_code = tracing::field::Empty,
         otel.status_description = tracing::field::Empty,
     );
-    if as_root {
+    let followed = remote.is_some();
+    if let Some(cx) = remote {
+        let _ = span.set_parent(cx);
+    } else if let Some(cx) = remote_other {
+        span.add_link(cx.span().span_context().clone());
+    } else if as_root {
         let cx = current.context();
         span.add_link(cx.span().span_context().clone());
     }
-    let trace_id = match wanted {
-        Some(id) if current_trace.is_none() || as_root => {
+    match wanted {
+        Some(id) if !followed && (current_trace.is_none() || as_root) => {
             adopt_trace_id(&span, id);
-            span_trace_id(&span).or(Some(id))
         }
-        _ => span_trace_id(&span).or(wanted),
-    };
-    if let Some(trace_id) = trace_id {
-        span.record("trace_id", tracing::field::display(trace_id));
+        Some(_) => {}
+        None => {
+            if let Some(trace_id) = span_trace_id(&span) {
+                span.record("trace_id", tracing::field::display(trace_id));
+            }
+        }
     }
     span
 }

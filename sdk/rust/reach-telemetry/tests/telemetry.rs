@@ -608,7 +608,21 @@ mod board {
 
 #[tokio::test]
 async fn the_interceptor_and_metadata_helpers_carry_traceparent() {
-    let config = TelemetryConfig::from_vars("x", Vec::<(String, String)>::new()).unwrap();
+    // Spans have OpenTelemetry contexts only when exporting: point export at a closed port
+    // (nothing is flushed during the test).
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let config = TelemetryConfig::from_vars(
+        "x",
+        [(
+            "OTEL_EXPORTER_OTLP_ENDPOINT".to_string(),
+            format!("http://127.0.0.1:{port}"),
+        )],
+    )
+    .unwrap();
     let (dispatch, _guard) = reach_telemetry::dispatch(&config, Capture::default()).unwrap();
     let _default = tracing::dispatcher::set_default(&dispatch);
 
@@ -645,4 +659,26 @@ async fn the_interceptor_and_metadata_helpers_carry_traceparent() {
     assert_eq!(reach_telemetry::span_trace_id(&orphan), Some(wanted));
     // A started span keeps its trace.
     assert!(!reach_telemetry::adopt_trace_id(&orphan, TraceId::random()));
+}
+
+#[tokio::test]
+async fn without_an_exporter_spans_keep_the_envelope_trace_id_and_no_otel_context() {
+    let config = TelemetryConfig::from_vars("x", Vec::<(String, String)>::new()).unwrap();
+    let capture = Capture::default();
+    let (dispatch, guard) = reach_telemetry::dispatch(&config, capture.clone()).unwrap();
+    assert!(!guard.is_exporting());
+    let _default = tracing::dispatcher::set_default(&dispatch);
+
+    let trace_id = TraceId::random().to_string();
+    let span =
+        reach_telemetry::message_span("agent.handle", &support::message(&trace_id, "task-9"));
+    // No OpenTelemetry bookkeeping: nothing to inject, so a caller's traceparent passes on.
+    assert_eq!(reach_telemetry::span_trace_id(&span), None);
+    let mut metadata = std::collections::HashMap::new();
+    reach_telemetry::inject_span_map(&span, &mut metadata);
+    assert!(metadata.is_empty(), "{metadata:?}");
+    span.in_scope(|| tracing::info!(target: "reach_test", "handling message"));
+    let lines = capture.lines().join("\n");
+    assert!(lines.contains(&format!("trace_id={trace_id}")), "{lines}");
+    assert!(lines.contains("task_id=\"task-9\""), "{lines}");
 }

@@ -182,6 +182,18 @@ impl RouterService for TestRouter {
         }))
     }
 
+    type CallMuxStream = futures::stream::Empty<Result<pb::CallMuxResponse, Status>>;
+
+    async fn call_mux(
+        &self,
+        _request: Request<tonic::Streaming<pb::CallMuxRequest>>,
+    ) -> Result<Response<Self::CallMuxStream>, Status> {
+        // The orchestrator calls unary Call; clients fall back to it on UNIMPLEMENTED.
+        Err(Status::unimplemented(
+            "the test router serves unary Call only",
+        ))
+    }
+
     type StreamStream = futures::stream::Empty<Result<pb::StreamResponse, Status>>;
 
     async fn stream(

@@ -13,8 +13,8 @@ use std::time::{Duration, Instant};
 use reach_proto::v1::agent_service_client::AgentServiceClient;
 use reach_proto::v1::agent_service_server::{AgentService, AgentServiceServer};
 use reach_proto::v1::{
-    HandleRequest, HandleResponse, HandleStreamRequest, HandleStreamResponse, Header, Payload,
-    ReachMessage, header::Target,
+    HandleMuxRequest, HandleMuxResponse, HandleRequest, HandleResponse, HandleStreamRequest,
+    HandleStreamResponse, Header, Payload, ReachMessage, header::Target,
 };
 use reach_telemetry::grpc::GrpcClientTrace;
 use tokio::sync::oneshot;
@@ -236,6 +236,17 @@ impl AgentService for Agent {
     ) -> Result<Response<Self::HandleStreamStream>, Status> {
         Err(Status::unimplemented(
             "streams are not part of this test agent",
+        ))
+    }
+
+    type HandleMuxStream = tokio_stream::Empty<Result<HandleMuxResponse, Status>>;
+
+    async fn handle_mux(
+        &self,
+        _request: Request<Streaming<HandleMuxRequest>>,
+    ) -> Result<Response<Self::HandleMuxStream>, Status> {
+        Err(Status::unimplemented(
+            "multiplexed calls are not part of this test agent",
         ))
     }
 }

@@ -1,0 +1,640 @@
+//! Multiplexed request-reply over one gRPC bidirectional stream: many concurrent calls, each
+//! a `reach.v1.CallFrame` out and a `reach.v1.ReplyFrame` back, tagged with a `call_id`.
+//!
+//! A unary gRPC call opens a new HTTP/2 stream: HEADERS with the path, content type, timeout
+//! and trace context (HPACK-encoded), DATA, then response HEADERS, DATA and trailers, plus the
+//! stream bookkeeping on both ends. On a multiplexed stream a call is one length-prefixed DATA
+//! frame each way, and frames of concurrent calls coalesce into the same `sendmsg` — the trade
+//! NATS request-reply makes over one connection. `RouterService.CallMux` (caller → router) and
+//! `AgentService.HandleMux` (router → instance) use it; unary `Call` / `Handle` stay for
+//! generated clients, grpcurl and agents that do not implement the stream.
+//!
+//! - [`MuxLink`] is the caller's side: it opens the stream lazily, matches replies to waiting
+//!   calls, sends a cancel frame when a waiting call is dropped (deadline, caller gone), fails
+//!   every waiting call with UNAVAILABLE when the stream breaks and opens a new stream for the
+//!   next call. A callee that answers the stream with UNIMPLEMENTED makes the link report
+//!   [`MuxError::Unsupported`] (for a while), so the caller falls back to the unary RPC.
+//! - [`serve`] is the callee's side: it runs every call of one stream as its own task, aborts
+//!   a call on its cancel frame, bounds the calls open at once and yields the outcomes in
+//!   completion order.
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::panic::AssertUnwindSafe;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use futures::future::BoxFuture;
+use futures::stream::BoxStream;
+use futures::{FutureExt, Stream, StreamExt};
+use reach_proto::v1::{
+    CallError, CallFrame, CallMuxResponse, HandleMuxResponse, ReachMessage, ReplyFrame, reply_frame,
+};
+use tokio::sync::{mpsc, oneshot};
+use tokio::task::{AbortHandle, JoinSet};
+use tokio::time::Instant;
+use tokio_stream::wrappers::ReceiverStream;
+use tokio_util::sync::CancellationToken;
+use tonic::{Code, Status};
+
+/// How long a link remembers that its callee does not implement the stream before trying
+/// again (a callee may be upgraded in place).
+pub const UNSUPPORTED_RETRY_AFTER: Duration = Duration::from_secs(60);
+
+/// Frames queued towards the callee per stream before a new call waits for room (HTTP/2 flow
+/// control then pushes back on the sender).
+const OUTBOUND_QUEUE: usize = 1024;
+
+/// The status of a failed call, as a `CallError` (code, message and the encoded
+/// `google.rpc.Status` details).
+pub fn error_of(status: &Status) -> CallError {
+    CallError {
+        code: status.code() as i32,
+        message: status.message().to_string(),
+        details: bytes::Bytes::copy_from_slice(status.details()),
+    }
+}
+
+/// The status a `CallError` carries, details included (so `google.rpc.ErrorInfo` reasons
+/// survive the hop).
+pub fn status_of(error: CallError) -> Status {
+    Status::with_details(Code::from_i32(error.code), error.message, error.details)
+}
+
+/// The `ReplyFrame` answering `call_id` with `outcome`.
+pub fn reply_frame(call_id: u64, outcome: Result<ReachMessage, Status>) -> ReplyFrame {
+    ReplyFrame {
+        call_id,
+        result: Some(match outcome {
+            Ok(message) => reply_frame::Result::Reply(message),
+            Err(status) => reply_frame::Result::Error(error_of(&status)),
+        }),
+    }
+}
+
+/// The outcome a `ReplyFrame` carries.
+///
+/// # Errors
+/// The call's status; INTERNAL for a frame with neither a reply nor an error.
+pub fn outcome_of(frame: Option<ReplyFrame>) -> Result<ReachMessage, Status> {
+    match frame.and_then(|f| f.result) {
+        Some(reply_frame::Result::Reply(message)) => Ok(message),
+        Some(reply_frame::Result::Error(error)) => Err(status_of(error)),
+        None => Err(Status::internal(
+            "the callee sent a reply frame with neither a reply nor an error",
+        )),
+    }
+}
+
+/// A reply frame type of a multiplexed RPC (`HandleMuxResponse`, `CallMuxResponse`).
+pub trait MuxReply: Send + 'static {
+    /// The id of the call this frame answers.
+    fn call_id(&self) -> u64;
+}
+
+impl MuxReply for HandleMuxResponse {
+    fn call_id(&self) -> u64 {
+        self.frame.as_ref().map_or(0, |f| f.call_id)
+    }
+}
+
+impl MuxReply for CallMuxResponse {
+    fn call_id(&self) -> u64 {
+        self.frame.as_ref().map_or(0, |f| f.call_id)
+    }
+}
+
+/// Opens the multiplexed RPC: given the outbound frames, resolves to the inbound reply frames
+/// once the callee accepted the stream, or to the status that refused it.
+pub type Opener<R> = Arc<
+    dyn Fn(
+            ReceiverStream<CallFrame>,
+        ) -> BoxFuture<'static, Result<BoxStream<'static, Result<R, Status>>, Status>>
+        + Send
+        + Sync,
+>;
+
+/// Why a multiplexed call did not produce the callee's answer.
+#[derive(Debug)]
+pub enum MuxError {
+    /// The callee does not implement the multiplexed RPC: send the call (handed back) with
+    /// the unary one. Nothing was delivered.
+    Unsupported(Box<OutgoingCall>),
+    /// The call was not delivered: the stream could not be opened (the status keeps the
+    /// transport error as its source, or is the callee's refusal), the frame could not be
+    /// sent, or the callee ended the stream draining before it read the call.
+    Failed(Status),
+    /// The stream broke while the call waited for its reply (UNAVAILABLE): the callee may or
+    /// may not have handled it.
+    Lost(Status),
+}
+
+impl From<MuxError> for Status {
+    fn from(error: MuxError) -> Self {
+        match error {
+            MuxError::Unsupported(_) => Status::unimplemented(
+                "the peer does not serve the multiplexed stream; use the unary RPC",
+            ),
+            MuxError::Failed(status) | MuxError::Lost(status) => status,
+        }
+    }
+}
+
+/// Why no stream could be had.
+enum Opened {
+    Unsupported,
+    Failed(Status),
+}
+
+/// One call to send on a link.
+#[derive(Debug, Default)]
+pub struct OutgoingCall {
+    /// The request.
+    pub message: ReachMessage,
+    /// The time the callee has; `None` for no deadline. Sent in ms, rounded up. The caller
+    /// enforces its own deadline too (dropping the future sends a cancel frame).
+    pub timeout: Option<Duration>,
+    /// Per-call metadata (`traceparent`, `tracestate`, `x-*`).
+    pub metadata: HashMap<String, String>,
+}
+
+/// The caller's side of a multiplexed RPC to one peer (see the module docs). Cheap to share
+/// behind an `Arc`; every call goes over the peer's current stream.
+pub struct MuxLink<R: MuxReply> {
+    peer: String,
+    opener: Opener<R>,
+    current: Mutex<Option<Arc<Session<R>>>>,
+    /// Single-flights opening a stream.
+    opening: tokio::sync::Mutex<()>,
+    /// Set while the callee is known not to implement the stream.
+    unsupported: AtomicBool,
+    unsupported_since: Mutex<Option<Instant>>,
+    streams_opened: AtomicU64,
+}
+
+impl<R: MuxReply> std::fmt::Debug for MuxLink<R> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MuxLink")
+            .field("peer", &self.peer)
+            .field("unsupported", &self.unsupported.load(Ordering::Relaxed))
+            .finish_non_exhaustive()
+    }
+}
+
+/// One open stream of a link.
+struct Session<R> {
+    next_call_id: AtomicU64,
+    outbound: mpsc::Sender<CallFrame>,
+    waiting: Arc<Waiting<R>>,
+}
+
+/// Calls waiting for their reply frame, by call id; `broken` once the stream ended.
+struct Waiting<R> {
+    state: Mutex<WaitingState<R>>,
+}
+
+struct WaitingState<R> {
+    calls: HashMap<u64, oneshot::Sender<Result<R, MuxError>>>,
+    /// Why the stream ended; no call may wait on it any more.
+    broken: Option<Status>,
+}
+
+impl<R> Waiting<R> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, WaitingState<R>> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+impl<R: MuxReply> MuxLink<R> {
+    /// A link to `peer` (named in error messages) that opens streams with `opener`. Nothing
+    /// is opened until the first call.
+    pub fn new(peer: impl Into<String>, opener: Opener<R>) -> Self {
+        Self {
+            peer: peer.into(),
+            opener,
+            current: Mutex::new(None),
+            opening: tokio::sync::Mutex::new(()),
+            unsupported: AtomicBool::new(false),
+            unsupported_since: Mutex::new(None),
+            streams_opened: AtomicU64::new(0),
+        }
+    }
+
+    /// How many streams this link has opened so far (1 while the first one lives; more
+    /// after breaks). For diagnostics and tests.
+    pub fn streams_opened(&self) -> u64 {
+        self.streams_opened.load(Ordering::Relaxed)
+    }
+
+    /// Whether the callee is known not to implement the multiplexed RPC (use the unary one).
+    pub fn is_unsupported(&self) -> bool {
+        if !self.unsupported.load(Ordering::Relaxed) {
+            return false;
+        }
+        let mut since = self
+            .unsupported_since
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        if since.is_some_and(|at| at.elapsed() >= UNSUPPORTED_RETRY_AFTER) {
+            *since = None;
+            self.unsupported.store(false, Ordering::Relaxed);
+            return false;
+        }
+        true
+    }
+
+    /// Sends one call and waits for its reply frame.
+    ///
+    /// Dropping the returned future before the reply arrives sends a cancel frame for the
+    /// call, so the callee stops it.
+    ///
+    /// # Errors
+    /// [`MuxError::Unsupported`] when the callee does not implement the stream (nothing was
+    /// sent); [`MuxError::Failed`] as that variant describes.
+    pub async fn call(&self, call: OutgoingCall) -> Result<R, MuxError> {
+        if self.is_unsupported() {
+            return Err(MuxError::Unsupported(Box::new(call)));
+        }
+        let session = match self.session().await {
+            Ok(session) => session,
+            Err(Opened::Unsupported) => return Err(MuxError::Unsupported(Box::new(call))),
+            Err(Opened::Failed(status)) => return Err(MuxError::Failed(status)),
+        };
+        let call_id = session.next_call_id.fetch_add(1, Ordering::Relaxed);
+        let (reply_tx, reply_rx) = oneshot::channel();
+        {
+            let mut waiting = session.waiting.lock();
+            if let Some(broken) = &waiting.broken {
+                return Err(MuxError::Failed(not_sent(&self.peer, broken)));
+            }
+            waiting.calls.insert(call_id, reply_tx);
+        }
+        let mut guard = CancelOnDrop {
+            session: &session,
+            call_id,
+            armed: true,
+        };
+        let frame = CallFrame {
+            call_id,
+            message: Some(call.message),
+            timeout_ms: call.timeout.map_or(0, timeout_ms),
+            metadata: call.metadata,
+            cancel: false,
+        };
+        if session.outbound.send(frame).await.is_err() {
+            guard.armed = false;
+            session.waiting.lock().calls.remove(&call_id);
+            self.forget(&session);
+            return Err(MuxError::Failed(Status::unavailable(format!(
+                "the stream to {} closed before the call was sent; nothing was delivered",
+                self.peer
+            ))));
+        }
+        let outcome = reply_rx.await;
+        guard.armed = false;
+        match outcome {
+            Ok(Ok(reply)) => Ok(reply),
+            Ok(Err(error)) => {
+                self.forget(&session);
+                Err(error)
+            }
+            Err(_) => Err(MuxError::Failed(Status::internal(format!(
+                "the reply of call {call_id} to {} was lost",
+                self.peer
+            )))),
+        }
+    }
+
+    /// The current live stream, opened when there is none.
+    async fn session(&self) -> Result<Arc<Session<R>>, Opened> {
+        if let Some(session) = self.live() {
+            return Ok(session);
+        }
+        let _opening = self.opening.lock().await;
+        if let Some(session) = self.live() {
+            return Ok(session);
+        }
+        if self.is_unsupported() {
+            return Err(Opened::Unsupported);
+        }
+        let (outbound, outbound_rx) = mpsc::channel(OUTBOUND_QUEUE);
+        let inbound = match (self.opener)(ReceiverStream::new(outbound_rx)).await {
+            Ok(inbound) => inbound,
+            Err(status) => {
+                // A callee that answered (no transport error underneath) UNIMPLEMENTED does
+                // not serve the stream.
+                if status.code() == Code::Unimplemented
+                    && std::error::Error::source(&status).is_none()
+                {
+                    self.unsupported.store(true, Ordering::Relaxed);
+                    *self
+                        .unsupported_since
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner()) = Some(Instant::now());
+                    tracing::debug!(peer = %self.peer, "peer does not serve the multiplexed stream; using unary calls");
+                    return Err(Opened::Unsupported);
+                }
+                return Err(Opened::Failed(status));
+            }
+        };
+        self.streams_opened.fetch_add(1, Ordering::Relaxed);
+        let waiting = Arc::new(Waiting {
+            state: Mutex::new(WaitingState {
+                calls: HashMap::new(),
+                broken: None,
+            }),
+        });
+        tokio::spawn(read_replies(
+            self.peer.clone(),
+            inbound,
+            Arc::downgrade(&waiting),
+        ));
+        let session = Arc::new(Session {
+            next_call_id: AtomicU64::new(1),
+            outbound,
+            waiting,
+        });
+        *self.current.lock().unwrap_or_else(|p| p.into_inner()) = Some(session.clone());
+        Ok(session)
+    }
+
+    fn live(&self) -> Option<Arc<Session<R>>> {
+        let current = self.current.lock().unwrap_or_else(|p| p.into_inner());
+        current
+            .as_ref()
+            .filter(|s| !s.outbound.is_closed() && s.waiting.lock().broken.is_none())
+            .cloned()
+    }
+
+    /// Drops `session` as the current stream (it broke), so the next call opens another.
+    fn forget(&self, session: &Arc<Session<R>>) {
+        let mut current = self.current.lock().unwrap_or_else(|p| p.into_inner());
+        if current.as_ref().is_some_and(|c| Arc::ptr_eq(c, session)) {
+            *current = None;
+        }
+    }
+}
+
+/// Reads reply frames and completes the waiting calls; when the stream ends, fails every
+/// call still waiting.
+async fn read_replies<R: MuxReply>(
+    peer: String,
+    mut inbound: BoxStream<'static, Result<R, Status>>,
+    waiting: std::sync::Weak<Waiting<R>>,
+) {
+    let ended = loop {
+        match inbound.next().await {
+            Some(Ok(reply)) => {
+                let Some(waiting) = waiting.upgrade() else {
+                    return;
+                };
+                let waiter = waiting.lock().calls.remove(&reply.call_id());
+                // No waiter: the call was cancelled after the callee had answered.
+                if let Some(waiter) = waiter {
+                    let _ = waiter.send(Ok(reply));
+                }
+            }
+            Some(Err(status)) => break status,
+            None => break Status::unavailable("the callee ended the stream"),
+        }
+    };
+    let Some(waiting) = waiting.upgrade() else {
+        return;
+    };
+    let calls = {
+        let mut state = waiting.lock();
+        state.broken = Some(ended.clone());
+        std::mem::take(&mut state.calls)
+    };
+    let drained = crate::errors::reason_of(&ended).as_deref()
+        == Some(crate::errors::reason::INSTANCE_DRAINING);
+    if !calls.is_empty() && !drained {
+        tracing::warn!(peer = %peer, calls = calls.len(), code = ?ended.code(), error = %ended.message(), "multiplexed stream broke with calls in flight");
+    }
+    for (_, waiter) in calls {
+        if drained {
+            // The callee answered every call it read before it ended the stream.
+            let _ = waiter.send(Err(MuxError::Failed(ended.clone())));
+            continue;
+        }
+        let _ = waiter.send(Err(MuxError::Lost(Status::unavailable(format!(
+            "the stream to {peer} broke while the call was in flight ({}: {}); the message may or may not have been handled: retry with the same message_id to be safe",
+            crate::errors::code_name(ended.code()),
+            ended.message()
+        )))));
+    }
+}
+
+fn not_sent(peer: &str, broken: &Status) -> Status {
+    Status::unavailable(format!(
+        "the stream to {peer} had ended ({}); nothing was delivered",
+        broken.message()
+    ))
+}
+
+/// `timeout` in whole milliseconds, rounded up, at least 1 (0 would mean no deadline).
+fn timeout_ms(timeout: Duration) -> u32 {
+    let ms = timeout.as_micros().div_ceil(1000).max(1);
+    u32::try_from(ms).unwrap_or(u32::MAX)
+}
+
+/// Sends a cancel frame for a call whose waiting future is dropped before its reply.
+struct CancelOnDrop<'a, R> {
+    session: &'a Session<R>,
+    call_id: u64,
+    armed: bool,
+}
+
+impl<R> Drop for CancelOnDrop<'_, R> {
+    fn drop(&mut self) {
+        if !self.armed {
+            return;
+        }
+        if self
+            .session
+            .waiting
+            .lock()
+            .calls
+            .remove(&self.call_id)
+            .is_none()
+        {
+            // Already answered or failed.
+            return;
+        }
+        let cancel = CallFrame {
+            call_id: self.call_id,
+            cancel: true,
+            ..CallFrame::default()
+        };
+        if let Err(mpsc::error::TrySendError::Full(cancel)) = self.session.outbound.try_send(cancel)
+        {
+            let outbound = self.session.outbound.clone();
+            if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+                runtime.spawn(async move {
+                    let _ = outbound.send(cancel).await;
+                });
+            }
+        }
+    }
+}
+
+/// One call received on a multiplexed stream.
+#[derive(Debug)]
+pub struct IncomingCall {
+    /// The caller's id of the call.
+    pub call_id: u64,
+    /// The request.
+    pub message: ReachMessage,
+    /// When the call's time runs out (from `timeout_ms` at receipt); `None` for no deadline.
+    pub deadline: Option<Instant>,
+    /// Per-call metadata (`traceparent`, `tracestate`, `x-*`).
+    pub metadata: HashMap<String, String>,
+}
+
+/// Runs the calls of one multiplexed stream (the callee's side; see the module docs).
+///
+/// Every call frame becomes a task running `handler`; a cancel frame aborts that task
+/// (dropping the handler's future). At most `max_open_calls` run at once: a call beyond that
+/// is answered RESOURCE_EXHAUSTED at once. The returned stream yields `(call_id, outcome)`
+/// ([`Outcome`]) in completion order and ends after the caller half-closed and every call finished; it yields
+/// the inbound stream's error (for example an oversized frame) and ends when that breaks.
+/// When the returned stream is dropped (the caller went away), open calls are aborted.
+///
+/// When `closing` is cancelled (the callee drains or shuts down) it stops reading frames,
+/// answers every call it had read, and then ends the stream with [`closing_status`]
+/// (UNAVAILABLE, `INSTANCE_DRAINING`): every call the caller has not had a reply for was
+/// never read, so [`MuxLink`] fails those with that status and the caller may send them
+/// elsewhere — the GOAWAY rule of HTTP/2 (RFC 9113 §6.8), per call.
+pub fn serve<S, H, F, T>(
+    inbound: S,
+    handler: H,
+    max_open_calls: usize,
+    closing: CancellationToken,
+) -> impl Stream<Item = Outcome<T>> + Send + 'static
+where
+    S: Stream<Item = Result<CallFrame, Status>> + Send + 'static,
+    H: Fn(IncomingCall) -> F + Send + 'static,
+    F: Future<Output = Result<T, Status>> + Send + 'static,
+    T: Send + 'static,
+{
+    let (replies, replies_rx) = mpsc::channel(OUTBOUND_QUEUE);
+    tokio::spawn(run_calls(
+        inbound,
+        handler,
+        max_open_calls,
+        closing,
+        replies,
+    ));
+    ReceiverStream::new(replies_rx)
+}
+
+/// One item of [`serve`]'s output: a call's id and outcome, or the error that broke the
+/// inbound stream.
+pub type Outcome<T> = Result<(u64, Result<T, Status>), Status>;
+
+async fn run_calls<S, H, F, T>(
+    inbound: S,
+    handler: H,
+    max_open_calls: usize,
+    closing: CancellationToken,
+    replies: mpsc::Sender<Outcome<T>>,
+) where
+    S: Stream<Item = Result<CallFrame, Status>> + Send + 'static,
+    H: Fn(IncomingCall) -> F + Send + 'static,
+    F: Future<Output = Result<T, Status>> + Send + 'static,
+    T: Send + 'static,
+{
+    let mut inbound = std::pin::pin!(inbound);
+    let mut running: JoinSet<(u64, Result<T, Status>)> = JoinSet::new();
+    let mut open: HashMap<u64, AbortHandle> = HashMap::new();
+    let mut reading = true;
+    let mut closed = false;
+    while reading || !running.is_empty() {
+        tokio::select! {
+            () = closing.cancelled(), if reading => {
+                reading = false;
+                closed = true;
+            },
+            frame = inbound.next(), if reading => match frame {
+                Some(Ok(frame)) => {
+                    if frame.cancel {
+                        if let Some(task) = open.remove(&frame.call_id) {
+                            task.abort();
+                        }
+                        continue;
+                    }
+                    let call_id = frame.call_id;
+                    let refused = if open.contains_key(&call_id) {
+                        Some(Status::invalid_argument(format!(
+                            "call_id {call_id} is already open on this stream; use a new id per call"
+                        )))
+                    } else if open.len() >= max_open_calls {
+                        Some(Status::resource_exhausted(format!(
+                            "{max_open_calls} calls are already open on this stream; wait for replies or open another stream"
+                        )))
+                    } else if frame.message.is_none() {
+                        Some(Status::invalid_argument(format!(
+                            "call {call_id} has no message; a frame carries a message or cancel = true"
+                        )))
+                    } else {
+                        None
+                    };
+                    if let Some(status) = refused {
+                        if replies.send(Ok((call_id, Err(status)))).await.is_err() {
+                            break;
+                        }
+                        continue;
+                    }
+                    let call = IncomingCall {
+                        call_id,
+                        message: frame.message.unwrap_or_default(),
+                        deadline: (frame.timeout_ms > 0).then(|| {
+                            Instant::now() + Duration::from_millis(u64::from(frame.timeout_ms))
+                        }),
+                        metadata: frame.metadata,
+                    };
+                    let run = AssertUnwindSafe(handler(call)).catch_unwind();
+                    let task = running.spawn(async move {
+                        let outcome = run.await.unwrap_or_else(|_| {
+                            Err(Status::internal("the handler panicked"))
+                        });
+                        (call_id, outcome)
+                    });
+                    open.insert(call_id, task);
+                }
+                Some(Err(status)) => {
+                    let _ = replies.send(Err(status)).await;
+                    break;
+                }
+                None => reading = false,
+            },
+            Some(done) = running.join_next(), if !running.is_empty() => {
+                // An aborted (cancelled) call ends with a JoinError and is not answered.
+                if let Ok((call_id, outcome)) = done {
+                    open.remove(&call_id);
+                    if replies.send(Ok((call_id, outcome))).await.is_err() {
+                        break;
+                    }
+                }
+            },
+            () = replies.closed() => break,
+        }
+    }
+    if closed && !replies.is_closed() {
+        let _ = replies.send(Err(closing_status())).await;
+    }
+    running.abort_all();
+}
+
+/// The status that ends a multiplexed stream whose callee stopped taking calls (see
+/// [`serve`]): UNAVAILABLE with reason `INSTANCE_DRAINING`. Calls without a reply were not
+/// read and may be sent elsewhere.
+pub fn closing_status() -> Status {
+    crate::errors::status_with_reason(
+        Code::Unavailable,
+        "the callee is shutting down and read no more calls from this stream; calls without a reply were not handled, send them elsewhere",
+        crate::errors::reason::INSTANCE_DRAINING,
+        [],
+    )
+}

@@ -1,0 +1,439 @@
+//! Multiplexed calls (`RouterService.CallMux`, `AgentService.HandleMux`): many calls on one
+//! stream per hop, replies matched to their calls in completion order, per-call deadlines,
+//! cancellation and errors, the unary fallback for agents without the stream, and a drain
+//! under load that loses no call.
+
+mod common;
+
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::time::Duration;
+
+use common::*;
+use futures::Stream;
+use reach_proto::v1::agent_service_server::{AgentService, AgentServiceServer};
+use reach_proto::v1::router_service_client::RouterServiceClient;
+use reach_proto::v1::{
+    CallFrame, CallMuxRequest, CallMuxResponse, HandleMuxRequest, HandleMuxResponse, HandleRequest,
+    HandleResponse, HandleStreamRequest, HandleStreamResponse, Header, Payload, ReachMessage,
+    header, reply_frame,
+};
+use reach_router::RouterConfig;
+use reach_rpc::GrpcServer;
+use reach_sdk::{AgentRuntime, CallOptions, HandlerContext};
+use tokio::net::TcpListener;
+use tokio::sync::{Notify, mpsc};
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::{Code, Request, Response, Status, Streaming};
+
+/// An agent serving `fast` (echo), `slow` (echo after 300 ms) and `hang` (waits until
+/// cancelled, then notifies `cancelled`).
+fn mixed_agent(config: reach_sdk::AgentConfig, cancelled: Arc<Notify>) -> AgentRuntime {
+    AgentRuntime::new(config)
+        .handle(
+            "fast",
+            "1.0.0",
+            |_c: HandlerContext, m: ReachMessage| async move { Ok(m.payload.unwrap_or_default()) },
+        )
+        .handle(
+            "slow",
+            "1.0.0",
+            |_c: HandlerContext, m: ReachMessage| async move {
+                tokio::time::sleep(Duration::from_millis(300)).await;
+                Ok(m.payload.unwrap_or_default())
+            },
+        )
+        .handle(
+            "hang",
+            "1.0.0",
+            move |c: HandlerContext, _m: ReachMessage| {
+                let cancelled = cancelled.clone();
+                async move {
+                    c.cancellation.cancelled().await;
+                    cancelled.notify_one();
+                    Err(Status::cancelled("cancelled"))
+                }
+            },
+        )
+}
+
+async fn next(replies: &mut Streaming<CallMuxResponse>) -> CallMuxResponse {
+    tokio::time::timeout(Duration::from_secs(5), replies.message())
+        .await
+        .expect("a reply within 5 s")
+        .expect("the stream stays healthy")
+        .expect("a reply frame")
+}
+
+fn call_frame(call_id: u64, capability: &str, text: &str, timeout_ms: u32) -> CallMuxRequest {
+    CallMuxRequest {
+        frame: Some(CallFrame {
+            call_id,
+            message: Some(ReachMessage {
+                header: Some(Header {
+                    target: Some(header::Target::Capability(capability.into())),
+                    ..Header::default()
+                }),
+                payload: Some(Payload::text("t", text)),
+            }),
+            timeout_ms,
+            ..CallFrame::default()
+        }),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_calls_share_one_stream_per_hop_and_each_gets_its_own_reply() {
+    let registry = registry().await;
+    let (_agent, _) = agent(
+        AgentRuntime::new(config("echo", "echo-1", &registry.url).with_max_concurrency(256))
+            .handle(
+                "echo",
+                "1.0.0",
+                |_c: HandlerContext, m: ReachMessage| async move {
+                    let text = m
+                        .payload
+                        .as_ref()
+                        .and_then(|p| p.first_text())
+                        .unwrap_or_default()
+                        .to_string();
+                    // Later calls finish first, so replies come back out of order.
+                    let n: u64 = text.parse().unwrap_or(0);
+                    tokio::time::sleep(Duration::from_millis(200 - n)).await;
+                    Ok(Payload::text("echo", text))
+                },
+            ),
+    )
+    .await;
+    let router = router(&registry.url, RouterConfig::default()).await;
+    router.wait_routable(1).await;
+    let client = router.client().await;
+
+    let calls = (0..200u64).map(|n| {
+        let client = client.clone();
+        async move {
+            let reply = client
+                .call(
+                    "echo",
+                    Payload::text("t", n.to_string()),
+                    CallOptions::default(),
+                )
+                .await
+                .expect("call");
+            let text = reply
+                .message
+                .and_then(|m| m.payload)
+                .and_then(|p| p.first_text().map(str::to_string));
+            (n, text, reply.route.map(|r| r.instance_id))
+        }
+    });
+    for (n, text, instance) in futures::future::join_all(calls).await {
+        assert_eq!(text.as_deref(), Some(n.to_string().as_str()));
+        assert_eq!(instance.as_deref(), Some("echo-1"));
+    }
+    assert_eq!(
+        client.mux_streams_opened(),
+        1,
+        "caller → router: one stream"
+    );
+    let endpoint = router.router.table().endpoint("echo-1").unwrap();
+    assert_eq!(
+        endpoint.link().streams_opened(),
+        1,
+        "router → instance: one stream"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_mux_stream_answers_in_completion_order_with_deadlines_errors_and_cancels() {
+    let registry = registry().await;
+    let cancelled = Arc::new(Notify::new());
+    let (_agent, _) = agent(mixed_agent(
+        config("mixed", "mixed-1", &registry.url),
+        cancelled.clone(),
+    ))
+    .await;
+    let router = router(&registry.url, RouterConfig::default()).await;
+    router.wait_routable(1).await;
+
+    // A generated client, as any language would use it.
+    let mut client = RouterServiceClient::connect(router.url.clone())
+        .await
+        .unwrap();
+    let (frames, frames_rx) = mpsc::channel(16);
+    let mut replies = client
+        .call_mux(ReceiverStream::new(frames_rx))
+        .await
+        .unwrap()
+        .into_inner();
+    frames.send(call_frame(1, "slow", "one", 0)).await.unwrap();
+    frames.send(call_frame(2, "fast", "two", 0)).await.unwrap();
+    frames
+        .send(call_frame(3, "nope", "three", 0))
+        .await
+        .unwrap();
+    frames
+        .send(call_frame(4, "slow", "four", 50))
+        .await
+        .unwrap();
+    frames.send(call_frame(5, "hang", "five", 0)).await.unwrap();
+
+    let mut order = Vec::new();
+    // fast (2), unknown (3) and the expired one (4) come back before slow (1).
+    for _ in 0..3 {
+        let reply = next(&mut replies).await;
+        let frame = reply.frame.unwrap();
+        order.push(frame.call_id);
+        match frame.call_id {
+            2 => {
+                let Some(reply_frame::Result::Reply(message)) = frame.result else {
+                    panic!("call 2 failed: {frame:?}");
+                };
+                assert_eq!(message.payload.unwrap().first_text(), Some("two"));
+                let route = reply.route.expect("a successful call names its route");
+                assert_eq!(route.instance_id, "mixed-1");
+                assert!(!route.trace_id.is_empty());
+            }
+            3 => {
+                let Some(reply_frame::Result::Error(error)) = frame.result else {
+                    panic!("call 3 should fail: {frame:?}");
+                };
+                let status = reach_rpc::mux::status_of(error);
+                assert_eq!(status.code(), Code::NotFound, "{status:?}");
+                assert_eq!(
+                    reason(&status),
+                    "ROUTE_NOT_FOUND",
+                    "details survive the frame"
+                );
+                assert!(status.message().contains("nope"), "{status:?}");
+            }
+            4 => {
+                let Some(reply_frame::Result::Error(error)) = frame.result else {
+                    panic!("call 4 should time out: {frame:?}");
+                };
+                assert_eq!(error.code, Code::DeadlineExceeded as i32, "{error:?}");
+            }
+            other => panic!("unexpected early reply to call {other}"),
+        }
+    }
+    order.sort_unstable();
+    assert_eq!(order, vec![2, 3, 4]);
+
+    // Cancelling call 5 reaches the agent's handler and produces no reply.
+    frames
+        .send(CallMuxRequest {
+            frame: Some(CallFrame {
+                call_id: 5,
+                cancel: true,
+                ..CallFrame::default()
+            }),
+        })
+        .await
+        .unwrap();
+    tokio::time::timeout(Duration::from_secs(5), cancelled.notified())
+        .await
+        .expect("the handler of call 5 was cancelled");
+
+    let reply = next(&mut replies).await;
+    let frame = reply.frame.unwrap();
+    assert_eq!(frame.call_id, 1);
+    assert!(matches!(frame.result, Some(reply_frame::Result::Reply(_))));
+
+    // Half-close: the stream ends cleanly, without a reply for the cancelled call.
+    drop(frames);
+    let end = tokio::time::timeout(Duration::from_secs(5), replies.message())
+        .await
+        .expect("the stream ends");
+    assert!(matches!(end, Ok(None)), "{end:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_frame_over_the_size_limit_fails_only_its_call() {
+    let registry = registry().await;
+    let (_agent, _) = agent(mixed_agent(
+        config("mixed", "mixed-1", &registry.url),
+        Arc::new(Notify::new()),
+    ))
+    .await;
+    let router = router(
+        &registry.url,
+        RouterConfig {
+            max_message_bytes: 4096,
+            ..RouterConfig::default()
+        },
+    )
+    .await;
+    router.wait_routable(1).await;
+    let client = router.client().await;
+    let status = client
+        .call(
+            "fast",
+            Payload::text("t", "x".repeat(6000)),
+            CallOptions::default(),
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(status.code(), Code::ResourceExhausted, "{status:?}");
+    assert_eq!(reason(&status), "PAYLOAD_TOO_LARGE");
+    // The stream survives: the next call on it succeeds.
+    client
+        .call("fast", Payload::text("t", "ok"), CallOptions::default())
+        .await
+        .expect("the stream is still usable");
+    assert_eq!(client.mux_streams_opened(), 1);
+}
+
+/// An agent written without the SDK that serves only unary Handle.
+struct UnaryOnlyAgent {
+    handled: Arc<AtomicUsize>,
+}
+
+#[tonic::async_trait]
+impl AgentService for UnaryOnlyAgent {
+    async fn handle(
+        &self,
+        request: Request<HandleRequest>,
+    ) -> Result<Response<HandleResponse>, Status> {
+        self.handled.fetch_add(1, Ordering::SeqCst);
+        let message = request.into_inner().message.unwrap_or_default();
+        Ok(Response::new(HandleResponse {
+            message: Some(ReachMessage {
+                header: None,
+                payload: message.payload,
+            }),
+        }))
+    }
+
+    type HandleStreamStream =
+        Pin<Box<dyn Stream<Item = Result<HandleStreamResponse, Status>> + Send>>;
+
+    async fn handle_stream(
+        &self,
+        _request: Request<Streaming<HandleStreamRequest>>,
+    ) -> Result<Response<Self::HandleStreamStream>, Status> {
+        Err(Status::unimplemented("no streams here"))
+    }
+
+    type HandleMuxStream = Pin<Box<dyn Stream<Item = Result<HandleMuxResponse, Status>> + Send>>;
+
+    async fn handle_mux(
+        &self,
+        _request: Request<Streaming<HandleMuxRequest>>,
+    ) -> Result<Response<Self::HandleMuxStream>, Status> {
+        Err(Status::unimplemented("no multiplexed calls here"))
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agent_without_handle_mux_is_called_with_unary_handle() {
+    let registry = registry().await;
+    let handled = Arc::new(AtomicUsize::new(0));
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let endpoint = format!("http://{}", listener.local_addr().unwrap());
+    let server = GrpcServer::new().add_service(AgentServiceServer::new(UnaryOnlyAgent {
+        handled: handled.clone(),
+    }));
+    tokio::spawn(server.serve(listener, futures::future::pending()));
+    register(
+        &registry.registry,
+        "legacy",
+        "legacy-1",
+        &endpoint,
+        &[("legacy.echo", "1.0.0")],
+    );
+    let router = router(&registry.url, RouterConfig::default()).await;
+    router.wait_routable(1).await;
+    let client = router.client().await;
+    for n in 0..3 {
+        let reply = client
+            .call(
+                "legacy.echo",
+                Payload::text("t", n.to_string()),
+                CallOptions::default(),
+            )
+            .await
+            .expect("the call falls back to Handle");
+        assert_eq!(
+            reply.message.unwrap().payload.unwrap().first_text(),
+            Some(n.to_string().as_str())
+        );
+    }
+    assert_eq!(handled.load(Ordering::SeqCst), 3);
+    let link = router.router.table().endpoint("legacy-1").unwrap();
+    assert!(link.link().is_unsupported());
+    assert_eq!(link.link().streams_opened(), 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn draining_an_instance_under_multiplexed_load_loses_no_call() {
+    let registry = registry().await;
+    let served = [Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0))];
+    let mut agents = Vec::new();
+    for (i, count) in served.iter().enumerate() {
+        let count = count.clone();
+        let (running, _) = agent(
+            AgentRuntime::new(
+                config("work", &format!("work-{i}"), &registry.url)
+                    .with_max_drain(Duration::from_secs(5)),
+            )
+            .handle(
+                "work",
+                "1.0.0",
+                move |_c: HandlerContext, m: ReachMessage| {
+                    let count = count.clone();
+                    async move {
+                        tokio::time::sleep(Duration::from_millis(20)).await;
+                        count.fetch_add(1, Ordering::SeqCst);
+                        Ok(m.payload.unwrap_or_default())
+                    }
+                },
+            ),
+        )
+        .await;
+        agents.push(running);
+    }
+    let router = router(&registry.url, RouterConfig::default()).await;
+    router.wait_routable(2).await;
+    let client = router.client().await;
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let workers: Vec<_> = (0..16)
+        .map(|_| {
+            let client = client.clone();
+            let stop = stop.clone();
+            tokio::spawn(async move {
+                let (mut ok, mut failed) = (0usize, Vec::new());
+                while !stop.load(Ordering::Relaxed) {
+                    match client
+                        .call("work", Payload::text("t", "x"), CallOptions::default())
+                        .await
+                    {
+                        Ok(_) => ok += 1,
+                        Err(status) => failed.push(status),
+                    }
+                }
+                (ok, failed)
+            })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let draining = agents.remove(0);
+    let before = served[0].load(Ordering::SeqCst);
+    assert!(before > 0, "both instances took work before the drain");
+    draining.drain().await.expect("drain");
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    stop.store(true, Ordering::Relaxed);
+    let (mut ok, mut failed) = (0, Vec::new());
+    for worker in workers {
+        let (o, f) = worker.await.unwrap();
+        ok += o;
+        failed.extend(f);
+    }
+    assert!(
+        failed.is_empty(),
+        "calls failed during the drain: {failed:?}"
+    );
+    assert!(ok > 100, "{ok} calls completed");
+    assert!(served[1].load(Ordering::SeqCst) > 0);
+}
