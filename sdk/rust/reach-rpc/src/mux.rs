@@ -546,7 +546,7 @@ async fn run_calls<S, H, F, T>(
     T: Send + 'static,
 {
     let mut inbound = std::pin::pin!(inbound);
-    let mut running: JoinSet<(u64, Result<T, Status>)> = JoinSet::new();
+    let mut running: JoinSet<u64> = JoinSet::new();
     let mut open: HashMap<u64, AbortHandle> = HashMap::new();
     let mut reading = true;
     let mut closed = false;
@@ -595,11 +595,15 @@ async fn run_calls<S, H, F, T>(
                         metadata: frame.metadata,
                     };
                     let run = AssertUnwindSafe(handler(call)).catch_unwind();
+                    // The call's task sends its own reply (one task hop less than passing
+                    // it back through this loop); an aborted task sends none.
+                    let reply_to = replies.clone();
                     let task = running.spawn(async move {
                         let outcome = run.await.unwrap_or_else(|_| {
                             Err(Status::internal("the handler panicked"))
                         });
-                        (call_id, outcome)
+                        let _ = reply_to.send(Ok((call_id, outcome))).await;
+                        call_id
                     });
                     open.insert(call_id, task);
                 }
@@ -610,12 +614,9 @@ async fn run_calls<S, H, F, T>(
                 None => reading = false,
             },
             Some(done) = running.join_next(), if !running.is_empty() => {
-                // An aborted (cancelled) call ends with a JoinError and is not answered.
-                if let Ok((call_id, outcome)) = done {
+                // An aborted (cancelled) call ends with a JoinError; its entry is gone already.
+                if let Ok(call_id) = done {
                     open.remove(&call_id);
-                    if replies.send(Ok((call_id, outcome))).await.is_err() {
-                        break;
-                    }
                 }
             },
             () = replies.closed() => break,
