@@ -552,6 +552,8 @@ async fn run_calls<S, H, F, T>(
     let mut closed = false;
     while reading || !running.is_empty() {
         tokio::select! {
+            // Closing first: once it is cancelled, no further frame is read.
+            biased;
             () = closing.cancelled(), if reading => {
                 reading = false;
                 closed = true;
@@ -638,4 +640,148 @@ pub fn closing_status() -> Status {
         crate::errors::reason::INSTANCE_DRAINING,
         [],
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use reach_proto::v1::{Part, Payload};
+    use tokio::sync::Semaphore;
+
+    /// A link whose callee is `serve` in-process, running `handler`.
+    fn link<H, F>(handler: H, closing: CancellationToken) -> MuxLink<HandleMuxResponse>
+    where
+        H: Fn(IncomingCall) -> F + Clone + Send + Sync + 'static,
+        F: Future<Output = Result<ReachMessage, Status>> + Send + 'static,
+    {
+        MuxLink::new(
+            "the test callee",
+            Arc::new(move |frames: ReceiverStream<CallFrame>| {
+                let replies = serve(frames.map(Ok), handler.clone(), 16, closing.clone());
+                Box::pin(async move {
+                    Ok(replies
+                        .map(|item| {
+                            item.map(|(call_id, outcome)| HandleMuxResponse {
+                                frame: Some(reply_frame(call_id, outcome)),
+                            })
+                        })
+                        .boxed())
+                })
+            }),
+        )
+    }
+
+    fn text(message: &ReachMessage) -> String {
+        match message
+            .payload
+            .as_ref()
+            .and_then(|p| p.parts.first())
+            .and_then(|p| p.content.as_ref())
+        {
+            Some(reach_proto::v1::part::Content::Text(t)) => t.clone(),
+            _ => String::new(),
+        }
+    }
+
+    fn call(text: &str) -> OutgoingCall {
+        OutgoingCall {
+            message: ReachMessage {
+                header: None,
+                payload: Some(Payload {
+                    r#type: "t".into(),
+                    parts: vec![Part {
+                        content: Some(reach_proto::v1::part::Content::Text(text.into())),
+                        ..Part::default()
+                    }],
+                }),
+            },
+            ..OutgoingCall::default()
+        }
+    }
+
+    #[tokio::test]
+    async fn closing_answers_the_calls_read_and_refuses_the_rest_as_not_delivered() {
+        let gate = Arc::new(Semaphore::new(0));
+        let handled = Arc::new(AtomicU64::new(0));
+        let closing = CancellationToken::new();
+        let handler = {
+            let (gate, handled) = (gate.clone(), handled.clone());
+            move |call: IncomingCall| {
+                let (gate, handled) = (gate.clone(), handled.clone());
+                async move {
+                    handled.fetch_add(1, Ordering::SeqCst);
+                    let _permit = gate.acquire().await;
+                    Ok(call.message)
+                }
+            }
+        };
+        let link = Arc::new(link(handler, closing.clone()));
+        let first = tokio::spawn({
+            let link = link.clone();
+            async move { link.call(call("one")).await }
+        });
+        while handled.load(Ordering::SeqCst) < 1 {
+            tokio::task::yield_now().await;
+        }
+        // The callee starts draining; a call sent afterwards is never read.
+        closing.cancel();
+        let late = tokio::spawn({
+            let link = link.clone();
+            async move { link.call(call("late")).await }
+        });
+        tokio::task::yield_now().await;
+        gate.add_permits(10);
+        let reply = first
+            .await
+            .unwrap()
+            .expect("the call read before closing is answered");
+        assert_eq!(text(&outcome_of(reply.frame).unwrap()), "one");
+        match late.await.unwrap() {
+            Err(MuxError::Failed(status)) => {
+                assert_eq!(status.code(), Code::Unavailable);
+                assert_eq!(
+                    crate::errors::reason_of(&status).as_deref(),
+                    Some(crate::errors::reason::INSTANCE_DRAINING),
+                    "{status:?}"
+                );
+            }
+            other => panic!("the late call must be refused as not delivered: {other:?}"),
+        }
+        assert_eq!(handled.load(Ordering::SeqCst), 1, "the late call never ran");
+    }
+
+    #[tokio::test]
+    async fn dropping_a_waiting_call_cancels_it_at_the_callee() {
+        let dropped = Arc::new(tokio::sync::Notify::new());
+        let started = Arc::new(tokio::sync::Notify::new());
+        let handler = {
+            let (dropped, started) = (dropped.clone(), started.clone());
+            move |_call: IncomingCall| {
+                let (dropped, started) = (dropped.clone(), started.clone());
+                async move {
+                    struct OnDrop(Arc<tokio::sync::Notify>);
+                    impl Drop for OnDrop {
+                        fn drop(&mut self) {
+                            self.0.notify_one();
+                        }
+                    }
+                    let _guard = OnDrop(dropped);
+                    started.notify_one();
+                    std::future::pending::<Result<ReachMessage, Status>>().await
+                }
+            }
+        };
+        let link = link(handler, CancellationToken::new());
+        let waiting = link.call(call("slow"));
+        tokio::select! {
+            _ = waiting => panic!("the handler never answers"),
+            () = started.notified() => {}
+        }
+        // The call future is dropped here: a cancel frame reaches the callee.
+        tokio::time::timeout(Duration::from_secs(5), dropped.notified())
+            .await
+            .expect("the callee dropped the cancelled call");
+        // The stream is still usable and no reply for the cancelled call is pending.
+        assert_eq!(link.streams_opened(), 1);
+    }
 }
