@@ -546,7 +546,7 @@ async fn run_calls<S, H, F, T>(
     T: Send + 'static,
 {
     let mut inbound = std::pin::pin!(inbound);
-    let mut running: JoinSet<u64> = JoinSet::new();
+    let mut running: JoinSet<(u64, Result<T, Status>)> = JoinSet::new();
     let mut open: HashMap<u64, AbortHandle> = HashMap::new();
     let mut reading = true;
     let mut closed = false;
@@ -577,7 +577,7 @@ async fn run_calls<S, H, F, T>(
                         )))
                     } else if frame.message.is_none() {
                         Some(Status::invalid_argument(format!(
-                            "call {call_id} has no message; a frame carries a message or cancel = true"
+                            "the frame for call_id {call_id} carries no message and is not a cancel (an empty frame?); send {{\"call_id\": N, \"message\": {{...}}}} to start a call or {{\"call_id\": N, \"cancel\": true}} to cancel one"
                         )))
                     } else {
                         None
@@ -597,15 +597,11 @@ async fn run_calls<S, H, F, T>(
                         metadata: frame.metadata,
                     };
                     let run = AssertUnwindSafe(handler(call)).catch_unwind();
-                    // The call's task sends its own reply (one task hop less than passing
-                    // it back through this loop); an aborted task sends none.
-                    let reply_to = replies.clone();
                     let task = running.spawn(async move {
                         let outcome = run.await.unwrap_or_else(|_| {
                             Err(Status::internal("the handler panicked"))
                         });
-                        let _ = reply_to.send(Ok((call_id, outcome))).await;
-                        call_id
+                        (call_id, outcome)
                     });
                     open.insert(call_id, task);
                 }
@@ -616,9 +612,14 @@ async fn run_calls<S, H, F, T>(
                 None => reading = false,
             },
             Some(done) = running.join_next(), if !running.is_empty() => {
-                // An aborted (cancelled) call ends with a JoinError; its entry is gone already.
-                if let Ok(call_id) = done {
+                // An aborted (cancelled) call ends with a JoinError; its entry is gone already
+                // and it gets no reply. The id is closed before its reply is sent, so a caller
+                // may reuse it as soon as the reply arrives.
+                if let Ok((call_id, outcome)) = done {
                     open.remove(&call_id);
+                    if replies.send(Ok((call_id, outcome))).await.is_err() {
+                        break;
+                    }
                 }
             },
             () = replies.closed() => break,
@@ -748,6 +749,33 @@ mod tests {
             other => panic!("the late call must be refused as not delivered: {other:?}"),
         }
         assert_eq!(handled.load(Ordering::SeqCst), 1, "the late call never ran");
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_call_id_may_be_reused_as_soon_as_its_reply_arrives() {
+        let (frames, frames_rx) = mpsc::channel(4);
+        let replies = serve(
+            ReceiverStream::new(frames_rx).map(Ok),
+            |call: IncomingCall| async move { Ok::<_, Status>(call.message) },
+            16,
+            CancellationToken::new(),
+        );
+        let mut replies = std::pin::pin!(replies);
+        for round in 0..500 {
+            let started = call(&round.to_string());
+            frames
+                .send(CallFrame {
+                    call_id: 7,
+                    message: Some(started.message),
+                    ..CallFrame::default()
+                })
+                .await
+                .unwrap();
+            let (call_id, outcome) = replies.next().await.unwrap().unwrap();
+            assert_eq!(call_id, 7);
+            let reply = outcome.unwrap_or_else(|s| panic!("round {round}: {s:?}"));
+            assert_eq!(text(&reply), round.to_string());
+        }
     }
 
     #[tokio::test]
