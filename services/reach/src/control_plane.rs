@@ -187,8 +187,14 @@ impl ControlPlane {
         // not hold the server's graceful shutdown up.
         let (registry, router) = (self.registry.clone(), self.router.clone());
         let token = self.shutdown.clone();
+        // The router stops following the registry first, so it does not mistake the
+        // registry's shutdown for an outage (and log that it reconnects).
+        let background: Vec<_> = self.background.iter().map(|t| t.abort_handle()).collect();
         tokio::spawn(async move {
             token.cancelled().await;
+            for task in background {
+                task.abort();
+            }
             if let Some(registry) = registry {
                 registry.close_watches();
             }

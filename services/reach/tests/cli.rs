@@ -258,6 +258,25 @@ async fn dev_serves_every_service_on_one_port_for_grpcurl_and_reach_agents() {
         .success());
     let metrics = scrape();
     assert_eq!(routed(&metrics), before + 1.0, "the counter moved by one");
+
+    // A failed call's ErrorInfo is decoded by grpcurl (reflection serves google.rpc).
+    let unknown = Command::new(grpcurl())
+        .args([
+            "-plaintext",
+            "-d",
+            r#"{"message": {"header": {"capability": "no.such"}}}"#,
+            &grpc,
+            "reach.v1.RouterService/Call",
+        ])
+        .output()
+        .unwrap();
+    let shown = String::from_utf8_lossy(&unknown.stderr).to_string()
+        + &String::from_utf8_lossy(&unknown.stdout);
+    assert!(!unknown.status.success());
+    assert!(
+        shown.contains(r#""reason":"ROUTE_NOT_FOUND""#),
+        "grpcurl decodes the ErrorInfo: {shown}"
+    );
     assert!(
         metrics.contains("reach_registry_instances{state=\"ready\"} 10"),
         "instances by state"

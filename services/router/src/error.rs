@@ -53,7 +53,10 @@ pub enum RouteError {
         limit: usize,
     },
     /// The caller's deadline passed.
-    #[error("deadline of {0:?} exceeded before the instance answered")]
+    #[error(
+        "the caller's deadline passed {} after the call arrived, before an instance answered; allow more time (grpc-timeout, CallFrame.timeout_ms) or look at the instance's latency",
+        readable(*.0)
+    )]
     DeadlineExceeded(Duration),
     /// The route had instances, but none became ready in time.
     #[error("no instance of {key} became ready within {waited:?}; try again")]
@@ -76,7 +79,9 @@ pub enum RouteError {
     },
     /// The message's TTL passed before delivery.
     #[error(
-        "message expired: created {age:?} ago with a ttl of {ttl:?}; send a fresh message or a longer header.ttl"
+        "message expired: created {} ago with a ttl of {}; send a fresh message or a longer header.ttl (header.created_at is stamped by the router when left unset)",
+        readable(*age),
+        readable(*ttl)
     )]
     MessageExpired {
         /// How old the message is.
@@ -268,5 +273,17 @@ impl From<RouteError> for Status {
             }
             RouteError::AdapterFailed { .. } => Status::internal(message),
         }
+    }
+}
+
+/// A duration for people: milliseconds with one decimal below a second, else `humantime`'s
+/// form rounded to the millisecond (`3s 250ms`, `6years 11months ...`).
+fn readable(duration: Duration) -> String {
+    if duration < Duration::from_secs(1) {
+        format!("{:.1} ms", duration.as_secs_f64() * 1000.0)
+    } else {
+        let rounded =
+            Duration::from_millis(u64::try_from(duration.as_millis()).unwrap_or(u64::MAX));
+        humantime::format_duration(rounded).to_string()
     }
 }

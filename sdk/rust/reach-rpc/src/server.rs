@@ -63,6 +63,9 @@ impl GrpcServer {
             descriptor_sets: vec![
                 reach_proto::FILE_DESCRIPTOR_SET,
                 tonic_health::pb::FILE_DESCRIPTOR_SET,
+                // google.rpc.Status and the error details (ErrorInfo, RetryInfo, BadRequest),
+                // so grpcurl can decode the details of a failed call.
+                tonic_types::pb::FILE_DESCRIPTOR_SET,
             ],
             grace: DEFAULT_GRACE,
             fallback: None,
