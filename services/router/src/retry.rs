@@ -34,7 +34,12 @@ pub enum Classified {
 
 /// Classifies a failed attempt's status.
 pub fn classify(status: &Status) -> Classified {
-    if reach_rpc::errors::reason_of(status).as_deref() == Some(reason::INSTANCE_DRAINING) {
+    // Refused before a handler saw it: the instance is draining, or its multiplexed stream
+    // has too many calls open.
+    if matches!(
+        reach_rpc::errors::reason_of(status).as_deref(),
+        Some(reason::INSTANCE_DRAINING | reason::OVERLOADED)
+    ) {
         return Classified::NotDelivered {
             instance_failed: false,
         };
@@ -84,4 +89,34 @@ pub fn is_connect_error(status: &Status) -> bool {
         source = error.source();
     }
     false
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use reach_rpc::errors::status_with_reason;
+
+    #[test]
+    fn refusals_before_a_handler_are_not_delivered_other_failures_may_be() {
+        for refused in [reason::INSTANCE_DRAINING, reason::OVERLOADED] {
+            let status = status_with_reason(Code::Unavailable, "refused", refused, []);
+            assert_eq!(
+                classify(&status),
+                Classified::NotDelivered {
+                    instance_failed: false
+                },
+                "{refused}"
+            );
+        }
+        assert_eq!(
+            classify(&Status::unavailable("the instance went away")),
+            Classified::MaybeDelivered {
+                instance_failed: true
+            }
+        );
+        assert_eq!(
+            classify(&Status::invalid_argument("bad payload")),
+            Classified::Answered
+        );
+    }
 }

@@ -530,8 +530,8 @@ fn explain_lost_instance(status: Status, classified: Classified, instance_id: &s
     }
 }
 
-/// Calls one `CallMux` stream may have open at once; more are answered RESOURCE_EXHAUSTED
-/// (open another stream). Above the router's own limits (per-instance concurrency and
+/// Calls one `CallMux` stream may have open at once; more are answered UNAVAILABLE /
+/// `OVERLOADED` with a retry hint. Above the router's own limits (per-instance concurrency and
 /// shedding), this only bounds the tasks one client can make the router hold.
 pub const MAX_OPEN_CALLS_PER_STREAM: usize = 4096;
 

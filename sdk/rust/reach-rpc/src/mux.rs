@@ -42,6 +42,9 @@ use tonic::{Code, Status};
 /// again (a callee may be upgraded in place).
 pub const UNSUPPORTED_RETRY_AFTER: Duration = Duration::from_secs(60);
 
+/// The retry hint of a call refused because its stream has too many calls open.
+const OVERLOADED_RETRY_AFTER: Duration = Duration::from_millis(50);
+
 /// Frames queued towards the callee per stream before a new call waits for room (HTTP/2 flow
 /// control then pushes back on the sender).
 const OUTBOUND_QUEUE: usize = 1024;
@@ -496,7 +499,8 @@ pub struct IncomingCall {
 ///
 /// Every call frame becomes a task running `handler`; a cancel frame aborts that task
 /// (dropping the handler's future). At most `max_open_calls` run at once: a call beyond that
-/// is answered RESOURCE_EXHAUSTED at once. The returned stream yields `(call_id, outcome)`
+/// is answered at once with UNAVAILABLE, reason `OVERLOADED` and a retry hint (it was not
+/// handled). The returned stream yields `(call_id, outcome)`
 /// ([`Outcome`]) in completion order and ends after the caller half-closed and every call finished; it yields
 /// the inbound stream's error (for example an oversized frame) and ends when that breaks.
 /// When the returned stream is dropped (the caller went away), open calls are aborted.
@@ -572,9 +576,16 @@ async fn run_calls<S, H, F, T>(
                             "call_id {call_id} is already open on this stream; use a new id per call"
                         )))
                     } else if open.len() >= max_open_calls {
-                        Some(Status::resource_exhausted(format!(
-                            "{max_open_calls} calls are already open on this stream; wait for replies or open another stream"
-                        )))
+                        // Not read into a handler: safe to send elsewhere or again later.
+                        Some(crate::errors::status_with_retry(
+                            Code::Unavailable,
+                            format!(
+                                "{max_open_calls} calls are already open on this stream; the call was not handled: retry after the hint, or wait for replies"
+                            ),
+                            crate::errors::reason::OVERLOADED,
+                            [("max_open_calls".to_string(), max_open_calls.to_string())],
+                            OVERLOADED_RETRY_AFTER,
+                        ))
                     } else if frame.message.is_none() {
                         Some(Status::invalid_argument(format!(
                             "the frame for call_id {call_id} carries no message and is not a cancel (an empty frame?); send {{\"call_id\": N, \"message\": {{...}}}} to start a call or {{\"call_id\": N, \"cancel\": true}} to cancel one"
@@ -776,6 +787,45 @@ mod tests {
             let reply = outcome.unwrap_or_else(|s| panic!("round {round}: {s:?}"));
             assert_eq!(text(&reply), round.to_string());
         }
+    }
+
+    #[tokio::test]
+    async fn a_call_over_the_open_call_limit_is_refused_as_overloaded_not_run() {
+        let ran = Arc::new(AtomicU64::new(0));
+        let handler = {
+            let ran = ran.clone();
+            move |_call: IncomingCall| {
+                ran.fetch_add(1, Ordering::SeqCst);
+                std::future::pending::<Result<ReachMessage, Status>>()
+            }
+        };
+        let (frames, frames_rx) = mpsc::channel(4);
+        let replies = serve(
+            ReceiverStream::new(frames_rx).map(Ok),
+            handler,
+            1,
+            CancellationToken::new(),
+        );
+        let mut replies = std::pin::pin!(replies);
+        for call_id in [1, 2] {
+            frames
+                .send(CallFrame {
+                    call_id,
+                    message: Some(call("x").message),
+                    ..CallFrame::default()
+                })
+                .await
+                .unwrap();
+        }
+        let (call_id, outcome) = replies.next().await.unwrap().unwrap();
+        assert_eq!(call_id, 2);
+        let status = outcome.unwrap_err();
+        assert_eq!(status.code(), Code::Unavailable);
+        assert_eq!(
+            crate::errors::reason_of(&status).as_deref(),
+            Some(crate::errors::reason::OVERLOADED)
+        );
+        assert_eq!(ran.load(Ordering::SeqCst), 1, "only the first call ran");
     }
 
     #[tokio::test]
