@@ -259,6 +259,44 @@ async fn dev_serves_every_service_on_one_port_for_grpcurl_and_reach_agents() {
     let metrics = scrape();
     assert_eq!(routed(&metrics), before + 1.0, "the counter moved by one");
 
+    // A routed stream through grpcurl is counted when it ends.
+    let mut streaming = Command::new(grpcurl())
+        .args([
+            "-plaintext",
+            "-d",
+            "@",
+            &grpc,
+            "reach.v1.RouterService/Stream",
+        ])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    {
+        use std::io::Write as _;
+        let mut stdin = streaming.stdin.take().unwrap();
+        writeln!(stdin, r#"{{"message":{{"header":{{"capability":"complaint.classify"}},"payload":{{"parts":[{{"data":{{"complaint_id":"1","narrative":"late fee on my autopay"}}}}]}}}}}}"#).unwrap();
+        writeln!(stdin, r#"{{"message":{{"payload":{{"parts":[{{"data":{{"complaint_id":"2","narrative":"my PSLF forgiveness was denied"}}}}]}}}}}}"#).unwrap();
+    }
+    let streamed = streaming.wait_with_output().unwrap();
+    assert!(streamed.status.success());
+    assert_eq!(
+        String::from_utf8_lossy(&streamed.stdout)
+            .matches("complaint.classification")
+            .count(),
+        2,
+        "one classification per message sent"
+    );
+    let metrics = scrape();
+    assert!(
+        metrics
+            .lines()
+            .any(|l| l.starts_with("reach_router_streams_total{")
+                && l.contains("capability=\"complaint.classify\"")
+                && l.contains("code=\"OK\"")),
+        "the finished stream is counted"
+    );
+
     // A failed call's ErrorInfo is decoded by grpcurl (reflection serves google.rpc).
     let unknown = Command::new(grpcurl())
         .args([

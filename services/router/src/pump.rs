@@ -111,15 +111,24 @@ pub struct OutboundPump {
     _in_flight: InFlight,
     deadline: Option<Pin<Box<tokio::time::Sleep>>>,
     done: bool,
+    /// The route label and start, for the stream metrics recorded when the pump drops.
+    label: String,
+    started: Instant,
+    /// The final code once the stream ended; `None` (recorded as CANCELLED) when the caller
+    /// went away first.
+    code: Option<tonic::Code>,
 }
 
 impl OutboundPump {
-    /// A pump over the instance's stream.
+    /// A pump over the instance's stream; `label` (the route) and `started` feed the stream
+    /// metrics (`reach_router_streams_total`, `reach_router_stream_duration_seconds`).
     pub fn new(
         agent: Streaming<HandleStreamResponse>,
         abort: oneshot::Receiver<Status>,
         in_flight: InFlight,
         deadline: Option<Instant>,
+        label: String,
+        started: Instant,
     ) -> Self {
         Self {
             agent,
@@ -127,7 +136,25 @@ impl OutboundPump {
             _in_flight: in_flight.for_stream(),
             deadline: deadline.map(|d| Box::pin(tokio::time::sleep_until(d))),
             done: false,
+            label,
+            started,
+            code: None,
         }
+    }
+
+    fn finish(&mut self, code: tonic::Code) {
+        self.done = true;
+        self.code = Some(code);
+    }
+}
+
+impl Drop for OutboundPump {
+    fn drop(&mut self) {
+        reach_telemetry::metrics::router::stream(
+            &self.label,
+            self.code.unwrap_or(tonic::Code::Cancelled),
+            self.started.elapsed(),
+        );
     }
 }
 
@@ -143,14 +170,14 @@ impl futures::Stream for OutboundPump {
         {
             self.abort = None;
             if let Ok(status) = outcome {
-                self.done = true;
+                self.finish(status.code());
                 return Poll::Ready(Some(Err(status)));
             }
         }
         if let Some(deadline) = self.deadline.as_mut()
             && deadline.as_mut().poll(cx).is_ready()
         {
-            self.done = true;
+            self.finish(tonic::Code::DeadlineExceeded);
             return Poll::Ready(Some(Err(Status::deadline_exceeded(
                 "the stream's deadline passed before the instance finished",
             ))));
@@ -160,11 +187,11 @@ impl futures::Stream for OutboundPump {
                 message: response.message,
             }))),
             Poll::Ready(Some(Err(status))) => {
-                self.done = true;
+                self.finish(status.code());
                 Poll::Ready(Some(Err(status)))
             }
             Poll::Ready(None) => {
-                self.done = true;
+                self.finish(tonic::Code::Ok);
                 Poll::Ready(None)
             }
             Poll::Pending => Poll::Pending,

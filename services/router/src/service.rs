@@ -760,7 +760,14 @@ impl RouterService for Router {
                 return Err(status);
             }
         };
-        let outbound = OutboundPump::new(agent_stream, abort_rx, reserved, deadline);
+        let outbound = OutboundPump::new(
+            agent_stream,
+            abort_rx,
+            reserved,
+            deadline,
+            key.label().to_string(),
+            started,
+        );
         let mut response = Response::new(Box::pin(outbound) as Self::StreamStream);
         if let Ok(value) = MetadataValue::try_from(trace_id.as_str()) {
             response.metadata_mut().insert(TRACE_ID_METADATA, value);

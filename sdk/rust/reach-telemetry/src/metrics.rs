@@ -37,6 +37,11 @@ pub mod names {
     pub const ROUTER_REQUEST_DURATION: &str = "reach_router_request_duration_seconds";
     /// Gauge `{capability}`: calls the router is forwarding now.
     pub const ROUTER_IN_FLIGHT: &str = "reach_router_in_flight";
+    /// Counter `{capability, code}`: streams (`RouterService.Stream`) the router finished;
+    /// `CANCELLED` when the caller went away.
+    pub const ROUTER_STREAMS: &str = "reach_router_streams_total";
+    /// Histogram `{capability, code}`: how long routed streams lived, seconds.
+    pub const ROUTER_STREAM_DURATION: &str = "reach_router_stream_duration_seconds";
     /// Histogram `{service, instance}`: latency of calls per upstream instance, seconds
     /// (`reach top` shows its p99).
     pub const ROUTER_INSTANCE_DURATION: &str = "reach_router_instance_duration_seconds";
@@ -130,6 +135,12 @@ fn describe() {
         "latency of routed calls"
     );
     describe_gauge!(ROUTER_IN_FLIGHT, "calls the router is forwarding now");
+    describe_counter!(ROUTER_STREAMS, "streams the router finished");
+    describe_histogram!(
+        ROUTER_STREAM_DURATION,
+        Unit::Seconds,
+        "how long routed streams lived"
+    );
     describe_histogram!(
         ROUTER_INSTANCE_DURATION,
         Unit::Seconds,
@@ -198,6 +209,16 @@ pub mod router {
     /// Counts a call in flight until the guard drops.
     pub fn in_flight(capability: &str) -> GaugeGuard {
         raise(::metrics::gauge!(names::ROUTER_IN_FLIGHT, "capability" => capability.to_string()))
+    }
+
+    /// Records one finished routed stream: its final code and how long it lived.
+    pub fn stream(capability: &str, code: tonic::Code, lived: Duration) {
+        let labels = [
+            ("capability", capability.to_string()),
+            ("code", code_label(code).to_string()),
+        ];
+        ::metrics::counter!(names::ROUTER_STREAMS, &labels).increment(1);
+        ::metrics::histogram!(names::ROUTER_STREAM_DURATION, &labels).record(lived.as_secs_f64());
     }
 
     /// Records the latency of one call to an upstream instance.
