@@ -177,6 +177,10 @@ async fn dev_serves_every_service_on_one_port_for_grpcurl_and_reach_agents() {
             "grpcurl list shows {service}: {services}"
         );
     }
+    assert!(
+        !services.contains("reach.v1.AgentService"),
+        "the control plane lists only what it serves: {services}"
+    );
     let describe = Command::new(grpcurl())
         .args(["-plaintext", &grpc, "describe", "reach.v1.RouterService"])
         .output()

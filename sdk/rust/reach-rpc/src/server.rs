@@ -142,6 +142,17 @@ impl GrpcServer {
             v1 = v1.register_encoded_file_descriptor_set(set);
             v1alpha = v1alpha.register_encoded_file_descriptor_set(set);
         }
+        // List what this server serves (the descriptor sets also describe services it does
+        // not, such as AgentService on a control plane); every type stays resolvable.
+        let advertised = self.service_names.iter().copied().chain([
+            "grpc.health.v1.Health",
+            "grpc.reflection.v1.ServerReflection",
+            "grpc.reflection.v1alpha.ServerReflection",
+        ]);
+        for name in advertised {
+            v1 = v1.with_service_name(name);
+            v1alpha = v1alpha.with_service_name(name);
+        }
         let v1 = v1.build_v1().map_err(ServeError::Reflection)?;
         let v1alpha = v1alpha.build_v1alpha().map_err(ServeError::Reflection)?;
         for name in &self.service_names {
