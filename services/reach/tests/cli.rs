@@ -94,6 +94,26 @@ fn demo_reports_a_missing_input_clearly() {
 }
 
 #[test]
+fn top_once_fails_when_nothing_answers() {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let endpoint = format!("http://127.0.0.1:{port}");
+    let output = reach()
+        .args(["top", "--once", "--endpoint", &endpoint])
+        .output()
+        .unwrap();
+    assert!(!output.status.success(), "a script must see the failure");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains("nothing answered") && stderr.contains(&endpoint),
+        "{stderr}"
+    );
+}
+
+#[test]
 fn a_bad_config_exits_64_naming_the_key() {
     let output = reach()
         .args([

@@ -58,6 +58,18 @@ pub enum TopError {
     /// The endpoint is not a `scheme://host:port` URL.
     #[error("endpoint {0:?} is not a URL with a host and port")]
     Endpoint(String),
+    /// `--once` reached neither the registry nor the admin port.
+    #[error(
+        "nothing answered at {endpoint}: registry: {registry}; metrics: {metrics}. Is `reach dev` (or the registry) running there? Pass --endpoint / --admin"
+    )]
+    Unreachable {
+        /// The gRPC endpoint tried.
+        endpoint: String,
+        /// Why the registry could not be read.
+        registry: String,
+        /// Why the metrics could not be read.
+        metrics: String,
+    },
     /// The HTTP request failed.
     #[error("GET {url}: {reason}")]
     Http {
@@ -198,7 +210,8 @@ pub fn render_to_string(snapshot: &Snapshot, width: u16, height: u16) -> String 
 ///
 /// # Errors
 /// [`TopError::Endpoint`] for a malformed endpoint, [`TopError::Terminal`] when the terminal
-/// cannot be driven. An unreachable endpoint is not an error: the board shows why.
+/// cannot be driven, [`TopError::Unreachable`] when `once` reached neither the registry nor
+/// the admin port. In the live board an unreachable endpoint is not an error: it shows why.
 pub async fn run(options: TopOptions) -> Result<(), TopError> {
     let admin = match &options.admin {
         Some(admin) => admin.clone(),
@@ -218,6 +231,15 @@ pub async fn run(options: TopOptions) -> Result<(), TopError> {
             rows => rows,
         };
         print!("{}", render_to_string(&snapshot, options.size.0, height));
+        // A one-shot board that reached nothing is a failure a script must see.
+        if let (Some(registry), Some(metrics)) = (&snapshot.registry_error, &snapshot.metrics_error)
+        {
+            return Err(TopError::Unreachable {
+                endpoint: options.endpoint.clone(),
+                registry: registry.clone(),
+                metrics: metrics.clone(),
+            });
+        }
         return Ok(());
     }
 
