@@ -58,10 +58,15 @@ impl Masker {
             ),
             (r"\b(?:\d[ \-]?){12,18}\d\b", "[card ***]"),
             (r"\b[A-Z]{2}\d{2}[A-Z0-9]{11,30}\b", "[account ***]"),
+            // Phone numbers as people write them: grouped with separators (555-123-4567,
+            // (555) 123 4567, +1 555.123.4567) or international with a leading `+`
+            // (+44 20 7946 0958). A bare digit run is not taken for one (ids, amounts, dates);
+            // 8 to 17 bare digits are masked as account numbers below.
             (
-                r"\+?\(?\d{1,4}\)?(?:[ .\-]?\(?\d{2,4}\)?){2,5}",
+                r"(?:\+\d{1,3}[ .\-]?)?\(?\b\d{3}\)?[ .\-]\d{3}[ .\-]\d{4}\b",
                 "[phone ***]",
             ),
+            (r"\+\d{1,3}(?:[ .\-]?\d{2,4}){3,5}\b", "[phone ***]"),
             (r"\b\d{8,17}\b", "[account ***]"),
         ]
         .into_iter()
@@ -163,5 +168,28 @@ mod tests {
             m.mask_text("category servicing, confidence 0.9"),
             "category servicing, confidence 0.9"
         );
+        // Ids, dates and amounts with short digit runs are not phone numbers.
+        for text in [
+            "task cli-routed-12345 started",
+            "complaint 3318297 on 2026-11-29 for $1400.00",
+            "version 1.2.3, port 7070",
+        ] {
+            assert_eq!(m.mask_text(text), text);
+        }
+    }
+
+    #[test]
+    fn masks_phone_numbers_as_people_write_them() {
+        let m = Masker::default();
+        for phone in [
+            "555-123-4567",
+            "(555) 123-4567",
+            "+1 555.123.4567",
+            "+1 (555) 123-4567",
+            "+44 20 7946 0958",
+        ] {
+            let masked = m.mask_text(&format!("call me at {phone} today"));
+            assert_eq!(masked, "call me at [phone ***] today", "{phone}");
+        }
     }
 }
