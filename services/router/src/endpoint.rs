@@ -111,9 +111,11 @@ impl InstanceEndpoint {
             .max_encoding_message_size(max_message_bytes);
         // The stream is long-lived, so it is not traced as one call: each call on it carries
         // its own `traceparent` in the frame.
+        // Frames carry a message of up to the limit plus their own fields.
+        let frame_limit = max_message_bytes + reach_rpc::mux::FRAME_OVERHEAD_BYTES;
         let mux_client = AgentServiceClient::new(channel.clone())
-            .max_decoding_message_size(max_message_bytes)
-            .max_encoding_message_size(max_message_bytes);
+            .max_decoding_message_size(frame_limit)
+            .max_encoding_message_size(frame_limit);
         let link = MuxLink::new(
             format!("instance {} ({})", info.instance_id, info.endpoint),
             Arc::new(move |frames| {

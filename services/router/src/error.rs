@@ -52,6 +52,18 @@ pub enum RouteError {
         /// The configured limit, in bytes.
         limit: usize,
     },
+    /// The instance's reply is larger than the router forwards.
+    #[error(
+        "the reply of instance {instance} is {size} bytes, over the limit of {limit} bytes (router max_message_bytes); have the agent return large content by url, or raise the limit"
+    )]
+    ReplyTooLarge {
+        /// The encoded size of the reply, in bytes.
+        size: usize,
+        /// The configured limit, in bytes.
+        limit: usize,
+        /// The instance that answered.
+        instance: String,
+    },
     /// The caller's deadline passed.
     #[error(
         "the caller's deadline passed {} after the call arrived, before an instance answered; allow more time (grpc-timeout, CallFrame.timeout_ms) or look at the instance's latency",
@@ -194,6 +206,15 @@ impl From<RouteError> for Status {
                     ],
                 )
             }
+            RouteError::ReplyTooLarge { size, limit, .. } => status_with_reason(
+                Code::ResourceExhausted,
+                message,
+                reason::PAYLOAD_TOO_LARGE,
+                [
+                    ("size_bytes".to_string(), size.to_string()),
+                    ("limit_bytes".to_string(), limit.to_string()),
+                ],
+            ),
             RouteError::PayloadTooLarge { size, limit } => status_with_reason(
                 Code::ResourceExhausted,
                 message,

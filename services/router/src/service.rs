@@ -360,6 +360,15 @@ impl Router {
         if let Some(adapter) = &plan.adapter {
             adapter.adapt_response(&mut reply)?;
         }
+        let reply_size = reply.encoded_len();
+        if reply_size > self.config().max_message_bytes {
+            return Err(RouteError::ReplyTooLarge {
+                size: reply_size,
+                limit: self.config().max_message_bytes,
+                instance: instance.instance_id.clone(),
+            }
+            .into());
+        }
         let reply_header = reply.header.get_or_insert_with(Header::default);
         if reply_header.trace_id.is_empty() {
             reply_header.trace_id.clone_from(&trace_id);
@@ -389,8 +398,9 @@ impl Router {
         started: Instant,
         remote_parent: Option<reach_telemetry::OtelContext>,
     ) -> Result<CallResponse, Status> {
-        self.check_size(message.encoded_len())?;
+        // Measured after the header is completed: the size the instance will receive.
         prepare_header(&mut message, &metadata)?;
+        self.check_size(message.encoded_len())?;
         let key = route_key(&message)?;
         let span =
             reach_telemetry::message_span_with_parent("router.call", &message, remote_parent);
@@ -669,11 +679,16 @@ impl RouterService for Router {
             move |call: mux::IncomingCall| {
                 let router = router.clone();
                 async move {
-                    let started = Instant::now();
                     let parent = reach_telemetry::extract_map(&call.metadata);
                     let metadata = metadata_of(call.metadata);
                     router
-                        .route_call(call.message, metadata, call.deadline, started, Some(parent))
+                        .route_call(
+                            call.message,
+                            metadata,
+                            call.deadline,
+                            call.received_at,
+                            Some(parent),
+                        )
                         .await
                 }
             },

@@ -12,6 +12,7 @@ use std::time::Duration;
 
 use common::*;
 use futures::Stream;
+use prost::Message as _;
 use reach_proto::v1::agent_service_server::{AgentService, AgentServiceServer};
 use reach_proto::v1::router_service_client::RouterServiceClient;
 use reach_proto::v1::{
@@ -43,6 +44,11 @@ fn mixed_agent(config: reach_sdk::AgentConfig, cancelled: Arc<Notify>) -> AgentR
                 tokio::time::sleep(Duration::from_millis(300)).await;
                 Ok(m.payload.unwrap_or_default())
             },
+        )
+        .handle(
+            "small",
+            "1.0.0",
+            |_c: HandlerContext, _m: ReachMessage| async move { Ok(Payload::text("t", "ok")) },
         )
         .handle(
             "hang",
@@ -251,11 +257,10 @@ async fn a_call_mux_stream_answers_in_completion_order_with_deadlines_errors_and
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_frame_over_the_size_limit_fails_only_its_call() {
     let registry = registry().await;
-    let (_agent, _) = agent(mixed_agent(
-        config("mixed", "mixed-1", &registry.url),
-        Arc::new(Notify::new()),
-    ))
-    .await;
+    // The agent's limit is the router's: a message at the limit still fits its frame.
+    let mut agent_config = config("mixed", "mixed-1", &registry.url);
+    agent_config.max_message_bytes = 4096;
+    let (_agent, _) = agent(mixed_agent(agent_config, Arc::new(Notify::new()))).await;
     let router = router(
         &registry.url,
         RouterConfig {
@@ -282,6 +287,35 @@ async fn a_frame_over_the_size_limit_fails_only_its_call() {
         .await
         .expect("the stream is still usable");
     assert_eq!(client.mux_streams_opened(), 1);
+
+    // A message of exactly the limit is delivered: its frame's own fields do not push it
+    // over the instance's limit and break the stream other calls share.
+    let mut text = "x".repeat(3900);
+    let mut message = client.message_to_capability(
+        "small",
+        Payload::text("t", text.clone()),
+        &CallOptions::default(),
+    );
+    while message.encoded_len() < 4096 {
+        text.push('x');
+        message = client.message_to_capability(
+            "small",
+            Payload::text("t", text.clone()),
+            &CallOptions::default(),
+        );
+    }
+    assert_eq!(message.encoded_len(), 4096, "built to the limit exactly");
+    client
+        .send(message, None)
+        .await
+        .expect("a message at the limit is delivered");
+    let endpoint = router.router.table().endpoint("mixed-1").unwrap();
+    assert_eq!(
+        endpoint.link().streams_opened(),
+        1,
+        "the instance link never broke"
+    );
+    assert_eq!(endpoint.ejections(), 0);
 }
 
 /// An agent written without the SDK that serves only unary Handle.

@@ -42,6 +42,19 @@ use tonic::{Code, Status};
 /// again (a callee may be upgraded in place).
 pub const UNSUPPORTED_RETRY_AFTER: Duration = Duration::from_secs(60);
 
+/// The most per-call metadata a frame may carry (keys plus values, bytes) — the role of
+/// HTTP/2's header list limit for a unary call.
+pub const MAX_CALL_METADATA_BYTES: usize = 8 * 1024;
+
+/// Bytes a frame spends around its message (call id, deadline, metadata up to
+/// [`MAX_CALL_METADATA_BYTES`], field tags): a callee's decoding limit is its message limit
+/// plus this, so a frame is never refused as a whole for a message within the limit.
+pub const FRAME_OVERHEAD_BYTES: usize = 16 * 1024;
+
+fn metadata_len(metadata: &HashMap<String, String>) -> usize {
+    metadata.iter().map(|(k, v)| k.len() + v.len()).sum()
+}
+
 /// The retry hint of a call refused because its stream has too many calls open.
 const OVERLOADED_RETRY_AFTER: Duration = Duration::from_millis(50);
 
@@ -128,8 +141,9 @@ pub enum MuxError {
     /// transport error as its source, or is the callee's refusal), the frame could not be
     /// sent, or the callee ended the stream draining before it read the call.
     Failed(Status),
-    /// The stream broke while the call waited for its reply (UNAVAILABLE): the callee may or
-    /// may not have handled it.
+    /// The stream broke while the call waited for its reply: the callee may or may not have
+    /// handled it. The status is the cause (why the stream ended); converted into a `Status`
+    /// this becomes UNAVAILABLE saying so.
     Lost(Status),
 }
 
@@ -139,7 +153,12 @@ impl From<MuxError> for Status {
             MuxError::Unsupported(_) => Status::unimplemented(
                 "the peer does not serve the multiplexed stream; use the unary RPC",
             ),
-            MuxError::Failed(status) | MuxError::Lost(status) => status,
+            MuxError::Failed(status) => status,
+            MuxError::Lost(cause) => Status::unavailable(format!(
+                "the connection broke while the call was in flight ({}: {}); the message may or may not have been handled: retry with the same message_id to be safe",
+                crate::errors::code_name(cause.code()),
+                cause.message()
+            )),
         }
     }
 }
@@ -421,11 +440,10 @@ async fn read_replies<R: MuxReply>(
             let _ = waiter.send(Err(MuxError::Failed(ended.clone())));
             continue;
         }
-        let _ = waiter.send(Err(MuxError::Lost(Status::unavailable(format!(
-            "the stream to {peer} broke while the call was in flight ({}: {}); the message may or may not have been handled: retry with the same message_id to be safe",
-            crate::errors::code_name(ended.code()),
-            ended.message()
-        )))));
+        let _ = waiter.send(Err(MuxError::Lost(Status::new(
+            ended.code(),
+            format!("the stream to {peer} ended: {}", ended.message()),
+        ))));
     }
 }
 
@@ -489,7 +507,9 @@ pub struct IncomingCall {
     pub call_id: u64,
     /// The request.
     pub message: ReachMessage,
-    /// When the call's time runs out (from `timeout_ms` at receipt); `None` for no deadline.
+    /// When the frame was read.
+    pub received_at: Instant,
+    /// When the call's time runs out (`received_at` + `timeout_ms`); `None` for no deadline.
     pub deadline: Option<Instant>,
     /// Per-call metadata (`traceparent`, `tracestate`, `x-*`).
     pub metadata: HashMap<String, String>,
@@ -586,6 +606,19 @@ async fn run_calls<S, H, F, T>(
                             [("max_open_calls".to_string(), max_open_calls.to_string())],
                             OVERLOADED_RETRY_AFTER,
                         ))
+                    } else if metadata_len(&frame.metadata) > MAX_CALL_METADATA_BYTES {
+                        let size = metadata_len(&frame.metadata);
+                        Some(crate::errors::status_with_reason(
+                            Code::ResourceExhausted,
+                            format!(
+                                "call {call_id}'s metadata is {size} bytes, over the limit of {MAX_CALL_METADATA_BYTES} bytes; put large values in the message"
+                            ),
+                            crate::errors::reason::PAYLOAD_TOO_LARGE,
+                            [
+                                ("size_bytes".to_string(), size.to_string()),
+                                ("limit_bytes".to_string(), MAX_CALL_METADATA_BYTES.to_string()),
+                            ],
+                        ))
                     } else if frame.message.is_none() {
                         Some(Status::invalid_argument(format!(
                             "the frame for call_id {call_id} carries no message and is not a cancel (an empty frame?); send {{\"call_id\": N, \"message\": {{...}}}} to start a call or {{\"call_id\": N, \"cancel\": true}} to cancel one"
@@ -599,11 +632,13 @@ async fn run_calls<S, H, F, T>(
                         }
                         continue;
                     }
+                    let received_at = Instant::now();
                     let call = IncomingCall {
                         call_id,
                         message: frame.message.unwrap_or_default(),
+                        received_at,
                         deadline: (frame.timeout_ms > 0).then(|| {
-                            Instant::now() + Duration::from_millis(u64::from(frame.timeout_ms))
+                            received_at + Duration::from_millis(u64::from(frame.timeout_ms))
                         }),
                         metadata: frame.metadata,
                     };
@@ -622,11 +657,15 @@ async fn run_calls<S, H, F, T>(
                 }
                 None => reading = false,
             },
-            Some(done) = running.join_next(), if !running.is_empty() => {
-                // An aborted (cancelled) call ends with a JoinError; its entry is gone already
-                // and it gets no reply. The id is closed before its reply is sent, so a caller
-                // may reuse it as soon as the reply arrives.
-                if let Ok((call_id, outcome)) = done {
+            Some(done) = running.join_next_with_id(), if !running.is_empty() => {
+                // A call gets its reply only while it is still the open call of its id: one
+                // cancelled after it finished (but before it was collected here), or whose id
+                // was cancelled and reused, ends silently. An aborted call ends with a
+                // JoinError. The id is closed before the reply is sent, so a caller may reuse
+                // it as soon as the reply arrives.
+                if let Ok((task, (call_id, outcome))) = done
+                    && open.get(&call_id).is_some_and(|open| open.id() == task)
+                {
                     open.remove(&call_id);
                     if replies.send(Ok((call_id, outcome))).await.is_err() {
                         break;
@@ -826,6 +865,92 @@ mod tests {
             Some(crate::errors::reason::OVERLOADED)
         );
         assert_eq!(ran.load(Ordering::SeqCst), 1, "only the first call ran");
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_call_cancelled_after_it_finished_gets_no_reply_and_its_id_is_reusable() {
+        let (frames, frames_rx) = mpsc::channel(2048);
+        let replies = serve(
+            ReceiverStream::new(frames_rx).map(Ok),
+            |call: IncomingCall| async move { Ok::<_, Status>(call.message) },
+            16,
+            CancellationToken::new(),
+        );
+        let mut replies = std::pin::pin!(replies);
+        let start = |text: &str| CallFrame {
+            call_id: 5,
+            message: Some(call(text).message),
+            ..CallFrame::default()
+        };
+        frames.send(start("first")).await.unwrap();
+        // Frames to read before the cancel, so the first call has finished (uncollected) by
+        // the time its cancel is read.
+        for unknown in 1000..1500 {
+            frames
+                .send(CallFrame {
+                    call_id: unknown,
+                    cancel: true,
+                    ..CallFrame::default()
+                })
+                .await
+                .unwrap();
+        }
+        frames
+            .send(CallFrame {
+                call_id: 5,
+                cancel: true,
+                ..CallFrame::default()
+            })
+            .await
+            .unwrap();
+        frames.send(start("second")).await.unwrap();
+        drop(frames);
+        let mut answered = Vec::new();
+        while let Some(item) = replies.next().await {
+            let (call_id, outcome) = item.unwrap();
+            answered.push((call_id, outcome.map(|m| text(&m)).unwrap_or_default()));
+        }
+        assert_eq!(answered, vec![(5, "second".to_string())]);
+    }
+
+    #[tokio::test]
+    async fn oversized_call_metadata_fails_only_that_call() {
+        let (frames, frames_rx) = mpsc::channel(4);
+        let replies = serve(
+            ReceiverStream::new(frames_rx).map(Ok),
+            |call: IncomingCall| async move { Ok::<_, Status>(call.message) },
+            16,
+            CancellationToken::new(),
+        );
+        let mut replies = std::pin::pin!(replies);
+        let mut metadata = HashMap::new();
+        metadata.insert("x-big".to_string(), "a".repeat(MAX_CALL_METADATA_BYTES));
+        frames
+            .send(CallFrame {
+                call_id: 1,
+                message: Some(call("big").message),
+                metadata,
+                ..CallFrame::default()
+            })
+            .await
+            .unwrap();
+        let (_, outcome) = replies.next().await.unwrap().unwrap();
+        let status = outcome.unwrap_err();
+        assert_eq!(status.code(), Code::ResourceExhausted);
+        assert_eq!(
+            crate::errors::reason_of(&status).as_deref(),
+            Some(crate::errors::reason::PAYLOAD_TOO_LARGE)
+        );
+        frames
+            .send(CallFrame {
+                call_id: 2,
+                message: Some(call("small").message),
+                ..CallFrame::default()
+            })
+            .await
+            .unwrap();
+        let (call_id, outcome) = replies.next().await.unwrap().unwrap();
+        assert_eq!((call_id, text(&outcome.unwrap())), (2, "small".to_string()));
     }
 
     #[tokio::test]

@@ -16,6 +16,7 @@ use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::time::Duration;
 
 use futures::{Stream, StreamExt};
+use prost::Message as _;
 use reach_proto::v1::agent_service_server::{AgentService, AgentServiceServer};
 use reach_proto::v1::registry_service_client::RegistryServiceClient;
 use reach_proto::v1::{
@@ -188,6 +189,7 @@ impl AgentRuntime {
             stream_handlers: self.stream_handlers,
             permits: Semaphore::new(config.max_concurrency),
             max_concurrency: config.max_concurrency,
+            max_message_bytes: config.max_message_bytes,
             in_flight: AtomicU32::new(0),
             idle: Notify::new(),
             draining: AtomicBool::new(false),
@@ -205,8 +207,11 @@ impl AgentRuntime {
         let agent_service = AgentServiceServer::new(AgentGrpc {
             shared: shared.clone(),
         })
-        .max_decoding_message_size(config.max_message_bytes)
-        .max_encoding_message_size(config.max_message_bytes);
+        // The transport's limit leaves room for a multiplexed frame's own fields; the message
+        // limit itself is checked per call (PAYLOAD_TOO_LARGE), so one oversized message never
+        // breaks a stream other calls share.
+        .max_decoding_message_size(config.max_message_bytes + mux::FRAME_OVERHEAD_BYTES)
+        .max_encoding_message_size(config.max_message_bytes + mux::FRAME_OVERHEAD_BYTES);
         let server = server.add_service(reach_telemetry::traced(agent_service));
         let serve = tokio::spawn(server.serve(listener, async move {
             let mut stopped = serving_stopped;
@@ -439,6 +444,8 @@ struct Shared {
     stream_handlers: HashMap<String, Arc<dyn StreamHandler>>,
     permits: Semaphore,
     max_concurrency: usize,
+    /// The largest message taken or sent (bytes), per call on every RPC.
+    max_message_bytes: usize,
     in_flight: AtomicU32,
     idle: Notify,
     draining: AtomicBool,
@@ -584,6 +591,21 @@ struct AgentGrpc {
     shared: Arc<Shared>,
 }
 
+/// PAYLOAD_TOO_LARGE for a `what` (message or reply) of `size` bytes over `limit`.
+fn too_large(what: &str, size: usize, limit: usize) -> Status {
+    status_with_reason(
+        Code::ResourceExhausted,
+        format!(
+            "the {what} is {size} bytes, over this agent's limit of {limit} bytes (max_message_bytes); send large content by url, or raise the limit"
+        ),
+        reason::PAYLOAD_TOO_LARGE,
+        [
+            ("size_bytes".to_string(), size.to_string()),
+            ("limit_bytes".to_string(), limit.to_string()),
+        ],
+    )
+}
+
 /// Calls one multiplexed stream may have open at once (beyond the handler concurrency they
 /// wait for a permit, as unary calls do).
 const MAX_OPEN_CALLS_PER_STREAM: usize = 1024;
@@ -598,6 +620,12 @@ async fn handle_message(
     span: tracing::Span,
 ) -> Result<HandleResponse, Status> {
     span.record("instance", &*shared.instance_id);
+    let size = message.encoded_len();
+    if size > shared.max_message_bytes {
+        let status = too_large("message", size, shared.max_message_bytes);
+        reach_telemetry::record_status(&span, status.code(), status.message());
+        return Err(status);
+    }
     let handler = match shared.pick(&shared.handlers, &message) {
         Ok(handler) => handler.clone(),
         Err(status) => {
@@ -638,8 +666,13 @@ async fn handle_message(
                     .map_err(|_| Status::unavailable("instance is shutting down"))?;
                 let request_header = message.header.clone().unwrap_or_default();
                 let payload = handler.handle(ctx, message).await?;
+                let reply = shared.reply(&request_header, payload);
+                let size = reply.encoded_len();
+                if size > shared.max_message_bytes {
+                    return Err(too_large("reply", size, shared.max_message_bytes));
+                }
                 Ok(HandleResponse {
-                    message: Some(shared.reply(&request_header, payload)),
+                    message: Some(reply),
                 })
             })
             .await;
