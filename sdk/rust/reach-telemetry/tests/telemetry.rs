@@ -443,7 +443,7 @@ async fn the_default_filter_shows_info_from_every_reach_crate() {
         .unwrap();
     assert!(
         inside.contains("trace_id=4bf92f3577b34da6a3ce929d0e0e4736")
-            && inside.contains("task_id=\"task-9\""),
+            && inside.contains("task_id=task-9"),
         "{inside}"
     );
     for hidden in ["router debug", "hyper info"] {
@@ -680,5 +680,5 @@ async fn without_an_exporter_spans_keep_the_envelope_trace_id_and_no_otel_contex
     span.in_scope(|| tracing::info!(target: "reach_test", "handling message"));
     let lines = capture.lines().join("\n");
     assert!(lines.contains(&format!("trace_id={trace_id}")), "{lines}");
-    assert!(lines.contains("task_id=\"task-9\""), "{lines}");
+    assert!(lines.contains("task_id=task-9"), "{lines}");
 }
