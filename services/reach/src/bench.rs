@@ -34,8 +34,8 @@ use prost::Message as _;
 use reach_proto::v1::agent_service_client::AgentServiceClient;
 use reach_proto::v1::router_service_client::RouterServiceClient;
 use reach_proto::v1::{
-    CallRequest, HandleMuxRequest, HandleMuxResponse, HandleRequest, HandleStreamRequest, Header,
-    Part, Payload, ReachMessage, StreamRequest, header, part,
+    CallRequest, HandleMuxResponse, HandleRequest, HandleStreamRequest, Header, Part, Payload,
+    ReachMessage, StreamRequest, header, part,
 };
 use reach_registry::{Registry, RegistryConfig, RegistryGrpc};
 use reach_router::{Router, RouterConfig};
@@ -129,130 +129,96 @@ pub async fn run(options: &BenchOptions) -> anyhow::Result<()> {
     let mut cells = Vec::new();
     for &payload in payloads {
         for &concurrency in concurrencies {
+            let shape = Shape {
+                payload,
+                concurrency,
+                warmup,
+                duration,
+            };
             if wanted("direct") {
                 let direct = mesh.direct.clone();
                 cells.push(
-                    measure(
-                        "direct",
-                        payload,
-                        concurrency,
-                        warmup,
-                        duration,
-                        None,
-                        move |m| {
-                            let mut client = direct.clone();
-                            async move {
-                                client
-                                    .handle(HandleRequest { message: Some(m) })
-                                    .await
-                                    .map(|_| ())
-                                    .map_err(|s| s.to_string())
-                            }
-                        },
-                    )
+                    measure("direct", shape, None, move |m| {
+                        let mut client = direct.clone();
+                        async move {
+                            client
+                                .handle(HandleRequest { message: Some(m) })
+                                .await
+                                .map(|_| ())
+                                .map_err(|s| s.to_string())
+                        }
+                    })
                     .await,
                 );
             }
             if wanted("direct-mux") {
                 let link = mesh.direct_mux.clone();
                 cells.push(
-                    measure(
-                        "direct-mux",
-                        payload,
-                        concurrency,
-                        warmup,
-                        duration,
-                        None,
-                        move |m| {
-                            let link = link.clone();
-                            async move {
-                                let reply = link
-                                    .call(OutgoingCall {
-                                        message: m,
-                                        ..OutgoingCall::default()
-                                    })
-                                    .await
-                                    .map_err(|e| tonic::Status::from(e).to_string())?;
-                                reach_rpc::mux::outcome_of(reply.frame)
-                                    .map(|_| ())
-                                    .map_err(|s| s.to_string())
-                            }
-                        },
-                    )
+                    measure("direct-mux", shape, None, move |m| {
+                        let link = link.clone();
+                        async move {
+                            let reply = link
+                                .call(OutgoingCall {
+                                    message: m,
+                                    ..OutgoingCall::default()
+                                })
+                                .await
+                                .map_err(|e| tonic::Status::from(e).to_string())?;
+                            reach_rpc::mux::outcome_of(reply.frame)
+                                .map(|_| ())
+                                .map_err(|s| s.to_string())
+                        }
+                    })
                     .await,
                 );
             }
             if wanted("router-mux") {
                 let client = mesh.client.clone();
                 cells.push(
-                    measure(
-                        "router-mux",
-                        payload,
-                        concurrency,
-                        warmup,
-                        duration,
-                        None,
-                        move |m| {
-                            let client = client.clone();
-                            async move {
-                                client
-                                    .send(m, None)
-                                    .await
-                                    .map(|_| ())
-                                    .map_err(|s| s.to_string())
-                            }
-                        },
-                    )
+                    measure("router-mux", shape, None, move |m| {
+                        let client = client.clone();
+                        async move {
+                            client
+                                .send(m, None)
+                                .await
+                                .map(|_| ())
+                                .map_err(|s| s.to_string())
+                        }
+                    })
                     .await,
                 );
             }
             if wanted("router") {
                 let router = mesh.router.clone();
                 cells.push(
-                    measure(
-                        "router",
-                        payload,
-                        concurrency,
-                        warmup,
-                        duration,
-                        None,
-                        move |m| {
-                            let mut client = router.clone();
-                            async move {
-                                client
-                                    .call(CallRequest { message: Some(m) })
-                                    .await
-                                    .map(|_| ())
-                                    .map_err(|s| s.to_string())
-                            }
-                        },
-                    )
+                    measure("router", shape, None, move |m| {
+                        let mut client = router.clone();
+                        async move {
+                            client
+                                .call(CallRequest { message: Some(m) })
+                                .await
+                                .map(|_| ())
+                                .map_err(|s| s.to_string())
+                        }
+                    })
                     .await,
                 );
             }
             if let Some(nats) = &nats {
                 let client = nats.client.clone();
                 cells.push(
-                    measure(
-                        "nats",
-                        payload,
-                        concurrency,
-                        warmup,
-                        duration,
-                        Some(nats.pid),
-                        move |m| {
-                            let client = client.clone();
-                            async move {
-                                let reply = client
-                                    .request(SUBJECT, m.encode_to_vec().into())
-                                    .await
-                                    .map_err(|e| e.to_string())?;
-                                ReachMessage::decode(reply.payload)
-                                    .map(|_| ())
-                                    .map_err(|e| e.to_string())
-                            }
-                        },
-                    )
+                    measure("nats", shape, Some(nats.pid), move |m| {
+                        let client = client.clone();
+                        async move {
+                            let reply = client
+                                .request(SUBJECT, m.encode_to_vec().into())
+                                .await
+                                .map_err(|e| e.to_string())?;
+                            ReachMessage::decode(reply.payload)
+                                .map(|_| ())
+                                .map_err(|e| e.to_string())
+                        }
+                    })
                     .await,
                 );
             }
@@ -342,19 +308,26 @@ fn cpu_ticks(pid: Option<u32>) -> u64 {
 /// Linux reports CPU time in clock ticks of 10 ms (USER_HZ = 100).
 const TICK_US: f64 = 10_000.0;
 
-async fn measure<F, Fut>(
-    mode: &'static str,
+/// What one cell measures: payload size, closed-loop workers, warm-up and recorded time.
+#[derive(Debug, Clone, Copy)]
+struct Shape {
     payload: usize,
     concurrency: usize,
     warmup: Duration,
     duration: Duration,
-    extra_pid: Option<u32>,
-    call: F,
-) -> Cell
+}
+
+async fn measure<F, Fut>(mode: &'static str, shape: Shape, extra_pid: Option<u32>, call: F) -> Cell
 where
     F: Fn(ReachMessage) -> Fut + Clone + Send + Sync + 'static,
     Fut: Future<Output = Result<(), String>> + Send,
 {
+    let Shape {
+        payload,
+        concurrency,
+        warmup,
+        duration,
+    } = shape;
     let body = payload_of(payload);
     let recording = Arc::new(AtomicBool::new(false));
     let stop = Arc::new(AtomicBool::new(false));
@@ -665,19 +638,14 @@ impl Mesh {
                 .connect()
                 .await
         };
-        let direct = AgentServiceClient::new(connect(agent_url).await?)
+        let agent_channel = connect(agent_url).await?;
+        let direct = AgentServiceClient::new(agent_channel.clone())
             .max_decoding_message_size(16 << 20)
             .max_encoding_message_size(16 << 20);
-        let mux_client = direct.clone();
-        let direct_mux = Arc::new(MuxLink::new(
+        let direct_mux = Arc::new(MuxLink::to_agent(
             "the bench agent",
-            Arc::new(move |frames| {
-                let mut client = mux_client.clone();
-                Box::pin(async move {
-                    let request = frames.map(|frame| HandleMuxRequest { frame: Some(frame) });
-                    Ok(client.handle_mux(request).await?.into_inner().boxed())
-                })
-            }),
+            agent_channel,
+            16 << 20,
         ));
         let router_channel = connect(router_url).await?;
         let client = MeshClient::new(router_channel.clone(), "bench.client");

@@ -17,11 +17,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicI32, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
-use futures::StreamExt;
 use reach_proto::v1::agent_service_client::AgentServiceClient;
-use reach_proto::v1::{
-    HandleMuxRequest, HandleMuxResponse, HandleRequest, InstanceState, ReachMessage,
-};
+use reach_proto::v1::{HandleMuxResponse, HandleRequest, InstanceState, ReachMessage};
 use reach_rpc::mux::{MuxError, MuxLink, OutgoingCall};
 use reach_telemetry::grpc::GrpcClientTrace;
 use tokio::sync::Notify;
@@ -109,23 +106,10 @@ impl InstanceEndpoint {
         let client = AgentServiceClient::new(reach_telemetry::traced_channel(channel.clone()))
             .max_decoding_message_size(max_message_bytes)
             .max_encoding_message_size(max_message_bytes);
-        // The stream is long-lived, so it is not traced as one call: each call on it carries
-        // its own `traceparent` in the frame.
-        // Frames carry a message of up to the limit plus their own fields.
-        let frame_limit = max_message_bytes + reach_rpc::mux::FRAME_OVERHEAD_BYTES;
-        let mux_client = AgentServiceClient::new(channel.clone())
-            .max_decoding_message_size(frame_limit)
-            .max_encoding_message_size(frame_limit);
-        let link = MuxLink::new(
+        let link = MuxLink::to_agent(
             format!("instance {} ({})", info.instance_id, info.endpoint),
-            Arc::new(move |frames| {
-                let mut client = mux_client.clone();
-                Box::pin(async move {
-                    let request = frames.map(|frame| HandleMuxRequest { frame: Some(frame) });
-                    let replies = client.handle_mux(request).await?.into_inner();
-                    Ok(replies.boxed())
-                })
-            }),
+            channel.clone(),
+            max_message_bytes,
         );
         Self {
             client,

@@ -28,14 +28,18 @@ use std::time::Duration;
 use futures::future::BoxFuture;
 use futures::stream::BoxStream;
 use futures::{FutureExt, Stream, StreamExt};
+use reach_proto::v1::agent_service_client::AgentServiceClient;
+use reach_proto::v1::router_service_client::RouterServiceClient;
 use reach_proto::v1::{
-    CallError, CallFrame, CallMuxResponse, HandleMuxResponse, ReachMessage, ReplyFrame, reply_frame,
+    CallError, CallFrame, CallMuxRequest, CallMuxResponse, HandleMuxRequest, HandleMuxResponse,
+    ReachMessage, ReplyFrame, reply_frame,
 };
 use tokio::sync::{mpsc, oneshot};
 use tokio::task::{AbortHandle, JoinSet};
 use tokio::time::Instant;
 use tokio_stream::wrappers::ReceiverStream;
 use tokio_util::sync::CancellationToken;
+use tonic::transport::Channel;
 use tonic::{Code, Status};
 
 /// How long a link remembers that its callee does not implement the stream before trying
@@ -225,6 +229,50 @@ struct WaitingState<R> {
 impl<R> Waiting<R> {
     fn lock(&self) -> std::sync::MutexGuard<'_, WaitingState<R>> {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+impl MuxLink<HandleMuxResponse> {
+    /// A link to an instance's `AgentService.HandleMux` over `channel`, for messages of up to
+    /// `max_message_bytes` (frames get [`FRAME_OVERHEAD_BYTES`] more). The stream is
+    /// long-lived, so it is not traced as one call: each call carries its own `traceparent`.
+    pub fn to_agent(peer: impl Into<String>, channel: Channel, max_message_bytes: usize) -> Self {
+        let frame_limit = max_message_bytes.saturating_add(FRAME_OVERHEAD_BYTES);
+        let client = AgentServiceClient::new(channel)
+            .max_decoding_message_size(frame_limit)
+            .max_encoding_message_size(frame_limit);
+        Self::new(
+            peer,
+            Arc::new(move |frames| {
+                let mut client = client.clone();
+                Box::pin(async move {
+                    let request = frames.map(|frame| HandleMuxRequest { frame: Some(frame) });
+                    Ok(client.handle_mux(request).await?.into_inner().boxed())
+                })
+            }),
+        )
+    }
+}
+
+impl MuxLink<CallMuxResponse> {
+    /// A link to a router's `RouterService.CallMux` over `channel`, for messages of up to
+    /// `max_message_bytes` (frames get [`FRAME_OVERHEAD_BYTES`] more); traced per call as
+    /// [`MuxLink::to_agent`] is.
+    pub fn to_router(peer: impl Into<String>, channel: Channel, max_message_bytes: usize) -> Self {
+        let frame_limit = max_message_bytes.saturating_add(FRAME_OVERHEAD_BYTES);
+        let client = RouterServiceClient::new(channel)
+            .max_decoding_message_size(frame_limit)
+            .max_encoding_message_size(frame_limit);
+        Self::new(
+            peer,
+            Arc::new(move |frames| {
+                let mut client = client.clone();
+                Box::pin(async move {
+                    let request = frames.map(|frame| CallMuxRequest { frame: Some(frame) });
+                    Ok(client.call_mux(request).await?.into_inner().boxed())
+                })
+            }),
+        )
     }
 }
 
@@ -722,6 +770,34 @@ mod tests {
         )
     }
 
+    /// [`serve`] fed by a channel of `queue` frames: the frame sender and the outcomes.
+    fn served<H, F>(
+        handler: H,
+        max_open_calls: usize,
+        queue: usize,
+    ) -> (
+        mpsc::Sender<CallFrame>,
+        BoxStream<'static, Outcome<ReachMessage>>,
+    )
+    where
+        H: Fn(IncomingCall) -> F + Send + 'static,
+        F: Future<Output = Result<ReachMessage, Status>> + Send + 'static,
+    {
+        let (frames, frames_rx) = mpsc::channel(queue);
+        let replies = serve(
+            ReceiverStream::new(frames_rx).map(Ok),
+            handler,
+            max_open_calls,
+            CancellationToken::new(),
+        );
+        (frames, replies.boxed())
+    }
+
+    /// A handler answering each call with its own message.
+    async fn echo(call: IncomingCall) -> Result<ReachMessage, Status> {
+        Ok(call.message)
+    }
+
     fn text(message: &ReachMessage) -> String {
         match message
             .payload
@@ -803,14 +879,7 @@ mod tests {
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_call_id_may_be_reused_as_soon_as_its_reply_arrives() {
-        let (frames, frames_rx) = mpsc::channel(4);
-        let replies = serve(
-            ReceiverStream::new(frames_rx).map(Ok),
-            |call: IncomingCall| async move { Ok::<_, Status>(call.message) },
-            16,
-            CancellationToken::new(),
-        );
-        let mut replies = std::pin::pin!(replies);
+        let (frames, mut replies) = served(echo, 16, 4);
         for round in 0..500 {
             let started = call(&round.to_string());
             frames
@@ -838,14 +907,7 @@ mod tests {
                 std::future::pending::<Result<ReachMessage, Status>>()
             }
         };
-        let (frames, frames_rx) = mpsc::channel(4);
-        let replies = serve(
-            ReceiverStream::new(frames_rx).map(Ok),
-            handler,
-            1,
-            CancellationToken::new(),
-        );
-        let mut replies = std::pin::pin!(replies);
+        let (frames, mut replies) = served(handler, 1, 4);
         for call_id in [1, 2] {
             frames
                 .send(CallFrame {
@@ -869,14 +931,7 @@ mod tests {
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_call_cancelled_after_it_finished_gets_no_reply_and_its_id_is_reusable() {
-        let (frames, frames_rx) = mpsc::channel(2048);
-        let replies = serve(
-            ReceiverStream::new(frames_rx).map(Ok),
-            |call: IncomingCall| async move { Ok::<_, Status>(call.message) },
-            16,
-            CancellationToken::new(),
-        );
-        let mut replies = std::pin::pin!(replies);
+        let (frames, mut replies) = served(echo, 16, 2048);
         let start = |text: &str| CallFrame {
             call_id: 5,
             message: Some(call(text).message),
@@ -915,14 +970,7 @@ mod tests {
 
     #[tokio::test]
     async fn oversized_call_metadata_fails_only_that_call() {
-        let (frames, frames_rx) = mpsc::channel(4);
-        let replies = serve(
-            ReceiverStream::new(frames_rx).map(Ok),
-            |call: IncomingCall| async move { Ok::<_, Status>(call.message) },
-            16,
-            CancellationToken::new(),
-        );
-        let mut replies = std::pin::pin!(replies);
+        let (frames, mut replies) = served(echo, 16, 4);
         let mut metadata = HashMap::new();
         metadata.insert("x-big".to_string(), "a".repeat(MAX_CALL_METADATA_BYTES));
         frames

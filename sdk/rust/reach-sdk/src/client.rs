@@ -8,11 +8,11 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures::{Stream, StreamExt};
+use futures::Stream;
 use reach_proto::v1::router_service_client::RouterServiceClient;
 use reach_proto::v1::{
-    CallMuxRequest, CallMuxResponse, CallRequest, CallResponse, Header, Payload, PublishRequest,
-    PublishResponse, ReachMessage, ReplyRequest, StreamRequest, StreamResponse, header,
+    CallMuxResponse, CallRequest, CallResponse, Header, Payload, PublishRequest, PublishResponse,
+    ReachMessage, ReplyRequest, StreamRequest, StreamResponse, header,
 };
 use reach_rpc::mux::{MuxError, MuxLink, OutgoingCall};
 
@@ -56,22 +56,7 @@ const MAX_MESSAGE_BYTES: usize = 64 << 20;
 impl MeshClient {
     /// A client over a channel to a router, sending as `source` (dotted, e.g. `ingest.main`).
     pub fn new(channel: Channel, source: impl Into<String>) -> Self {
-        // The stream is long-lived, so it is not traced as one call: each call on it carries
-        // its own `traceparent` in the frame.
-        let mux_client = RouterServiceClient::new(channel.clone())
-            .max_decoding_message_size(MAX_MESSAGE_BYTES)
-            .max_encoding_message_size(MAX_MESSAGE_BYTES);
-        let link = MuxLink::new(
-            "the router",
-            Arc::new(move |frames| {
-                let mut client = mux_client.clone();
-                Box::pin(async move {
-                    let request = frames.map(|frame| CallMuxRequest { frame: Some(frame) });
-                    let replies = client.call_mux(request).await?.into_inner();
-                    Ok(replies.boxed())
-                })
-            }),
-        );
+        let link = MuxLink::to_router("the router", channel.clone(), MAX_MESSAGE_BYTES);
         Self {
             router: RouterServiceClient::new(reach_telemetry::traced_channel(channel))
                 .max_decoding_message_size(MAX_MESSAGE_BYTES)
