@@ -47,6 +47,17 @@ struct Table {
     revision: u64,
 }
 
+impl Table {
+    /// The ids of every instance of `service`.
+    fn ids_of_service(&self, service: &str) -> Vec<String> {
+        self.instances
+            .values()
+            .filter(|e| service_of(&e.instance) == service)
+            .map(|e| instance_id(&e.instance).to_string())
+            .collect()
+    }
+}
+
 struct Entry {
     instance: Instance,
     /// When the lease ends unless renewed.
@@ -268,12 +279,7 @@ impl Registry {
     pub fn drain_service(&self, service: &str, grace: Duration) -> Vec<String> {
         let ids: Vec<String> = {
             let mut table = self.table();
-            let ids: Vec<String> = table
-                .instances
-                .values()
-                .filter(|e| service_of(&e.instance) == service)
-                .map(|e| instance_id(&e.instance).to_string())
-                .collect();
+            let ids = table.ids_of_service(service);
             let now = Instant::now();
             table
                 .drained_leases
@@ -331,12 +337,7 @@ impl Registry {
     /// Removes every instance of `service` (an operator's forced removal). Returns how many.
     pub fn remove_service(&self, service: &str) -> usize {
         let mut table = self.table();
-        let ids: Vec<String> = table
-            .instances
-            .values()
-            .filter(|e| service_of(&e.instance) == service)
-            .map(|e| instance_id(&e.instance).to_string())
-            .collect();
+        let ids = table.ids_of_service(service);
         for id in &ids {
             self.remove(&mut table, id);
         }
