@@ -839,35 +839,24 @@ macro_rules! write_batch {
                 .await?
                 .rows_affected()
             }
-            (Guard::Owner(owner), None) => {
-                sqlx::query(
-                    "UPDATE reach_tasks SET status = $1, current_node = $2, seq = $3, updated_ms = $4, ended_ms = $5, error = $6, failed_node = $7 \
-                     WHERE task_id = $8 AND seq = $9 AND owner = $10",
-                )
-                .bind(s.status.as_str().to_string())
-                .bind(s.current_node.clone())
-                .bind(new_seq)
-                .bind(s.updated_ms)
-                .bind(s.ended_ms)
-                .bind(s.error.clone())
-                .bind(s.failed_node.clone())
-                .bind(s.task_id.clone())
-                .bind(a.expected_seq)
-                .bind(owner.clone())
-                .execute(&mut *tx)
-                .await?
-                .rows_affected()
-            }
-            (guard @ (Guard::Command | Guard::Seq), None) => {
-                // A command (resume, cancel, retry) also releases the task's lease.
-                let sql = if matches!(guard, Guard::Command) {
-                    "UPDATE reach_tasks SET status = $1, current_node = $2, seq = $3, updated_ms = $4, ended_ms = $5, error = $6, failed_node = $7, owner = NULL, lease_until_ms = 0 \
-                     WHERE task_id = $8 AND seq = $9"
-                } else {
-                    "UPDATE reach_tasks SET status = $1, current_node = $2, seq = $3, updated_ms = $4, ended_ms = $5, error = $6, failed_node = $7 \
-                     WHERE task_id = $8 AND seq = $9"
+            (guard, None) => {
+                // The engine of an owner must still hold the lease; a command (resume, cancel,
+                // retry) also releases it; a sequence-only guard keeps it.
+                let (sql, owner) = match guard {
+                    Guard::Owner(owner) => (
+                        "UPDATE reach_tasks SET status = $1, current_node = $2, seq = $3, updated_ms = $4, ended_ms = $5, error = $6, failed_node = $7 WHERE task_id = $8 AND seq = $9 AND owner = $10",
+                        Some(owner),
+                    ),
+                    Guard::Command => (
+                        "UPDATE reach_tasks SET status = $1, current_node = $2, seq = $3, updated_ms = $4, ended_ms = $5, error = $6, failed_node = $7, owner = NULL, lease_until_ms = 0 WHERE task_id = $8 AND seq = $9",
+                        None,
+                    ),
+                    _ => (
+                        "UPDATE reach_tasks SET status = $1, current_node = $2, seq = $3, updated_ms = $4, ended_ms = $5, error = $6, failed_node = $7 WHERE task_id = $8 AND seq = $9",
+                        None,
+                    ),
                 };
-                sqlx::query(sql)
+                let mut query = sqlx::query(sql)
                     .bind(s.status.as_str().to_string())
                     .bind(s.current_node.clone())
                     .bind(new_seq)
@@ -876,10 +865,11 @@ macro_rules! write_batch {
                     .bind(s.error.clone())
                     .bind(s.failed_node.clone())
                     .bind(s.task_id.clone())
-                    .bind(a.expected_seq)
-                    .execute(&mut *tx)
-                    .await?
-                    .rows_affected()
+                    .bind(a.expected_seq);
+                if let Some(owner) = owner {
+                    query = query.bind(owner.clone());
+                }
+                query.execute(&mut *tx).await?.rows_affected()
             }
         };
         if guarded != 1 {
