@@ -1,17 +1,22 @@
 //! `reach bench router`: the router's cost, measured side by side in one run.
 //!
-//! One process hosts a registry, a router, an echo agent (the SDK's `AgentRuntime`) and the
-//! load generator (tonic clients); `nats-server` runs as a child process with an in-process
-//! async-nats responder. For each payload size and concurrency it drives closed-loop
-//! request-reply for a fixed time:
-//! - `direct`:     `AgentService.Handle` (unary) on the agent's own port;
-//! - `direct-mux`: `AgentService.HandleMux`, calls multiplexed on one stream to the agent;
+//! One process hosts a registry, a router, two agents and the load generator (tonic
+//! clients); `nats-server` runs as a child process with an in-process async-nats responder.
+//! The broker comparison keeps both ends identical and changes only the path between them:
+//! every client is a bare one (a generated tonic client, a bare [`MuxLink`], an async-nats
+//! client) and every responder does the same work ([`echo_reply`]: take the decoded
+//! `ReachMessage`, answer with a reply envelope). For each payload size and concurrency it
+//! drives closed-loop request-reply for a fixed time:
+//! - `direct`:     `AgentService.Handle` (unary) on the echo agent's own port;
+//! - `direct-mux`: `AgentService.HandleMux`, calls multiplexed on one stream to the echo agent;
 //! - `router`:     `RouterService.Call` (unary, as a generated client or grpcurl calls it),
-//!   routed by capability to the same agent (the router → agent hop is multiplexed);
-//! - `router-mux`: the SDK's `MeshClient` (`RouterService.CallMux`, then `HandleMux`): the
-//!   brokered path Reach's own clients take;
-//! - `nats`:       NATS request-reply to a responder that decodes the same `ReachMessage` and
-//!   answers with a reply envelope, as the agent does.
+//!   routed by capability to the same echo agent (the router → agent hop is multiplexed);
+//! - `router-mux`: `RouterService.CallMux` then `HandleMux`: the same echo agent, calls
+//!   multiplexed on both hops;
+//! - `nats`:       NATS request-reply through nats-server to a responder doing [`echo_reply`];
+//! - `sdk`:        the whole Reach stack, not part of the comparison: the SDK's `MeshClient`
+//!   (a span and `traceparent` per call) through the router to an SDK `AgentRuntime` agent (a
+//!   span, a dedupe slot and in-flight accounting per message).
 //!
 //! It prints throughput, p50/p99 latency (HDR histograms), CPU time per request (user +
 //! system time of this process, plus nats-server's for NATS, read from `/proc` — the same
@@ -19,7 +24,8 @@
 //! bidirectional stream's message rate through the router vs direct. The last line is
 //! `router_overhead_p50_us=<n> router_vs_direct_rps=<ratio> router_vs_nats_rps=<ratio>` at
 //! concurrency 64 with 4 KiB payloads for the multiplexed path (`router-mux` against
-//! `direct-mux` and `nats`), for tracking from run to run.
+//! `direct-mux` and `nats`), for tracking from run to run. The bidirectional stream goes to
+//! the SDK agent.
 
 use std::future::Future;
 use std::process::Stdio;
@@ -28,13 +34,16 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use anyhow::{Context, bail};
+use futures::Stream;
 use futures::StreamExt;
 use hdrhistogram::Histogram;
 use prost::Message as _;
 use reach_proto::v1::agent_service_client::AgentServiceClient;
+use reach_proto::v1::agent_service_server::{AgentService, AgentServiceServer};
 use reach_proto::v1::router_service_client::RouterServiceClient;
 use reach_proto::v1::{
-    CallRequest, HandleMuxResponse, HandleRequest, HandleStreamRequest, Header, Part, Payload,
+    CallMuxResponse, CallRequest, Capability, HandleMuxRequest, HandleMuxResponse, HandleRequest,
+    HandleResponse, HandleStreamRequest, HandleStreamResponse, Header, InstanceSpec, Part, Payload,
     ReachMessage, StreamRequest, header, part,
 };
 use reach_registry::{Registry, RegistryConfig, RegistryGrpc};
@@ -47,8 +56,10 @@ use tokio::net::TcpListener;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-/// The capability the bench agent serves.
+/// The capability the echo agent serves (the broker comparison).
 const CAPABILITY: &str = "bench.echo";
+/// The capability the SDK agent serves (the `sdk` mode and the stream rate).
+const SDK_CAPABILITY: &str = "bench.sdk-echo";
 /// The NATS subject of the bench responder.
 const SUBJECT: &str = "bench.echo";
 
@@ -64,12 +75,19 @@ pub struct BenchOptions {
 }
 
 /// The modes, in the order they run.
-pub const MODES: [&str; 5] = ["direct", "direct-mux", "router-mux", "router", "nats"];
+pub const MODES: [&str; 6] = [
+    "direct",
+    "direct-mux",
+    "router-mux",
+    "router",
+    "nats",
+    "sdk",
+];
 
 /// One measured cell.
 #[derive(Debug, Clone)]
 pub struct Cell {
-    /// `direct`, `direct-mux`, `router`, `router-mux` or `nats`.
+    /// One of [`MODES`].
     pub mode: &'static str,
     /// Payload bytes.
     pub payload: usize,
@@ -173,14 +191,19 @@ pub async fn run(options: &BenchOptions) -> anyhow::Result<()> {
                 );
             }
             if wanted("router-mux") {
-                let client = mesh.client.clone();
+                let link = mesh.router_mux.clone();
                 cells.push(
                     measure("router-mux", shape, None, move |m| {
-                        let client = client.clone();
+                        let link = link.clone();
                         async move {
-                            client
-                                .send(m, None)
+                            let reply = link
+                                .call(OutgoingCall {
+                                    message: m,
+                                    ..OutgoingCall::default()
+                                })
                                 .await
+                                .map_err(|e| tonic::Status::from(e).to_string())?;
+                            reach_rpc::mux::outcome_of(reply.frame)
                                 .map(|_| ())
                                 .map_err(|s| s.to_string())
                         }
@@ -217,6 +240,25 @@ pub async fn run(options: &BenchOptions) -> anyhow::Result<()> {
                             ReachMessage::decode(reply.payload)
                                 .map(|_| ())
                                 .map_err(|e| e.to_string())
+                        }
+                    })
+                    .await,
+                );
+            }
+            if wanted("sdk") {
+                let client = mesh.client.clone();
+                cells.push(
+                    measure("sdk", shape, None, move |mut m| {
+                        let client = client.clone();
+                        if let Some(header) = m.header.as_mut() {
+                            header.target = Some(header::Target::Capability(SDK_CAPABILITY.into()));
+                        }
+                        async move {
+                            client
+                                .send(m, None)
+                                .await
+                                .map(|_| ())
+                                .map_err(|s| s.to_string())
                         }
                     })
                     .await,
@@ -403,6 +445,13 @@ async fn stream_rate(
     duration: Duration,
 ) -> anyhow::Result<f64> {
     let body = payload_of(128);
+    let sdk_message = move || {
+        let mut m = message(&body);
+        if let Some(header) = m.header.as_mut() {
+            header.target = Some(header::Target::Capability(SDK_CAPABILITY.into()));
+        }
+        m
+    };
     let (tx, rx) = tokio::sync::mpsc::channel::<ReachMessage>(256);
     let stop = CancellationToken::new();
     let feeder = {
@@ -411,7 +460,7 @@ async fn stream_rate(
             loop {
                 tokio::select! {
                     _ = stop.cancelled() => return,
-                    sent = tx.send(message(&body)) => if sent.is_err() { return },
+                    sent = tx.send(sdk_message()) => if sent.is_err() { return },
                 }
             }
         })
@@ -428,7 +477,7 @@ async fn stream_rate(
                 .map(|r| r.map(|_| ()))
                 .boxed()
         } else {
-            let mut client = mesh.direct.clone();
+            let mut client = mesh.sdk_direct.clone();
             let outbound = inbound.map(|m| HandleStreamRequest { message: Some(m) });
             client
                 .handle_stream(outbound)
@@ -546,12 +595,20 @@ fn size_label(bytes: usize) -> String {
     }
 }
 
-/// Registry, router and echo agent, in-process.
+/// Registry, router, echo agent and SDK agent, in-process, with a client for each mode.
 struct Mesh {
+    /// The echo agent's unary `Handle`.
     direct: AgentServiceClient<tonic::transport::Channel>,
+    /// The echo agent's `HandleMux`.
     direct_mux: Arc<MuxLink<HandleMuxResponse>>,
     router: RouterServiceClient<tonic::transport::Channel>,
+    router_mux: Arc<MuxLink<CallMuxResponse>>,
+    /// The SDK client, for the `sdk` mode.
     client: MeshClient,
+    /// The SDK agent, for the direct stream.
+    sdk_direct: AgentServiceClient<tonic::transport::Channel>,
+    /// Renews the echo agent's lease.
+    echo_lease: tokio::task::JoinHandle<()>,
     /// The router's registry watch, stopped before the registry.
     watch: tokio::task::JoinHandle<()>,
     stop: CancellationToken,
@@ -573,7 +630,7 @@ impl Mesh {
         let closing = registry.clone();
         tokio::spawn(
             GrpcServer::new()
-                .add_service(RegistryGrpc::new(registry).into_server())
+                .add_service(RegistryGrpc::new(registry.clone()).into_server())
                 .with_grace(Duration::from_millis(100))
                 .serve(registry_listener, async move {
                     token.cancelled().await;
@@ -597,23 +654,58 @@ impl Mesh {
                 .serve(router_listener, async move { token.cancelled().await }),
         );
 
+        // The echo agent: a bare AgentService, registered with a renewed lease.
+        let echo_listener = TcpListener::bind("127.0.0.1:0").await?;
+        let echo_url = format!("http://{}", echo_listener.local_addr()?);
+        let echo_closing = CancellationToken::new();
+        let token = stop.clone();
+        tokio::spawn(
+            GrpcServer::new()
+                .add_service(
+                    AgentServiceServer::new(EchoAgent {
+                        closing: echo_closing.clone(),
+                    })
+                    .max_decoding_message_size(MAX_FRAME_BYTES)
+                    .max_encoding_message_size(MAX_FRAME_BYTES),
+                )
+                .with_grace(Duration::from_millis(100))
+                .serve(echo_listener, async move {
+                    token.cancelled().await;
+                    echo_closing.cancel();
+                }),
+        );
+        let echo_lease = hold_lease(
+            registry,
+            InstanceSpec {
+                service: "bench.echo".into(),
+                instance_id: "bench-echo-1".into(),
+                endpoint: echo_url.clone(),
+                capabilities: vec![Capability {
+                    name: CAPABILITY.into(),
+                    version: "1.0.0".into(),
+                }],
+                max_concurrency: 4096,
+                ..InstanceSpec::default()
+            },
+        )?;
+
         let agent_listener = TcpListener::bind("127.0.0.1:0").await?;
-        let mut config = AgentConfig::new("bench.echo", registry_url)
-            .with_instance_id("bench-echo-1")
+        let mut config = AgentConfig::new("bench.sdk-echo", registry_url)
+            .with_instance_id("bench-sdk-echo-1")
             .with_max_concurrency(4096)
             .with_max_drain(Duration::from_millis(200));
-        config.max_message_bytes = 16 << 20;
+        config.max_message_bytes = MAX_MESSAGE_BYTES;
         let (agent, agent_url) =
             AgentRuntime::new(config)
                 .handle(
-                    CAPABILITY,
+                    SDK_CAPABILITY,
                     "1.0.0",
                     |_ctx: HandlerContext, m: ReachMessage| async move {
                         Ok(m.payload.unwrap_or_default())
                     },
                 )
                 .handle_stream(
-                    CAPABILITY,
+                    SDK_CAPABILITY,
                     "1.0.0",
                     |_ctx: HandlerContext,
                      first: ReachMessage,
@@ -626,37 +718,48 @@ impl Mesh {
                 .start(agent_listener)
                 .await?;
         tokio::time::timeout(Duration::from_secs(10), async {
-            while router.table().instances().is_empty() {
+            while router.table().instances().len() < 2 {
                 tokio::time::sleep(Duration::from_millis(5)).await;
             }
         })
         .await
-        .context("the bench agent did not become routable within 10 s")?;
+        .context("the bench agents did not become routable within 10 s")?;
         let connect = |url: String| async move {
             tonic::transport::Endpoint::from_shared(url)?
                 .tcp_nodelay(true)
                 .connect()
                 .await
         };
-        let agent_channel = connect(agent_url).await?;
-        let direct = AgentServiceClient::new(agent_channel.clone())
-            .max_decoding_message_size(16 << 20)
-            .max_encoding_message_size(16 << 20);
+        let echo_channel = connect(echo_url).await?;
+        let direct = AgentServiceClient::new(echo_channel.clone())
+            .max_decoding_message_size(MAX_FRAME_BYTES)
+            .max_encoding_message_size(MAX_FRAME_BYTES);
         let direct_mux = Arc::new(MuxLink::to_agent(
-            "the bench agent",
-            agent_channel,
-            16 << 20,
+            "the echo agent",
+            echo_channel,
+            MAX_MESSAGE_BYTES,
         ));
+        let sdk_direct = AgentServiceClient::new(connect(agent_url).await?)
+            .max_decoding_message_size(MAX_FRAME_BYTES)
+            .max_encoding_message_size(MAX_FRAME_BYTES);
         let router_channel = connect(router_url).await?;
         let client = MeshClient::new(router_channel.clone(), "bench.client");
+        let router_mux = Arc::new(MuxLink::to_router(
+            "the router",
+            router_channel.clone(),
+            MAX_MESSAGE_BYTES,
+        ));
         let router = RouterServiceClient::new(router_channel)
-            .max_decoding_message_size(16 << 20)
-            .max_encoding_message_size(16 << 20);
+            .max_decoding_message_size(MAX_FRAME_BYTES)
+            .max_encoding_message_size(MAX_FRAME_BYTES);
         Ok(Self {
             direct,
             direct_mux,
             router,
+            router_mux,
             client,
+            sdk_direct,
+            echo_lease,
             watch,
             stop,
             agent,
@@ -665,8 +768,113 @@ impl Mesh {
 
     async fn stop(self) {
         let _ = self.agent.drain().await;
+        self.echo_lease.abort();
         self.watch.abort();
         self.stop.cancel();
+    }
+}
+
+/// The largest bench message, bytes (the SDK agent's limit; the router's default is larger
+/// than the largest payload).
+const MAX_MESSAGE_BYTES: usize = 16 << 20;
+/// The largest frame the bench's clients and echo agent accept, bytes.
+const MAX_FRAME_BYTES: usize = MAX_MESSAGE_BYTES + reach_rpc::mux::FRAME_OVERHEAD_BYTES;
+
+/// Registers `spec` with `registry` and renews its lease every 5 s until aborted.
+///
+/// # Errors
+/// When the registry refuses the registration.
+fn hold_lease(
+    registry: Registry,
+    spec: InstanceSpec,
+) -> anyhow::Result<tokio::task::JoinHandle<()>> {
+    let instance_id = spec.instance_id.clone();
+    let lease = registry
+        .register(spec, Some(Duration::from_secs(30)))
+        .map_err(|e| anyhow::anyhow!("cannot register the echo agent: {e}"))?;
+    Ok(tokio::spawn(async move {
+        let mut every = tokio::time::interval(Duration::from_secs(5));
+        loop {
+            every.tick().await;
+            let _ = registry.heartbeat(
+                &instance_id,
+                &lease.lease_id,
+                reach_proto::v1::InstanceState::Ready,
+                0,
+            );
+        }
+    }))
+}
+
+/// What every responder of the broker comparison does with a request: answer with a reply
+/// envelope (new message id, the request's id as correlation id, its trace id, a timestamp)
+/// carrying the request's payload.
+fn echo_reply(request: ReachMessage) -> ReachMessage {
+    let header = request.header.unwrap_or_default();
+    ReachMessage {
+        header: Some(Header {
+            message_id: trace::new_message_id(),
+            correlation_id: header.message_id,
+            trace_id: header.trace_id,
+            created_at: Some(reach_rpc::time::now()),
+            ..Header::default()
+        }),
+        payload: request.payload,
+    }
+}
+
+/// The broker comparison's agent: `AgentService` with nothing but [`echo_reply`] — no spans,
+/// no dedupe, no accounting — so that it does what the NATS responder does.
+struct EchoAgent {
+    /// Cancelled at shutdown: open `HandleMux` streams end with the closing status.
+    closing: CancellationToken,
+}
+
+type BoxedReplies<T> = std::pin::Pin<Box<dyn Stream<Item = Result<T, tonic::Status>> + Send>>;
+
+#[tonic::async_trait]
+impl AgentService for EchoAgent {
+    async fn handle(
+        &self,
+        request: tonic::Request<HandleRequest>,
+    ) -> Result<tonic::Response<HandleResponse>, tonic::Status> {
+        let message = request.into_inner().message.unwrap_or_default();
+        Ok(tonic::Response::new(HandleResponse {
+            message: Some(echo_reply(message)),
+        }))
+    }
+
+    type HandleStreamStream = BoxedReplies<HandleStreamResponse>;
+
+    async fn handle_stream(
+        &self,
+        _request: tonic::Request<tonic::Streaming<HandleStreamRequest>>,
+    ) -> Result<tonic::Response<Self::HandleStreamStream>, tonic::Status> {
+        Err(tonic::Status::unimplemented(
+            "the echo agent serves request-reply only; streams go to the SDK agent",
+        ))
+    }
+
+    type HandleMuxStream = BoxedReplies<HandleMuxResponse>;
+
+    async fn handle_mux(
+        &self,
+        request: tonic::Request<tonic::Streaming<HandleMuxRequest>>,
+    ) -> Result<tonic::Response<Self::HandleMuxStream>, tonic::Status> {
+        let inbound = request
+            .into_inner()
+            .map(|item| item.map(|request| request.frame.unwrap_or_default()));
+        let outcomes = reach_rpc::mux::serve(
+            inbound,
+            |call: reach_rpc::mux::IncomingCall| async move { Ok(echo_reply(call.message)) },
+            4096,
+            self.closing.clone(),
+        );
+        Ok(tonic::Response::new(Box::pin(outcomes.map(|item| {
+            item.map(|(call_id, outcome)| HandleMuxResponse {
+                frame: Some(reach_rpc::mux::reply_frame(call_id, outcome)),
+            })
+        }))))
     }
 }
 
@@ -713,24 +921,10 @@ impl Nats {
                     continue;
                 };
                 let client = responder_client.clone();
-                // Same work as the agent: decode the envelope, answer with a reply envelope.
-                let reply = match ReachMessage::decode(request.payload) {
-                    Ok(m) => ReachMessage {
-                        header: Some(Header {
-                            message_id: trace::new_message_id(),
-                            correlation_id: m
-                                .header
-                                .as_ref()
-                                .map(|h| h.message_id.clone())
-                                .unwrap_or_default(),
-                            trace_id: m.header.map(|h| h.trace_id).unwrap_or_default(),
-                            created_at: Some(reach_rpc::time::now()),
-                            ..Header::default()
-                        }),
-                        payload: m.payload,
-                    },
-                    Err(_) => ReachMessage::default(),
-                };
+                // The echo agent's work: decode the envelope, answer with a reply envelope.
+                let reply = ReachMessage::decode(request.payload)
+                    .map(echo_reply)
+                    .unwrap_or_default();
                 let _ = client.publish(reply_to, reply.encode_to_vec().into()).await;
             }
         });

@@ -181,7 +181,7 @@ enum BenchCommand {
         #[arg(long)]
         no_nats: bool,
         /// Measure only these modes (comma-separated: direct, direct-mux, router, router-mux,
-        /// nats), for profiling one path.
+        /// nats, sdk), for profiling one path.
         #[arg(long, value_delimiter = ',')]
         only: Vec<String>,
     },

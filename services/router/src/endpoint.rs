@@ -177,7 +177,7 @@ impl InstanceEndpoint {
                 Ok(reply) => return reach_rpc::mux::outcome_of(reply.frame),
                 // Not served: the call comes back and goes as a unary Handle.
                 Err(MuxError::Unsupported(call)) => {
-                    return self.handle_unary(call.message, metadata, timeout).await;
+                    return Box::pin(self.handle_unary(call.message, metadata, timeout)).await;
                 }
                 Err(MuxError::Failed(status)) => return Err(status),
                 Err(MuxError::Lost(status)) => {
@@ -185,7 +185,9 @@ impl InstanceEndpoint {
                 }
             }
         }
-        self.handle_unary(message, metadata, timeout).await
+        // Boxed: a unary call's future is several KiB, and every routed call's task would
+        // otherwise carry (and copy on spawn) room for it.
+        Box::pin(self.handle_unary(message, metadata, timeout)).await
     }
 
     async fn handle_unary(

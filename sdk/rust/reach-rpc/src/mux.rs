@@ -35,10 +35,11 @@ use reach_proto::v1::{
     ReachMessage, ReplyFrame, reply_frame,
 };
 use tokio::sync::{mpsc, oneshot};
-use tokio::task::{AbortHandle, JoinSet};
+use tokio::task::AbortHandle;
 use tokio::time::Instant;
 use tokio_stream::wrappers::ReceiverStream;
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 use tonic::transport::Channel;
 use tonic::{Code, Status};
 
@@ -565,8 +566,10 @@ pub struct IncomingCall {
 
 /// Runs the calls of one multiplexed stream (the callee's side; see the module docs).
 ///
-/// Every call frame becomes a task running `handler`; a cancel frame aborts that task
-/// (dropping the handler's future). At most `max_open_calls` run at once: a call beyond that
+/// Every call frame becomes a task running `handler`, which sends its own reply as it
+/// finishes (no hop through a collecting task); a cancel frame aborts that task (dropping the
+/// handler's future), and a call that finished before its cancel was read has already been
+/// answered. At most `max_open_calls` run at once: a call beyond that
 /// is answered at once with UNAVAILABLE, reason `OVERLOADED` and a retry hint (it was not
 /// handled). The returned stream yields `(call_id, outcome)`
 /// ([`Outcome`]) in completion order and ends after the caller half-closed and every call finished; it yields
@@ -605,6 +608,26 @@ where
 /// inbound stream.
 pub type Outcome<T> = Result<(u64, Result<T, Status>), Status>;
 
+/// A call being handled on a multiplexed stream: whose task it is, and how to stop it.
+struct OpenCall {
+    /// Tells a reused id's calls apart: only the call that opened the entry may close it.
+    generation: u64,
+    task: AbortHandle,
+}
+
+/// The open calls of one stream, shared by the reader and the call tasks.
+type OpenCalls = Arc<Mutex<HashMap<u64, OpenCall>>>;
+
+fn lock_open(open: &OpenCalls) -> std::sync::MutexGuard<'_, HashMap<u64, OpenCall>> {
+    open.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+fn abort_open(open: &OpenCalls) {
+    for (_, call) in lock_open(open).drain() {
+        call.task.abort();
+    }
+}
+
 async fn run_calls<S, H, F, T>(
     inbound: S,
     handler: H,
@@ -618,32 +641,36 @@ async fn run_calls<S, H, F, T>(
     T: Send + 'static,
 {
     let mut inbound = std::pin::pin!(inbound);
-    let mut running: JoinSet<(u64, Result<T, Status>)> = JoinSet::new();
-    let mut open: HashMap<u64, AbortHandle> = HashMap::new();
-    let mut reading = true;
+    let open: OpenCalls = Arc::default();
+    let tasks = TaskTracker::new();
+    let mut generation = 0u64;
     let mut closed = false;
-    while reading || !running.is_empty() {
+    loop {
         tokio::select! {
             // Closing first: once it is cancelled, no further frame is read.
             biased;
-            () = closing.cancelled(), if reading => {
-                reading = false;
+            () = closing.cancelled() => {
                 closed = true;
+                break;
             },
-            frame = inbound.next(), if reading => match frame {
+            frame = inbound.next() => match frame {
                 Some(Ok(frame)) => {
                     if frame.cancel {
-                        if let Some(task) = open.remove(&frame.call_id) {
-                            task.abort();
+                        if let Some(call) = lock_open(&open).remove(&frame.call_id) {
+                            call.task.abort();
                         }
                         continue;
                     }
                     let call_id = frame.call_id;
-                    let refused = if open.contains_key(&call_id) {
+                    let (already_open, open_calls) = {
+                        let open = lock_open(&open);
+                        (open.contains_key(&call_id), open.len())
+                    };
+                    let refused = if already_open {
                         Some(Status::invalid_argument(format!(
                             "call_id {call_id} is already open on this stream; use a new id per call"
                         )))
-                    } else if open.len() >= max_open_calls {
+                    } else if open_calls >= max_open_calls {
                         // Not read into a handler: safe to send elsewhere or again later.
                         Some(crate::errors::status_with_retry(
                             Code::Unavailable,
@@ -690,43 +717,68 @@ async fn run_calls<S, H, F, T>(
                         }),
                         metadata: frame.metadata,
                     };
-                    let run = AssertUnwindSafe(handler(call)).catch_unwind();
-                    let task = running.spawn(async move {
-                        let outcome = run.await.unwrap_or_else(|_| {
-                            Err(Status::internal("the handler panicked"))
-                        });
-                        (call_id, outcome)
+                    // Boxed at once: a handler's future can be several KiB (the router's is),
+                    // and each move on the way into the task would copy all of it.
+                    let run = AssertUnwindSafe(Box::pin(handler(call))).catch_unwind();
+                    generation += 1;
+                    let this = generation;
+                    let task_open = open.clone();
+                    let task_replies = replies.clone();
+                    // The entry is made under the lock the task needs to close it, so a call
+                    // that finishes at once still finds it.
+                    let mut open = lock_open(&open);
+                    let task = tasks.spawn(async move {
+                        let outcome = run
+                            .await
+                            .unwrap_or_else(|_| Err(Status::internal("the handler panicked")));
+                        // The reply goes out only while this call still owns its id: a call
+                        // whose id was cancelled (and perhaps reused) ends silently. The id is
+                        // closed before the reply is sent, so the caller may reuse it as soon
+                        // as the reply arrives.
+                        let owner = {
+                            let mut open = lock_open(&task_open);
+                            let owns = open.get(&call_id).is_some_and(|c| c.generation == this);
+                            if owns {
+                                open.remove(&call_id);
+                            }
+                            owns
+                        };
+                        if owner {
+                            let _ = task_replies.send(Ok((call_id, outcome))).await;
+                        }
                     });
-                    open.insert(call_id, task);
+                    open.insert(
+                        call_id,
+                        OpenCall {
+                            generation: this,
+                            task: task.abort_handle(),
+                        },
+                    );
                 }
                 Some(Err(status)) => {
                     let _ = replies.send(Err(status)).await;
-                    break;
+                    abort_open(&open);
+                    return;
                 }
-                None => reading = false,
+                None => break,
             },
-            Some(done) = running.join_next_with_id(), if !running.is_empty() => {
-                // A call gets its reply only while it is still the open call of its id: one
-                // cancelled after it finished (but before it was collected here), or whose id
-                // was cancelled and reused, ends silently. An aborted call ends with a
-                // JoinError. The id is closed before the reply is sent, so a caller may reuse
-                // it as soon as the reply arrives.
-                if let Ok((task, (call_id, outcome))) = done
-                    && open.get(&call_id).is_some_and(|open| open.id() == task)
-                {
-                    open.remove(&call_id);
-                    if replies.send(Ok((call_id, outcome))).await.is_err() {
-                        break;
-                    }
-                }
+            () = replies.closed() => {
+                abort_open(&open);
+                return;
             },
-            () = replies.closed() => break,
         }
     }
-    if closed && !replies.is_closed() {
-        let _ = replies.send(Err(closing_status())).await;
+    // Reading stopped: the open calls still answer as they finish. The stream ends when the
+    // last of them has (every reply sender is gone), after the closing status when closing.
+    tasks.close();
+    tokio::select! {
+        () = tasks.wait() => {
+            if closed {
+                let _ = replies.send(Err(closing_status())).await;
+            }
+        },
+        () = replies.closed() => abort_open(&open),
     }
-    running.abort_all();
 }
 
 /// The status that ends a multiplexed stream whose callee stopped taking calls (see
@@ -930,26 +982,21 @@ mod tests {
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn a_call_cancelled_after_it_finished_gets_no_reply_and_its_id_is_reusable() {
-        let (frames, mut replies) = served(echo, 16, 2048);
+    async fn a_cancelled_call_gets_no_reply_and_its_id_is_reusable_at_once() {
+        // "hang" never finishes on its own; anything else is echoed.
+        let handler = |call: IncomingCall| async move {
+            if text(&call.message) == "hang" {
+                std::future::pending::<()>().await;
+            }
+            Ok(call.message)
+        };
+        let (frames, mut replies) = served(handler, 16, 16);
         let start = |text: &str| CallFrame {
             call_id: 5,
             message: Some(call(text).message),
             ..CallFrame::default()
         };
-        frames.send(start("first")).await.unwrap();
-        // Frames to read before the cancel, so the first call has finished (uncollected) by
-        // the time its cancel is read.
-        for unknown in 1000..1500 {
-            frames
-                .send(CallFrame {
-                    call_id: unknown,
-                    cancel: true,
-                    ..CallFrame::default()
-                })
-                .await
-                .unwrap();
-        }
+        frames.send(start("hang")).await.unwrap();
         frames
             .send(CallFrame {
                 call_id: 5,
@@ -961,11 +1008,53 @@ mod tests {
         frames.send(start("second")).await.unwrap();
         drop(frames);
         let mut answered = Vec::new();
-        while let Some(item) = replies.next().await {
-            let (call_id, outcome) = item.unwrap();
-            answered.push((call_id, outcome.map(|m| text(&m)).unwrap_or_default()));
-        }
+        // The stream ends only once the cancelled call's task is gone too.
+        tokio::time::timeout(Duration::from_secs(5), async {
+            while let Some(item) = replies.next().await {
+                let (call_id, outcome) = item.unwrap();
+                answered.push((call_id, outcome.map(|m| text(&m)).unwrap_or_default()));
+            }
+        })
+        .await
+        .expect("the stream ended: the cancelled call was stopped");
         assert_eq!(answered, vec![(5, "second".to_string())]);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_cancel_that_arrives_after_the_reply_changes_nothing() {
+        let (frames, mut replies) = served(echo, 16, 16);
+        frames
+            .send(CallFrame {
+                call_id: 5,
+                message: Some(call("first").message),
+                ..CallFrame::default()
+            })
+            .await
+            .unwrap();
+        let (call_id, outcome) = replies.next().await.unwrap().unwrap();
+        assert_eq!((call_id, text(&outcome.unwrap())), (5, "first".to_string()));
+        // Too late to cancel: nothing is open under the id, and it is free for a new call.
+        for frame in [
+            CallFrame {
+                call_id: 5,
+                cancel: true,
+                ..CallFrame::default()
+            },
+            CallFrame {
+                call_id: 5,
+                message: Some(call("second").message),
+                ..CallFrame::default()
+            },
+        ] {
+            frames.send(frame).await.unwrap();
+        }
+        drop(frames);
+        let (call_id, outcome) = replies.next().await.unwrap().unwrap();
+        assert_eq!(
+            (call_id, text(&outcome.unwrap())),
+            (5, "second".to_string())
+        );
+        assert!(replies.next().await.is_none());
     }
 
     #[tokio::test]
