@@ -33,6 +33,9 @@ pub struct AgentConfig {
     pub dedupe_window: Duration,
     /// The most message ids remembered at once.
     pub dedupe_capacity: usize,
+    /// The most bytes of remembered replies (their encoded size); past it the oldest ids are
+    /// forgotten first, and a reply larger than it is not remembered (0 remembers none).
+    pub dedupe_max_bytes: usize,
     /// The relative weight for weighted balancing.
     pub weight: u32,
     /// Topics to subscribe to.
@@ -56,6 +59,7 @@ impl Default for AgentConfig {
             lease_ttl: Duration::from_secs(10),
             dedupe_window: Duration::from_secs(300),
             dedupe_capacity: 100_000,
+            dedupe_max_bytes: 64 * 1024 * 1024,
             weight: 1,
             topics: Vec::new(),
             labels: HashMap::new(),

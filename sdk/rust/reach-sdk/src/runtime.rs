@@ -194,7 +194,11 @@ impl AgentRuntime {
             idle: Notify::new(),
             draining: AtomicBool::new(false),
             closing: CancellationToken::new(),
-            dedupe: DedupeCache::new(config.dedupe_window, config.dedupe_capacity),
+            dedupe: DedupeCache::new(
+                config.dedupe_window,
+                config.dedupe_capacity,
+                config.dedupe_max_bytes,
+            ),
         });
 
         let (stop_serving, serving_stopped) = watch::channel(false);
@@ -610,6 +614,17 @@ fn too_large(what: &str, size: usize, limit: usize) -> Status {
 /// wait for a permit, as unary calls do).
 const MAX_OPEN_CALLS_PER_STREAM: usize = 1024;
 
+/// What remembering `outcome` in the dedupe memory costs, bytes: the reply's encoded size, or
+/// the error's message and details, plus the id and bookkeeping.
+fn remembered_bytes(outcome: &Result<HandleResponse, Status>) -> usize {
+    const ENTRY_OVERHEAD_BYTES: usize = 256;
+    ENTRY_OVERHEAD_BYTES
+        + match outcome {
+            Ok(response) => response.encoded_len(),
+            Err(status) => status.message().len() + status.details().len(),
+        }
+}
+
 /// Handles one message: dedupe slot, in-flight count, concurrency permit, the handler, the
 /// reply envelope, the deadline. Shared by Handle and HandleMux; `span` is the message's span
 /// (`agent.handle`), already parented.
@@ -655,25 +670,34 @@ async fn handle_message(
         };
         let outcome = slot
             .get_or_init(|| async {
-                let waiting = shared
-                    .max_concurrency
-                    .saturating_sub(shared.permits.available_permits());
-                reach_telemetry::metrics::sdk::queue_depth(&queue_capability, waiting);
-                let _permit = shared
-                    .permits
-                    .acquire()
-                    .await
-                    .map_err(|_| Status::unavailable("instance is shutting down"))?;
-                let request_header = message.header.clone().unwrap_or_default();
-                let payload = handler.handle(ctx, message).await?;
-                let reply = shared.reply(&request_header, payload);
-                let size = reply.encoded_len();
-                if size > shared.max_message_bytes {
-                    return Err(too_large("reply", size, shared.max_message_bytes));
+                let outcome = async {
+                    let waiting = shared
+                        .max_concurrency
+                        .saturating_sub(shared.permits.available_permits());
+                    reach_telemetry::metrics::sdk::queue_depth(&queue_capability, waiting);
+                    let _permit = shared
+                        .permits
+                        .acquire()
+                        .await
+                        .map_err(|_| Status::unavailable("instance is shutting down"))?;
+                    let request_header = message.header.clone().unwrap_or_default();
+                    let payload = handler.handle(ctx, message).await?;
+                    let reply = shared.reply(&request_header, payload);
+                    let size = reply.encoded_len();
+                    if size > shared.max_message_bytes {
+                        return Err(too_large("reply", size, shared.max_message_bytes));
+                    }
+                    Ok(HandleResponse {
+                        message: Some(reply),
+                    })
                 }
-                Ok(HandleResponse {
-                    message: Some(reply),
-                })
+                .await;
+                if !message_id.is_empty() {
+                    shared
+                        .dedupe
+                        .charge(&message_id, remembered_bytes(&outcome));
+                }
+                outcome
             })
             .await;
         outcome.clone()
