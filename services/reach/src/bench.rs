@@ -110,6 +110,15 @@ pub struct Cell {
 /// # Errors
 /// When the in-process mesh or nats-server cannot start.
 pub async fn run(options: &BenchOptions) -> anyhow::Result<()> {
+    // A signal ends the run here, so that nats-server (a child process) is stopped on the way
+    // out rather than left behind.
+    tokio::select! {
+        result = run_until_done(options) => result,
+        () = reach_sdk::signal::terminate() => bail!("interrupted; nats-server was stopped"),
+    }
+}
+
+async fn run_until_done(options: &BenchOptions) -> anyhow::Result<()> {
     if let Some(unknown) = options.only.iter().find(|m| !MODES.contains(&m.as_str())) {
         bail!(
             "unknown bench mode {unknown:?}; the modes are {}",
@@ -117,6 +126,9 @@ pub async fn run(options: &BenchOptions) -> anyhow::Result<()> {
         );
     }
     let wanted = |mode: &str| options.only.is_empty() || options.only.iter().any(|m| m == mode);
+    if options.no_nats && !options.only.is_empty() && options.only.iter().all(|m| m == "nats") {
+        bail!("--only nats with --no-nats leaves nothing to measure; drop one of them");
+    }
     let mesh = Mesh::start().await?;
     let nats = if options.no_nats || !wanted("nats") {
         None
@@ -139,10 +151,12 @@ pub async fn run(options: &BenchOptions) -> anyhow::Result<()> {
         )
     };
     println!(
-        "reach bench router: {} cores, {} per cell after {} warm-up; client, router and agent share this process",
+        "reach bench router: {} cores, {} per cell after {} warm-up; client, router and agent share this process; REACH_LOG={} (the router's per-call span is a log span: a stricter filter removes its cost)",
         std::thread::available_parallelism().map_or(1, |n| n.get()),
         humantime::format_duration(duration),
         humantime::format_duration(warmup),
+        std::env::var("REACH_LOG")
+            .unwrap_or_else(|_| format!("{} (default)", reach_telemetry::DEFAULT_LOG_FILTER)),
     );
     let mut cells = Vec::new();
     for &payload in payloads {
@@ -159,11 +173,11 @@ pub async fn run(options: &BenchOptions) -> anyhow::Result<()> {
                     measure("direct", shape, None, move |m| {
                         let mut client = direct.clone();
                         async move {
-                            client
+                            let reply = client
                                 .handle(HandleRequest { message: Some(m) })
                                 .await
-                                .map(|_| ())
-                                .map_err(|s| s.to_string())
+                                .map_err(|s| s.to_string())?;
+                            echoed(reply.into_inner().message, payload)
                         }
                     })
                     .await,
@@ -182,9 +196,9 @@ pub async fn run(options: &BenchOptions) -> anyhow::Result<()> {
                                 })
                                 .await
                                 .map_err(|e| tonic::Status::from(e).to_string())?;
-                            reach_rpc::mux::outcome_of(reply.frame)
-                                .map(|_| ())
-                                .map_err(|s| s.to_string())
+                            let reply = reach_rpc::mux::outcome_of(reply.frame)
+                                .map_err(|s| s.to_string())?;
+                            echoed(Some(reply), payload)
                         }
                     })
                     .await,
@@ -203,9 +217,9 @@ pub async fn run(options: &BenchOptions) -> anyhow::Result<()> {
                                 })
                                 .await
                                 .map_err(|e| tonic::Status::from(e).to_string())?;
-                            reach_rpc::mux::outcome_of(reply.frame)
-                                .map(|_| ())
-                                .map_err(|s| s.to_string())
+                            let reply = reach_rpc::mux::outcome_of(reply.frame)
+                                .map_err(|s| s.to_string())?;
+                            echoed(Some(reply), payload)
                         }
                     })
                     .await,
@@ -217,11 +231,11 @@ pub async fn run(options: &BenchOptions) -> anyhow::Result<()> {
                     measure("router", shape, None, move |m| {
                         let mut client = router.clone();
                         async move {
-                            client
+                            let reply = client
                                 .call(CallRequest { message: Some(m) })
                                 .await
-                                .map(|_| ())
-                                .map_err(|s| s.to_string())
+                                .map_err(|s| s.to_string())?;
+                            echoed(reply.into_inner().message, payload)
                         }
                     })
                     .await,
@@ -237,9 +251,9 @@ pub async fn run(options: &BenchOptions) -> anyhow::Result<()> {
                                 .request(SUBJECT, m.encode_to_vec().into())
                                 .await
                                 .map_err(|e| e.to_string())?;
-                            ReachMessage::decode(reply.payload)
-                                .map(|_| ())
-                                .map_err(|e| e.to_string())
+                            let reply =
+                                ReachMessage::decode(reply.payload).map_err(|e| e.to_string())?;
+                            echoed(Some(reply), payload)
                         }
                     })
                     .await,
@@ -254,11 +268,8 @@ pub async fn run(options: &BenchOptions) -> anyhow::Result<()> {
                             header.target = Some(header::Target::Capability(SDK_CAPABILITY.into()));
                         }
                         async move {
-                            client
-                                .send(m, None)
-                                .await
-                                .map(|_| ())
-                                .map_err(|s| s.to_string())
+                            let reply = client.send(m, None).await.map_err(|s| s.to_string())?;
+                            echoed(reply.message, payload)
                         }
                     })
                     .await,
@@ -302,6 +313,24 @@ pub async fn run(options: &BenchOptions) -> anyhow::Result<()> {
         ),
     }
     Ok(())
+}
+
+/// Whether `reply` carries the echoed payload of `size` bytes: a reply that does not counts
+/// as a failed request, so the `errors` column also catches wrong answers.
+fn echoed(reply: Option<ReachMessage>, size: usize) -> Result<(), String> {
+    let echoed = reply
+        .and_then(|m| m.payload)
+        .and_then(|p| p.parts.into_iter().next())
+        .and_then(|part| match part.content {
+            Some(part::Content::Raw(raw)) => Some(raw.len()),
+            _ => None,
+        });
+    match echoed {
+        Some(len) if len == size => Ok(()),
+        other => Err(format!(
+            "the reply does not echo the {size}-byte payload (got {other:?})"
+        )),
+    }
 }
 
 fn message(payload: &Payload) -> ReachMessage {
@@ -574,7 +603,14 @@ fn render(cells: &[Cell], (stream_direct, stream_router): (f64, f64)) -> String 
             ]);
         }
     }
-    let _ = writeln!(out, "{ratios}");
+    if ratios.row_count() > 0 {
+        let _ = writeln!(out, "{ratios}");
+    } else {
+        let _ = writeln!(
+            out,
+            "(no ratios: they compare router with direct, or router-mux with direct-mux)"
+        );
+    }
     if stream_direct > 0.0 {
         let _ = writeln!(
             out,

@@ -171,7 +171,9 @@ impl Command {
 
 #[derive(Subcommand)]
 enum BenchCommand {
-    /// Unary request-reply direct, through the router and through NATS; stream message rate.
+    /// Request-reply direct to an agent, through the router (unary and multiplexed) and through
+    /// NATS, with the same client and responder work on each; the whole SDK stack; a stream's
+    /// message rate.
     Router {
         /// The reduced matrix (under a minute); the last line is
         /// `router_overhead_p50_us=<n> router_vs_direct_rps=<ratio> router_vs_nats_rps=<ratio>`.
@@ -180,9 +182,12 @@ enum BenchCommand {
         /// Skip the NATS comparison (when nats-server is not installed).
         #[arg(long)]
         no_nats: bool,
-        /// Measure only these modes (comma-separated: direct, direct-mux, router, router-mux,
-        /// nats, sdk), for profiling one path.
-        #[arg(long, value_delimiter = ',')]
+        /// Measure only these modes (comma-separated), for profiling one path.
+        #[arg(
+            long,
+            value_delimiter = ',',
+            value_parser = clap::builder::PossibleValuesParser::new(reach::bench::MODES),
+        )]
         only: Vec<String>,
     },
     /// Durable flow transitions per second on SQLite (and PostgreSQL with --postgres).
