@@ -14,27 +14,34 @@ use tokio::sync::oneshot;
 use tokio::time::Instant;
 use tonic::{Status, Streaming};
 
+use reach_protocol::Adapter;
+
 use crate::error::RouteError;
 use crate::load::InFlight;
+use crate::protocol::AdapterExt;
 
 /// The caller-to-instance half of a routed stream: the first message, then the rest, each
-/// checked (size, trace id) and completed (trace id, message id). A violation ends the
-/// inbound half and hands the error to the outbound half, which ends the call with it.
+/// adapted to the instance's version (when the stream has an adapter), checked (size, trace
+/// id) and completed (trace id, message id). A violation ends the inbound half and hands the
+/// error to the outbound half, which ends the call with it.
 pub struct InboundPump {
     first: Option<ReachMessage>,
     rest: Streaming<StreamRequest>,
     trace_id: String,
     limit: usize,
+    adapter: Option<Adapter>,
     abort: Option<oneshot::Sender<Status>>,
 }
 
 impl InboundPump {
-    /// A pump that sends `first` (already checked) and then checks and forwards `rest`.
+    /// A pump that sends `first` (already checked and adapted) and then adapts with
+    /// `adapter`, checks against `limit` bytes and forwards `rest`.
     pub fn new(
         first: ReachMessage,
         rest: Streaming<StreamRequest>,
         trace_id: String,
         limit: usize,
+        adapter: Option<Adapter>,
         abort: oneshot::Sender<Status>,
     ) -> Self {
         Self {
@@ -42,11 +49,15 @@ impl InboundPump {
             rest,
             trace_id,
             limit,
+            adapter,
             abort: Some(abort),
         }
     }
 
     fn complete(&self, mut message: ReachMessage) -> Result<ReachMessage, Status> {
+        if let Some(adapter) = &self.adapter {
+            adapter.adapt_request(&mut message)?;
+        }
         let size = message.encoded_len();
         if size > self.limit {
             return Err(RouteError::PayloadTooLarge {
@@ -100,11 +111,13 @@ impl futures::Stream for InboundPump {
     }
 }
 
-/// The instance-to-caller half of a routed stream: the instance's messages and final status,
-/// unless the inbound half aborted or the deadline passed first. Holds the stream's
-/// in-flight load until it ends.
+/// The instance-to-caller half of a routed stream: the instance's messages (adapted back to
+/// the caller's version when the stream has an adapter) and final status, unless the inbound
+/// half aborted or the deadline passed first. Holds the stream's in-flight load until it
+/// ends.
 pub struct OutboundPump {
     agent: Streaming<HandleStreamResponse>,
+    adapter: Option<Adapter>,
     /// Resolves with a status when the inbound half aborts; `None` once the inbound half has
     /// ended without aborting.
     abort: Option<oneshot::Receiver<Status>>,
@@ -127,11 +140,13 @@ impl OutboundPump {
         abort: oneshot::Receiver<Status>,
         in_flight: InFlight,
         deadline: Option<Instant>,
+        adapter: Option<Adapter>,
         label: String,
         started: Instant,
     ) -> Self {
         Self {
             agent,
+            adapter,
             abort: Some(abort),
             _in_flight: in_flight.for_stream(),
             deadline: deadline.map(|d| Box::pin(tokio::time::sleep_until(d))),
@@ -183,9 +198,17 @@ impl futures::Stream for OutboundPump {
             ))));
         }
         match self.agent.poll_next_unpin(cx) {
-            Poll::Ready(Some(Ok(response))) => Poll::Ready(Some(Ok(StreamResponse {
-                message: response.message,
-            }))),
+            Poll::Ready(Some(Ok(response))) => {
+                let mut message = response.message;
+                if let (Some(adapter), Some(message)) = (&self.adapter, message.as_mut())
+                    && let Err(error) = adapter.adapt_response(message)
+                {
+                    let status = Status::from(error);
+                    self.finish(status.code());
+                    return Poll::Ready(Some(Err(status)));
+                }
+                Poll::Ready(Some(Ok(StreamResponse { message })))
+            }
             Poll::Ready(Some(Err(status))) => {
                 self.finish(status.code());
                 Poll::Ready(Some(Err(status)))

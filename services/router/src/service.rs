@@ -734,11 +734,20 @@ impl RouterService for Router {
         apply_ttl(header, None)?;
         let key = route_key(&message)?;
         let plan = match &key {
-            RouteKey::Capability(name) => {
-                VersionPlan::resolve(&self.inner.table, None, name, &header.capability_version)?
-            }
+            RouteKey::Capability(name) => VersionPlan::resolve(
+                &self.inner.table,
+                self.inner.protocols.as_deref(),
+                name,
+                &header.capability_version,
+            )?,
             _ => VersionPlan::any(),
         };
+        // With an adapter, every message is rewritten: the caller's to the instance's version
+        // on the way in, the instance's back to the caller's on the way out.
+        if let Some(adapter) = &plan.adapter {
+            adapter.adapt_request(&mut message)?;
+            self.check_size(message.encoded_len())?;
+        }
         let (trace_id, _) = ids_of(&message);
 
         let reserved = self
@@ -755,6 +764,7 @@ impl RouterService for Router {
             inbound,
             trace_id.clone(),
             self.config().max_message_bytes,
+            plan.adapter.clone(),
             abort_tx,
         );
         let mut forward = Request::new(inbound);
@@ -780,6 +790,7 @@ impl RouterService for Router {
             abort_rx,
             reserved,
             deadline,
+            plan.adapter,
             key.label().to_string(),
             started,
         );

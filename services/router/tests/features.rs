@@ -9,6 +9,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use common::*;
+use futures::StreamExt as _;
 use reach_proto::v1::{Payload, ReachMessage};
 use reach_registry::RegistryConfig;
 use reach_router::RouterConfig;
@@ -243,6 +244,106 @@ async fn a_version_adapter_bridges_callers_and_keeps_unknown_fields() {
         .unwrap();
     assert_eq!(out["served_by"], "1.0.0");
     assert_eq!(out["summary"], "fees");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_version_adapter_rewrites_every_message_of_a_stream_both_ways() {
+    let registry = registry().await;
+    // A 2.0.0 stream summarizer: wants `text`, answers `abstract`.
+    let v2 = AgentRuntime::new(config("summarizer", "sum-v2-stream", &registry.url)).handle_stream(
+        "complaint.summarize",
+        "2.0.0",
+        |_ctx: HandlerContext, first: ReachMessage, rest: reach_sdk::handler::InboundMessages| {
+            futures::stream::once(async move { Ok(first) })
+                .chain(rest)
+                .map(|message| {
+                    let mut input = message?
+                        .payload
+                        .unwrap_or_default()
+                        .first_json()
+                        .unwrap_or_default();
+                    let object = input.as_object_mut().expect("object input");
+                    let text = object
+                        .get("text")
+                        .cloned()
+                        .ok_or_else(|| tonic::Status::invalid_argument("v2 needs `text`"))?;
+                    object.insert("abstract".into(), text);
+                    Ok(Payload::json("complaint.summary", &input))
+                })
+        },
+    );
+    let (_v2, _) = agent(v2).await;
+    let router = router(
+        &registry.url,
+        RouterConfig {
+            protocol_registry: Some(example_registry()),
+            ..RouterConfig::default()
+        },
+    )
+    .await;
+    router.wait_routable(1).await;
+    let client = router.client().await;
+    let v1 = CallOptions {
+        capability_version: Some("^1".into()),
+        ..CallOptions::default()
+    };
+    let message = |narrative: &str, n: u32| {
+        client.message_to_capability(
+            "complaint.summarize",
+            Payload::json(
+                "complaint.summarize_request",
+                &serde_json::json!({"narrative": narrative, "x_seq": n}),
+            ),
+            &v1,
+        )
+    };
+    let rest = futures::stream::iter(vec![message("fees", 2), message("escrow", 3)]);
+    let mut replies = client
+        .stream(message("late fees", 1), rest, Some(Duration::from_secs(10)))
+        .await
+        .unwrap();
+    let mut seen = Vec::new();
+    while let Some(reply) = replies.message().await.unwrap() {
+        let out = reply
+            .message
+            .unwrap()
+            .payload
+            .unwrap()
+            .first_json()
+            .unwrap();
+        // The 1.x caller sees its own version's fields on every message, and its unknown
+        // fields untouched.
+        assert!(out.get("abstract").is_none(), "{out}");
+        seen.push((out["summary"].clone(), out["x_seq"].clone()));
+    }
+    assert_eq!(
+        seen,
+        vec![
+            (serde_json::json!("late fees"), serde_json::json!(1)),
+            (serde_json::json!("fees"), serde_json::json!(2)),
+            (serde_json::json!("escrow"), serde_json::json!(3)),
+        ]
+    );
+
+    // No adapter to 3.x: the stream is refused before it opens.
+    let three = CallOptions {
+        capability_version: Some("^3".into()),
+        ..CallOptions::default()
+    };
+    let first = client.message_to_capability(
+        "complaint.summarize",
+        Payload::json(
+            "complaint.summarize_request",
+            &serde_json::json!({"text": "x"}),
+        ),
+        &three,
+    );
+    let status = client
+        .stream(first, futures::stream::empty(), None)
+        .await
+        .unwrap_err();
+    assert_eq!(status.code(), Code::FailedPrecondition);
+    assert_eq!(reason(&status), "VERSION_NOT_SUPPORTED");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
