@@ -14,13 +14,16 @@ use tokio::sync::oneshot;
 use tokio::time::Instant;
 use tonic::{Status, Streaming};
 
+use std::sync::Arc;
+
 use reach_protocol::Adapter;
 
 use crate::error::RouteError;
 use crate::load::InFlight;
-use crate::protocol::AdapterExt;
+use crate::protocol::{AdapterExt, ProtocolRegistry};
 
 /// The caller-to-instance half of a routed stream: the first message, then the rest, each
+/// checked against the capability's input schema (when the router validates payloads),
 /// adapted to the instance's version (when the stream has an adapter), checked (size, trace
 /// id) and completed (trace id, message id). A violation ends the inbound half and hands the
 /// error to the outbound half, which ends the call with it.
@@ -29,18 +32,22 @@ pub struct InboundPump {
     rest: Streaming<StreamRequest>,
     trace_id: String,
     limit: usize,
+    /// The protocol registry and capability whose input schema each message must match.
+    validation: Option<(Arc<ProtocolRegistry>, String)>,
     adapter: Option<Adapter>,
     abort: Option<oneshot::Sender<Status>>,
 }
 
 impl InboundPump {
-    /// A pump that sends `first` (already checked and adapted) and then adapts with
-    /// `adapter`, checks against `limit` bytes and forwards `rest`.
+    /// A pump that sends `first` (already checked and adapted) and then validates against
+    /// `validation`'s input schema, adapts with `adapter`, checks against `limit` bytes and
+    /// forwards `rest`.
     pub fn new(
         first: ReachMessage,
         rest: Streaming<StreamRequest>,
         trace_id: String,
         limit: usize,
+        validation: Option<(Arc<ProtocolRegistry>, String)>,
         adapter: Option<Adapter>,
         abort: oneshot::Sender<Status>,
     ) -> Self {
@@ -49,12 +56,16 @@ impl InboundPump {
             rest,
             trace_id,
             limit,
+            validation,
             adapter,
             abort: Some(abort),
         }
     }
 
     fn complete(&self, mut message: ReachMessage) -> Result<ReachMessage, Status> {
+        if let Some((protocols, capability)) = &self.validation {
+            crate::protocol::validate_input(protocols, capability, &message)?;
+        }
         if let Some(adapter) = &self.adapter {
             adapter.adapt_request(&mut message)?;
         }

@@ -742,6 +742,15 @@ impl RouterService for Router {
             )?,
             _ => VersionPlan::any(),
         };
+        // Every message of the caller's is checked against the capability's input schema (when
+        // the router validates payloads), as a call's is, before any adapter rewrites it.
+        let validation = match (&key, &self.inner.protocols) {
+            (RouteKey::Capability(name), Some(protocols)) if self.config().validate_payloads => {
+                crate::protocol::validate_input(protocols, name, &message)?;
+                Some((protocols.clone(), name.clone()))
+            }
+            _ => None,
+        };
         // With an adapter, every message is rewritten: the caller's to the instance's version
         // on the way in, the instance's back to the caller's on the way out.
         if let Some(adapter) = &plan.adapter {
@@ -764,6 +773,7 @@ impl RouterService for Router {
             inbound,
             trace_id.clone(),
             self.config().max_message_bytes,
+            validation,
             plan.adapter.clone(),
             abort_tx,
         );

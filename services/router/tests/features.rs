@@ -325,6 +325,55 @@ async fn a_version_adapter_rewrites_every_message_of_a_stream_both_ways() {
         ]
     );
 
+    // Every message is checked against the input schema: a bad first message is refused
+    // before the stream opens, a bad later one ends the stream with the refusal.
+    let bad = |n: u32| {
+        client.message_to_capability(
+            "complaint.summarize",
+            Payload::json(
+                "complaint.summarize_request",
+                &serde_json::json!({"narrative": 5, "x_seq": n}),
+            ),
+            &v1,
+        )
+    };
+    let status = client
+        .stream(bad(1), futures::stream::empty(), None)
+        .await
+        .unwrap_err();
+    assert_eq!(status.code(), Code::InvalidArgument);
+    assert_eq!(reason(&status), "INVALID_PAYLOAD");
+    let mut replies = client
+        .stream(
+            message("fine", 1),
+            futures::stream::iter(vec![bad(2)]),
+            Some(Duration::from_secs(10)),
+        )
+        .await
+        .unwrap();
+    let status = loop {
+        match replies.message().await {
+            // The reply to the good message may or may not arrive before the refusal.
+            Ok(Some(reply)) => {
+                let out = reply
+                    .message
+                    .unwrap()
+                    .payload
+                    .unwrap()
+                    .first_json()
+                    .unwrap();
+                assert_eq!(
+                    out["x_seq"], 1,
+                    "the bad message reached the instance: {out}"
+                );
+            }
+            Ok(None) => panic!("the stream ended without refusing the bad message"),
+            Err(status) => break status,
+        }
+    };
+    assert_eq!(status.code(), Code::InvalidArgument, "{status:?}");
+    assert_eq!(reason(&status), "INVALID_PAYLOAD");
+
     // No adapter to 3.x: the stream is refused before it opens.
     let three = CallOptions {
         capability_version: Some("^3".into()),

@@ -571,7 +571,8 @@ pub struct IncomingCall {
 /// handler's future), and a call that finished before its cancel was read has already been
 /// answered. At most `max_open_calls` run at once: a call beyond that
 /// is answered at once with UNAVAILABLE, reason `OVERLOADED` and a retry hint (it was not
-/// handled). The returned stream yields `(call_id, outcome)`
+/// handled). A call counts until its reply is queued, so a caller that stops reading replies
+/// is refused new calls instead of making finished ones pile up. The returned stream yields `(call_id, outcome)`
 /// ([`Outcome`]) in completion order and ends after the caller half-closed and every call finished; it yields
 /// the inbound stream's error (for example an oversized frame) and ends when that breaks.
 /// When the returned stream is dropped (the caller went away), open calls are aborted.
@@ -642,6 +643,10 @@ async fn run_calls<S, H, F, T>(
 {
     let mut inbound = std::pin::pin!(inbound);
     let open: OpenCalls = Arc::default();
+    // A call holds a permit from when it is accepted until its reply is queued: a caller that
+    // does not read its replies is refused new calls rather than making finished calls (and
+    // their replies) pile up here.
+    let unanswered = Arc::new(tokio::sync::Semaphore::new(max_open_calls));
     let tasks = TaskTracker::new();
     let mut generation = 0u64;
     let mut closed = false;
@@ -662,15 +667,17 @@ async fn run_calls<S, H, F, T>(
                         continue;
                     }
                     let call_id = frame.call_id;
-                    let (already_open, open_calls) = {
-                        let open = lock_open(&open);
-                        (open.contains_key(&call_id), open.len())
+                    let already_open = lock_open(&open).contains_key(&call_id);
+                    let permit = if already_open {
+                        None
+                    } else {
+                        unanswered.clone().try_acquire_owned().ok()
                     };
                     let refused = if already_open {
                         Some(Status::invalid_argument(format!(
                             "call_id {call_id} is already open on this stream; use a new id per call"
                         )))
-                    } else if open_calls >= max_open_calls {
+                    } else if permit.is_none() {
                         // Not read into a handler: safe to send elsewhere or again later.
                         Some(crate::errors::status_with_retry(
                             Code::Unavailable,
@@ -746,6 +753,7 @@ async fn run_calls<S, H, F, T>(
                         if owner {
                             let _ = task_replies.send(Ok((call_id, outcome))).await;
                         }
+                        drop(permit);
                     });
                     open.insert(
                         call_id,
@@ -979,6 +987,50 @@ mod tests {
             Some(crate::errors::reason::OVERLOADED)
         );
         assert_eq!(ran.load(Ordering::SeqCst), 1, "only the first call ran");
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_caller_that_reads_no_replies_cannot_make_finished_calls_pile_up() {
+        let ran = Arc::new(AtomicU64::new(0));
+        let handler = {
+            let ran = ran.clone();
+            move |call: IncomingCall| {
+                ran.fetch_add(1, Ordering::SeqCst);
+                async move { Ok(call.message) }
+            }
+        };
+        const MAX_OPEN: usize = 64;
+        let (frames, replies) = served(handler, MAX_OPEN, 16);
+        // Far more calls than the reply queue and the open-call limit hold, none read.
+        let sender = tokio::spawn(async move {
+            for call_id in 0..(OUTBOUND_QUEUE as u64 + 2000) {
+                let frame = CallFrame {
+                    call_id,
+                    message: Some(call("x").message),
+                    ..CallFrame::default()
+                };
+                if frames.send(frame).await.is_err() {
+                    return;
+                }
+            }
+        });
+        // Until the callee stops taking calls (or has run them all).
+        let mut last = u64::MAX;
+        for _ in 0..100 {
+            tokio::time::sleep(Duration::from_millis(250)).await;
+            let now = ran.load(Ordering::SeqCst);
+            if now == last {
+                break;
+            }
+            last = now;
+        }
+        // Queued replies plus the calls holding a permit while they wait to queue theirs; the
+        // rest were refused (or not read), never run.
+        let bound = (OUTBOUND_QUEUE + MAX_OPEN + 1) as u64;
+        let ran = ran.load(Ordering::SeqCst);
+        assert!(ran <= bound, "{ran} calls ran, more than {bound}");
+        drop(replies);
+        sender.abort();
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
