@@ -41,6 +41,11 @@ pub mod reason {
     pub const INVALID_PAYLOAD: &str = "INVALID_PAYLOAD";
     /// The capability is not declared in the protocol registry (strict mode).
     pub const CAPABILITY_NOT_DECLARED: &str = "CAPABILITY_NOT_DECLARED";
+    /// A multiplexed call frame reused the id of a call still open on its stream; the open
+    /// call is unaffected and still gets its own reply (`call_id` in the metadata).
+    pub const CALL_ID_IN_USE: &str = "CALL_ID_IN_USE";
+    /// A multiplexed call frame neither starts a call (no message) nor cancels one.
+    pub const INVALID_FRAME: &str = "INVALID_FRAME";
 }
 
 /// A status with `code`, `message` and an ErrorInfo of `reason` in [`ERROR_DOMAIN`] carrying

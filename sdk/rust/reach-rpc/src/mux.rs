@@ -674,9 +674,14 @@ async fn run_calls<S, H, F, T>(
                         unanswered.clone().try_acquire_owned().ok()
                     };
                     let refused = if already_open {
-                        Some(Status::invalid_argument(format!(
-                            "call_id {call_id} is already open on this stream; use a new id per call"
-                        )))
+                        Some(crate::errors::status_with_reason(
+                            Code::InvalidArgument,
+                            format!(
+                                "call_id {call_id} is already open on this stream; use a new id per call (the open call still gets its own reply)"
+                            ),
+                            crate::errors::reason::CALL_ID_IN_USE,
+                            [("call_id".to_string(), call_id.to_string())],
+                        ))
                     } else if permit.is_none() {
                         // Not read into a handler: safe to send elsewhere or again later.
                         Some(crate::errors::status_with_retry(
@@ -702,9 +707,14 @@ async fn run_calls<S, H, F, T>(
                             ],
                         ))
                     } else if frame.message.is_none() {
-                        Some(Status::invalid_argument(format!(
-                            "the frame for call_id {call_id} carries no message and is not a cancel (an empty frame?); send {{\"call_id\": N, \"message\": {{...}}}} to start a call or {{\"call_id\": N, \"cancel\": true}} to cancel one"
-                        )))
+                        Some(crate::errors::status_with_reason(
+                            Code::InvalidArgument,
+                            format!(
+                                "the frame for call_id {call_id} carries no message and is not a cancel (an empty frame?); send {{\"call_id\": N, \"message\": {{...}}}} to start a call or {{\"call_id\": N, \"cancel\": true}} to cancel one"
+                            ),
+                            crate::errors::reason::INVALID_FRAME,
+                            [("call_id".to_string(), call_id.to_string())],
+                        ))
                     } else {
                         None
                     };
@@ -1070,6 +1080,53 @@ mod tests {
         .await
         .expect("the stream ended: the cancelled call was stopped");
         assert_eq!(answered, vec![(5, "second".to_string())]);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn refused_frames_say_why_and_leave_the_open_call_alone() {
+        let handler = |call: IncomingCall| async move {
+            if text(&call.message) == "slow" {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            Ok(call.message)
+        };
+        let (frames, mut replies) = served(handler, 16, 16);
+        let start = |call_id: u64, body: &str| CallFrame {
+            call_id,
+            message: Some(call(body).message),
+            ..CallFrame::default()
+        };
+        for frame in [
+            start(7, "slow"),
+            start(7, "again"),
+            CallFrame {
+                call_id: 8,
+                ..CallFrame::default()
+            },
+        ] {
+            frames.send(frame).await.unwrap();
+        }
+        drop(frames);
+        let mut answered = Vec::new();
+        while let Some(item) = replies.next().await {
+            let (call_id, outcome) = item.unwrap();
+            answered.push((
+                call_id,
+                outcome.map_or_else(
+                    |status| crate::errors::reason_of(&status).unwrap_or_default(),
+                    |m| text(&m),
+                ),
+            ));
+        }
+        answered.sort();
+        assert_eq!(
+            answered,
+            vec![
+                (7, crate::errors::reason::CALL_ID_IN_USE.to_string()),
+                (7, "slow".to_string()),
+                (8, crate::errors::reason::INVALID_FRAME.to_string()),
+            ]
+        );
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
