@@ -49,7 +49,7 @@ use reach_proto::v1::{
 use reach_registry::{Registry, RegistryConfig, RegistryGrpc};
 use reach_router::{Router, RouterConfig};
 use reach_rpc::GrpcServer;
-use reach_rpc::mux::{MuxLink, OutgoingCall};
+use reach_rpc::mux::{MuxLink, MuxReply, OutgoingCall};
 use reach_rpc::trace::{self, TraceId};
 use reach_sdk::{AgentConfig, AgentRuntime, HandlerContext, MeshClient};
 use tokio::net::TcpListener;
@@ -189,18 +189,7 @@ async fn run_until_done(options: &BenchOptions) -> anyhow::Result<()> {
                 cells.push(
                     measure("direct-mux", shape, None, move |m| {
                         let link = link.clone();
-                        async move {
-                            let reply = link
-                                .call(OutgoingCall {
-                                    message: m,
-                                    ..OutgoingCall::default()
-                                })
-                                .await
-                                .map_err(|e| tonic::Status::from(e).to_string())?;
-                            let reply = reach_rpc::mux::outcome_of(reply.frame)
-                                .map_err(|s| s.to_string())?;
-                            echoed(Some(reply), payload)
-                        }
+                        async move { mux_echo(&link, m, payload).await }
                     })
                     .await,
                 );
@@ -210,18 +199,7 @@ async fn run_until_done(options: &BenchOptions) -> anyhow::Result<()> {
                 cells.push(
                     measure("router-mux", shape, None, move |m| {
                         let link = link.clone();
-                        async move {
-                            let reply = link
-                                .call(OutgoingCall {
-                                    message: m,
-                                    ..OutgoingCall::default()
-                                })
-                                .await
-                                .map_err(|e| tonic::Status::from(e).to_string())?;
-                            let reply = reach_rpc::mux::outcome_of(reply.frame)
-                                .map_err(|s| s.to_string())?;
-                            echoed(Some(reply), payload)
-                        }
+                        async move { mux_echo(&link, m, payload).await }
                     })
                     .await,
                 );
@@ -314,6 +292,23 @@ async fn run_until_done(options: &BenchOptions) -> anyhow::Result<()> {
         ),
     }
     Ok(())
+}
+
+/// One call over a multiplexed link (to the echo agent or the router), checked by [`echoed`].
+async fn mux_echo<R: MuxReply>(
+    link: &MuxLink<R>,
+    message: ReachMessage,
+    payload: usize,
+) -> Result<(), String> {
+    let reply = link
+        .call(OutgoingCall {
+            message,
+            ..OutgoingCall::default()
+        })
+        .await
+        .map_err(|e| tonic::Status::from(e).to_string())?;
+    let reply = reach_rpc::mux::outcome_of(reply.into_frame()).map_err(|s| s.to_string())?;
+    echoed(Some(reply), payload)
 }
 
 /// Whether `reply` carries the echoed payload of `size` bytes: a reply that does not counts

@@ -20,6 +20,18 @@ fn example_registry() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../examples/protocol-registry.yaml")
 }
 
+/// A router that loads the example protocol registry (schemas, versions, adapters).
+async fn router_with_protocols(registry_url: &str) -> TestRouter {
+    router(
+        registry_url,
+        RouterConfig {
+            protocol_registry: Some(example_registry()),
+            ..RouterConfig::default()
+        },
+    )
+    .await
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn publish_reaches_every_subscriber_and_counts_failures() {
     let registry = registry().await;
@@ -203,14 +215,7 @@ async fn summarize(
 async fn a_version_adapter_bridges_callers_and_keeps_unknown_fields() {
     let registry = registry().await;
     let (_v2, _) = agent(summarizer(&registry.url, "sum-v2", "2.0.0")).await;
-    let router = router(
-        &registry.url,
-        RouterConfig {
-            protocol_registry: Some(example_registry()),
-            ..RouterConfig::default()
-        },
-    )
-    .await;
+    let router = router_with_protocols(&registry.url).await;
     router.wait_routable(1).await;
     let client = router.client().await;
 
@@ -273,30 +278,22 @@ async fn a_version_adapter_rewrites_every_message_of_a_stream_both_ways() {
         },
     );
     let (_v2, _) = agent(v2).await;
-    let router = router(
-        &registry.url,
-        RouterConfig {
-            protocol_registry: Some(example_registry()),
-            ..RouterConfig::default()
-        },
-    )
-    .await;
+    let router = router_with_protocols(&registry.url).await;
     router.wait_routable(1).await;
     let client = router.client().await;
     let v1 = CallOptions {
         capability_version: Some("^1".into()),
         ..CallOptions::default()
     };
-    let message = |narrative: &str, n: u32| {
+    let request = |input: serde_json::Value| {
         client.message_to_capability(
             "complaint.summarize",
-            Payload::json(
-                "complaint.summarize_request",
-                &serde_json::json!({"narrative": narrative, "x_seq": n}),
-            ),
+            Payload::json("complaint.summarize_request", &input),
             &v1,
         )
     };
+    let message =
+        |narrative: &str, n: u32| request(serde_json::json!({"narrative": narrative, "x_seq": n}));
     let rest = futures::stream::iter(vec![message("fees", 2), message("escrow", 3)]);
     let mut replies = client
         .stream(message("late fees", 1), rest, Some(Duration::from_secs(10)))
@@ -327,16 +324,7 @@ async fn a_version_adapter_rewrites_every_message_of_a_stream_both_ways() {
 
     // Every message is checked against the input schema: a bad first message is refused
     // before the stream opens, a bad later one ends the stream with the refusal.
-    let bad = |n: u32| {
-        client.message_to_capability(
-            "complaint.summarize",
-            Payload::json(
-                "complaint.summarize_request",
-                &serde_json::json!({"narrative": 5, "x_seq": n}),
-            ),
-            &v1,
-        )
-    };
+    let bad = |n: u32| request(serde_json::json!({"narrative": 5, "x_seq": n}));
     let status = client
         .stream(bad(1), futures::stream::empty(), None)
         .await
@@ -462,14 +450,7 @@ async fn a_payload_that_breaks_the_input_schema_is_refused_with_its_pointer() {
         runs.clone(),
     ))
     .await;
-    let router = router(
-        &registry.url,
-        RouterConfig {
-            protocol_registry: Some(example_registry()),
-            ..RouterConfig::default()
-        },
-    )
-    .await;
+    let router = router_with_protocols(&registry.url).await;
     router.wait_routable(1).await;
     let client = router.client().await;
     let status = client

@@ -112,17 +112,27 @@ pub fn outcome_of(frame: Option<ReplyFrame>) -> Result<ReachMessage, Status> {
 pub trait MuxReply: Send + 'static {
     /// The id of the call this frame answers.
     fn call_id(&self) -> u64;
+    /// The reply frame itself (see [`outcome_of`]).
+    fn into_frame(self) -> Option<ReplyFrame>;
 }
 
 impl MuxReply for HandleMuxResponse {
     fn call_id(&self) -> u64 {
         self.frame.as_ref().map_or(0, |f| f.call_id)
     }
+
+    fn into_frame(self) -> Option<ReplyFrame> {
+        self.frame
+    }
 }
 
 impl MuxReply for CallMuxResponse {
     fn call_id(&self) -> u64 {
         self.frame.as_ref().map_or(0, |f| f.call_id)
+    }
+
+    fn into_frame(self) -> Option<ReplyFrame> {
+        self.frame
     }
 }
 
