@@ -111,6 +111,20 @@ impl ReachConfig {
         self.orchestrator
             .validate()
             .map_err(|e| ConfigError::Invalid(format!("orchestrator: {e}")))?;
+        // A protocol registry that cannot be read or parsed is a configuration mistake, found
+        // here (exit 64) rather than when the service starts.
+        for (key, path) in [
+            (
+                "registry.protocol_registry",
+                &self.registry.protocol_registry,
+            ),
+            ("router.protocol_registry", &self.router.protocol_registry),
+        ] {
+            if let Some(path) = path {
+                reach_protocol::ProtocolRegistry::load(path)
+                    .map_err(|e| ConfigError::Invalid(format!("{key}: {e}")))?;
+            }
+        }
         Ok(())
     }
 }

@@ -180,6 +180,23 @@ fn a_bad_config_exits_64_naming_the_key() {
     assert_eq!(output.status.code(), Some(64));
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(stderr.contains("max_message_bytes"), "{stderr}");
+
+    // A protocol registry that cannot be read is a configuration mistake too.
+    let output = reach()
+        .args(["router", "--listen", "127.0.0.1:0"])
+        .env(
+            "REACH_ROUTER__PROTOCOL_REGISTRY",
+            "/nonexistent/protocol-registry.yaml",
+        )
+        .output()
+        .unwrap();
+    assert_eq!(output.status.code(), Some(64));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains("router.protocol_registry")
+            && stderr.contains("/nonexistent/protocol-registry.yaml"),
+        "{stderr}"
+    );
 }
 
 fn grpcurl() -> PathBuf {
@@ -348,10 +365,29 @@ async fn dev_serves_every_service_on_one_port_for_grpcurl_and_reach_agents() {
         .stdout(std::process::Stdio::piped())
         .spawn()
         .unwrap();
+    let open_streams = |text: &str| -> Option<f64> {
+        text.lines()
+            .find(|l| {
+                l.starts_with("reach_router_open_streams{")
+                    && l.contains("capability=\"complaint.classify\"")
+            })
+            .and_then(|l| l.rsplit(' ').next())
+            .and_then(|v| v.parse().ok())
+    };
     {
         use std::io::Write as _;
         let mut stdin = streaming.stdin.take().unwrap();
         writeln!(stdin, r#"{{"message":{{"header":{{"capability":"complaint.classify"}},"payload":{{"parts":[{{"data":{{"complaint_id":"1","narrative":"late fee on my autopay"}}}}]}}}}}}"#).unwrap();
+        stdin.flush().unwrap();
+        // While the stream is open, the gauge counts it.
+        let started = std::time::Instant::now();
+        while open_streams(&scrape()) != Some(1.0) {
+            assert!(
+                started.elapsed() < Duration::from_secs(10),
+                "reach_router_open_streams never counted the open stream"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
         writeln!(stdin, r#"{{"message":{{"payload":{{"parts":[{{"data":{{"complaint_id":"2","narrative":"my PSLF forgiveness was denied"}}}}]}}}}}}"#).unwrap();
     }
     let streamed = streaming.wait_with_output().unwrap();
@@ -371,6 +407,11 @@ async fn dev_serves_every_service_on_one_port_for_grpcurl_and_reach_agents() {
                 && l.contains("capability=\"complaint.classify\"")
                 && l.contains("code=\"OK\"")),
         "the finished stream is counted"
+    );
+    assert_eq!(
+        open_streams(&metrics),
+        Some(0.0),
+        "the ended stream is no longer open"
     );
 
     // A failed call's ErrorInfo is decoded by grpcurl (reflection serves google.rpc).

@@ -62,6 +62,12 @@ pub struct RouterConfig {
     /// (and never past the caller's deadline). Default 60 s.
     #[serde(with = "humantime_serde")]
     pub max_async_wait: Duration,
+    /// How far in the future a message's `header.created_at` may be, by this router's clock,
+    /// when the message has a TTL: a later one is refused INVALID_ARGUMENT, since its TTL
+    /// would count from a time that has not come (a caller's clock is off, or the field is
+    /// wrong). Within the allowance the message counts as just created. Default 1 min.
+    #[serde(with = "humantime_serde")]
+    pub max_clock_skew: Duration,
 }
 
 /// Which balancing policy each route uses.
@@ -139,6 +145,7 @@ impl Default for RouterConfig {
             ledger_endpoint: String::new(),
             ledger_sample_rate: 1.0,
             max_async_wait: Duration::from_secs(60),
+            max_clock_skew: Duration::from_secs(60),
         }
     }
 }

@@ -137,13 +137,51 @@ pub enum RouteError {
         detail: String,
     },
     /// A version adapter's transform failed.
-    #[error("version adapter {adapter} failed: {detail}")]
+    #[error(
+        "version adapter {adapter} could not rewrite the {direction}: {detail}; {}",
+        .direction.hint()
+    )]
     AdapterFailed {
         /// The adapter, as `capability from -> to`.
         adapter: String,
+        /// Which message it was rewriting.
+        direction: AdapterDirection,
         /// What failed.
         detail: String,
     },
+}
+
+/// Which message a version adapter was rewriting when it failed: the caller's request (the
+/// caller's payload did not fit: INVALID_ARGUMENT) or the instance's reply (INTERNAL).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AdapterDirection {
+    /// The caller's request, on its way to the instance.
+    Request,
+    /// The instance's reply, on its way back to the caller.
+    Reply,
+}
+
+impl AdapterDirection {
+    /// What to do about a failure in this direction.
+    fn hint(self) -> &'static str {
+        match self {
+            AdapterDirection::Request => {
+                "send a payload of the shape the adapter expects, or ask for a version an instance serves"
+            }
+            AdapterDirection::Reply => {
+                "the instance's reply does not fit the adapter: fix the adapter in the protocol registry, or the agent"
+            }
+        }
+    }
+}
+
+impl std::fmt::Display for AdapterDirection {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            AdapterDirection::Request => "request",
+            AdapterDirection::Reply => "reply",
+        })
+    }
 }
 
 impl RouteError {
@@ -292,7 +330,20 @@ impl From<RouteError> for Status {
                     details,
                 )
             }
-            RouteError::AdapterFailed { .. } => Status::internal(message),
+            RouteError::AdapterFailed {
+                adapter, direction, ..
+            } => status_with_reason(
+                match direction {
+                    AdapterDirection::Request => Code::InvalidArgument,
+                    AdapterDirection::Reply => Code::Internal,
+                },
+                message,
+                reason::ADAPTER_FAILED,
+                [
+                    ("adapter".to_string(), adapter),
+                    ("direction".to_string(), direction.to_string()),
+                ],
+            ),
         }
     }
 }

@@ -14,7 +14,7 @@ use std::collections::HashSet;
 use reach_proto::v1::{Part, ReachMessage, part};
 use reach_protocol::{Adapter, ProtocolError};
 
-use crate::error::RouteError;
+use crate::error::{AdapterDirection, RouteError};
 use crate::table::RoutingTable;
 
 pub use reach_protocol::ProtocolRegistry;
@@ -106,6 +106,7 @@ impl VersionPlan {
 /// Rewrites the first data part of `message` with `transform` (no data part: unchanged).
 fn rewrite(
     adapter: &Adapter,
+    direction: AdapterDirection,
     transform: Option<&reach_protocol::Transform>,
     message: &mut ReachMessage,
 ) -> Result<(), RouteError> {
@@ -124,6 +125,7 @@ fn rewrite(
         .apply(&input)
         .map_err(|e| RouteError::AdapterFailed {
             adapter: adapter.name(),
+            direction,
             detail: e.to_string(),
         })?;
     let media_type = std::mem::take(&mut part.media_type);
@@ -139,18 +141,23 @@ pub trait AdapterExt {
     /// Rewrites a request from the caller's version to the instance's.
     ///
     /// # Errors
-    /// [`RouteError::AdapterFailed`] when the transform fails.
+    /// [`RouteError::AdapterFailed`] ([`AdapterDirection::Request`]) when the transform fails.
     fn adapt_request(&self, message: &mut ReachMessage) -> Result<(), RouteError>;
     /// Rewrites a reply from the instance's version back to the caller's.
     ///
     /// # Errors
-    /// [`RouteError::AdapterFailed`] when the transform fails.
+    /// [`RouteError::AdapterFailed`] ([`AdapterDirection::Reply`]) when the transform fails.
     fn adapt_response(&self, message: &mut ReachMessage) -> Result<(), RouteError>;
 }
 
 impl AdapterExt for Adapter {
     fn adapt_request(&self, message: &mut ReachMessage) -> Result<(), RouteError> {
-        rewrite(self, self.request.as_ref(), message)?;
+        rewrite(
+            self,
+            AdapterDirection::Request,
+            self.request.as_ref(),
+            message,
+        )?;
         if let Some(header) = message.header.as_mut() {
             header.capability_version = format!("^{}", self.to);
         }
@@ -158,7 +165,12 @@ impl AdapterExt for Adapter {
     }
 
     fn adapt_response(&self, message: &mut ReachMessage) -> Result<(), RouteError> {
-        rewrite(self, self.response.as_ref(), message)
+        rewrite(
+            self,
+            AdapterDirection::Reply,
+            self.response.as_ref(),
+            message,
+        )
     }
 }
 

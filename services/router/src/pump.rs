@@ -133,6 +133,8 @@ pub struct OutboundPump {
     /// ended without aborting.
     abort: Option<oneshot::Receiver<Status>>,
     _in_flight: InFlight,
+    /// `reach_router_open_streams` for the route, until the pump drops.
+    _open: reach_telemetry::metrics::GaugeGuard,
     deadline: Option<Pin<Box<tokio::time::Sleep>>>,
     done: bool,
     /// The route label and start, for the stream metrics recorded when the pump drops.
@@ -160,6 +162,7 @@ impl OutboundPump {
             adapter,
             abort: Some(abort),
             _in_flight: in_flight.for_stream(),
+            _open: reach_telemetry::metrics::router::open_stream(&label),
             deadline: deadline.map(|d| Box::pin(tokio::time::sleep_until(d))),
             done: false,
             label,

@@ -267,7 +267,7 @@ impl Router {
         started: Instant,
     ) -> Result<CallResponse, Status> {
         let header = message.header.as_ref().ok_or(RouteError::MissingMessage)?;
-        let deadline = apply_ttl(header, caller_deadline)?;
+        let deadline = apply_ttl(header, caller_deadline, self.config().max_clock_skew)?;
         let ttl_bound = deadline != caller_deadline;
         let (trace_id, message_id) = ids_of(&message);
         let metadata = forwarded_metadata(metadata);
@@ -589,9 +589,14 @@ fn prepare_header(message: &mut ReachMessage, metadata: &MetadataMap) -> Result<
 }
 
 /// Checks the message's TTL and folds its expiry into the deadline: a message whose
-/// `created_at + ttl` has passed is refused with MESSAGE_EXPIRED, and one that is still valid
-/// is delivered no later than its expiry.
-fn apply_ttl(header: &Header, deadline: Option<Instant>) -> Result<Option<Instant>, RouteError> {
+/// `created_at + ttl` has passed is refused with MESSAGE_EXPIRED, one created more than
+/// `max_clock_skew` in the future is refused as an invalid header, and one that is still
+/// valid is delivered no later than its expiry.
+fn apply_ttl(
+    header: &Header,
+    deadline: Option<Instant>,
+    max_clock_skew: Duration,
+) -> Result<Option<Instant>, RouteError> {
     let Some(ttl) = &header.ttl else {
         return Ok(deadline);
     };
@@ -610,9 +615,20 @@ fn apply_ttl(header: &Header, deadline: Option<Instant>) -> Result<Option<Instan
             field: "header.created_at",
             detail: "it is out of range; leave it unset to have the router stamp it".into(),
         })?;
-    let age = SystemTime::now()
-        .duration_since(created)
-        .unwrap_or(Duration::ZERO);
+    let now = SystemTime::now();
+    if let Ok(ahead) = created.duration_since(now)
+        && ahead > max_clock_skew
+    {
+        return Err(RouteError::InvalidHeader {
+            field: "header.created_at",
+            detail: format!(
+                "it is {} ahead of the router's clock (allowed: {}, router max_clock_skew); fix the sender's clock, or leave it unset to have the router stamp it",
+                humantime::format_duration(Duration::from_secs(ahead.as_secs())),
+                humantime::format_duration(max_clock_skew),
+            ),
+        });
+    }
+    let age = now.duration_since(created).unwrap_or(Duration::ZERO);
     if age >= ttl {
         return Err(RouteError::MessageExpired { age, ttl });
     }
@@ -633,10 +649,41 @@ fn route_key(message: &ReachMessage) -> Result<RouteKey, RouteError> {
     }
 }
 
-/// The caller's metadata as forwarded to the instance: everything but the timeout, which is
-/// re-sent as the remaining time.
+/// Connection-specific (hop-by-hop) HTTP fields, which describe the caller's connection to the
+/// router and are never forwarded (RFC 9110 §7.6.1; `proxy-authorization` is the router's to
+/// consume, `host` names the router, not the instance).
+const HOP_BY_HOP: [&str; 8] = [
+    "connection",
+    "host",
+    "keep-alive",
+    "proxy-authorization",
+    "proxy-connection",
+    "te",
+    "transfer-encoding",
+    "upgrade",
+];
+
+/// The caller's metadata as forwarded to the instance: end-to-end application metadata
+/// (including `authorization`, so agents can authenticate the end caller, as HTTP proxies
+/// do) and W3C trace context, without
+/// - `grpc-timeout`, which is re-sent as the time that remains;
+/// - hop-by-hop fields ([`HOP_BY_HOP`]);
+/// - a malformed `traceparent` and the `tracestate` that goes with it (W3C Trace Context §3.3:
+///   an invalid parent is ignored, not propagated).
 fn forwarded_metadata(mut metadata: MetadataMap) -> MetadataMap {
     metadata.remove(deadline::GRPC_TIMEOUT);
+    for key in HOP_BY_HOP {
+        metadata.remove(key);
+    }
+    let valid_parent = metadata
+        .get(trace::TRACEPARENT)
+        .and_then(|v| v.to_str().ok())
+        .and_then(TraceId::from_traceparent)
+        .is_some();
+    if !valid_parent {
+        metadata.remove(trace::TRACEPARENT);
+        metadata.remove("tracestate");
+    }
     metadata
 }
 
@@ -731,7 +778,7 @@ impl RouterService for Router {
         self.check_size(message.encoded_len())?;
         prepare_header(&mut message, &metadata)?;
         let header = message.header.as_ref().ok_or(RouteError::MissingMessage)?;
-        apply_ttl(header, None)?;
+        apply_ttl(header, None, self.config().max_clock_skew)?;
         let key = route_key(&message)?;
         let plan = match &key {
             RouteKey::Capability(name) => VersionPlan::resolve(
@@ -825,7 +872,7 @@ impl RouterService for Router {
         self.check_size(message.encoded_len())?;
         prepare_header(&mut message, &metadata)?;
         let header = message.header.as_ref().ok_or(RouteError::MissingMessage)?;
-        let deadline = apply_ttl(header, caller_deadline)?;
+        let deadline = apply_ttl(header, caller_deadline, self.config().max_clock_skew)?;
         let topic = match &header.target {
             Some(header::Target::Topic(topic)) if !topic.is_empty() => topic.clone(),
             _ => {

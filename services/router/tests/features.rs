@@ -252,6 +252,68 @@ async fn a_version_adapter_bridges_callers_and_keeps_unknown_fields() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failing_adapter_says_which_message_it_could_not_rewrite() {
+    let registry = registry().await;
+    // A 2.0.0 instance whose reply is not the object the 1.x adapter rewrites.
+    let served = Arc::new(AtomicUsize::new(0));
+    let seen = served.clone();
+    let odd = AgentRuntime::new(config("summarizer", "sum-v2-odd", &registry.url)).handle(
+        "complaint.summarize",
+        "2.0.0",
+        move |_c: HandlerContext, _m: ReachMessage| {
+            seen.fetch_add(1, Ordering::SeqCst);
+            async move {
+                Ok(Payload::json(
+                    "complaint.summary",
+                    &serde_json::json!(["not", "an", "object"]),
+                ))
+            }
+        },
+    );
+    let (_odd, _) = agent(odd).await;
+    // Without payload validation, nothing stops a request the adapter cannot rewrite
+    // before the adapter itself.
+    let router = router(
+        &registry.url,
+        RouterConfig {
+            protocol_registry: Some(example_registry()),
+            validate_payloads: false,
+            ..RouterConfig::default()
+        },
+    )
+    .await;
+    router.wait_routable(1).await;
+    let client = router.client().await;
+
+    // The caller's payload does not fit the request transform: the caller's mistake.
+    let status = summarize(&client, "^1", serde_json::json!(["late fees"]))
+        .await
+        .unwrap_err();
+    assert_eq!(status.code(), Code::InvalidArgument, "{status:?}");
+    assert_eq!(reason(&status), "ADAPTER_FAILED");
+    let metadata = reach_rpc::errors::metadata_of(&status);
+    assert_eq!(metadata["direction"], "request");
+    assert!(
+        metadata["adapter"].contains("complaint.summarize"),
+        "{metadata:?}"
+    );
+    assert!(status.message().contains("request"), "{}", status.message());
+    assert_eq!(served.load(Ordering::SeqCst), 0, "the instance saw it");
+
+    // The instance's reply does not fit the reply transform: not the caller's mistake.
+    let status = summarize(&client, "^1", serde_json::json!({"narrative": "fees"}))
+        .await
+        .unwrap_err();
+    assert_eq!(status.code(), Code::Internal, "{status:?}");
+    assert_eq!(reason(&status), "ADAPTER_FAILED");
+    assert_eq!(
+        reach_rpc::errors::metadata_of(&status)["direction"],
+        "reply"
+    );
+    assert_eq!(served.load(Ordering::SeqCst), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_version_adapter_rewrites_every_message_of_a_stream_both_ways() {
     let registry = registry().await;
     // A 2.0.0 stream summarizer: wants `text`, answers `abstract`.

@@ -137,6 +137,33 @@ async fn an_expired_message_is_refused_with_message_expired() {
     fresh.header.as_mut().unwrap().ttl =
         Some(reach_rpc::time::proto_duration(Duration::from_secs(5)));
     client.send(fresh, None).await.unwrap();
+
+    // Created in the future: within the clock-skew allowance (1 min) it counts as just
+    // created; beyond it, its TTL would count from a time that has not come.
+    for (ahead, accepted) in [
+        (Duration::from_secs(5), true),
+        (Duration::from_secs(600), false),
+    ] {
+        let mut early =
+            client.message_to_capability("slow", Payload::text("t", "0"), &CallOptions::default());
+        let header = early.header.as_mut().unwrap();
+        header.created_at = Some(reach_rpc::time::timestamp(
+            std::time::SystemTime::now() + ahead,
+        ));
+        header.ttl = Some(reach_rpc::time::proto_duration(Duration::from_secs(1)));
+        let outcome = client.send(early, None).await;
+        if accepted {
+            outcome.expect("a small clock skew is allowed");
+        } else {
+            let status = outcome.unwrap_err();
+            assert_eq!(status.code(), Code::InvalidArgument, "{status:?}");
+            assert!(
+                status.message().contains("created_at") && status.message().contains("clock"),
+                "{}",
+                status.message()
+            );
+        }
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -373,4 +400,78 @@ async fn an_idempotent_capability_is_retried_after_a_reset_without_running_twice
         Some("1")
     );
     assert_eq!(runs.load(Ordering::SeqCst), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn messages_waiting_for_a_handler_slot_are_counted_until_they_get_one() {
+    let metrics = reach_telemetry::metrics::install().unwrap();
+    let waiting = || -> f64 {
+        metrics
+            .render()
+            .lines()
+            .find(|l| {
+                l.starts_with("reach_sdk_queue_depth{") && l.contains("capability=\"queue.hold\"")
+            })
+            .and_then(|l| l.rsplit(' ').next())
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0.0)
+    };
+    let registry = registry().await;
+    let release = Arc::new(Semaphore::new(0));
+    let gate = release.clone();
+    let (_agent, url) = agent(
+        AgentRuntime::new(config("queue", "queue-1", &registry.url).with_max_concurrency(1))
+            .handle(
+                "queue.hold",
+                "1.0.0",
+                move |_c: HandlerContext, m: ReachMessage| {
+                    let gate = gate.clone();
+                    async move {
+                        gate.acquire().await.unwrap().forget();
+                        Ok(m.payload.unwrap_or_default())
+                    }
+                },
+            ),
+    )
+    .await;
+    // Callers that reach the instance directly (not through a router, which would hold
+    // them back at the instance's limit): one runs, two wait for its slot.
+    let client = reach_proto::v1::agent_service_client::AgentServiceClient::connect(url)
+        .await
+        .unwrap();
+    let calls: Vec<_> = (0..3)
+        .map(|n| {
+            let mut client = client.clone();
+            tokio::spawn(async move {
+                client
+                    .handle(reach_proto::v1::HandleRequest {
+                        message: Some(ReachMessage {
+                            header: Some(reach_proto::v1::Header {
+                                target: Some(reach_proto::v1::header::Target::Capability(
+                                    "queue.hold".into(),
+                                )),
+                                message_id: format!("queue-{n}"),
+                                ..Default::default()
+                            }),
+                            payload: Some(Payload::text("t", n.to_string())),
+                        }),
+                    })
+                    .await
+            })
+        })
+        .collect();
+    let started = tokio::time::Instant::now();
+    while waiting() != 2.0 {
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "reach_sdk_queue_depth is {}, not 2",
+            waiting()
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    release.add_permits(3);
+    for call in calls {
+        call.await.unwrap().expect("each call is handled in turn");
+    }
+    assert_eq!(waiting(), 0.0, "nothing waits once every call got its slot");
 }

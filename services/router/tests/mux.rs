@@ -318,9 +318,12 @@ async fn a_frame_over_the_size_limit_fails_only_its_call() {
     assert_eq!(endpoint.ejections(), 0);
 }
 
-/// An agent written without the SDK that serves only unary Handle.
+/// An agent written without the SDK that serves only unary Handle, and keeps the metadata of
+/// every request it handles.
+#[derive(Default)]
 struct UnaryOnlyAgent {
     handled: Arc<AtomicUsize>,
+    metadata: Arc<std::sync::Mutex<Vec<tonic::metadata::MetadataMap>>>,
 }
 
 #[tonic::async_trait]
@@ -330,6 +333,10 @@ impl AgentService for UnaryOnlyAgent {
         request: Request<HandleRequest>,
     ) -> Result<Response<HandleResponse>, Status> {
         self.handled.fetch_add(1, Ordering::SeqCst);
+        self.metadata
+            .lock()
+            .unwrap()
+            .push(request.metadata().clone());
         let message = request.into_inner().message.unwrap_or_default();
         Ok(Response::new(HandleResponse {
             message: Some(ReachMessage {
@@ -367,6 +374,7 @@ async fn an_agent_without_handle_mux_is_called_with_unary_handle() {
     let endpoint = format!("http://{}", listener.local_addr().unwrap());
     let server = GrpcServer::new().add_service(AgentServiceServer::new(UnaryOnlyAgent {
         handled: handled.clone(),
+        ..UnaryOnlyAgent::default()
     }));
     tokio::spawn(server.serve(listener, futures::future::pending()));
     register(
@@ -397,6 +405,89 @@ async fn an_agent_without_handle_mux_is_called_with_unary_handle() {
     let link = router.router.table().endpoint("legacy-1").unwrap();
     assert!(link.link().is_unsupported());
     assert_eq!(link.link().streams_opened(), 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_forwards_end_to_end_metadata_but_not_hop_by_hop_fields_or_a_bad_traceparent() {
+    let registry = registry().await;
+    let agent = UnaryOnlyAgent::default();
+    let seen = agent.metadata.clone();
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let endpoint = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(
+        GrpcServer::new()
+            .add_service(AgentServiceServer::new(agent))
+            .serve(listener, futures::future::pending()),
+    );
+    register(
+        &registry.registry,
+        "legacy",
+        "legacy-1",
+        &endpoint,
+        &[("legacy.echo", "1.0.0")],
+    );
+    let router = router(&registry.url, RouterConfig::default()).await;
+    router.wait_routable(1).await;
+    let mut client = RouterServiceClient::connect(router.url.clone())
+        .await
+        .unwrap();
+    let (frames, frames_rx) = mpsc::channel(16);
+    let mut replies = client
+        .call_mux(ReceiverStream::new(frames_rx))
+        .await
+        .unwrap()
+        .into_inner();
+    let valid_parent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+    for (call_id, traceparent) in [
+        (1, "00-4bf92f3577b34da6a3ce929d0e0e4736-not-a-parent-id-01"),
+        (2, valid_parent),
+    ] {
+        let mut frame = call_frame(call_id, "legacy.echo", "hi", 0);
+        let metadata = &mut frame.frame.as_mut().unwrap().metadata;
+        for (key, value) in [
+            ("authorization", "Bearer end-user-token"),
+            ("x-tenant", "acme"),
+            ("traceparent", traceparent),
+            ("tracestate", "vendor=1"),
+            ("host", "router.example"),
+            ("connection", "close"),
+            ("proxy-authorization", "Basic cm91dGVy"),
+        ] {
+            metadata.insert(key.into(), value.into());
+        }
+        frames.send(frame).await.unwrap();
+        let reply = next(&mut replies).await;
+        let frame = reply.frame.unwrap();
+        assert!(
+            matches!(frame.result, Some(reply_frame::Result::Reply(_))),
+            "call {call_id}: {frame:?}"
+        );
+    }
+    let seen = seen.lock().unwrap().clone();
+    assert_eq!(seen.len(), 2);
+    for (metadata, parent_valid) in seen.iter().zip([false, true]) {
+        assert_eq!(
+            metadata.get("authorization").unwrap(),
+            "Bearer end-user-token"
+        );
+        assert_eq!(metadata.get("x-tenant").unwrap(), "acme");
+        for hop_by_hop in ["host", "connection", "proxy-authorization"] {
+            assert!(metadata.get(hop_by_hop).is_none(), "{hop_by_hop} forwarded");
+        }
+        if parent_valid {
+            assert_eq!(metadata.get("traceparent").unwrap(), valid_parent);
+            assert_eq!(metadata.get("tracestate").unwrap(), "vendor=1");
+        } else {
+            assert!(
+                metadata.get("traceparent").is_none(),
+                "bad traceparent forwarded"
+            );
+            assert!(
+                metadata.get("tracestate").is_none(),
+                "orphan tracestate forwarded"
+            );
+        }
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

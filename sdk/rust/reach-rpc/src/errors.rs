@@ -46,6 +46,10 @@ pub mod reason {
     pub const CALL_ID_IN_USE: &str = "CALL_ID_IN_USE";
     /// A multiplexed call frame neither starts a call (no message) nor cancels one.
     pub const INVALID_FRAME: &str = "INVALID_FRAME";
+    /// A version adapter's transform failed (`adapter` and `direction` in the metadata):
+    /// INVALID_ARGUMENT when it was rewriting the caller's request, INTERNAL when it was
+    /// rewriting the instance's reply.
+    pub const ADAPTER_FAILED: &str = "ADAPTER_FAILED";
 }
 
 /// A status with `code`, `message` and an ErrorInfo of `reason` in [`ERROR_DOMAIN`] carrying

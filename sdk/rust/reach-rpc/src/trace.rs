@@ -58,14 +58,25 @@ impl TraceId {
     }
 
     /// Reads the trace id out of a `traceparent` header value
-    /// (`version-traceid-parentid-flags`); `None` when the header is malformed.
+    /// (`version-traceid-parentid-flags`, W3C Trace Context §3.2); `None` when the header is
+    /// malformed: a field of the wrong length or not lowercase hex, version `ff`, an all-zero
+    /// trace id or parent id, or (for version `00`) trailing fields.
     pub fn from_traceparent(value: &str) -> Option<Self> {
+        let is_hex = |field: &str, len: usize| {
+            field.len() == len && field.bytes().all(|c| hex_value(c).is_some())
+        };
         let mut fields = value.trim().split('-');
         let version = fields.next()?;
         let trace_id = fields.next()?;
         let parent_id = fields.next()?;
-        let _flags = fields.next()?;
-        if version.len() != 2 || version == "ff" || parent_id.len() != 16 {
+        let flags = fields.next()?;
+        if !is_hex(version, 2)
+            || version == "ff"
+            || (version == "00" && fields.next().is_some())
+            || !is_hex(parent_id, 16)
+            || parent_id.bytes().all(|c| c == b'0')
+            || !is_hex(flags, 2)
+        {
             return None;
         }
         Self::parse(trace_id).ok()
@@ -134,5 +145,20 @@ mod tests {
                 .unwrap();
         assert_eq!(id.to_string(), "4bf92f3577b34da6a3ce929d0e0e4736");
         assert!(TraceId::from_traceparent("00-xyz-00f067aa0ba902b7-01").is_none());
+        for malformed in [
+            // parent id not hex, all zero, too short
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902bz-01",
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-0000000000000000-01",
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902-01",
+            // flags not hex; version ff; version 00 with a trailing field
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-zz",
+            "ff-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01-extra",
+        ] {
+            assert!(
+                TraceId::from_traceparent(malformed).is_none(),
+                "{malformed}"
+            );
+        }
     }
 }

@@ -671,15 +671,22 @@ async fn handle_message(
         let outcome = slot
             .get_or_init(|| async {
                 let outcome = async {
-                    let waiting = shared
-                        .max_concurrency
-                        .saturating_sub(shared.permits.available_permits());
-                    reach_telemetry::metrics::sdk::queue_depth(&queue_capability, waiting);
-                    let _permit = shared
-                        .permits
-                        .acquire()
-                        .await
-                        .map_err(|_| Status::unavailable("instance is shutting down"))?;
+                    let _permit = match shared.permits.try_acquire() {
+                        Ok(permit) => permit,
+                        Err(tokio::sync::TryAcquireError::NoPermits) => {
+                            // Every slot is busy: counted as waiting until one frees.
+                            let _waiting =
+                                reach_telemetry::metrics::sdk::waiting(&queue_capability);
+                            shared
+                                .permits
+                                .acquire()
+                                .await
+                                .map_err(|_| Status::unavailable("instance is shutting down"))?
+                        }
+                        Err(tokio::sync::TryAcquireError::Closed) => {
+                            return Err(Status::unavailable("instance is shutting down"));
+                        }
+                    };
                     let request_header = message.header.clone().unwrap_or_default();
                     let payload = handler.handle(ctx, message).await?;
                     let reply = shared.reply(&request_header, payload);

@@ -42,6 +42,8 @@ pub mod names {
     pub const ROUTER_STREAMS: &str = "reach_router_streams_total";
     /// Histogram `{capability, code}`: how long routed streams lived, seconds.
     pub const ROUTER_STREAM_DURATION: &str = "reach_router_stream_duration_seconds";
+    /// Gauge `{capability}`: streams (`RouterService.Stream`) the router is forwarding now.
+    pub const ROUTER_OPEN_STREAMS: &str = "reach_router_open_streams";
     /// Histogram `{service, instance}`: latency of calls per upstream instance, seconds
     /// (`reach top` shows its p99).
     pub const ROUTER_INSTANCE_DURATION: &str = "reach_router_instance_duration_seconds";
@@ -136,6 +138,7 @@ fn describe() {
     );
     describe_gauge!(ROUTER_IN_FLIGHT, "calls the router is forwarding now");
     describe_counter!(ROUTER_STREAMS, "streams the router finished");
+    describe_gauge!(ROUTER_OPEN_STREAMS, "streams the router is forwarding now");
     describe_histogram!(
         ROUTER_STREAM_DURATION,
         Unit::Seconds,
@@ -209,6 +212,11 @@ pub mod router {
     /// Counts a call in flight until the guard drops.
     pub fn in_flight(capability: &str) -> GaugeGuard {
         raise(::metrics::gauge!(names::ROUTER_IN_FLIGHT, "capability" => capability.to_string()))
+    }
+
+    /// Counts an open routed stream until the guard drops.
+    pub fn open_stream(capability: &str) -> GaugeGuard {
+        raise(::metrics::gauge!(names::ROUTER_OPEN_STREAMS, "capability" => capability.to_string()))
     }
 
     /// Records one finished routed stream: its final code and how long it lived.
@@ -335,10 +343,10 @@ pub mod sdk {
         .record(elapsed.as_secs_f64());
     }
 
-    /// Sets how many messages wait for a handler slot.
-    pub fn queue_depth(capability: &str, depth: usize) {
-        ::metrics::gauge!(names::SDK_QUEUE_DEPTH, "capability" => capability.to_string())
-            .set(depth as f64);
+    /// Counts a message waiting for a handler slot (the instance is at `max_concurrency`)
+    /// until the guard drops: when it gets a slot, or its caller gives up.
+    pub fn waiting(capability: &str) -> GaugeGuard {
+        raise(::metrics::gauge!(names::SDK_QUEUE_DEPTH, "capability" => capability.to_string()))
     }
 
     /// Counts a message being handled until the guard drops.
