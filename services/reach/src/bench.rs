@@ -151,7 +151,7 @@ async fn run_until_done(options: &BenchOptions) -> anyhow::Result<()> {
         )
     };
     println!(
-        "reach bench router: {} cores, {} tokio worker threads (TOKIO_WORKER_THREADS), {} per cell after {} warm-up; client, router and agent share this process; REACH_LOG={} (the router's per-call span is a log span: a stricter filter removes its cost)",
+        "reach bench router: {} cores, {} tokio worker threads (TOKIO_WORKER_THREADS), {} per cell after {} warm-up; client, router and agent share this process; REACH_LOG={} (a filter that shows the router's per-call span in log lines costs it throughput)",
         std::thread::available_parallelism().map_or(1, |n| n.get()),
         tokio::runtime::Handle::current().metrics().num_workers(),
         humantime::format_duration(duration),

@@ -239,6 +239,7 @@ impl Router {
                     status,
                     classified,
                     &endpoint.info().instance_id,
+                    message,
                 ));
             }
             if !self.inner.budget.withdraw() {
@@ -247,6 +248,7 @@ impl Router {
                     status,
                     classified,
                     &endpoint.info().instance_id,
+                    message,
                 ));
             }
             redeliveries += 1;
@@ -524,7 +526,12 @@ impl Drop for ReplyWaiter<'_> {
 /// A failure the instance did not answer with (its connection broke mid-call) becomes
 /// UNAVAILABLE naming the instance and saying the message may have been handled, instead of
 /// the transport's UNKNOWN; statuses an instance sent pass through unchanged.
-fn explain_lost_instance(status: Status, classified: Classified, instance_id: &str) -> Status {
+fn explain_lost_instance(
+    status: Status,
+    classified: Classified,
+    instance_id: &str,
+    message: &ReachMessage,
+) -> Status {
     let local = std::error::Error::source(&status).is_some();
     match classified {
         Classified::MaybeDelivered {
@@ -533,7 +540,8 @@ fn explain_lost_instance(status: Status, classified: Classified, instance_id: &s
         | Classified::NotDelivered {
             instance_failed: true,
         } if local => {
-            warn!(instance = %instance_id, code = ?status.code(), error = %status.message(), "instance failed during a call");
+            let (trace_id, message_id) = ids_of(message);
+            warn!(instance = %instance_id, %trace_id, %message_id, code = ?status.code(), error = %status.message(), "instance failed during a call");
             crate::endpoint::lost_instance(instance_id, status.message())
         }
         _ => status,

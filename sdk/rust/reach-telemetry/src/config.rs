@@ -15,12 +15,21 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
-/// The default `REACH_LOG` filter: warnings from everything, info from Reach.
+/// The default `REACH_LOG` filter: warnings from everything, info from Reach, except the
+/// per-message spans of the router and of the SDK client.
 ///
 /// `tracing-subscriber` matches a directive's target as a string prefix, so `reach=info`
 /// covers every `reach_*` crate (`reach_registry`, `reach_router`, `reach_sdk`, ...) and the
-/// `reach.*` span and event targets this crate uses.
-pub const DEFAULT_LOG_FILTER: &str = "warn,reach=info";
+/// `reach::*` span targets this crate uses. The log layer formats every field of every span
+/// it sees when the span opens; for the router's span of each routed call
+/// (`reach::message::router`) that cost about 9 % of its throughput (`docs/benchmarks.md`),
+/// so it and the client's (`reach::message::client`) are left out of log lines unless asked
+/// for (`REACH_LOG=warn,reach=info`). The router's own warnings name the message's
+/// `trace_id` and `message_id` themselves; an agent's span (`reach::message::agent`) stays, so
+/// every line a handler logs carries its message's trace. The log filter never affects
+/// tracing: with an OTLP endpoint the spans are exported all the same.
+pub const DEFAULT_LOG_FILTER: &str =
+    "warn,reach=info,reach::message::router=warn,reach::message::client=warn";
 
 /// How log lines are written to stderr.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]

@@ -217,6 +217,11 @@ pub fn adopt_trace_id(span: &Span, trace_id: TraceId) -> bool {
 /// (`capability` / `service` / `topic`) so every log line inside it has them. Fields to
 /// fill in later: `instance`, `rpc.grpc.status_code`, `otel.status_code`, `otel.status_description`.
 ///
+/// Its `tracing` target names the role, so log filters can treat them apart:
+/// `reach::message::router` (`router.call`), `reach::message::client` (`mesh.call`),
+/// `reach::message::agent` (`agent.handle`), `reach::message` (the rest).
+/// [`crate::DEFAULT_LOG_FILTER`] keeps the router's and the client's out of log lines.
+///
 /// When the envelope names a trace the current span is not part of (no `traceparent`
 /// arrived), the span becomes the root of the envelope's trace instead, linked to the
 /// current span; so the envelope's `trace_id` is always the span's trace id.
@@ -278,25 +283,37 @@ pub fn message_span_with_parent(
     };
     // The span's trace id is the envelope's whenever that is valid (followed, adopted or
     // inherited), so it is set at creation rather than recorded afterwards.
-    let span = tracing::info_span!(
-        parent: parent,
-        "reach.message",
-        otel.name = otel_name,
-        trace_id = wanted.as_ref().map(tracing::field::display),
-        // Displayed rather than debug-formatted: no escaping pass over each value when the
-        // log layer formats the span's fields (ids and names need none).
-        task_id = %header.task_id,
-        message_id = %header.message_id,
-        "message.type" = %message_type,
-        source = %header.source,
-        capability = capability.map(tracing::field::display),
-        service = service.map(tracing::field::display),
-        topic = topic.map(tracing::field::display),
-        instance = tracing::field::Empty,
-        rpc.grpc.status_code = tracing::field::Empty,
-        otel.status_code = tracing::field::Empty,
-        otel.status_description = tracing::field::Empty,
-    );
+    // One invocation per target: a `tracing` target is fixed at the call site.
+    macro_rules! span_with_target {
+        ($target:literal) => {
+            tracing::info_span!(
+                target: $target,
+                parent: parent,
+                "reach.message",
+                otel.name = otel_name,
+                trace_id = wanted.as_ref().map(tracing::field::display),
+                // Displayed rather than debug-formatted: no escaping pass over each value when the
+                // log layer formats the span's fields (ids and names need none).
+                task_id = %header.task_id,
+                message_id = %header.message_id,
+                "message.type" = %message_type,
+                source = %header.source,
+                capability = capability.map(tracing::field::display),
+                service = service.map(tracing::field::display),
+                topic = topic.map(tracing::field::display),
+                instance = tracing::field::Empty,
+                rpc.grpc.status_code = tracing::field::Empty,
+                otel.status_code = tracing::field::Empty,
+                otel.status_description = tracing::field::Empty,
+            )
+        };
+    }
+    let span = match otel_name {
+        "router.call" => span_with_target!("reach::message::router"),
+        "mesh.call" => span_with_target!("reach::message::client"),
+        "agent.handle" => span_with_target!("reach::message::agent"),
+        _ => span_with_target!("reach::message"),
+    };
     let followed = remote.is_some();
     if let Some(cx) = remote {
         let _ = span.set_parent(cx);
