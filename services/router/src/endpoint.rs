@@ -326,6 +326,20 @@ fn forwards(key: &str) -> bool {
     !(key.starts_with("grpc-") || matches!(key, "te" | "content-type" | "user-agent"))
 }
 
+/// The status of a call that never reached its instance (the connection was refused or could
+/// not be made): UNAVAILABLE with reason `INSTANCE_UNAVAILABLE` naming the instance, saying
+/// the message was not delivered.
+pub fn unreachable_instance(instance_id: &str, detail: &str) -> Status {
+    reach_rpc::errors::status_with_reason(
+        tonic::Code::Unavailable,
+        format!(
+            "instance {instance_id} could not be reached ({detail}); the message was not delivered: retry it"
+        ),
+        reach_rpc::errors::reason::INSTANCE_UNAVAILABLE,
+        [("instance_id".to_string(), instance_id.to_string())],
+    )
+}
+
 /// The status of a call whose instance connection broke while the call was in flight:
 /// UNAVAILABLE with reason `INSTANCE_UNAVAILABLE` naming the instance, and the advice to
 /// retry with the same `message_id`.

@@ -19,6 +19,11 @@ pub enum RouteError {
     /// The header names no service or capability.
     #[error("the message header has no target: set `header.service` or `header.capability`")]
     MissingTarget,
+    /// The target's name is over [`crate::service::MAX_TARGET_NAME_BYTES`].
+    #[error(
+        "the message header's target name is {0} bytes, over the limit of 256 bytes; service, capability and topic names are short identifiers such as complaint.classify"
+    )]
+    TargetNameTooLong(usize),
     /// The header targets a topic, which Call and Stream do not deliver.
     #[error(
         "topic {0:?} cannot be called: Call and Stream deliver to one instance; address a service or capability"
@@ -216,7 +221,9 @@ impl From<RouteError> for Status {
             RouteError::MissingMessage | RouteError::InvalidTimeout(_) => {
                 Status::invalid_argument(message)
             }
-            RouteError::MissingTarget | RouteError::TopicNotCallable(_) => {
+            RouteError::MissingTarget
+            | RouteError::TopicNotCallable(_)
+            | RouteError::TargetNameTooLong(_) => {
                 status_with_reason(Code::InvalidArgument, message, reason::INVALID_TARGET, [])
             }
             RouteError::InvalidTraceId(_) => {
@@ -293,9 +300,13 @@ impl From<RouteError> for Status {
                     ("ttl_ms".to_string(), ttl.as_millis().to_string()),
                 ],
             ),
-            RouteError::InvalidHeader { .. } | RouteError::InvalidVersionRequirement(_) => {
-                Status::invalid_argument(message)
-            }
+            RouteError::InvalidHeader { field, .. } => status_with_reason(
+                Code::InvalidArgument,
+                message,
+                reason::INVALID_HEADER,
+                [("field".to_string(), field.to_string())],
+            ),
+            RouteError::InvalidVersionRequirement(_) => Status::invalid_argument(message),
             RouteError::VersionNotSupported {
                 capability,
                 requirement,

@@ -147,11 +147,14 @@ pub struct OutboundPump {
 
 impl OutboundPump {
     /// A pump over the instance's stream; `label` (the route) and `started` feed the stream
-    /// metrics (`reach_router_streams_total`, `reach_router_stream_duration_seconds`).
+    /// metrics (`reach_router_streams_total`, `reach_router_stream_duration_seconds`), and
+    /// `open` (raised when the stream took its instance) is held until the pump drops.
+    #[allow(clippy::too_many_arguments)]
     pub fn new(
         agent: Streaming<HandleStreamResponse>,
         abort: oneshot::Receiver<Status>,
         in_flight: InFlight,
+        open: reach_telemetry::metrics::GaugeGuard,
         deadline: Option<Instant>,
         adapter: Option<Adapter>,
         label: String,
@@ -162,7 +165,7 @@ impl OutboundPump {
             adapter,
             abort: Some(abort),
             _in_flight: in_flight.for_stream(),
-            _open: reach_telemetry::metrics::router::open_stream(&label),
+            _open: open,
             deadline: deadline.map(|d| Box::pin(tokio::time::sleep_until(d))),
             done: false,
             label,

@@ -162,6 +162,16 @@ impl Router {
         }
     }
 
+    /// The metrics label of a route: its name while the routing table has it (names that
+    /// instances registered, so bounded), else [`UNROUTED_LABEL`].
+    fn metrics_label(&self, key: &RouteKey) -> String {
+        if self.inner.table.route(key).is_some() {
+            key.label().to_string()
+        } else {
+            UNROUTED_LABEL.to_string()
+        }
+    }
+
     /// Sends `message` to one instance of `key` (among `plan`'s instances when set), retrying
     /// on other instances when that is safe, and returns the reply and where it was handled.
     async fn deliver(
@@ -407,7 +417,7 @@ impl Router {
         let span =
             reach_telemetry::message_span_with_parent("router.call", &message, remote_parent);
 
-        let label = key.label().to_string();
+        let label = self.metrics_label(&key);
         let _in_flight = reach_telemetry::metrics::router::in_flight(&label);
         let message_type = message
             .payload
@@ -523,9 +533,10 @@ impl Drop for ReplyWaiter<'_> {
     }
 }
 
-/// A failure the instance did not answer with (its connection broke mid-call) becomes
-/// UNAVAILABLE naming the instance and saying the message may have been handled, instead of
-/// the transport's UNKNOWN; statuses an instance sent pass through unchanged.
+/// A failure the instance did not answer with becomes UNAVAILABLE / `INSTANCE_UNAVAILABLE`
+/// naming the instance, instead of the transport's UNKNOWN: one that broke mid-call says the
+/// message may have been handled, one that never reached it (a refused connection) says it was
+/// not delivered. Statuses an instance sent pass through unchanged.
 fn explain_lost_instance(
     status: Status,
     classified: Classified,
@@ -542,7 +553,12 @@ fn explain_lost_instance(
         } if local => {
             let (trace_id, message_id) = ids_of(message);
             warn!(instance = %instance_id, %trace_id, %message_id, code = ?status.code(), error = %status.message(), "instance failed during a call");
-            crate::endpoint::lost_instance(instance_id, status.message())
+            match classified {
+                Classified::NotDelivered { .. } => {
+                    crate::endpoint::unreachable_instance(instance_id, status.message())
+                }
+                _ => crate::endpoint::lost_instance(instance_id, status.message()),
+            }
         }
         _ => status,
     }
@@ -630,8 +646,8 @@ fn apply_ttl(
         return Err(RouteError::InvalidHeader {
             field: "header.created_at",
             detail: format!(
-                "it is {} ahead of the router's clock (allowed: {}, router max_clock_skew); fix the sender's clock, or leave it unset to have the router stamp it",
-                humantime::format_duration(Duration::from_secs(ahead.as_secs())),
+                "it is {:.1} s ahead of the router's clock (allowed: {}, router max_clock_skew); fix the sender's clock, or leave it unset to have the router stamp it",
+                ahead.as_secs_f64(),
                 humantime::format_duration(max_clock_skew),
             ),
         });
@@ -644,7 +660,27 @@ fn apply_ttl(
     Ok(Some(deadline.map_or(expiry, |d| d.min(expiry))))
 }
 
+/// The longest service, capability or topic name the router accepts, in bytes.
+pub const MAX_TARGET_NAME_BYTES: usize = 256;
+
+/// The metrics label of calls to a name no instance serves: such names come from callers,
+/// unbounded, and would each make metric series of their own.
+pub const UNROUTED_LABEL: &str = "(unrouted)";
+
 fn route_key(message: &ReachMessage) -> Result<RouteKey, RouteError> {
+    if let Some(name) = message
+        .header
+        .as_ref()
+        .and_then(|h| h.target.as_ref())
+        .map(|target| match target {
+            header::Target::Service(name)
+            | header::Target::Capability(name)
+            | header::Target::Topic(name) => name,
+        })
+        && name.len() > MAX_TARGET_NAME_BYTES
+    {
+        return Err(RouteError::TargetNameTooLong(name.len()));
+    }
     match message.header.as_ref().and_then(|h| h.target.as_ref()) {
         Some(header::Target::Service(name)) if !name.is_empty() => {
             Ok(RouteKey::Service(name.clone()))
@@ -822,6 +858,9 @@ impl RouterService for Router {
         let Some(endpoint) = reserved.endpoint().cloned() else {
             return Err(Status::internal("a reservation without an instance"));
         };
+        // Counted open from here, while the instance has not answered yet as well.
+        let label = self.metrics_label(&key);
+        let open = reach_telemetry::metrics::router::open_stream(&label);
         let (abort_tx, abort_rx) = oneshot::channel();
         let inbound = InboundPump::new(
             message,
@@ -854,9 +893,10 @@ impl RouterService for Router {
             agent_stream,
             abort_rx,
             reserved,
+            open,
             deadline,
             plan.adapter,
-            key.label().to_string(),
+            label,
             started,
         );
         let mut response = Response::new(Box::pin(outbound) as Self::StreamStream);
@@ -882,6 +922,9 @@ impl RouterService for Router {
         let header = message.header.as_ref().ok_or(RouteError::MissingMessage)?;
         let deadline = apply_ttl(header, caller_deadline, self.config().max_clock_skew)?;
         let topic = match &header.target {
+            Some(header::Target::Topic(topic)) if topic.len() > MAX_TARGET_NAME_BYTES => {
+                return Err(RouteError::TargetNameTooLong(topic.len()).into());
+            }
             Some(header::Target::Topic(topic)) if !topic.is_empty() => topic.clone(),
             _ => {
                 return Err(RouteError::InvalidHeader {

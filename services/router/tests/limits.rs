@@ -157,6 +157,11 @@ async fn an_expired_message_is_refused_with_message_expired() {
         } else {
             let status = outcome.unwrap_err();
             assert_eq!(status.code(), Code::InvalidArgument, "{status:?}");
+            assert_eq!(reason(&status), "INVALID_HEADER");
+            assert_eq!(
+                reach_rpc::errors::metadata_of(&status)["field"],
+                "header.created_at"
+            );
             assert!(
                 status.message().contains("created_at") && status.message().contains("clock"),
                 "{}",
@@ -474,4 +479,277 @@ async fn messages_waiting_for_a_handler_slot_are_counted_until_they_get_one() {
         call.await.unwrap().expect("each call is handled in turn");
     }
     assert_eq!(waiting(), 0.0, "nothing waits once every call got its slot");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_message_whose_caller_gave_up_while_waiting_for_a_slot_is_not_handled() {
+    let registry = registry().await;
+    let release = Arc::new(Semaphore::new(0));
+    let runs = Arc::new(AtomicUsize::new(0));
+    let (gate, counted) = (release.clone(), runs.clone());
+    let (_agent, url) = agent(
+        AgentRuntime::new(config("queue", "queue-2", &registry.url).with_max_concurrency(1))
+            .handle(
+                "queue.abandon",
+                "1.0.0",
+                move |_c: HandlerContext, m: ReachMessage| {
+                    let (gate, counted) = (gate.clone(), counted.clone());
+                    async move {
+                        counted.fetch_add(1, Ordering::SeqCst);
+                        gate.acquire().await.unwrap().forget();
+                        Ok(m.payload.unwrap_or_default())
+                    }
+                },
+            ),
+    )
+    .await;
+    let client = reach_proto::v1::agent_service_client::AgentServiceClient::connect(url)
+        .await
+        .unwrap();
+    let request = |n: usize, timeout: Option<Duration>| {
+        let mut request = tonic::Request::new(reach_proto::v1::HandleRequest {
+            message: Some(ReachMessage {
+                header: Some(reach_proto::v1::Header {
+                    target: Some(reach_proto::v1::header::Target::Capability(
+                        "queue.abandon".into(),
+                    )),
+                    message_id: format!("abandon-{n}"),
+                    ..Default::default()
+                }),
+                payload: Some(Payload::text("t", n.to_string())),
+            }),
+        });
+        if let Some(timeout) = timeout {
+            request.set_timeout(timeout);
+        }
+        request
+    };
+    // The first call holds the only slot; three more wait for it and give up after 200 ms.
+    let holder = {
+        let mut client = client.clone();
+        let first = request(0, None);
+        tokio::spawn(async move { client.handle(first).await })
+    };
+    while runs.load(Ordering::SeqCst) == 0 {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    for n in 1..=3 {
+        let status = client
+            .clone()
+            .handle(request(n, Some(Duration::from_millis(200))))
+            .await
+            .unwrap_err();
+        // tonic's client gives up on its own timer (CANCELLED) or the agent's answers first.
+        assert!(
+            matches!(status.code(), Code::DeadlineExceeded | Code::Cancelled),
+            "{status:?}"
+        );
+    }
+    // The agent's own deadline for each (200 ms from when it read the call) has passed too.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    // Freed, the slot goes to a fresh call at once, not to the abandoned ones.
+    release.add_permits(1);
+    holder.await.unwrap().expect("the first call finishes");
+    release.add_permits(1);
+    tokio::time::timeout(
+        Duration::from_secs(2),
+        client.clone().handle(request(4, None)),
+    )
+    .await
+    .expect("the fresh call is not queued behind abandoned ones")
+    .expect("the fresh call is handled");
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert_eq!(
+        runs.load(Ordering::SeqCst),
+        2,
+        "only the first and the fresh call ran their handler"
+    );
+    // An abandoned message was not handled, so a redelivery of its id runs it.
+    release.add_permits(1);
+    client
+        .clone()
+        .handle(request(1, None))
+        .await
+        .expect("the redelivered message is handled");
+    assert_eq!(runs.load(Ordering::SeqCst), 3);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn names_callers_make_up_do_not_make_metric_series() {
+    let metrics = reach_telemetry::metrics::install().unwrap();
+    let registry = registry().await;
+    let router = router(&registry.url, RouterConfig::default()).await;
+    let client = router.client().await;
+    // Unknown capabilities, each with a payload type of its own: every call fails, none
+    // adds a series named after what the caller sent.
+    for n in 0..300 {
+        let status = client
+            .call(
+                &format!("made-up-{n}"),
+                Payload::text(format!("type-{n}-{}", "x".repeat(n % 200)), "x"),
+                CallOptions::default(),
+            )
+            .await
+            .unwrap_err();
+        assert_eq!(status.code(), Code::NotFound);
+    }
+    let text = metrics.render();
+    assert!(
+        !text.contains("made-up-"),
+        "a made-up capability became a label"
+    );
+    assert!(
+        text.contains("capability=\"(unrouted)\""),
+        "unroutable calls are still counted"
+    );
+    let failure_series = text
+        .lines()
+        .filter(|l| l.starts_with("reach_router_message_failures_total{"))
+        .count();
+    assert!(
+        failure_series <= 257,
+        "{failure_series} message_type series"
+    );
+    // An absurdly long name is refused before it is echoed anywhere.
+    let status = client
+        .call(
+            &"n".repeat(20_000),
+            Payload::text("t", "x"),
+            CallOptions::default(),
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(status.code(), Code::InvalidArgument, "{status:?}");
+    assert_eq!(reason(&status), "INVALID_TARGET");
+    assert!(status.message().len() < 1024, "{}", status.message());
+}
+
+/// An agent without the SDK whose streams answer their headers only after 600 ms.
+struct SlowToAnswerAgent;
+
+#[tonic::async_trait]
+impl reach_proto::v1::agent_service_server::AgentService for SlowToAnswerAgent {
+    async fn handle(
+        &self,
+        _request: tonic::Request<reach_proto::v1::HandleRequest>,
+    ) -> Result<tonic::Response<reach_proto::v1::HandleResponse>, tonic::Status> {
+        Err(tonic::Status::unimplemented("streams only"))
+    }
+
+    type HandleStreamStream = std::pin::Pin<
+        Box<
+            dyn futures::Stream<Item = Result<reach_proto::v1::HandleStreamResponse, tonic::Status>>
+                + Send,
+        >,
+    >;
+
+    async fn handle_stream(
+        &self,
+        _request: tonic::Request<tonic::Streaming<reach_proto::v1::HandleStreamRequest>>,
+    ) -> Result<tonic::Response<Self::HandleStreamStream>, tonic::Status> {
+        tokio::time::sleep(Duration::from_millis(600)).await;
+        Ok(tonic::Response::new(Box::pin(futures::stream::empty())))
+    }
+
+    type HandleMuxStream = std::pin::Pin<
+        Box<
+            dyn futures::Stream<Item = Result<reach_proto::v1::HandleMuxResponse, tonic::Status>>
+                + Send,
+        >,
+    >;
+
+    async fn handle_mux(
+        &self,
+        _request: tonic::Request<tonic::Streaming<reach_proto::v1::HandleMuxRequest>>,
+    ) -> Result<tonic::Response<Self::HandleMuxStream>, tonic::Status> {
+        Err(tonic::Status::unimplemented("streams only"))
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_counts_as_open_while_its_instance_has_not_answered() {
+    let metrics = reach_telemetry::metrics::install().unwrap();
+    let open = || -> f64 {
+        metrics
+            .render()
+            .lines()
+            .find(|l| {
+                l.starts_with("reach_router_open_streams{")
+                    && l.contains("capability=\"slow.answer\"")
+            })
+            .and_then(|l| l.rsplit(' ').next())
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0.0)
+    };
+    let registry = registry().await;
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let endpoint = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(
+        reach_rpc::GrpcServer::new()
+            .add_service(
+                reach_proto::v1::agent_service_server::AgentServiceServer::new(SlowToAnswerAgent),
+            )
+            .serve(listener, futures::future::pending()),
+    );
+    register(
+        &registry.registry,
+        "slow",
+        "slow-1",
+        &endpoint,
+        &[("slow.answer", "1.0.0")],
+    );
+    let router = router(&registry.url, RouterConfig::default()).await;
+    router.wait_routable(1).await;
+    let client = router.client().await;
+    let first = client.message_to_capability(
+        "slow.answer",
+        Payload::text("t", "x"),
+        &CallOptions::default(),
+    );
+    let stream = tokio::spawn(async move {
+        let mut replies = client
+            .stream(first, futures::stream::pending(), None)
+            .await
+            .expect("the stream opens");
+        while replies.message().await.transpose().is_some() {}
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(
+        open(),
+        1.0,
+        "the stream is open before its instance answered"
+    );
+    tokio::time::timeout(Duration::from_secs(5), stream)
+        .await
+        .expect("the stream ends")
+        .unwrap();
+    assert_eq!(open(), 0.0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_to_an_instance_that_refuses_connections_says_it_was_not_delivered() {
+    let registry = registry().await;
+    let (dead, _) = dead_endpoint().await;
+    register(
+        &registry.registry,
+        "gone",
+        "gone-1",
+        &dead,
+        &[("gone.echo", "1.0.0")],
+    );
+    let router = router(&registry.url, RouterConfig::default()).await;
+    router.wait_routable(1).await;
+    let client = router.client().await;
+    let status = client
+        .call("gone.echo", Payload::text("t", "x"), CallOptions::default())
+        .await
+        .unwrap_err();
+    assert_eq!(status.code(), Code::Unavailable, "{status:?}");
+    assert_eq!(reason(&status), "INSTANCE_UNAVAILABLE");
+    assert!(
+        status.message().contains("was not delivered")
+            && !status.message().contains("may or may not"),
+        "{}",
+        status.message()
+    );
 }

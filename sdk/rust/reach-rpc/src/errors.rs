@@ -46,6 +46,9 @@ pub mod reason {
     pub const CALL_ID_IN_USE: &str = "CALL_ID_IN_USE";
     /// A multiplexed call frame neither starts a call (no message) nor cancels one.
     pub const INVALID_FRAME: &str = "INVALID_FRAME";
+    /// A message header field is malformed or out of range (`field` in the metadata:
+    /// `header.ttl`, `header.created_at`, `header.topic`).
+    pub const INVALID_HEADER: &str = "INVALID_HEADER";
     /// A version adapter's transform failed (`adapter` and `direction` in the metadata):
     /// INVALID_ARGUMENT when it was rewriting the caller's request, INTERNAL when it was
     /// rewriting the instance's reply.

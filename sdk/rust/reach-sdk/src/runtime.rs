@@ -656,6 +656,7 @@ async fn handle_message(
 
     // Cancels the handler when this call goes away (caller cancelled, deadline passed).
     let cancel_on_drop = ctx.cancellation.clone().drop_guard();
+    let caller_gone = ctx.cancellation.clone();
     let run_shared = shared.clone();
     let queue_capability = capability.clone();
     let run = async move {
@@ -668,25 +669,30 @@ async fn handle_message(
         } else {
             shared.dedupe.slot(&message_id)
         };
+        // A message that never got a handler slot (its caller gave up while it waited, or
+        // the instance shut down) was not handled: that is not remembered, so a redelivery
+        // of the same message id runs it. Everything a handler returned is remembered.
         let outcome = slot
-            .get_or_init(|| async {
+            .get_or_try_init(|| async {
+                let _permit = match shared.permits.try_acquire() {
+                    Ok(permit) => permit,
+                    Err(tokio::sync::TryAcquireError::NoPermits) => {
+                        // Every slot is busy: counted as waiting until one frees, or until
+                        // the caller gives up (deadline, cancel, reset), which drops it.
+                        let _waiting = reach_telemetry::metrics::sdk::waiting(&queue_capability);
+                        tokio::select! {
+                            permit = shared.permits.acquire() => permit
+                                .map_err(|_| Status::unavailable("instance is shutting down"))?,
+                            () = caller_gone.cancelled() => return Err(Status::cancelled(
+                                "the caller gave up while the message waited for a handler slot; it was not handled",
+                            )),
+                        }
+                    }
+                    Err(tokio::sync::TryAcquireError::Closed) => {
+                        return Err(Status::unavailable("instance is shutting down"));
+                    }
+                };
                 let outcome = async {
-                    let _permit = match shared.permits.try_acquire() {
-                        Ok(permit) => permit,
-                        Err(tokio::sync::TryAcquireError::NoPermits) => {
-                            // Every slot is busy: counted as waiting until one frees.
-                            let _waiting =
-                                reach_telemetry::metrics::sdk::waiting(&queue_capability);
-                            shared
-                                .permits
-                                .acquire()
-                                .await
-                                .map_err(|_| Status::unavailable("instance is shutting down"))?
-                        }
-                        Err(tokio::sync::TryAcquireError::Closed) => {
-                            return Err(Status::unavailable("instance is shutting down"));
-                        }
-                    };
                     let request_header = message.header.clone().unwrap_or_default();
                     let payload = handler.handle(ctx, message).await?;
                     let reply = shared.reply(&request_header, payload);
@@ -704,10 +710,13 @@ async fn handle_message(
                         .dedupe
                         .charge(&message_id, remembered_bytes(&outcome));
                 }
-                outcome
+                Ok(outcome)
             })
             .await;
-        outcome.clone()
+        match outcome {
+            Ok(outcome) => outcome.clone(),
+            Err(not_handled) => Err(not_handled),
+        }
     }
     .instrument(span.clone());
     // The deduplicated run is its own task: when the caller goes away (a reset connection,

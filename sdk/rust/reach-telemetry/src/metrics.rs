@@ -272,11 +272,37 @@ pub mod router {
             .unwrap_or_else(|| code_label(status.code()).to_string());
         ::metrics::counter!(
             names::ROUTER_MESSAGE_FAILURES,
-            "message_type" => message_type.to_string(),
+            "message_type" => bounded_message_type(message_type),
             "reason" => reason
         )
         .increment(1);
     }
+}
+
+/// Distinct `message_type` label values kept; later ones are counted as `other`.
+const MAX_MESSAGE_TYPES: usize = 256;
+/// The longest `message_type` label value kept, in bytes; longer ones are `other`.
+const MAX_MESSAGE_TYPE_BYTES: usize = 128;
+
+/// A caller's `payload.type` as a label value: the first [`MAX_MESSAGE_TYPES`] distinct
+/// types of at most [`MAX_MESSAGE_TYPE_BYTES`] bytes are kept, the rest are `other`, so a
+/// caller inventing types cannot grow the metrics without bound. Called on failures only.
+fn bounded_message_type(message_type: &str) -> String {
+    static SEEN: std::sync::Mutex<Option<std::collections::HashSet<String>>> =
+        std::sync::Mutex::new(None);
+    if message_type.len() > MAX_MESSAGE_TYPE_BYTES {
+        return "other".into();
+    }
+    let mut seen = SEEN.lock().unwrap_or_else(|p| p.into_inner());
+    let seen = seen.get_or_insert_with(Default::default);
+    if seen.contains(message_type) {
+        return message_type.to_string();
+    }
+    if seen.len() < MAX_MESSAGE_TYPES {
+        seen.insert(message_type.to_string());
+        return message_type.to_string();
+    }
+    "other".into()
 }
 
 /// Registry metrics.
