@@ -330,13 +330,11 @@ fn forwards(key: &str) -> bool {
 /// not be made): UNAVAILABLE with reason `INSTANCE_UNAVAILABLE` naming the instance, saying
 /// the message was not delivered.
 pub fn unreachable_instance(instance_id: &str, detail: &str) -> Status {
-    reach_rpc::errors::status_with_reason(
-        tonic::Code::Unavailable,
+    instance_unavailable(
+        instance_id,
         format!(
             "instance {instance_id} could not be reached ({detail}); the message was not delivered: retry it"
         ),
-        reach_rpc::errors::reason::INSTANCE_UNAVAILABLE,
-        [("instance_id".to_string(), instance_id.to_string())],
     )
 }
 
@@ -344,11 +342,18 @@ pub fn unreachable_instance(instance_id: &str, detail: &str) -> Status {
 /// UNAVAILABLE with reason `INSTANCE_UNAVAILABLE` naming the instance, and the advice to
 /// retry with the same `message_id`.
 pub fn lost_instance(instance_id: &str, detail: &str) -> Status {
-    reach_rpc::errors::status_with_reason(
-        tonic::Code::Unavailable,
+    instance_unavailable(
+        instance_id,
         format!(
             "instance {instance_id} failed during the call ({detail}); the message may or may not have been handled: retry with the same message_id to be safe"
         ),
+    )
+}
+
+fn instance_unavailable(instance_id: &str, message: String) -> Status {
+    reach_rpc::errors::status_with_reason(
+        tonic::Code::Unavailable,
+        message,
         reach_rpc::errors::reason::INSTANCE_UNAVAILABLE,
         [("instance_id".to_string(), instance_id.to_string())],
     )

@@ -624,6 +624,9 @@ async fn names_callers_make_up_do_not_make_metric_series() {
     assert!(status.message().len() < 1024, "{}", status.message());
 }
 
+/// A boxed stream of replies, as a hand-written `AgentService` returns them.
+type Replies<T> = std::pin::Pin<Box<dyn futures::Stream<Item = Result<T, tonic::Status>> + Send>>;
+
 /// An agent without the SDK whose streams answer their headers only after 600 ms.
 struct SlowToAnswerAgent;
 
@@ -636,12 +639,7 @@ impl reach_proto::v1::agent_service_server::AgentService for SlowToAnswerAgent {
         Err(tonic::Status::unimplemented("streams only"))
     }
 
-    type HandleStreamStream = std::pin::Pin<
-        Box<
-            dyn futures::Stream<Item = Result<reach_proto::v1::HandleStreamResponse, tonic::Status>>
-                + Send,
-        >,
-    >;
+    type HandleStreamStream = Replies<reach_proto::v1::HandleStreamResponse>;
 
     async fn handle_stream(
         &self,
@@ -651,12 +649,7 @@ impl reach_proto::v1::agent_service_server::AgentService for SlowToAnswerAgent {
         Ok(tonic::Response::new(Box::pin(futures::stream::empty())))
     }
 
-    type HandleMuxStream = std::pin::Pin<
-        Box<
-            dyn futures::Stream<Item = Result<reach_proto::v1::HandleMuxResponse, tonic::Status>>
-                + Send,
-        >,
-    >;
+    type HandleMuxStream = Replies<reach_proto::v1::HandleMuxResponse>;
 
     async fn handle_mux(
         &self,
