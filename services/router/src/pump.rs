@@ -25,13 +25,15 @@ use crate::protocol::{AdapterExt, ProtocolRegistry};
 /// The caller-to-instance half of a routed stream: the first message, then the rest, each
 /// checked against the capability's input schema (when the router validates payloads),
 /// adapted to the instance's version (when the stream has an adapter), checked (size, trace
-/// id) and completed (trace id, message id). A violation ends the inbound half and hands the
-/// error to the outbound half, which ends the call with it.
+/// id, TTL and `created_at` as a call's) and completed (trace id, message id, creation time).
+/// A violation ends the inbound half and hands the error to the outbound half, which ends the
+/// call with it.
 pub struct InboundPump {
     first: Option<ReachMessage>,
     rest: Streaming<StreamRequest>,
     trace_id: String,
     limit: usize,
+    max_clock_skew: std::time::Duration,
     /// The protocol registry and capability whose input schema each message must match.
     validation: Option<(Arc<ProtocolRegistry>, String)>,
     adapter: Option<Adapter>,
@@ -41,12 +43,13 @@ pub struct InboundPump {
 impl InboundPump {
     /// A pump that sends `first` (already checked and adapted) and then validates against
     /// `validation`'s input schema, adapts with `adapter`, checks against `limit` bytes and
-    /// forwards `rest`.
+    /// the TTL rules (`max_clock_skew`, see `RouterConfig`) and forwards `rest`.
     pub fn new(
         first: ReachMessage,
         rest: Streaming<StreamRequest>,
         trace_id: String,
         limit: usize,
+        max_clock_skew: std::time::Duration,
         validation: Option<(Arc<ProtocolRegistry>, String)>,
         adapter: Option<Adapter>,
         abort: oneshot::Sender<Status>,
@@ -56,6 +59,7 @@ impl InboundPump {
             rest,
             trace_id,
             limit,
+            max_clock_skew,
             validation,
             adapter,
             abort: Some(abort),
@@ -86,6 +90,10 @@ impl InboundPump {
         if header.message_id.is_empty() {
             header.message_id = trace::new_message_id();
         }
+        if header.created_at.is_none() {
+            header.created_at = Some(reach_rpc::time::now());
+        }
+        crate::service::ttl_expiry(header, self.max_clock_skew)?;
         Ok(message)
     }
 }

@@ -621,15 +621,31 @@ fn apply_ttl(
     deadline: Option<Instant>,
     max_clock_skew: Duration,
 ) -> Result<Option<Instant>, RouteError> {
+    Ok(match ttl_expiry(header, max_clock_skew)? {
+        Some(expiry) => Some(deadline.map_or(expiry, |d| d.min(expiry))),
+        None => deadline,
+    })
+}
+
+/// When the message's TTL runs out (`None`: no TTL).
+///
+/// # Errors
+/// [`RouteError::MessageExpired`] when `created_at + ttl` has passed;
+/// [`RouteError::InvalidHeader`] for a negative TTL, a `created_at` out of range or more than
+/// `max_clock_skew` in the future.
+pub(crate) fn ttl_expiry(
+    header: &Header,
+    max_clock_skew: Duration,
+) -> Result<Option<Instant>, RouteError> {
     let Some(ttl) = &header.ttl else {
-        return Ok(deadline);
+        return Ok(None);
     };
     let ttl = reach_rpc::time::std_duration(ttl).ok_or_else(|| RouteError::InvalidHeader {
         field: "header.ttl",
         detail: "it is negative; leave it unset for no limit".into(),
     })?;
     if ttl.is_zero() {
-        return Ok(deadline);
+        return Ok(None);
     }
     let created = header
         .created_at
@@ -656,8 +672,7 @@ fn apply_ttl(
     if age >= ttl {
         return Err(RouteError::MessageExpired { age, ttl });
     }
-    let expiry = Instant::now() + (ttl - age);
-    Ok(Some(deadline.map_or(expiry, |d| d.min(expiry))))
+    Ok(Some(Instant::now() + (ttl - age)))
 }
 
 /// The longest service, capability or topic name the router accepts, in bytes.
@@ -867,6 +882,7 @@ impl RouterService for Router {
             inbound,
             trace_id.clone(),
             self.config().max_message_bytes,
+            self.config().max_clock_skew,
             validation,
             plan.adapter.clone(),
             abort_tx,

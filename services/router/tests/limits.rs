@@ -228,6 +228,67 @@ async fn an_oversized_stream_message_ends_the_stream_with_payload_too_large() {
     assert_eq!(meta.get("limit_bytes").map(String::as_str), Some("2048"));
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_message_of_a_stream_is_held_to_its_ttl() {
+    let registry = registry().await;
+    let (_agent, _) = agent(
+        AgentRuntime::new(config("talk", "talk-2", &registry.url)).handle_stream(
+            "talk",
+            "1.0.0",
+            |_c: HandlerContext, first: ReachMessage, rest: reach_sdk::handler::InboundMessages| {
+                use futures::StreamExt;
+                futures::stream::once(async move { Ok(first) })
+                    .chain(rest)
+                    .map(|m| m.map(|m| m.payload.unwrap_or_default()))
+            },
+        ),
+    )
+    .await;
+    let router = router(&registry.url, RouterConfig::default()).await;
+    router.wait_routable(1).await;
+    let client = router.client().await;
+    // A later message created 100 s ago with a 1 s TTL, or 2 min ahead of the router's clock.
+    for (created, code, why) in [
+        (
+            std::time::SystemTime::now() - Duration::from_secs(100),
+            Code::DeadlineExceeded,
+            "MESSAGE_EXPIRED",
+        ),
+        (
+            std::time::SystemTime::now() + Duration::from_secs(120),
+            Code::InvalidArgument,
+            "INVALID_HEADER",
+        ),
+    ] {
+        let first =
+            client.message_to_capability("talk", Payload::text("t", "hi"), &CallOptions::default());
+        let mut late = client.message_to_capability(
+            "talk",
+            Payload::text("t", "late"),
+            &CallOptions::default(),
+        );
+        let header = late.header.as_mut().unwrap();
+        header.created_at = Some(reach_rpc::time::timestamp(created));
+        header.ttl = Some(reach_rpc::time::proto_duration(Duration::from_secs(1)));
+        let (tx, rx) = tokio::sync::mpsc::channel(4);
+        let mut replies = client
+            .stream(first, tokio_stream_from(rx), Some(Duration::from_secs(10)))
+            .await
+            .unwrap();
+        replies.message().await.unwrap().unwrap();
+        tx.send(late).await.unwrap();
+        let status = loop {
+            match replies.message().await {
+                Ok(Some(reply)) => panic!("the late message was delivered: {reply:?}"),
+                Ok(None) => panic!("the stream ended without an error"),
+                Err(status) => break status,
+            }
+        };
+        assert_eq!(status.code(), code, "{status:?}");
+        assert_eq!(reason(&status), why);
+    }
+}
+
 fn tokio_stream_from(
     rx: tokio::sync::mpsc::Receiver<ReachMessage>,
 ) -> impl futures::Stream<Item = ReachMessage> + Send + 'static {
