@@ -32,25 +32,30 @@ pub struct InboundPump {
     first: Option<ReachMessage>,
     rest: Streaming<StreamRequest>,
     trace_id: String,
-    limit: usize,
-    max_clock_skew: std::time::Duration,
-    /// The protocol registry and capability whose input schema each message must match.
-    validation: Option<(Arc<ProtocolRegistry>, String)>,
+    checks: InboundChecks,
     adapter: Option<Adapter>,
     abort: Option<oneshot::Sender<Status>>,
 }
 
+/// What every later message of a stream is checked against, as a call's message is.
+pub struct InboundChecks {
+    /// The size limit, bytes (encoded, after adapting).
+    pub max_message_bytes: usize,
+    /// How far ahead of the router's clock `created_at` may be on a message with a TTL.
+    pub max_clock_skew: std::time::Duration,
+    /// The protocol registry and capability whose input schema each message must match.
+    pub validation: Option<(Arc<ProtocolRegistry>, String)>,
+}
+
 impl InboundPump {
-    /// A pump that sends `first` (already checked and adapted) and then validates against
-    /// `validation`'s input schema, adapts with `adapter`, checks against `limit` bytes and
-    /// the TTL rules (`max_clock_skew`, see `RouterConfig`) and forwards `rest`.
+    /// A pump that sends `first` (already checked and adapted) and then, for each of `rest`,
+    /// validates it against `checks`' input schema, adapts it with `adapter`, checks its size
+    /// and TTL against `checks` and forwards it.
     pub fn new(
         first: ReachMessage,
         rest: Streaming<StreamRequest>,
         trace_id: String,
-        limit: usize,
-        max_clock_skew: std::time::Duration,
-        validation: Option<(Arc<ProtocolRegistry>, String)>,
+        checks: InboundChecks,
         adapter: Option<Adapter>,
         abort: oneshot::Sender<Status>,
     ) -> Self {
@@ -58,26 +63,24 @@ impl InboundPump {
             first: Some(first),
             rest,
             trace_id,
-            limit,
-            max_clock_skew,
-            validation,
+            checks,
             adapter,
             abort: Some(abort),
         }
     }
 
     fn complete(&self, mut message: ReachMessage) -> Result<ReachMessage, Status> {
-        if let Some((protocols, capability)) = &self.validation {
+        if let Some((protocols, capability)) = &self.checks.validation {
             crate::protocol::validate_input(protocols, capability, &message)?;
         }
         if let Some(adapter) = &self.adapter {
             adapter.adapt_request(&mut message)?;
         }
         let size = message.encoded_len();
-        if size > self.limit {
+        if size > self.checks.max_message_bytes {
             return Err(RouteError::PayloadTooLarge {
                 size,
-                limit: self.limit,
+                limit: self.checks.max_message_bytes,
             }
             .into());
         }
@@ -93,7 +96,7 @@ impl InboundPump {
         if header.created_at.is_none() {
             header.created_at = Some(reach_rpc::time::now());
         }
-        crate::service::ttl_expiry(header, self.max_clock_skew)?;
+        crate::service::ttl_expiry(header, self.checks.max_clock_skew)?;
         Ok(message)
     }
 }

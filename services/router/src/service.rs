@@ -36,7 +36,7 @@ use crate::config::RouterConfig;
 use crate::error::RouteError;
 use crate::ledger::{CallOutcome, LedgerSink, LedgerSinkConfig};
 use crate::protocol::{AdapterExt, ProtocolRegistry, VersionPlan};
-use crate::pump::{InboundPump, OutboundPump};
+use crate::pump::{InboundChecks, InboundPump, OutboundPump};
 use crate::retry::{Classified, classify};
 use crate::table::{RouteKey, RoutingTable};
 use crate::watch::follow_registry;
@@ -881,9 +881,11 @@ impl RouterService for Router {
             message,
             inbound,
             trace_id.clone(),
-            self.config().max_message_bytes,
-            self.config().max_clock_skew,
-            validation,
+            InboundChecks {
+                max_message_bytes: self.config().max_message_bytes,
+                max_clock_skew: self.config().max_clock_skew,
+                validation,
+            },
             plan.adapter.clone(),
             abort_tx,
         );

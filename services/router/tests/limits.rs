@@ -277,12 +277,10 @@ async fn every_message_of_a_stream_is_held_to_its_ttl() {
             .unwrap();
         replies.message().await.unwrap().unwrap();
         tx.send(late).await.unwrap();
-        let status = loop {
-            match replies.message().await {
-                Ok(Some(reply)) => panic!("the late message was delivered: {reply:?}"),
-                Ok(None) => panic!("the stream ended without an error"),
-                Err(status) => break status,
-            }
+        let status = match replies.message().await {
+            Ok(Some(reply)) => panic!("the late message was delivered: {reply:?}"),
+            Ok(None) => panic!("the stream ended without an error"),
+            Err(status) => status,
         };
         assert_eq!(status.code(), code, "{status:?}");
         assert_eq!(reason(&status), why);
