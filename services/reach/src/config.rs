@@ -121,6 +121,11 @@ impl ReachConfig {
             ("router.protocol_registry", &self.router.protocol_registry),
         ] {
             if let Some(path) = path {
+                if path.as_os_str().is_empty() {
+                    return Err(ConfigError::Invalid(format!(
+                        "{key} is empty; name the protocol-registry.yaml file, or unset it for none"
+                    )));
+                }
                 reach_protocol::ProtocolRegistry::load(path)
                     .map_err(|e| ConfigError::Invalid(format!("{key}: {e}")))?;
             }

@@ -734,14 +734,21 @@ fn forwarded_metadata(mut metadata: MetadataMap) -> MetadataMap {
     for key in HOP_BY_HOP {
         metadata.remove(key);
     }
-    let valid_parent = metadata
+    let parent = metadata
         .get(trace::TRACEPARENT)
         .and_then(|v| v.to_str().ok())
-        .and_then(TraceId::from_traceparent)
-        .is_some();
-    if !valid_parent {
-        metadata.remove(trace::TRACEPARENT);
-        metadata.remove("tracestate");
+        .filter(|v| TraceId::from_traceparent(v).is_some())
+        .map(str::trim)
+        .and_then(|v| MetadataValue::try_from(v).ok());
+    match parent {
+        // Valid: forwarded without the surrounding whitespace a lenient parse allowed.
+        Some(parent) => {
+            metadata.insert(trace::TRACEPARENT, parent);
+        }
+        None => {
+            metadata.remove(trace::TRACEPARENT);
+            metadata.remove("tracestate");
+        }
     }
     metadata
 }

@@ -438,9 +438,11 @@ async fn a_call_forwards_end_to_end_metadata_but_not_hop_by_hop_fields_or_a_bad_
         .unwrap()
         .into_inner();
     let valid_parent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+    let padded_parent = format!(" {valid_parent} ");
     for (call_id, traceparent) in [
         (1, "00-4bf92f3577b34da6a3ce929d0e0e4736-not-a-parent-id-01"),
         (2, valid_parent),
+        (3, padded_parent.as_str()),
     ] {
         let mut frame = call_frame(call_id, "legacy.echo", "hi", 0);
         let metadata = &mut frame.frame.as_mut().unwrap().metadata;
@@ -464,8 +466,8 @@ async fn a_call_forwards_end_to_end_metadata_but_not_hop_by_hop_fields_or_a_bad_
         );
     }
     let seen = seen.lock().unwrap().clone();
-    assert_eq!(seen.len(), 2);
-    for (metadata, parent_valid) in seen.iter().zip([false, true]) {
+    assert_eq!(seen.len(), 3);
+    for (metadata, parent_valid) in seen.iter().zip([false, true, true]) {
         assert_eq!(
             metadata.get("authorization").unwrap(),
             "Bearer end-user-token"

@@ -233,11 +233,45 @@ fn compile(code: &str) -> Result<jaq_core::Filter<jaq_core::data::JustLut<jaq_js
     let arena = Arena::default();
     let modules = loader
         .load(&arena, File { code, path: () })
-        .map_err(|errors| format!("jq syntax error: {errors:?}"))?;
+        .map_err(|errors| syntax_errors(code, &errors))?;
     jaq_core::Compiler::default()
         .with_funs(funs)
         .compile(modules)
         .map_err(|errors| format!("jq compile error: {errors:?}"))
+}
+
+/// jaq's load errors as one line: what was expected, where (byte offset) and what was found,
+/// e.g. `jq syntax error: expected closing parenthesis at byte 5 (found "(")`.
+fn syntax_errors(code: &str, errors: &jaq_core::load::Errors<&str, ()>) -> String {
+    use jaq_core::load::Error;
+    let at = |found: &str| {
+        let offset = (found.as_ptr() as usize).saturating_sub(code.as_ptr() as usize);
+        let shown: String = found.chars().take(20).collect();
+        if shown.is_empty() {
+            format!("at byte {offset} (the end)")
+        } else {
+            format!("at byte {offset} (found {shown:?})")
+        }
+    };
+    let mut described = Vec::new();
+    for (_, error) in errors {
+        match error {
+            Error::Io(failures) => {
+                described.extend(failures.iter().map(|(path, why)| format!("{path}: {why}")));
+            }
+            Error::Lex(failures) => {
+                described.extend(failures.iter().map(|(expected, found)| {
+                    format!("expected {} {}", expected.as_str(), at(found))
+                }))
+            }
+            Error::Parse(failures) => {
+                described.extend(failures.iter().map(|(expected, found)| {
+                    format!("expected {} {}", expected.as_str(), at(found))
+                }))
+            }
+        }
+    }
+    format!("jq syntax error: {}", described.join("; "))
 }
 
 /// A loaded protocol registry.
@@ -277,6 +311,13 @@ impl ProtocolRegistry {
             at,
             message,
         };
+        if file.capabilities.is_empty() && file.message_types.is_empty() && file.adapters.is_empty()
+        {
+            return Err(invalid(
+                "(the whole file)".into(),
+                "it declares no capabilities, message_types or adapters; point to the protocol registry (see examples/protocol-registry.yaml), or unset the setting for none".into(),
+            ));
+        }
         for (name, capability) in &file.capabilities {
             for (i, version) in capability.versions.iter().enumerate() {
                 semver::Version::parse(version).map_err(|e| {
@@ -516,6 +557,21 @@ adapters:
         let bad = FILE.replace("'.body = .text | del(.text)'", "'.body = ('");
         let err = ProtocolRegistry::parse(Path::new("t.yaml"), &bad).unwrap_err();
         assert!(err.to_string().contains("adapters[0].request"), "{err}");
+        // jq's error in words, located in the program.
+        assert!(
+            err.to_string()
+                .contains("expected closing parenthesis at byte 9 (the end)")
+                && !err.to_string().contains("File {"),
+            "{err}"
+        );
+        // A file that declares nothing is not taken for a registry.
+        for empty in ["", "# nothing here\n", "{}"] {
+            let err = ProtocolRegistry::parse(Path::new("t.yaml"), empty).unwrap_err();
+            assert!(
+                err.to_string().contains("declares no capabilities"),
+                "{err}"
+            );
+        }
         let err =
             ProtocolRegistry::parse(Path::new("t.yaml"), "capabilities: {x: {idempotnt: true}}")
                 .unwrap_err();
