@@ -129,6 +129,9 @@ async fn run_until_done(options: &BenchOptions) -> anyhow::Result<()> {
     if options.no_nats && !options.only.is_empty() && options.only.iter().all(|m| m == "nats") {
         bail!("--only nats with --no-nats leaves nothing to measure; drop one of them");
     }
+    // The Prometheus recorder, as `reach router` and `reach dev` install it: without it every
+    // metric update would be a no-op and the router would be measured without its metrics.
+    reach_telemetry::metrics::install().context("installing the metrics recorder")?;
     let mesh = Mesh::start().await?;
     let nats = if options.no_nats || !wanted("nats") {
         None

@@ -67,6 +67,8 @@ struct Inner {
     ledger: Option<LedgerSink>,
     /// Cancelled by [`Router::close_streams`]: CallMux streams stop reading calls.
     closing: CancellationToken,
+    /// The call metrics of names no instance serves.
+    unrouted_metrics: Arc<reach_telemetry::metrics::router::RouteMetrics>,
 }
 
 impl Router {
@@ -108,6 +110,9 @@ impl Router {
                 peers: Mutex::new(HashMap::new()),
                 ledger,
                 closing: CancellationToken::new(),
+                unrouted_metrics: Arc::new(reach_telemetry::metrics::router::RouteMetrics::new(
+                    UNROUTED_LABEL,
+                )),
             }),
         })
     }
@@ -162,13 +167,12 @@ impl Router {
         }
     }
 
-    /// The metrics label of a route: its name while the routing table has it (names that
-    /// instances registered, so bounded), else [`UNROUTED_LABEL`].
-    fn metrics_label(&self, key: &RouteKey) -> String {
-        if self.inner.table.route(key).is_some() {
-            key.label().to_string()
-        } else {
-            UNROUTED_LABEL.to_string()
+    /// The call metrics of a route: labelled with its name while the routing table has it
+    /// (names that instances registered, so bounded), else with [`UNROUTED_LABEL`].
+    fn route_metrics(&self, key: &RouteKey) -> Arc<reach_telemetry::metrics::router::RouteMetrics> {
+        match self.inner.table.route(key) {
+            Some(route) => route.metrics.clone(),
+            None => self.inner.unrouted_metrics.clone(),
         }
     }
 
@@ -417,8 +421,8 @@ impl Router {
         let span =
             reach_telemetry::message_span_with_parent("router.call", &message, remote_parent);
 
-        let label = self.metrics_label(&key);
-        let _in_flight = reach_telemetry::metrics::router::in_flight(&label);
+        let route_metrics = self.route_metrics(&key);
+        let _in_flight = route_metrics.in_flight();
         let message_type = message
             .payload
             .as_ref()
@@ -473,7 +477,7 @@ impl Router {
             code,
             result.as_ref().err().map_or("", |s| s.message()),
         );
-        reach_telemetry::metrics::router::request(&label, code, started.elapsed());
+        route_metrics.request(code, started.elapsed());
         result
     }
 
@@ -881,7 +885,7 @@ impl RouterService for Router {
             return Err(Status::internal("a reservation without an instance"));
         };
         // Counted open from here, while the instance has not answered yet as well.
-        let label = self.metrics_label(&key);
+        let label = self.route_metrics(&key).label().to_string();
         let open = reach_telemetry::metrics::router::open_stream(&label);
         let (abort_tx, abort_rx) = oneshot::channel();
         let inbound = InboundPump::new(

@@ -78,6 +78,8 @@ pub struct Route {
     pub policy: Policy,
     /// Its members, in instance-id order.
     pub members: Arc<[Arc<InstanceEndpoint>]>,
+    /// Its call metrics, labelled with its name.
+    pub metrics: Arc<reach_telemetry::metrics::router::RouteMetrics>,
     rr: AtomicUsize,
 }
 
@@ -237,6 +239,7 @@ impl RoutingTable {
                 filtered = Route {
                     key: route.key.clone(),
                     policy: route.policy,
+                    metrics: route.metrics.clone(),
                     members: route
                         .members
                         .iter()
@@ -447,9 +450,19 @@ impl RoutingTable {
             }
             list.sort_by(|a, b| a.0.cmp(b.0));
             let policy = self.config.policy_for(key.name());
+            // A rebuilt route keeps its metric handles.
+            let metrics = routes.get(&key).map_or_else(
+                || {
+                    Arc::new(reach_telemetry::metrics::router::RouteMetrics::new(
+                        key.label(),
+                    ))
+                },
+                |old| old.metrics.clone(),
+            );
             routes.insert(
                 key.clone(),
                 Arc::new(Route {
+                    metrics,
                     key,
                     policy,
                     members: list.into_iter().map(|(_, e)| e).collect(),

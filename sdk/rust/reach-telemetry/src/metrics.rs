@@ -94,6 +94,10 @@ pub enum MetricsError {
 
 static HANDLE: OnceLock<Result<PrometheusHandle, String>> = OnceLock::new();
 
+/// Whether [`install`] installed the recorder: metric handles looked up before that would be
+/// no-ops forever, so cached handles ([`router::RouteMetrics`]) are only taken after it.
+static INSTALLED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
 /// Installs the process-wide Prometheus recorder on first call and returns a handle to
 /// render it; later calls (several services in one process, as `reach dev` runs them)
 /// return the same handle. No HTTP listener is started: serve it with
@@ -121,6 +125,7 @@ pub fn install() -> Result<PrometheusHandle, MetricsError> {
                 .map_err(|e| e.to_string())?;
             let handle = builder.install_recorder().map_err(|e| e.to_string())?;
             describe();
+            INSTALLED.store(true, std::sync::atomic::Ordering::Release);
             Ok(handle)
         })
         .clone()
@@ -212,6 +217,77 @@ pub mod router {
     /// Counts a call in flight until the guard drops.
     pub fn in_flight(capability: &str) -> GaugeGuard {
         raise(::metrics::gauge!(names::ROUTER_IN_FLIGHT, "capability" => capability.to_string()))
+    }
+
+    /// One route's call metrics (`reach_router_in_flight`, and `reach_router_requests_total`
+    /// and `reach_router_request_duration_seconds` for its OK calls), with the metric handles
+    /// looked up once instead of on every call (a lookup hashes the name and labels under the
+    /// registry's lock). Before [`install`](super::install) it falls back to per-call lookups.
+    #[derive(Debug)]
+    pub struct RouteMetrics {
+        label: String,
+        handles: std::sync::OnceLock<RouteHandles>,
+    }
+
+    #[derive(Debug)]
+    struct RouteHandles {
+        in_flight: ::metrics::Gauge,
+        ok: ::metrics::Counter,
+        ok_duration: ::metrics::Histogram,
+    }
+
+    impl RouteMetrics {
+        /// The metrics of the route labelled `capability` (its name, or `(unrouted)`).
+        pub fn new(capability: &str) -> Self {
+            Self {
+                label: capability.to_string(),
+                handles: std::sync::OnceLock::new(),
+            }
+        }
+
+        /// The route's label.
+        pub fn label(&self) -> &str {
+            &self.label
+        }
+
+        fn handles(&self) -> Option<&RouteHandles> {
+            if !INSTALLED.load(std::sync::atomic::Ordering::Acquire) {
+                return None;
+            }
+            Some(self.handles.get_or_init(|| {
+                let ok = [
+                    ("capability", self.label.clone()),
+                    ("code", code_label(tonic::Code::Ok).to_string()),
+                ];
+                RouteHandles {
+                    in_flight: ::metrics::gauge!(
+                        names::ROUTER_IN_FLIGHT,
+                        "capability" => self.label.clone()
+                    ),
+                    ok: ::metrics::counter!(names::ROUTER_REQUESTS, &ok),
+                    ok_duration: ::metrics::histogram!(names::ROUTER_REQUEST_DURATION, &ok),
+                }
+            }))
+        }
+
+        /// Counts a call of this route in flight until the guard drops.
+        pub fn in_flight(&self) -> GaugeGuard {
+            match self.handles() {
+                Some(handles) => raise(handles.in_flight.clone()),
+                None => in_flight(&self.label),
+            }
+        }
+
+        /// Records one finished call of this route: its code and end-to-end latency.
+        pub fn request(&self, code: tonic::Code, elapsed: Duration) {
+            match self.handles() {
+                Some(handles) if code == tonic::Code::Ok => {
+                    handles.ok.increment(1);
+                    handles.ok_duration.record(elapsed.as_secs_f64());
+                }
+                _ => request(&self.label, code, elapsed),
+            }
+        }
     }
 
     /// Counts an open routed stream until the guard drops.
