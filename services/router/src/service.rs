@@ -741,18 +741,19 @@ fn forwarded_metadata(mut metadata: MetadataMap) -> MetadataMap {
     let parent = metadata
         .get(trace::TRACEPARENT)
         .and_then(|v| v.to_str().ok())
-        .filter(|v| TraceId::from_traceparent(v).is_some())
-        .map(str::trim)
-        .and_then(|v| MetadataValue::try_from(v).ok());
+        .filter(|v| TraceId::from_traceparent(v).is_some());
     match parent {
-        // Valid: forwarded without the surrounding whitespace a lenient parse allowed.
-        Some(parent) => {
-            metadata.insert(trace::TRACEPARENT, parent);
-        }
         None => {
             metadata.remove(trace::TRACEPARENT);
             metadata.remove("tracestate");
         }
+        // Valid, with surrounding whitespace a lenient parse allowed: forwarded trimmed.
+        Some(parent) if parent.trim() != parent => {
+            if let Ok(trimmed) = MetadataValue::try_from(parent.trim()) {
+                metadata.insert(trace::TRACEPARENT, trimmed);
+            }
+        }
+        Some(_) => {}
     }
     metadata
 }

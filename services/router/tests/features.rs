@@ -313,6 +313,17 @@ async fn a_failing_adapter_says_which_message_it_could_not_rewrite() {
     assert_eq!(served.load(Ordering::SeqCst), 1);
 }
 
+/// The first data part of a stream reply.
+fn json_of(reply: reach_proto::v1::StreamResponse) -> serde_json::Value {
+    reply
+        .message
+        .unwrap()
+        .payload
+        .unwrap()
+        .first_json()
+        .unwrap()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_version_adapter_rewrites_every_message_of_a_stream_both_ways() {
     let registry = registry().await;
@@ -363,13 +374,7 @@ async fn a_version_adapter_rewrites_every_message_of_a_stream_both_ways() {
         .unwrap();
     let mut seen = Vec::new();
     while let Some(reply) = replies.message().await.unwrap() {
-        let out = reply
-            .message
-            .unwrap()
-            .payload
-            .unwrap()
-            .first_json()
-            .unwrap();
+        let out = json_of(reply);
         // The 1.x caller sees its own version's fields on every message, and its unknown
         // fields untouched.
         assert!(out.get("abstract").is_none(), "{out}");
@@ -405,13 +410,7 @@ async fn a_version_adapter_rewrites_every_message_of_a_stream_both_ways() {
         match replies.message().await {
             // The reply to the good message may or may not arrive before the refusal.
             Ok(Some(reply)) => {
-                let out = reply
-                    .message
-                    .unwrap()
-                    .payload
-                    .unwrap()
-                    .first_json()
-                    .unwrap();
+                let out = json_of(reply);
                 assert_eq!(
                     out["x_seq"], 1,
                     "the bad message reached the instance: {out}"

@@ -171,22 +171,24 @@ async fn an_expired_message_is_refused_with_message_expired() {
     }
 }
 
+/// An agent `id` whose `talk` streams echo every message's payload.
+fn stream_echo(registry: &str, id: &str) -> AgentRuntime {
+    AgentRuntime::new(config("talk", id, registry)).handle_stream(
+        "talk",
+        "1.0.0",
+        |_c: HandlerContext, first: ReachMessage, rest: reach_sdk::handler::InboundMessages| {
+            use futures::StreamExt;
+            futures::stream::once(async move { Ok(first) })
+                .chain(rest)
+                .map(|m| m.map(|m| m.payload.unwrap_or_default()))
+        },
+    )
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_oversized_stream_message_ends_the_stream_with_payload_too_large() {
     let registry = registry().await;
-    let (_agent, _) = agent(
-        AgentRuntime::new(config("talk", "talk-1", &registry.url)).handle_stream(
-            "talk",
-            "1.0.0",
-            |_c: HandlerContext, first: ReachMessage, rest: reach_sdk::handler::InboundMessages| {
-                use futures::StreamExt;
-                futures::stream::once(async move { Ok(first) })
-                    .chain(rest)
-                    .map(|m| m.map(|m| m.payload.unwrap_or_default()))
-            },
-        ),
-    )
-    .await;
+    let (_agent, _) = agent(stream_echo(&registry.url, "talk-1")).await;
     let config = RouterConfig {
         max_message_bytes: 2048,
         ..RouterConfig::default()
@@ -231,19 +233,7 @@ async fn an_oversized_stream_message_ends_the_stream_with_payload_too_large() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_message_of_a_stream_is_held_to_its_ttl() {
     let registry = registry().await;
-    let (_agent, _) = agent(
-        AgentRuntime::new(config("talk", "talk-2", &registry.url)).handle_stream(
-            "talk",
-            "1.0.0",
-            |_c: HandlerContext, first: ReachMessage, rest: reach_sdk::handler::InboundMessages| {
-                use futures::StreamExt;
-                futures::stream::once(async move { Ok(first) })
-                    .chain(rest)
-                    .map(|m| m.map(|m| m.payload.unwrap_or_default()))
-            },
-        ),
-    )
-    .await;
+    let (_agent, _) = agent(stream_echo(&registry.url, "talk-2")).await;
     let router = router(&registry.url, RouterConfig::default()).await;
     router.wait_routable(1).await;
     let client = router.client().await;
@@ -466,6 +456,29 @@ async fn an_idempotent_capability_is_retried_after_a_reset_without_running_twice
     assert_eq!(runs.load(Ordering::SeqCst), 1);
 }
 
+/// An agent `id` with one handler slot serving `capability`: each run counts itself in `runs`,
+/// then waits for a permit of `gate` before echoing.
+fn gated_agent(
+    registry: &str,
+    id: &str,
+    capability: &str,
+    gate: Arc<Semaphore>,
+    runs: Arc<AtomicUsize>,
+) -> AgentRuntime {
+    AgentRuntime::new(config("queue", id, registry).with_max_concurrency(1)).handle(
+        capability,
+        "1.0.0",
+        move |_c: HandlerContext, m: ReachMessage| {
+            let (gate, runs) = (gate.clone(), runs.clone());
+            async move {
+                runs.fetch_add(1, Ordering::SeqCst);
+                gate.acquire().await.unwrap().forget();
+                Ok(m.payload.unwrap_or_default())
+            }
+        },
+    )
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn messages_waiting_for_a_handler_slot_are_counted_until_they_get_one() {
     let metrics = reach_telemetry::metrics::install().unwrap();
@@ -482,21 +495,14 @@ async fn messages_waiting_for_a_handler_slot_are_counted_until_they_get_one() {
     };
     let registry = registry().await;
     let release = Arc::new(Semaphore::new(0));
-    let gate = release.clone();
-    let (_agent, url) = agent(
-        AgentRuntime::new(config("queue", "queue-1", &registry.url).with_max_concurrency(1))
-            .handle(
-                "queue.hold",
-                "1.0.0",
-                move |_c: HandlerContext, m: ReachMessage| {
-                    let gate = gate.clone();
-                    async move {
-                        gate.acquire().await.unwrap().forget();
-                        Ok(m.payload.unwrap_or_default())
-                    }
-                },
-            ),
-    )
+    let runs = Arc::new(AtomicUsize::new(0));
+    let (_agent, url) = agent(gated_agent(
+        &registry.url,
+        "queue-1",
+        "queue.hold",
+        release.clone(),
+        runs,
+    ))
     .await;
     // Callers that reach the instance directly (not through a router, which would hold
     // them back at the instance's limit): one runs, two wait for its slot.
@@ -545,22 +551,13 @@ async fn a_message_whose_caller_gave_up_while_waiting_for_a_slot_is_not_handled(
     let registry = registry().await;
     let release = Arc::new(Semaphore::new(0));
     let runs = Arc::new(AtomicUsize::new(0));
-    let (gate, counted) = (release.clone(), runs.clone());
-    let (_agent, url) = agent(
-        AgentRuntime::new(config("queue", "queue-2", &registry.url).with_max_concurrency(1))
-            .handle(
-                "queue.abandon",
-                "1.0.0",
-                move |_c: HandlerContext, m: ReachMessage| {
-                    let (gate, counted) = (gate.clone(), counted.clone());
-                    async move {
-                        counted.fetch_add(1, Ordering::SeqCst);
-                        gate.acquire().await.unwrap().forget();
-                        Ok(m.payload.unwrap_or_default())
-                    }
-                },
-            ),
-    )
+    let (_agent, url) = agent(gated_agent(
+        &registry.url,
+        "queue-2",
+        "queue.abandon",
+        release.clone(),
+        runs.clone(),
+    ))
     .await;
     let client = reach_proto::v1::agent_service_client::AgentServiceClient::connect(url)
         .await
@@ -734,22 +731,14 @@ async fn a_stream_counts_as_open_while_its_instance_has_not_answered() {
             .unwrap_or(0.0)
     };
     let registry = registry().await;
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let endpoint = format!("http://{}", listener.local_addr().unwrap());
-    tokio::spawn(
-        reach_rpc::GrpcServer::new()
-            .add_service(
-                reach_proto::v1::agent_service_server::AgentServiceServer::new(SlowToAnswerAgent),
-            )
-            .serve(listener, futures::future::pending()),
-    );
-    register(
-        &registry.registry,
+    serve_bare_agent(
+        &registry,
         "slow",
         "slow-1",
-        &endpoint,
-        &[("slow.answer", "1.0.0")],
-    );
+        "slow.answer",
+        SlowToAnswerAgent,
+    )
+    .await;
     let router = router(&registry.url, RouterConfig::default()).await;
     router.wait_routable(1).await;
     let client = router.client().await;

@@ -13,7 +13,7 @@ use std::time::Duration;
 use common::*;
 use futures::Stream;
 use prost::Message as _;
-use reach_proto::v1::agent_service_server::{AgentService, AgentServiceServer};
+use reach_proto::v1::agent_service_server::AgentService;
 use reach_proto::v1::router_service_client::RouterServiceClient;
 use reach_proto::v1::{
     CallFrame, CallMuxRequest, CallMuxResponse, HandleMuxRequest, HandleMuxResponse, HandleRequest,
@@ -21,9 +21,7 @@ use reach_proto::v1::{
     header, reply_frame,
 };
 use reach_router::RouterConfig;
-use reach_rpc::GrpcServer;
 use reach_sdk::{AgentRuntime, CallOptions, HandlerContext};
-use tokio::net::TcpListener;
 use tokio::sync::{Notify, mpsc};
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Code, Request, Response, Status, Streaming};
@@ -70,6 +68,19 @@ async fn next(replies: &mut Streaming<CallMuxResponse>) -> CallMuxResponse {
         .expect("a reply within 5 s")
         .expect("the stream stays healthy")
         .expect("a reply frame")
+}
+
+/// A `CallMux` stream to the router at `url` from a generated client, as any language would
+/// open it: the frame sender and the reply stream.
+async fn open_call_mux(url: &str) -> (mpsc::Sender<CallMuxRequest>, Streaming<CallMuxResponse>) {
+    let mut client = RouterServiceClient::connect(url.to_string()).await.unwrap();
+    let (frames, frames_rx) = mpsc::channel(16);
+    let replies = client
+        .call_mux(ReceiverStream::new(frames_rx))
+        .await
+        .unwrap()
+        .into_inner();
+    (frames, replies)
 }
 
 fn call_frame(call_id: u64, capability: &str, text: &str, timeout_ms: u32) -> CallMuxRequest {
@@ -164,15 +175,7 @@ async fn a_call_mux_stream_answers_in_completion_order_with_deadlines_errors_and
     router.wait_routable(1).await;
 
     // A generated client, as any language would use it.
-    let mut client = RouterServiceClient::connect(router.url.clone())
-        .await
-        .unwrap();
-    let (frames, frames_rx) = mpsc::channel(16);
-    let mut replies = client
-        .call_mux(ReceiverStream::new(frames_rx))
-        .await
-        .unwrap()
-        .into_inner();
+    let (frames, mut replies) = open_call_mux(&router.url).await;
     frames.send(call_frame(1, "slow", "one", 0)).await.unwrap();
     frames.send(call_frame(2, "fast", "two", 0)).await.unwrap();
     frames
@@ -370,20 +373,11 @@ impl AgentService for UnaryOnlyAgent {
 async fn an_agent_without_handle_mux_is_called_with_unary_handle() {
     let registry = registry().await;
     let handled = Arc::new(AtomicUsize::new(0));
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let endpoint = format!("http://{}", listener.local_addr().unwrap());
-    let server = GrpcServer::new().add_service(AgentServiceServer::new(UnaryOnlyAgent {
+    let agent = UnaryOnlyAgent {
         handled: handled.clone(),
         ..UnaryOnlyAgent::default()
-    }));
-    tokio::spawn(server.serve(listener, futures::future::pending()));
-    register(
-        &registry.registry,
-        "legacy",
-        "legacy-1",
-        &endpoint,
-        &[("legacy.echo", "1.0.0")],
-    );
+    };
+    serve_bare_agent(&registry, "legacy", "legacy-1", "legacy.echo", agent).await;
     let router = router(&registry.url, RouterConfig::default()).await;
     router.wait_routable(1).await;
     let client = router.client().await;
@@ -412,31 +406,10 @@ async fn a_call_forwards_end_to_end_metadata_but_not_hop_by_hop_fields_or_a_bad_
     let registry = registry().await;
     let agent = UnaryOnlyAgent::default();
     let seen = agent.metadata.clone();
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let endpoint = format!("http://{}", listener.local_addr().unwrap());
-    tokio::spawn(
-        GrpcServer::new()
-            .add_service(AgentServiceServer::new(agent))
-            .serve(listener, futures::future::pending()),
-    );
-    register(
-        &registry.registry,
-        "legacy",
-        "legacy-1",
-        &endpoint,
-        &[("legacy.echo", "1.0.0")],
-    );
+    serve_bare_agent(&registry, "legacy", "legacy-1", "legacy.echo", agent).await;
     let router = router(&registry.url, RouterConfig::default()).await;
     router.wait_routable(1).await;
-    let mut client = RouterServiceClient::connect(router.url.clone())
-        .await
-        .unwrap();
-    let (frames, frames_rx) = mpsc::channel(16);
-    let mut replies = client
-        .call_mux(ReceiverStream::new(frames_rx))
-        .await
-        .unwrap()
-        .into_inner();
+    let (frames, mut replies) = open_call_mux(&router.url).await;
     let valid_parent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
     let padded_parent = format!(" {valid_parent} ");
     for (call_id, traceparent) in [

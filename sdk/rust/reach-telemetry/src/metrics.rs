@@ -364,21 +364,17 @@ const MAX_MESSAGE_TYPE_BYTES: usize = 128;
 /// types of at most [`MAX_MESSAGE_TYPE_BYTES`] bytes are kept, the rest are `other`, so a
 /// caller inventing types cannot grow the metrics without bound. Called on failures only.
 fn bounded_message_type(message_type: &str) -> String {
-    static SEEN: std::sync::Mutex<Option<std::collections::HashSet<String>>> =
-        std::sync::Mutex::new(None);
-    if message_type.len() > MAX_MESSAGE_TYPE_BYTES {
-        return "other".into();
-    }
+    static SEEN: std::sync::Mutex<std::collections::BTreeSet<String>> =
+        std::sync::Mutex::new(std::collections::BTreeSet::new());
     let mut seen = SEEN.lock().unwrap_or_else(|p| p.into_inner());
-    let seen = seen.get_or_insert_with(Default::default);
-    if seen.contains(message_type) {
-        return message_type.to_string();
+    let known = message_type.len() <= MAX_MESSAGE_TYPE_BYTES
+        && (seen.contains(message_type)
+            || (seen.len() < MAX_MESSAGE_TYPES && seen.insert(message_type.to_string())));
+    if known {
+        message_type.to_string()
+    } else {
+        "other".into()
     }
-    if seen.len() < MAX_MESSAGE_TYPES {
-        seen.insert(message_type.to_string());
-        return message_type.to_string();
-    }
-    "other".into()
 }
 
 /// Registry metrics.

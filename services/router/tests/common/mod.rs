@@ -15,6 +15,33 @@ use reach_sdk::{AgentConfig, AgentRuntime, HandlerContext, MeshClient};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
+/// Serves `agent` (an `AgentService` written without the SDK) on 127.0.0.1:0 and registers
+/// it with `registry` as instance `id` of `service`, serving `capability` 1.0.0.
+pub async fn serve_bare_agent<S>(
+    registry: &TestRegistry,
+    service: &str,
+    id: &str,
+    capability: &str,
+    agent: S,
+) where
+    S: reach_proto::v1::agent_service_server::AgentService,
+{
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let endpoint = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(
+        GrpcServer::new()
+            .add_service(reach_proto::v1::agent_service_server::AgentServiceServer::new(agent))
+            .serve(listener, futures::future::pending()),
+    );
+    register(
+        &registry.registry,
+        service,
+        id,
+        &endpoint,
+        &[(capability, "1.0.0")],
+    );
+}
+
 /// A running registry.
 pub struct TestRegistry {
     pub registry: Registry,
