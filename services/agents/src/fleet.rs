@@ -65,9 +65,8 @@ impl Fleet {
         router_endpoint: &str,
         options: &FleetOptions,
     ) -> Result<Self, AgentError> {
-        let router = tonic::transport::Endpoint::from_shared(router_endpoint.to_string())
+        let router = reach_rpc::http2::endpoint(router_endpoint)
             .map_err(|e| AgentError::Config(format!("router endpoint {router_endpoint:?}: {e}")))?
-            .tcp_nodelay(true)
             .connect_lazy();
         let config = |service: &str, index: usize| {
             AgentConfig::new(service, registry_endpoint)

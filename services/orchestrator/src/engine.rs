@@ -191,14 +191,13 @@ impl Engine {
         settings: EngineSettings,
         clock: Clock,
     ) -> Result<Self, Error> {
-        let endpoint = tonic::transport::Endpoint::from_shared(router_endpoint.to_string())
+        let endpoint = reach_rpc::http2::endpoint(router_endpoint)
             .map_err(|e| {
                 Error::Config(format!(
                     "router endpoint {router_endpoint:?} is not a URI: {e}; use http://HOST:PORT"
                 ))
             })?
-            .connect_timeout(Duration::from_secs(5))
-            .tcp_nodelay(true);
+            .connect_timeout(Duration::from_secs(5));
         let router =
             RouterServiceClient::new(reach_telemetry::traced_channel(endpoint.connect_lazy()));
         let (events, _) = broadcast::channel(8192);

@@ -72,6 +72,10 @@ pub struct BenchOptions {
     pub no_nats: bool,
     /// Measure only these modes (empty: all).
     pub only: Vec<String>,
+    /// Measure only these payload sizes, bytes (empty: the matrix's).
+    pub payloads: Vec<usize>,
+    /// Measure only these concurrencies (empty: the matrix's).
+    pub concurrencies: Vec<usize>,
 }
 
 /// The modes, in the order they run.
@@ -162,6 +166,16 @@ async fn run_until_done(options: &BenchOptions) -> anyhow::Result<()> {
         std::env::var("REACH_LOG")
             .unwrap_or_else(|_| format!("{} (default)", reach_telemetry::DEFAULT_LOG_FILTER)),
     );
+    let payloads = if options.payloads.is_empty() {
+        payloads
+    } else {
+        &options.payloads
+    };
+    let concurrencies = if options.concurrencies.is_empty() {
+        concurrencies
+    } else {
+        &options.concurrencies
+    };
     let mut cells = Vec::new();
     for &payload in payloads {
         for &concurrency in concurrencies {
@@ -759,12 +773,7 @@ impl Mesh {
         })
         .await
         .context("the bench agents did not become routable within 10 s")?;
-        let connect = |url: String| async move {
-            tonic::transport::Endpoint::from_shared(url)?
-                .tcp_nodelay(true)
-                .connect()
-                .await
-        };
+        let connect = |url: String| async move { reach_rpc::http2::endpoint(url)?.connect().await };
         let echo_channel = connect(echo_url).await?;
         let direct = AgentServiceClient::new(echo_channel.clone())
             .max_decoding_message_size(MAX_FRAME_BYTES)

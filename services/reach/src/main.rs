@@ -189,6 +189,14 @@ enum BenchCommand {
             value_parser = clap::builder::PossibleValuesParser::new(reach::bench::MODES),
         )]
         only: Vec<String>,
+        /// Measure only these payload sizes in bytes (comma-separated, e.g. `65536`) instead
+        /// of the matrix's.
+        #[arg(long, value_delimiter = ',', value_parser = clap::value_parser!(u32).range(1..=4_000_000))]
+        payloads: Vec<u32>,
+        /// Measure only these concurrencies (comma-separated, e.g. `1,64`) instead of the
+        /// matrix's.
+        #[arg(long, value_delimiter = ',', value_parser = clap::value_parser!(u16).range(1..=4096))]
+        concurrency: Vec<u16>,
     },
     /// Durable flow transitions per second on SQLite (and PostgreSQL with --postgres).
     Flows {
@@ -372,11 +380,15 @@ async fn run(command: Command) -> anyhow::Result<ExitCode> {
                 quick,
                 no_nats,
                 only,
+                payloads,
+                concurrency,
             } => {
                 reach::bench::run(&reach::bench::BenchOptions {
                     quick,
                     no_nats,
                     only,
+                    payloads: payloads.into_iter().map(|b| b as usize).collect(),
+                    concurrencies: concurrency.into_iter().map(usize::from).collect(),
                 })
                 .await?;
                 Ok(ExitCode::SUCCESS)

@@ -505,12 +505,11 @@ impl Router {
         if let Some(client) = peers.get(endpoint) {
             return Ok(client.clone());
         }
-        let channel = tonic::transport::Endpoint::from_shared(endpoint.to_string())
+        let channel = reach_rpc::http2::endpoint(endpoint)
             .map_err(|e| {
                 Status::invalid_argument(format!("reply_to {endpoint:?} is not a router URL: {e}"))
             })?
             .connect_timeout(self.config().connect_timeout)
-            .tcp_nodelay(true)
             .connect_lazy();
         let client = RouterServiceClient::new(channel)
             .max_decoding_message_size(self.config().decoding_limit())

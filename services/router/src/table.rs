@@ -478,9 +478,8 @@ impl RoutingTable {
         spec: &InstanceSpec,
         state: InstanceState,
     ) -> Result<InstanceEndpoint, tonic::transport::Error> {
-        let channel = tonic::transport::Endpoint::from_shared(spec.endpoint.clone())?
+        let channel = reach_rpc::http2::endpoint(spec.endpoint.clone())?
             .connect_timeout(self.config.connect_timeout)
-            .tcp_nodelay(true)
             .connect_lazy();
         Ok(InstanceEndpoint::new(
             channel,

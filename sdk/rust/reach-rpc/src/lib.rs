@@ -3,6 +3,8 @@
 //! # Layout
 //! - [`server`] — [`GrpcServer`] serves tonic services on a caller-bound listener, always with
 //!   `grpc.health.v1` and server reflection (v1 and v1alpha, so grpcurl 1.8 works).
+//! - [`http2`] — the HTTP/2 settings servers and data-path channels advertise, and
+//!   [`http2::endpoint`] to build such a channel.
 //! - [`deadline`] — the `grpc-timeout` header (gRPC over HTTP/2 spec), parsed and written.
 //! - [`trace`] — W3C trace ids (`traceparent`), validated and generated.
 //! - [`errors`] — statuses with `google.rpc.ErrorInfo` details, and their reasons.
@@ -12,6 +14,7 @@
 
 pub mod deadline;
 pub mod errors;
+pub mod http2;
 pub mod mux;
 pub mod server;
 pub mod time;

@@ -1,14 +1,16 @@
 //! Serving tonic services with health and reflection on a listener the caller bound.
 //!
-//! Services are served through axum's HTTP/2 server rather than `tonic::transport::Server`:
-//! tonic's server answers an expired `grpc-timeout` with `CANCELLED`, while Reach enforces
-//! deadlines itself (router and SDK) and answers `DEADLINE_EXCEEDED`, as the gRPC spec asks.
+//! Services are routed by an axum router and served by hyper's connection builder
+//! (`hyper-util`) rather than `tonic::transport::Server`: tonic's server answers an expired
+//! `grpc-timeout` with `CANCELLED`, while Reach enforces deadlines itself (router and SDK) and
+//! answers `DEADLINE_EXCEEDED`, as the gRPC spec asks; and serving the connections ourselves
+//! sets the HTTP/2 settings Reach wants ([`crate::http2::MAX_FRAME_BYTES`]), which
+//! `axum::serve` does not expose.
 
 use std::convert::Infallible;
 use std::future::Future;
 use std::time::Duration;
 
-use axum::serve::ListenerExt;
 use tonic::body::Body;
 use tonic::server::NamedService;
 use tonic::service::Routes;
@@ -170,37 +172,89 @@ impl GrpcServer {
         if let Some(fallback) = self.fallback {
             router = router.fallback_service(fallback);
         }
-        let listener = listener.tap_io(|tcp| {
-            // Small gRPC frames must not wait for Nagle's algorithm.
-            let _ = tcp.set_nodelay(true);
-        });
         let health = self.health.clone();
         let names = self.service_names.clone();
-        let (began, shutdown_began) = tokio::sync::oneshot::channel::<()>();
-        let serve = axum::serve(listener, router).with_graceful_shutdown(async move {
+        let shutdown = async move {
             shutdown.await;
             for name in names {
                 health
                     .set_service_status(name, ServingStatus::NotServing)
                     .await;
             }
-            let _ = began.send(());
-        });
-        let grace = self.grace;
+        };
+        serve_http(listener, router, shutdown, self.grace).await
+    }
+}
+
+/// Accepts connections on `listener` and serves `router` on each (HTTP/2, and HTTP/1.1 for
+/// plain HTTP callers), until `shutdown` resolves; then stops accepting, asks every connection
+/// to finish (HTTP/2 GOAWAY) and closes those still open after `grace`.
+async fn serve_http(
+    listener: tokio::net::TcpListener,
+    router: axum::Router,
+    shutdown: impl Future<Output = ()>,
+    grace: Duration,
+) -> Result<(), ServeError> {
+    use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+    use hyper_util::server::conn::auto::Builder;
+    use hyper_util::service::TowerToHyperService;
+
+    let mut builder = Builder::new(TokioExecutor::new());
+    // The timer lets hyper enforce its HTTP/1.1 header read timeout (30 s).
+    builder.http1().timer(TokioTimer::new());
+    builder
+        .http2()
+        .timer(TokioTimer::new())
+        .max_frame_size(crate::http2::MAX_FRAME_BYTES);
+    let graceful = hyper_util::server::graceful::GracefulShutdown::new();
+    let mut connections = tokio::task::JoinSet::new();
+    let mut shutdown = std::pin::pin!(shutdown);
+    loop {
         tokio::select! {
-            result = serve => result.map_err(ServeError::Io),
-            () = async move {
-                if shutdown_began.await.is_ok() {
-                    tokio::time::sleep(grace).await;
-                } else {
-                    std::future::pending::<()>().await;
+            accepted = listener.accept() => match accepted {
+                Ok((tcp, _peer)) => {
+                    // Small gRPC frames must not wait for Nagle's algorithm.
+                    let _ = tcp.set_nodelay(true);
+                    let service = TowerToHyperService::new(router.clone());
+                    let connection = builder.serve_connection(TokioIo::new(tcp), service);
+                    let connection = graceful.watch(connection.into_owned());
+                    connections.spawn(async move {
+                        if let Err(error) = connection.await {
+                            tracing::trace!(%error, "connection ended with an error");
+                        }
+                    });
                 }
-            } => {
-                tracing::warn!(grace = ?grace, "grace period over; closing remaining connections");
-                Ok(())
-            }
+                Err(error) => wait_after_accept_error(error).await,
+            },
+            // Reap finished connections so the set holds only open ones.
+            Some(_) = connections.join_next(), if !connections.is_empty() => {}
+            () = &mut shutdown => break,
         }
     }
+    drop(listener);
+    if tokio::time::timeout(grace, graceful.shutdown())
+        .await
+        .is_err()
+    {
+        tracing::warn!(grace = ?grace, open = connections.len(), "grace period over; closing remaining connections");
+    }
+    connections.shutdown().await;
+    Ok(())
+}
+
+/// What a failed `accept` calls for: a connection that failed before it was accepted is the
+/// peer's business; anything else (such as `EMFILE`, out of file descriptors) is logged and
+/// accepting pauses for a second, so the loop does not spin while nothing can be accepted.
+async fn wait_after_accept_error(error: std::io::Error) {
+    use std::io::ErrorKind;
+    if matches!(
+        error.kind(),
+        ErrorKind::ConnectionRefused | ErrorKind::ConnectionAborted | ErrorKind::ConnectionReset
+    ) {
+        return;
+    }
+    tracing::error!(%error, "accepting a connection failed; retrying in 1 s");
+    tokio::time::sleep(Duration::from_secs(1)).await;
 }
 
 /// Why serving failed.

@@ -74,10 +74,7 @@ impl MeshClient {
         endpoint: &str,
         source: impl Into<String>,
     ) -> Result<Self, tonic::transport::Error> {
-        let channel = tonic::transport::Endpoint::from_shared(endpoint.to_string())?
-            .tcp_nodelay(true)
-            .connect()
-            .await?;
+        let channel = reach_rpc::http2::endpoint(endpoint)?.connect().await?;
         Ok(Self::new(channel, source))
     }
 
