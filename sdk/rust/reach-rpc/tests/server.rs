@@ -52,12 +52,7 @@ async fn a_stream_still_open_after_the_grace_period_is_closed_and_serve_returns(
     stop.send(()).unwrap();
     // Ends by the grace period: the stream breaks (or ends) and `serve` returns Ok.
     let ended = tokio::time::timeout(Duration::from_secs(5), async {
-        loop {
-            match watch.message().await {
-                Ok(Some(_)) => continue,
-                Ok(None) | Err(_) => break,
-            }
-        }
+        while let Ok(Some(_)) = watch.message().await {}
     })
     .await;
     assert!(
