@@ -414,6 +414,27 @@ async fn dev_serves_every_service_on_one_port_for_grpcurl_and_reach_agents() {
         "the ended stream is no longer open"
     );
 
+    // A stream refused before it opens is counted too, with its code, under the unrouted label.
+    let refused = Command::new(grpcurl())
+        .args([
+            "-plaintext",
+            "-d",
+            r#"{"message": {"header": {"capability": "no.such"}}}"#,
+            &grpc,
+            "reach.v1.RouterService/Stream",
+        ])
+        .output()
+        .unwrap();
+    assert!(!refused.status.success(), "a stream to no.such is refused");
+    assert!(
+        scrape()
+            .lines()
+            .any(|l| l.starts_with("reach_router_streams_total{")
+                && l.contains("capability=\"(unrouted)\"")
+                && l.contains("code=\"NOT_FOUND\"")),
+        "the refused stream is counted"
+    );
+
     // A failed call's ErrorInfo is decoded by grpcurl (reflection serves google.rpc).
     let unknown = Command::new(grpcurl())
         .args([
