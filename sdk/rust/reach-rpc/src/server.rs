@@ -131,8 +131,9 @@ impl GrpcServer {
     /// in-flight calls to finish, at most the grace period (see [`GrpcServer::with_grace`]).
     ///
     /// # Errors
-    /// Returns an error when a descriptor set cannot be decoded (a build bug) or accepting
-    /// connections fails.
+    /// Returns an error when a descriptor set cannot be decoded (a build bug). A failed
+    /// `accept` (such as running out of file descriptors) is logged and retried after 1 s
+    /// rather than ending the server.
     pub async fn serve(
         self,
         listener: tokio::net::TcpListener,
@@ -182,7 +183,8 @@ impl GrpcServer {
                     .await;
             }
         };
-        serve_http(listener, router, shutdown, self.grace).await
+        serve_http(listener, router, shutdown, self.grace).await;
+        Ok(())
     }
 }
 
@@ -194,7 +196,7 @@ async fn serve_http(
     router: axum::Router,
     shutdown: impl Future<Output = ()>,
     grace: Duration,
-) -> Result<(), ServeError> {
+) {
     use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
     use hyper_util::server::conn::auto::Builder;
     use hyper_util::service::TowerToHyperService;
@@ -239,7 +241,6 @@ async fn serve_http(
         tracing::warn!(grace = ?grace, open = connections.len(), "grace period over; closing remaining connections");
     }
     connections.shutdown().await;
-    Ok(())
 }
 
 /// What a failed `accept` calls for: a connection that failed before it was accepted is the
@@ -263,7 +264,4 @@ pub enum ServeError {
     /// A file descriptor set could not be decoded.
     #[error("cannot build the reflection service: {0}")]
     Reflection(#[from] tonic_reflection::server::Error),
-    /// The listener failed.
-    #[error("serving failed: {0}")]
-    Io(#[from] std::io::Error),
 }
