@@ -89,16 +89,15 @@ async fn drain_service(
     )
 }
 
-/// Serves `routes` on `listener` until `shutdown` is cancelled.
-///
-/// # Errors
-/// When accepting connections fails.
-pub async fn serve(
-    listener: TcpListener,
-    routes: Router,
-    shutdown: CancellationToken,
-) -> std::io::Result<()> {
-    axum::serve(listener, routes)
-        .with_graceful_shutdown(async move { shutdown.cancelled().await })
-        .await
+/// Serves `routes` on `listener` until `shutdown` is cancelled, then lets requests in
+/// progress finish for at most [`reach_rpc::server::DEFAULT_GRACE`] (a client that never
+/// finishes its request cannot hold `reach` up).
+pub async fn serve(listener: TcpListener, routes: Router, shutdown: CancellationToken) {
+    reach_rpc::server::serve_http(
+        listener,
+        routes,
+        async move { shutdown.cancelled().await },
+        reach_rpc::server::DEFAULT_GRACE,
+    )
+    .await;
 }

@@ -10,7 +10,7 @@ use reach::control_plane::{ControlPlane, Services};
 use reach::demo::{DEFAULT_INPUT, DemoOptions};
 use serde_json::{Map, Value, json};
 use tokio::net::TcpListener;
-use tracing::{error, info};
+use tracing::{error, info, warn};
 
 /// mimalloc instead of the system allocator: every routed call allocates and frees message
 /// buffers of a few KiB on several threads, where glibc's malloc spends much of its time
@@ -20,6 +20,9 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 /// EX_USAGE from sysexits.h: the command was used incorrectly (bad configuration).
 const EXIT_USAGE: u8 = 64;
+/// Exit status after a second SIGINT/SIGTERM cut the shutdown short (128 + SIGINT, as shells
+/// report an interrupted command).
+const EXIT_INTERRUPTED: i32 = 130;
 
 #[derive(Parser)]
 #[command(
@@ -527,6 +530,12 @@ async fn serve(
     );
 
     reach_sdk::signal::terminate().await;
+    // A second signal ends the process at once, without waiting for drains and grace periods.
+    tokio::spawn(async {
+        reach_sdk::signal::terminate().await;
+        warn!("second signal: exiting without finishing the shutdown");
+        std::process::exit(EXIT_INTERRUPTED);
+    });
     if let Some(fleet) = fleet {
         info!("shutting down: draining agents");
         fleet.drain().await;

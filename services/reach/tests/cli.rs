@@ -645,6 +645,89 @@ async fn dev_serves_every_service_on_one_port_for_grpcurl_and_reach_agents() {
     assert!(status.success(), "{status:?}");
 }
 
+/// A shutdown held up by an open stream (the agents drain it for up to `max_drain`) is cut
+/// short by a second signal: `reach dev` exits at once with status 130.
+#[tokio::test]
+async fn a_second_signal_ends_a_slow_shutdown_at_once() {
+    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_reach"))
+        .args(["dev", "--listen", "127.0.0.1:0", "--admin-listen", ""])
+        .current_dir(repo_root())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let mut grpc = None;
+    while let Ok(Some(line)) = tokio::time::timeout(Duration::from_secs(30), lines.next_line())
+        .await
+        .unwrap()
+    {
+        if let Some(rest) = line.strip_prefix("grpc") {
+            grpc = rest
+                .split_whitespace()
+                .next()
+                .map(|u| u.trim_start_matches("http://").to_string());
+        }
+        if line.starts_with("try:") {
+            break;
+        }
+    }
+    let grpc = grpc.expect("reach dev printed its gRPC address");
+    // A routed stream left open: its agent counts it in flight while it drains.
+    let mut streaming = Command::new(grpcurl())
+        .args([
+            "-plaintext",
+            "-d",
+            "@",
+            &grpc,
+            "reach.v1.RouterService/Stream",
+        ])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdin = streaming.stdin.take().unwrap();
+    {
+        use std::io::Write as _;
+        writeln!(stdin, r#"{{"message":{{"header":{{"capability":"complaint.classify"}},"payload":{{"parts":[{{"data":{{"complaint_id":"1","narrative":"late fee on my autopay"}}}}]}}}}}}"#).unwrap();
+        stdin.flush().unwrap();
+    }
+    let mut first_reply = String::new();
+    std::io::BufRead::read_line(
+        &mut std::io::BufReader::new(streaming.stdout.as_mut().unwrap()),
+        &mut first_reply,
+    )
+    .unwrap();
+    assert!(!first_reply.is_empty(), "the stream is open and answering");
+
+    let pid = child.id().unwrap().to_string();
+    let signal = || {
+        assert!(
+            Command::new("kill")
+                .args(["-INT", &pid])
+                .status()
+                .unwrap()
+                .success()
+        )
+    };
+    signal();
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert!(
+        child.try_wait().unwrap().is_none(),
+        "the first signal starts a drain that waits for the open stream"
+    );
+    signal();
+    let status = tokio::time::timeout(Duration::from_secs(3), child.wait())
+        .await
+        .expect("the second signal ends reach dev at once")
+        .unwrap();
+    assert_eq!(status.code(), Some(130), "{status:?}");
+    drop(stdin);
+    let _ = streaming.kill();
+    let _ = streaming.wait();
+}
+
 #[test]
 fn settings_layer_file_then_env_then_flags() {
     let dir = std::env::temp_dir().join(format!("reach-cli-config-{}", std::process::id()));

@@ -350,6 +350,18 @@ pub fn lost_instance(instance_id: &str, detail: &str) -> Status {
     )
 }
 
+/// The status of a routed stream whose instance connection broke while it was open:
+/// UNAVAILABLE with reason `INSTANCE_UNAVAILABLE` naming the instance. Messages sent since
+/// the instance's last reply may or may not have been handled.
+pub fn lost_stream_instance(instance_id: &str, detail: &str) -> Status {
+    instance_unavailable(
+        instance_id,
+        format!(
+            "instance {instance_id} went away while the stream was open ({detail}); messages sent since its last reply may or may not have been handled: open a new stream to go on"
+        ),
+    )
+}
+
 fn instance_unavailable(instance_id: &str, message: String) -> Status {
     reach_rpc::errors::status_with_reason(
         tonic::Code::Unavailable,

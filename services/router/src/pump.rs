@@ -148,6 +148,8 @@ pub struct OutboundPump {
     _open: reach_telemetry::metrics::GaugeGuard,
     deadline: Option<Pin<Box<tokio::time::Sleep>>>,
     done: bool,
+    /// The instance serving the stream, named when its connection breaks.
+    instance_id: String,
     /// The route label and start, for the stream metrics recorded when the pump drops.
     label: String,
     started: Instant,
@@ -157,7 +159,7 @@ pub struct OutboundPump {
 }
 
 impl OutboundPump {
-    /// A pump over the instance's stream; `label` (the route) and `started` feed the stream
+    /// A pump over the stream of instance `instance_id`; `label` (the route) and `started` feed the stream
     /// metrics (`reach_router_streams_total`, `reach_router_stream_duration_seconds`), and
     /// `open` (raised when the stream took its instance) is held until the pump drops.
     #[allow(clippy::too_many_arguments)]
@@ -168,12 +170,14 @@ impl OutboundPump {
         open: reach_telemetry::metrics::GaugeGuard,
         deadline: Option<Instant>,
         adapter: Option<Adapter>,
+        instance_id: String,
         label: String,
         started: Instant,
     ) -> Self {
         Self {
             agent,
             adapter,
+            instance_id,
             abort: Some(abort),
             _in_flight: in_flight.for_stream(),
             _open: open,
@@ -238,6 +242,13 @@ impl futures::Stream for OutboundPump {
                 Poll::Ready(Some(Ok(StreamResponse { message })))
             }
             Poll::Ready(Some(Err(status))) => {
+                // A status with a local source is the connection failing (the instance went
+                // away), not one the instance sent: say so, as UNAVAILABLE.
+                let status = if std::error::Error::source(&status).is_some() {
+                    crate::endpoint::lost_stream_instance(&self.instance_id, status.message())
+                } else {
+                    status
+                };
                 self.finish(status.code());
                 Poll::Ready(Some(Err(status)))
             }

@@ -274,6 +274,7 @@ impl Router {
             open,
             deadline,
             plan.adapter,
+            endpoint.info().instance_id.clone(),
             label,
             started,
         );

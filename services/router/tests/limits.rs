@@ -794,3 +794,54 @@ async fn a_call_to_an_instance_that_refuses_connections_says_it_was_not_delivere
         status.message()
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_whose_instance_goes_away_ends_with_an_error() {
+    let registry = registry().await;
+    let running = AgentRuntime::new(
+        config("talk", "talk-gone", &registry.url).with_max_drain(Duration::from_millis(100)),
+    )
+    .handle_stream(
+        "talk",
+        "1.0.0",
+        |_c: HandlerContext, first: ReachMessage, rest: reach_sdk::handler::InboundMessages| {
+            use futures::StreamExt;
+            futures::stream::once(async move { Ok(first) })
+                .chain(rest)
+                .map(|m| m.map(|m| m.payload.unwrap_or_default()))
+        },
+    );
+    let (running, _) = agent(running).await;
+    let router = router(&registry.url, RouterConfig::default()).await;
+    router.wait_routable(1).await;
+    let client = router.client().await;
+    let first =
+        client.message_to_capability("talk", Payload::text("t", "hi"), &CallOptions::default());
+    let (_tx, rx) = tokio::sync::mpsc::channel(4);
+    let mut replies = client
+        .stream(first, tokio_stream_from(rx), None)
+        .await
+        .unwrap();
+    replies.message().await.unwrap().unwrap();
+    // The instance stops while the stream is open (its drain gives up after 100 ms, its
+    // server's grace after 1 s): the caller's stream ends with an error, not hanging.
+    let drained = tokio::spawn(running.drain());
+    let outcome = tokio::time::timeout(Duration::from_secs(8), async {
+        loop {
+            match replies.message().await {
+                Ok(Some(_)) => continue,
+                other => break other,
+            }
+        }
+    })
+    .await
+    .expect("the caller's stream was still open 8 s after its instance went away");
+    let status = outcome.expect_err("the stream ended as if it had finished");
+    assert_eq!(status.code(), Code::Unavailable, "{status:?}");
+    assert_eq!(reason(&status), "INSTANCE_UNAVAILABLE");
+    assert_eq!(
+        reach_rpc::errors::metadata_of(&status)["instance_id"],
+        "talk-gone"
+    );
+    drained.await.unwrap().unwrap();
+}

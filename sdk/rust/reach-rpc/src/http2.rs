@@ -13,6 +13,13 @@ use tonic::transport::{Endpoint, Error};
 /// setting (any gRPC library's default) is still sent frames of at most 16 KiB.
 pub const MAX_FRAME_BYTES: u32 = 256 * 1024;
 
+/// How often a server pings each HTTP/2 connection (RFC 9113 §6.7), to find peers that went
+/// away without closing it (a crashed host, a dropped NAT mapping).
+pub const KEEPALIVE_INTERVAL: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// How long a server waits for a ping's acknowledgement before it closes the connection.
+pub const KEEPALIVE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(20);
+
 /// A channel endpoint for `url` (`http://HOST:PORT`) with the settings Reach's data path uses:
 /// `TCP_NODELAY` (small gRPC frames must not wait for Nagle's algorithm) and
 /// [`MAX_FRAME_BYTES`], so replies come back in large frames.

@@ -31,8 +31,9 @@ pub const DEFAULT_GRACE: Duration = Duration::from_secs(10);
 /// A set of gRPC services to serve on one listener, plus `grpc.health.v1.Health` and server
 /// reflection (`grpc.reflection.v1` and `grpc.reflection.v1alpha`).
 ///
-/// Every added service is reported `SERVING` by the health service once serving starts, and
-/// `NOT_SERVING` when the shutdown future resolves (so probes fail while in-flight calls drain).
+/// Every added service, and the server as a whole (service `""`), is reported `SERVING` by the
+/// health service once serving starts, and `NOT_SERVING` when the shutdown future resolves (so
+/// probes fail while in-flight calls drain).
 pub struct GrpcServer {
     routes: Routes,
     health: HealthReporter,
@@ -177,7 +178,9 @@ impl GrpcServer {
         let names = self.service_names.clone();
         let shutdown = async move {
             shutdown.await;
-            for name in names {
+            // "" is the server's overall status, which probes ask by default (Kubernetes'
+            // gRPC probe, grpc_health_probe).
+            for name in names.into_iter().chain([""]) {
                 health
                     .set_service_status(name, ServingStatus::NotServing)
                     .await;
@@ -189,9 +192,16 @@ impl GrpcServer {
 }
 
 /// Accepts connections on `listener` and serves `router` on each (HTTP/2, and HTTP/1.1 for
-/// plain HTTP callers), until `shutdown` resolves; then stops accepting, asks every connection
-/// to finish (HTTP/2 GOAWAY) and closes those still open after `grace`.
-async fn serve_http(
+/// plain HTTP callers such as admin endpoints), until `shutdown` resolves; then stops
+/// accepting, asks every connection to finish (HTTP/2 GOAWAY; HTTP/1.1 closes after the
+/// response in progress) and closes those still open after `grace`. Returns once every
+/// connection is closed.
+///
+/// HTTP/2 connections advertise [`crate::http2::MAX_FRAME_BYTES`] and are pinged every
+/// [`crate::http2::KEEPALIVE_INTERVAL`]; a peer that does not answer a ping within
+/// [`crate::http2::KEEPALIVE_TIMEOUT`] is disconnected. An HTTP/1.1 request whose headers
+/// take over 30 s is dropped.
+pub async fn serve_http(
     listener: tokio::net::TcpListener,
     router: axum::Router,
     shutdown: impl Future<Output = ()>,
@@ -207,7 +217,9 @@ async fn serve_http(
     builder
         .http2()
         .timer(TokioTimer::new())
-        .max_frame_size(crate::http2::MAX_FRAME_BYTES);
+        .max_frame_size(crate::http2::MAX_FRAME_BYTES)
+        .keep_alive_interval(crate::http2::KEEPALIVE_INTERVAL)
+        .keep_alive_timeout(crate::http2::KEEPALIVE_TIMEOUT);
     let graceful = hyper_util::server::graceful::GracefulShutdown::new();
     let mut connections = tokio::task::JoinSet::new();
     let mut shutdown = std::pin::pin!(shutdown);

@@ -50,11 +50,20 @@ async fn a_stream_still_open_after_the_grace_period_is_closed_and_serve_returns(
 
     let began = Instant::now();
     stop.send(()).unwrap();
-    // Ends by the grace period: the stream breaks (or ends) and `serve` returns Ok.
+    // The server's overall status turns NOT_SERVING at once (probes ask "" by default); then,
+    // by the grace period, the stream breaks (or ends) and `serve` returns Ok.
+    let mut statuses = Vec::new();
     let ended = tokio::time::timeout(Duration::from_secs(5), async {
-        while let Ok(Some(_)) = watch.message().await {}
+        while let Ok(Some(update)) = watch.message().await {
+            statuses.push(update.status);
+        }
     })
     .await;
+    assert_eq!(
+        statuses,
+        [ServingStatus::NotServing as i32],
+        "the watch saw the server stop serving"
+    );
     assert!(
         ended.is_ok(),
         "the open stream was not closed within 5 s of shutdown (grace {grace:?})"
@@ -72,4 +81,34 @@ async fn a_stream_still_open_after_the_grace_period_is_closed_and_serve_returns(
     // Nothing listens any more.
     let refused = reach_rpc::http2::endpoint(url).unwrap().connect().await;
     assert!(refused.is_err(), "a connection was accepted after shutdown");
+}
+
+#[tokio::test]
+async fn a_request_that_never_finishes_does_not_hold_shutdown_past_the_grace_period() {
+    use tokio::io::AsyncWriteExt;
+    let grace = Duration::from_millis(300);
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let routes = axum::Router::new().route("/metrics", axum::routing::get(|| async { "ok" }));
+    let task = tokio::spawn(reach_rpc::server::serve_http(
+        listener,
+        routes,
+        async move {
+            let _ = stopped.await;
+        },
+        grace,
+    ));
+    // Half an HTTP/1.1 request (the headers never end), as an admin port may see.
+    let mut half = tokio::net::TcpStream::connect(addr).await.unwrap();
+    half.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n")
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    stop.send(()).unwrap();
+    tokio::time::timeout(grace + Duration::from_secs(3), task)
+        .await
+        .expect("serve waited on a request that never finishes")
+        .unwrap();
+    drop(half);
 }

@@ -203,7 +203,9 @@ impl AgentRuntime {
 
         let (stop_serving, serving_stopped) = watch::channel(false);
         let mut grpc_service_names = Vec::new();
-        let mut server = GrpcServer::new();
+        // The server stops only at the end of a drain, which already gave in-flight work its
+        // `max_drain`; what is still open then gets a short grace, not another full one.
+        let mut server = GrpcServer::new().with_grace(SERVER_GRACE_AFTER_DRAIN);
         for (name, add) in self.grpc_services {
             grpc_service_names.push(name);
             server = add(server);
@@ -343,7 +345,12 @@ impl RunningAgent {
             }
         }
         let _ = self.stop_serving.send(true);
-        match tokio::time::timeout(Duration::from_secs(5), self.serve).await {
+        match tokio::time::timeout(
+            SERVER_GRACE_AFTER_DRAIN + Duration::from_secs(2),
+            self.serve,
+        )
+        .await
+        {
             Ok(Ok(result)) => result?,
             Ok(Err(_)) | Err(_) => warn!(instance = %instance, "server did not stop in time"),
         }
@@ -351,6 +358,10 @@ impl RunningAgent {
         Ok(())
     }
 }
+
+/// How long an agent's server lets calls and streams still open at the end of a drain (after
+/// `max_drain`) finish before it closes their connections.
+const SERVER_GRACE_AFTER_DRAIN: Duration = Duration::from_secs(1);
 
 /// Registers, then heartbeats every third of the granted lease until `stop`; registers
 /// again whenever the registry no longer knows the lease.

@@ -37,16 +37,19 @@ async fn health() -> impl IntoResponse {
     axum::Json(serde_json::json!({ "status": "ok" }))
 }
 
-/// Serves `router` on a listener the caller bound until `shutdown` resolves.
+/// Serves `router` on a listener the caller bound until `shutdown` resolves, then lets
+/// requests in progress finish for at most [`reach_rpc::server::DEFAULT_GRACE`] and returns
+/// (see [`reach_rpc::server::serve_http`]: a client that never finishes its request cannot
+/// hold the process up).
 ///
 /// # Errors
-/// Returns the listener's error when accepting connections fails.
+/// None today; the `Result` keeps callers' `?` working.
 pub async fn serve_admin(
     listener: tokio::net::TcpListener,
     router: Router,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    axum::serve(listener, router)
-        .with_graceful_shutdown(shutdown)
-        .await
+    reach_rpc::server::serve_http(listener, router, shutdown, reach_rpc::server::DEFAULT_GRACE)
+        .await;
+    Ok(())
 }
