@@ -250,6 +250,8 @@ pub async fn serve_http(
         .await
         .is_err()
     {
+        // Connections that ended since the loop stopped reaping are not open any more.
+        while connections.try_join_next().is_some() {}
         tracing::warn!(grace = ?grace, open = connections.len(), "grace period over; closing remaining connections");
     }
     connections.shutdown().await;
