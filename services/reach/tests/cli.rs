@@ -209,16 +209,42 @@ fn grpcurl() -> PathBuf {
     path
 }
 
-#[tokio::test]
-async fn dev_serves_every_service_on_one_port_for_grpcurl_and_reach_agents() {
-    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_reach"))
+/// grpcurl streaming `RouterService.Stream` on `grpc` (`HOST:PORT`), its first message (a
+/// `complaint.classify` request) sent; the caller holds stdin to send more, or drops it to
+/// end the stream.
+fn open_classify_stream(grpc: &str) -> (std::process::Child, std::process::ChildStdin) {
+    use std::io::Write as _;
+    let mut streaming = Command::new(grpcurl())
         .args([
-            "dev",
-            "--listen",
-            "127.0.0.1:0",
-            "--admin-listen",
-            "127.0.0.1:0",
+            "-plaintext",
+            "-d",
+            "@",
+            grpc,
+            "reach.v1.RouterService/Stream",
         ])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdin = streaming.stdin.take().unwrap();
+    writeln!(stdin, r#"{{"message":{{"header":{{"capability":"complaint.classify"}},"payload":{{"parts":[{{"data":{{"complaint_id":"1","narrative":"late fee on my autopay"}}}}]}}}}}}"#).unwrap();
+    stdin.flush().unwrap();
+    (streaming, stdin)
+}
+
+/// `reach dev ARGS`, once it printed its `try:` line: the process, its stdout (kept open so
+/// it can go on printing), and the gRPC and admin addresses (`HOST:PORT`) it printed.
+async fn start_dev(
+    args: &[&str],
+) -> (
+    tokio::process::Child,
+    tokio::io::Lines<BufReader<tokio::process::ChildStdout>>,
+    String,
+    Option<String>,
+) {
+    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_reach"))
+        .arg("dev")
+        .args(args)
         .current_dir(repo_root())
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
@@ -228,27 +254,33 @@ async fn dev_serves_every_service_on_one_port_for_grpcurl_and_reach_agents() {
     let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
     let mut grpc = None;
     let mut admin = None;
+    let address = |rest: &str| {
+        rest.split_whitespace()
+            .next()
+            .map(|u| u.trim_start_matches("http://").to_string())
+    };
     while let Ok(Some(line)) = tokio::time::timeout(Duration::from_secs(30), lines.next_line())
         .await
         .unwrap()
     {
         if let Some(rest) = line.strip_prefix("grpc") {
-            grpc = rest
-                .split_whitespace()
-                .next()
-                .map(|u| u.trim_start_matches("http://").to_string());
+            grpc = address(rest);
         }
         if let Some(rest) = line.strip_prefix("admin http") {
-            admin = rest
-                .split_whitespace()
-                .next()
-                .map(|u| u.trim_start_matches("http://").to_string());
+            admin = address(rest);
         }
         if line.starts_with("try:") {
             break;
         }
     }
     let grpc = grpc.expect("reach dev printed its gRPC address");
+    (child, lines, grpc, admin)
+}
+
+#[tokio::test]
+async fn dev_serves_every_service_on_one_port_for_grpcurl_and_reach_agents() {
+    let (mut child, _stdout, grpc, admin) =
+        start_dev(&["--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0"]).await;
     let admin = admin.expect("reach dev printed its admin address");
 
     let list = Command::new(grpcurl())
@@ -353,18 +385,7 @@ async fn dev_serves_every_service_on_one_port_for_grpcurl_and_reach_agents() {
     assert_eq!(routed(&metrics), before + 1.0, "the counter moved by one");
 
     // A routed stream through grpcurl is counted when it ends.
-    let mut streaming = Command::new(grpcurl())
-        .args([
-            "-plaintext",
-            "-d",
-            "@",
-            &grpc,
-            "reach.v1.RouterService/Stream",
-        ])
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
+    let (streaming, stdin) = open_classify_stream(&grpc);
     let open_streams = |text: &str| -> Option<f64> {
         text.lines()
             .find(|l| {
@@ -376,9 +397,7 @@ async fn dev_serves_every_service_on_one_port_for_grpcurl_and_reach_agents() {
     };
     {
         use std::io::Write as _;
-        let mut stdin = streaming.stdin.take().unwrap();
-        writeln!(stdin, r#"{{"message":{{"header":{{"capability":"complaint.classify"}},"payload":{{"parts":[{{"data":{{"complaint_id":"1","narrative":"late fee on my autopay"}}}}]}}}}}}"#).unwrap();
-        stdin.flush().unwrap();
+        let mut stdin = stdin;
         // While the stream is open, the gauge counts it.
         let started = std::time::Instant::now();
         while open_streams(&scrape()) != Some(1.0) {
@@ -649,50 +668,10 @@ async fn dev_serves_every_service_on_one_port_for_grpcurl_and_reach_agents() {
 /// short by a second signal: `reach dev` exits at once with status 130.
 #[tokio::test]
 async fn a_second_signal_ends_a_slow_shutdown_at_once() {
-    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_reach"))
-        .args(["dev", "--listen", "127.0.0.1:0", "--admin-listen", ""])
-        .current_dir(repo_root())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .kill_on_drop(true)
-        .spawn()
-        .unwrap();
-    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
-    let mut grpc = None;
-    while let Ok(Some(line)) = tokio::time::timeout(Duration::from_secs(30), lines.next_line())
-        .await
-        .unwrap()
-    {
-        if let Some(rest) = line.strip_prefix("grpc") {
-            grpc = rest
-                .split_whitespace()
-                .next()
-                .map(|u| u.trim_start_matches("http://").to_string());
-        }
-        if line.starts_with("try:") {
-            break;
-        }
-    }
-    let grpc = grpc.expect("reach dev printed its gRPC address");
+    let (mut child, _stdout, grpc, _) =
+        start_dev(&["--listen", "127.0.0.1:0", "--admin-listen", ""]).await;
     // A routed stream left open: its agent counts it in flight while it drains.
-    let mut streaming = Command::new(grpcurl())
-        .args([
-            "-plaintext",
-            "-d",
-            "@",
-            &grpc,
-            "reach.v1.RouterService/Stream",
-        ])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut stdin = streaming.stdin.take().unwrap();
-    {
-        use std::io::Write as _;
-        writeln!(stdin, r#"{{"message":{{"header":{{"capability":"complaint.classify"}},"payload":{{"parts":[{{"data":{{"complaint_id":"1","narrative":"late fee on my autopay"}}}}]}}}}}}"#).unwrap();
-        stdin.flush().unwrap();
-    }
+    let (mut streaming, stdin) = open_classify_stream(&grpc);
     let mut first_reply = String::new();
     std::io::BufRead::read_line(
         &mut std::io::BufReader::new(streaming.stdout.as_mut().unwrap()),

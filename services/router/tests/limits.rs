@@ -173,7 +173,12 @@ async fn an_expired_message_is_refused_with_message_expired() {
 
 /// An agent `id` whose `talk` streams echo every message's payload.
 fn stream_echo(registry: &str, id: &str) -> AgentRuntime {
-    AgentRuntime::new(config("talk", id, registry)).handle_stream(
+    stream_echo_with(config("talk", id, registry))
+}
+
+/// A `talk` stream echo agent with `config`.
+fn stream_echo_with(config: reach_sdk::AgentConfig) -> AgentRuntime {
+    AgentRuntime::new(config).handle_stream(
         "talk",
         "1.0.0",
         |_c: HandlerContext, first: ReachMessage, rest: reach_sdk::handler::InboundMessages| {
@@ -798,20 +803,10 @@ async fn a_call_to_an_instance_that_refuses_connections_says_it_was_not_delivere
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stream_whose_instance_goes_away_ends_with_an_error() {
     let registry = registry().await;
-    let running = AgentRuntime::new(
+    let (running, _) = agent(stream_echo_with(
         config("talk", "talk-gone", &registry.url).with_max_drain(Duration::from_millis(100)),
-    )
-    .handle_stream(
-        "talk",
-        "1.0.0",
-        |_c: HandlerContext, first: ReachMessage, rest: reach_sdk::handler::InboundMessages| {
-            use futures::StreamExt;
-            futures::stream::once(async move { Ok(first) })
-                .chain(rest)
-                .map(|m| m.map(|m| m.payload.unwrap_or_default()))
-        },
-    );
-    let (running, _) = agent(running).await;
+    ))
+    .await;
     let router = router(&registry.url, RouterConfig::default()).await;
     router.wait_routable(1).await;
     let client = router.client().await;
