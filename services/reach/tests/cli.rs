@@ -165,6 +165,23 @@ fn top_once_fails_when_nothing_answers() {
     );
 }
 
+/// Without a terminal (output piped, as in scripts and CI) the live board says so and points
+/// to `--once`.
+#[test]
+fn top_without_a_terminal_points_to_once() {
+    let output = reach()
+        .args(["top", "--endpoint", "http://127.0.0.1:1"])
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains("needs a terminal") && stderr.contains("--once"),
+        "{stderr}"
+    );
+}
+
 #[test]
 fn a_bad_config_exits_64_naming_the_key() {
     let output = reach()
@@ -232,19 +249,26 @@ fn open_classify_stream(grpc: &str) -> (std::process::Child, std::process::Child
     (streaming, stdin)
 }
 
-/// `reach dev ARGS`, once it printed its `try:` line: the process, its stdout (kept open so
-/// it can go on printing), and the gRPC and admin addresses (`HOST:PORT`) it printed.
-async fn start_dev(
-    args: &[&str],
-) -> (
+/// What [`start_dev`] returns: the process, its stdout (kept open so it can go on printing),
+/// the gRPC and admin addresses (`HOST:PORT`) it printed, and its data directory (removed when
+/// dropped).
+type Dev = (
     tokio::process::Child,
     tokio::io::Lines<BufReader<tokio::process::ChildStdout>>,
     String,
     Option<String>,
-) {
+    tempfile::TempDir,
+);
+
+/// `reach dev ARGS` with a data directory of its own (not the user's `./.reach`), once it
+/// printed its `try:` line.
+async fn start_dev(args: &[&str]) -> Dev {
+    let data_dir = tempfile::tempdir().unwrap();
     let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_reach"))
         .arg("dev")
         .args(args)
+        .arg("--data-dir")
+        .arg(data_dir.path())
         .current_dir(repo_root())
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
@@ -274,12 +298,12 @@ async fn start_dev(
         }
     }
     let grpc = grpc.expect("reach dev printed its gRPC address");
-    (child, lines, grpc, admin)
+    (child, lines, grpc, admin, data_dir)
 }
 
 #[tokio::test]
 async fn dev_serves_every_service_on_one_port_for_grpcurl_and_reach_agents() {
-    let (mut child, _stdout, grpc, admin) =
+    let (mut child, _stdout, grpc, admin, _data_dir) =
         start_dev(&["--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0"]).await;
     let admin = admin.expect("reach dev printed its admin address");
 
@@ -668,7 +692,7 @@ async fn dev_serves_every_service_on_one_port_for_grpcurl_and_reach_agents() {
 /// short by a second signal: `reach dev` exits at once with status 130.
 #[tokio::test]
 async fn a_second_signal_ends_a_slow_shutdown_at_once() {
-    let (mut child, _stdout, grpc, _) =
+    let (mut child, _stdout, grpc, _, _data_dir) =
         start_dev(&["--listen", "127.0.0.1:0", "--admin-listen", ""]).await;
     // A routed stream left open: its agent counts it in flight while it drains.
     let (mut streaming, stdin) = open_classify_stream(&grpc);

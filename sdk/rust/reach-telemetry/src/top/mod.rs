@@ -84,6 +84,9 @@ pub enum TopError {
     /// The terminal could not be driven.
     #[error("terminal: {0}")]
     Terminal(#[from] std::io::Error),
+    /// There is no terminal to draw on (output piped, no TTY).
+    #[error("the live board needs a terminal ({0}); use --once to print one frame as text instead")]
+    NoTerminal(std::io::Error),
 }
 
 /// GETs `path` from `authority` (`host:port`) over HTTP/1.1 and returns the body; fails on
@@ -244,7 +247,7 @@ pub async fn run(options: TopOptions) -> Result<(), TopError> {
     }
 
     use ratatui::crossterm::event::{self, Event, KeyCode, KeyEventKind, KeyModifiers};
-    let mut terminal = ratatui::try_init()?;
+    let mut terminal = ratatui::try_init().map_err(TopError::NoTerminal)?;
     let result = async {
         let mut last: Option<Instant> = None;
         loop {
