@@ -9,8 +9,6 @@ use axum::response::IntoResponse;
 use axum::routing::get;
 use axum::{Json, Router};
 use reach_registry::Registry;
-use tokio::net::TcpListener;
-use tokio_util::sync::CancellationToken;
 
 /// The admin routes: `/metrics` and `/health` (from `metrics`), and `/agents` over an
 /// optional local registry.
@@ -87,17 +85,4 @@ async fn drain_service(
             serde_json::json!({"service": service, "draining": drained, "grace_s": DRAIN_GRACE.as_secs()}),
         ),
     )
-}
-
-/// Serves `routes` on `listener` until `shutdown` is cancelled, then lets requests in
-/// progress finish for at most [`reach_rpc::server::DEFAULT_GRACE`] (a client that never
-/// finishes its request cannot hold `reach` up).
-pub async fn serve(listener: TcpListener, routes: Router, shutdown: CancellationToken) {
-    reach_rpc::server::serve_http(
-        listener,
-        routes,
-        async move { shutdown.cancelled().await },
-        reach_rpc::server::DEFAULT_GRACE,
-    )
-    .await;
 }

@@ -491,10 +491,10 @@ async fn serve(
         }
         let token = shutdown.clone();
         println!("admin http   http://{admin_addr}  (/health, /metrics, /agents)");
-        Some(tokio::spawn(reach::admin::serve(
+        Some(tokio::spawn(reach_telemetry::serve_admin(
             admin_listener,
             routes,
-            token,
+            async move { token.cancelled().await },
         )))
     };
     println!(

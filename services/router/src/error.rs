@@ -21,7 +21,8 @@ pub enum RouteError {
     MissingTarget,
     /// The target's name is over [`crate::service::MAX_TARGET_NAME_BYTES`].
     #[error(
-        "the message header's target name is {0} bytes, over the limit of 256 bytes; service, capability and topic names are short identifiers such as complaint.classify"
+        "the message header's target name is {0} bytes, over the limit of {max} bytes; service, capability and topic names are short identifiers such as complaint.classify",
+        max = crate::service::MAX_TARGET_NAME_BYTES
     )]
     TargetNameTooLong(usize),
     /// The header targets a topic, which Call and Stream do not deliver.

@@ -143,13 +143,13 @@ pub struct OutboundPump {
     /// Resolves with a status when the inbound half aborts; `None` once the inbound half has
     /// ended without aborting.
     abort: Option<oneshot::Receiver<Status>>,
-    _in_flight: InFlight,
+    /// The reservation of the instance serving the stream (which it names when its
+    /// connection breaks).
+    in_flight: InFlight,
     /// `reach_router_open_streams` for the route, until the pump drops.
     _open: reach_telemetry::metrics::GaugeGuard,
     deadline: Option<Pin<Box<tokio::time::Sleep>>>,
     done: bool,
-    /// The instance serving the stream, named when its connection breaks.
-    instance_id: String,
     /// The route label and start, for the stream metrics recorded when the pump drops.
     label: String,
     started: Instant,
@@ -159,8 +159,8 @@ pub struct OutboundPump {
 }
 
 impl OutboundPump {
-    /// A pump over the stream of instance `instance_id`; `label` (the route) and `started` feed the stream
-    /// metrics (`reach_router_streams_total`, `reach_router_stream_duration_seconds`), and
+    /// A pump over the stream of the instance `in_flight` reserved; `label` (the route) and
+    /// `started` feed the stream metrics (`reach_router_streams_total`, `reach_router_stream_duration_seconds`), and
     /// `open` (raised when the stream took its instance) is held until the pump drops.
     #[allow(clippy::too_many_arguments)]
     pub fn new(
@@ -170,16 +170,14 @@ impl OutboundPump {
         open: reach_telemetry::metrics::GaugeGuard,
         deadline: Option<Instant>,
         adapter: Option<Adapter>,
-        instance_id: String,
         label: String,
         started: Instant,
     ) -> Self {
         Self {
             agent,
             adapter,
-            instance_id,
             abort: Some(abort),
-            _in_flight: in_flight.for_stream(),
+            in_flight: in_flight.for_stream(),
             _open: open,
             deadline: deadline.map(|d| Box::pin(tokio::time::sleep_until(d))),
             done: false,
@@ -244,10 +242,14 @@ impl futures::Stream for OutboundPump {
             Poll::Ready(Some(Err(status))) => {
                 // A status with a local source is the connection failing (the instance went
                 // away), not one the instance sent: say so, as UNAVAILABLE.
-                let status = if std::error::Error::source(&status).is_some() {
-                    crate::endpoint::lost_stream_instance(&self.instance_id, status.message())
-                } else {
-                    status
+                let status = match self.in_flight.endpoint() {
+                    Some(endpoint) if std::error::Error::source(&status).is_some() => {
+                        crate::endpoint::lost_stream_instance(
+                            &endpoint.info().instance_id,
+                            status.message(),
+                        )
+                    }
+                    _ => status,
                 };
                 self.finish(status.code());
                 Poll::Ready(Some(Err(status)))

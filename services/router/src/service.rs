@@ -274,7 +274,6 @@ impl Router {
             open,
             deadline,
             plan.adapter,
-            endpoint.info().instance_id.clone(),
             label,
             started,
         );
@@ -798,20 +797,22 @@ pub const MAX_TARGET_NAME_BYTES: usize = 256;
 /// unbounded, and would each make metric series of their own.
 pub const UNROUTED_LABEL: &str = "(unrouted)";
 
-fn route_key(message: &ReachMessage) -> Result<RouteKey, RouteError> {
-    if let Some(name) = message
-        .header
-        .as_ref()
-        .and_then(|h| h.target.as_ref())
-        .map(|target| match target {
-            header::Target::Service(name)
-            | header::Target::Capability(name)
-            | header::Target::Topic(name) => name,
-        })
+/// Refuses a target name (service, capability or topic) over [`MAX_TARGET_NAME_BYTES`].
+fn check_target_name(header: Option<&Header>) -> Result<(), RouteError> {
+    if let Some(
+        header::Target::Service(name)
+        | header::Target::Capability(name)
+        | header::Target::Topic(name),
+    ) = header.and_then(|h| h.target.as_ref())
         && name.len() > MAX_TARGET_NAME_BYTES
     {
         return Err(RouteError::TargetNameTooLong(name.len()));
     }
+    Ok(())
+}
+
+fn route_key(message: &ReachMessage) -> Result<RouteKey, RouteError> {
+    check_target_name(message.header.as_ref())?;
     match message.header.as_ref().and_then(|h| h.target.as_ref()) {
         Some(header::Target::Service(name)) if !name.is_empty() => {
             Ok(RouteKey::Service(name.clone()))
@@ -976,10 +977,8 @@ impl RouterService for Router {
         prepare_header(&mut message, &metadata)?;
         let header = message.header.as_ref().ok_or(RouteError::MissingMessage)?;
         let deadline = apply_ttl(header, caller_deadline, self.config().max_clock_skew)?;
+        check_target_name(Some(header))?;
         let topic = match &header.target {
-            Some(header::Target::Topic(topic)) if topic.len() > MAX_TARGET_NAME_BYTES => {
-                return Err(RouteError::TargetNameTooLong(topic.len()).into());
-            }
             Some(header::Target::Topic(topic)) if !topic.is_empty() => topic.clone(),
             _ => {
                 return Err(RouteError::InvalidHeader {

@@ -724,10 +724,7 @@ async fn handle_message(
                 Ok(outcome)
             })
             .await;
-        match outcome {
-            Ok(outcome) => outcome.clone(),
-            Err(not_handled) => Err(not_handled),
-        }
+        outcome.and_then(Clone::clone)
     }
     .instrument(span.clone());
     // The deduplicated run is its own task: when the caller goes away (a reset connection,

@@ -40,16 +40,12 @@ async fn health() -> impl IntoResponse {
 /// Serves `router` on a listener the caller bound until `shutdown` resolves, then lets
 /// requests in progress finish for at most [`reach_rpc::server::DEFAULT_GRACE`] and returns
 /// (see [`reach_rpc::server::serve_http`]: a client that never finishes its request cannot
-/// hold the process up).
-///
-/// # Errors
-/// None today; the `Result` keeps callers' `?` working.
+/// hold the process up). A failed `accept` is logged and retried, never returned.
 pub async fn serve_admin(
     listener: tokio::net::TcpListener,
     router: Router,
     shutdown: impl Future<Output = ()> + Send + 'static,
-) -> std::io::Result<()> {
+) {
     reach_rpc::server::serve_http(listener, router, shutdown, reach_rpc::server::DEFAULT_GRACE)
         .await;
-    Ok(())
 }
