@@ -13,9 +13,10 @@ use serde::{Deserialize, Serialize};
 
 /// The top-level keys of [`ReachConfig`], which `REACH_<KEY>` / `REACH_<KEY>__<FIELD>`
 /// variables may set.
-const SECTIONS: [&str; 5] = [
+const SECTIONS: [&str; 6] = [
     "listen",
     "admin_listen",
+    "server",
     "registry",
     "router",
     "orchestrator",
@@ -29,6 +30,9 @@ pub struct ReachConfig {
     pub listen: String,
     /// Where the HTTP admin port listens (`host:port`); empty disables it.
     pub admin_listen: String,
+    /// Limits on the gRPC listener's connections: how many at once, how soon they must start
+    /// speaking, how many bytes of partly received messages they may hold.
+    pub server: reach_rpc::ConnectionLimits,
     /// The registry's settings.
     pub registry: RegistryConfig,
     /// The router's settings.
@@ -42,6 +46,7 @@ impl Default for ReachConfig {
         Self {
             listen: "127.0.0.1:7070".into(),
             admin_listen: "127.0.0.1:7071".into(),
+            server: reach_rpc::ConnectionLimits::default(),
             registry: RegistryConfig::default(),
             router: RouterConfig::default(),
             orchestrator: OrchestratorConfig::default(),
@@ -106,6 +111,9 @@ impl ReachConfig {
         if !self.admin_listen.is_empty() {
             check_address("admin_listen", &self.admin_listen)?;
         }
+        self.server
+            .validate(self.router.max_message_bytes, "router.max_message_bytes")
+            .map_err(ConfigError::Invalid)?;
         self.registry.validate().map_err(ConfigError::Invalid)?;
         self.router.validate().map_err(ConfigError::Invalid)?;
         self.orchestrator

@@ -78,7 +78,7 @@ impl ControlPlane {
         services: Services,
     ) -> Result<Self, StartError> {
         let addr = listener.local_addr()?;
-        let mut server = GrpcServer::new();
+        let mut server = GrpcServer::new().with_limits(config.server);
         let mut background = Vec::new();
         let registry = if services.registry {
             let registry = Registry::new(config.registry.clone()).map_err(StartError::Config)?;

@@ -450,6 +450,30 @@ async fn run(command: Command) -> anyhow::Result<ExitCode> {
     }
 }
 
+/// File descriptors kept free beyond `server.max_connections`: the process's own outbound
+/// connections (instances, the registry watch, the ledger, OTLP), its store and log files.
+const FILE_HEADROOM: u64 = 512;
+
+/// Raises the open-file soft limit to the hard limit, as Go's runtime does since 1.19: every
+/// connection is a file descriptor, and the usual soft default (1024) is far below
+/// `server.max_connections`. Warns when even the raised limit leaves no room for that many
+/// connections, since accepting past it fails (`EMFILE`) instead of refusing cleanly.
+fn raise_open_file_limit(max_connections: usize) {
+    let wanted = (max_connections as u64).saturating_add(FILE_HEADROOM);
+    match rlimit::increase_nofile_limit(u64::MAX) {
+        Ok(limit) if limit < wanted => warn!(
+            open_file_limit = limit,
+            max_connections,
+            "the open-file limit leaves no room for server.max_connections connections plus \
+             {FILE_HEADROOM} of the process's own; lower server.max_connections below {} or raise \
+             the hard limit (ulimit -Hn, systemd LimitNOFILE=, a container's nofile ulimit)",
+            limit.saturating_sub(FILE_HEADROOM)
+        ),
+        Ok(_) => {}
+        Err(error) => warn!(%error, "cannot raise the open-file limit"),
+    }
+}
+
 async fn serve(
     args: &ServiceArgs,
     overrides: Map<String, Value>,
@@ -467,6 +491,7 @@ async fn serve(
         print!("{}", toml::to_string_pretty(&config)?);
         return Ok(ExitCode::SUCCESS);
     }
+    raise_open_file_limit(config.server.max_connections);
     let listener = TcpListener::bind(&config.listen)
         .await
         .map_err(|e| anyhow::anyhow!("cannot listen on {}: {e} (use --listen)", config.listen))?;

@@ -198,6 +198,20 @@ fn a_bad_config_exits_64_naming_the_key() {
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(stderr.contains("max_message_bytes"), "{stderr}");
 
+    // So are connection limits no message could get through.
+    let output = reach()
+        .args(["router", "--listen", "127.0.0.1:0"])
+        .env("REACH_SERVER__MAX_BUFFERED_BYTES_PER_CONNECTION", "1000")
+        .output()
+        .unwrap();
+    assert_eq!(output.status.code(), Some(64));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains("server.max_buffered_bytes_per_connection")
+            && stderr.contains("router.max_message_bytes"),
+        "{stderr}"
+    );
+
     // A protocol registry that cannot be read is a configuration mistake too.
     let output = reach()
         .args(["router", "--listen", "127.0.0.1:0"])

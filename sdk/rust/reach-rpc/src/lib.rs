@@ -5,6 +5,8 @@
 //!   `grpc.health.v1` and server reflection (v1 and v1alpha, so grpcurl 1.8 works).
 //! - [`http2`] — the HTTP/2 settings servers and data-path channels advertise, and
 //!   [`http2::endpoint`] to build such a channel.
+//! - [`limits`] — [`limits::ConnectionLimits`]: connections at once, handshake time and
+//!   buffered message bytes per listener, enforced by [`server::serve_http`].
 //! - [`deadline`] — the `grpc-timeout` header (gRPC over HTTP/2 spec), parsed and written.
 //! - [`trace`] — W3C trace ids (`traceparent`), validated and generated.
 //! - [`errors`] — statuses with `google.rpc.ErrorInfo` details, and their reasons.
@@ -15,11 +17,13 @@
 pub mod deadline;
 pub mod errors;
 pub mod http2;
+pub mod limits;
 pub mod mux;
 pub mod server;
 pub mod time;
 pub mod trace;
 
+pub use limits::ConnectionLimits;
 pub use server::GrpcServer;
 
 /// The payload type of an acknowledgement: an agent that will answer asynchronously (the

@@ -18,6 +18,11 @@ use tonic_health::ServingStatus;
 use tonic_health::server::HealthReporter;
 use tower::Service;
 
+use crate::limits::{
+    BufferBudget, CONNECTIONS_REFUSED, ConnectionBudgets, ConnectionLimits, HandshakeDeadline,
+    OPEN_CONNECTIONS,
+};
+
 /// A service for requests no added service claims (see [`GrpcServer::with_fallback`]).
 pub type Fallback = tower::util::BoxCloneSyncService<
     http::Request<axum::body::Body>,
@@ -42,6 +47,7 @@ pub struct GrpcServer {
     service_names: Vec<&'static str>,
     descriptor_sets: Vec<&'static [u8]>,
     grace: Duration,
+    limits: ConnectionLimits,
     fallback: Option<Fallback>,
 }
 
@@ -71,6 +77,7 @@ impl GrpcServer {
                 tonic_types::pb::FILE_DESCRIPTOR_SET,
             ],
             grace: DEFAULT_GRACE,
+            limits: ConnectionLimits::default(),
             fallback: None,
         }
     }
@@ -120,6 +127,13 @@ impl GrpcServer {
     /// shutdown begins before their connections are closed. Default 10 s.
     pub fn with_grace(mut self, grace: Duration) -> Self {
         self.grace = grace;
+        self
+    }
+
+    /// Sets the limits the listener holds its connections to (connections at once, handshake
+    /// time, buffered message bytes). Default [`ConnectionLimits::default`].
+    pub fn with_limits(mut self, limits: ConnectionLimits) -> Self {
+        self.limits = limits;
         self
     }
 
@@ -186,7 +200,7 @@ impl GrpcServer {
                     .await;
             }
         };
-        serve_http(listener, router, shutdown, self.grace).await;
+        serve_http(listener, router, shutdown, self.grace, self.limits).await;
         Ok(())
     }
 }
@@ -200,16 +214,22 @@ impl GrpcServer {
 /// HTTP/2 connections advertise [`crate::http2::MAX_FRAME_BYTES`] and are pinged every
 /// [`crate::http2::KEEPALIVE_INTERVAL`]; a peer that does not answer a ping within
 /// [`crate::http2::KEEPALIVE_TIMEOUT`] is disconnected. An HTTP/1.1 request whose headers
-/// take over 30 s is dropped.
+/// take over 30 s is dropped. `limits` bounds the connections served at once, the time a new
+/// one has to start speaking, and the bytes of partly received gRPC messages held per
+/// connection and in all (see [`ConnectionLimits`]); the listener's open connections are the
+/// gauge [`OPEN_CONNECTIONS`], and what the limits closed is counted in
+/// [`CONNECTIONS_REFUSED`].
 pub async fn serve_http(
     listener: tokio::net::TcpListener,
     router: axum::Router,
     shutdown: impl Future<Output = ()>,
     grace: Duration,
+    limits: ConnectionLimits,
 ) {
     use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
     use hyper_util::server::conn::auto::Builder;
     use hyper_util::service::TowerToHyperService;
+    use tower::ServiceExt;
 
     let mut builder = Builder::new(TokioExecutor::new());
     // The timer lets hyper enforce its HTTP/1.1 header read timeout (30 s).
@@ -220,6 +240,18 @@ pub async fn serve_http(
         .max_frame_size(crate::http2::MAX_FRAME_BYTES)
         .keep_alive_interval(crate::http2::KEEPALIVE_INTERVAL)
         .keep_alive_timeout(crate::http2::KEEPALIVE_TIMEOUT);
+    let listener_name: std::sync::Arc<str> = listener
+        .local_addr()
+        .map_or_else(|_| "unknown".into(), |addr| addr.to_string().into());
+    let open_connections =
+        metrics::gauge!(OPEN_CONNECTIONS, "listener" => listener_name.to_string());
+    let handshake_timeouts = metrics::counter!(
+        CONNECTIONS_REFUSED,
+        "reason" => "handshake_timeout",
+        "listener" => listener_name.to_string()
+    );
+    let mut over_limit = OverLimit::new(&listener_name, limits.max_connections);
+    let listener_budget = BufferBudget::new(limits.max_buffered_bytes);
     let graceful = hyper_util::server::graceful::GracefulShutdown::new();
     let mut connections = tokio::task::JoinSet::new();
     let mut shutdown = std::pin::pin!(shutdown);
@@ -227,16 +259,39 @@ pub async fn serve_http(
         tokio::select! {
             accepted = listener.accept() => match accepted {
                 Ok((tcp, _peer)) => {
-                    // Small gRPC frames must not wait for Nagle's algorithm.
-                    let _ = tcp.set_nodelay(true);
-                    let service = TowerToHyperService::new(router.clone());
-                    let connection = builder.serve_connection(TokioIo::new(tcp), service);
-                    let connection = graceful.watch(connection.into_owned());
-                    connections.spawn(async move {
-                        if let Err(error) = connection.await {
-                            tracing::trace!(%error, "connection ended with an error");
-                        }
-                    });
+                    if connections.len() >= limits.max_connections {
+                        // Count only connections that are still open.
+                        while connections.try_join_next().is_some() {}
+                    }
+                    if connections.len() >= limits.max_connections {
+                        over_limit.refuse(tcp);
+                    } else {
+                        // Small gRPC frames must not wait for Nagle's algorithm.
+                        let _ = tcp.set_nodelay(true);
+                        let timed_out = handshake_timeouts.clone();
+                        let io = HandshakeDeadline::new(
+                            tcp,
+                            limits.handshake_timeout,
+                            Box::new(move || timed_out.increment(1)),
+                        );
+                        let budgets = ConnectionBudgets {
+                            connection: BufferBudget::new(limits.max_buffered_bytes_per_connection),
+                            listener: listener_budget.clone(),
+                            listener_name: listener_name.clone(),
+                        };
+                        let service = router.clone().map_request(move |request| budgets.meter(request));
+                        let connection = builder
+                            .serve_connection(TokioIo::new(io), TowerToHyperService::new(service));
+                        let connection = graceful.watch(connection.into_owned());
+                        let open = open_connections.clone();
+                        open.increment(1);
+                        connections.spawn(async move {
+                            if let Err(error) = connection.await {
+                                tracing::trace!(%error, "connection ended with an error");
+                            }
+                            open.decrement(1);
+                        });
+                    }
                 }
                 Err(error) => wait_after_accept_error(error).await,
             },
@@ -254,7 +309,55 @@ pub async fn serve_http(
         while connections.try_join_next().is_some() {}
         tracing::warn!(grace = ?grace, open = connections.len(), "grace period over; closing remaining connections");
     }
+    // Connections cut here never reach their own decrement.
+    open_connections.decrement(connections.len() as f64);
     connections.shutdown().await;
+}
+
+/// Connections closed because the listener was at `server.max_connections`: counted, and
+/// logged at most every 10 s so a flood does not flood the log too.
+struct OverLimit {
+    refused: metrics::Counter,
+    max_connections: usize,
+    since_warning: u64,
+    last_warning: Option<std::time::Instant>,
+}
+
+impl OverLimit {
+    const WARN_EVERY: Duration = Duration::from_secs(10);
+
+    fn new(listener_name: &str, max_connections: usize) -> Self {
+        Self {
+            refused: metrics::counter!(
+                CONNECTIONS_REFUSED,
+                "reason" => "max_connections",
+                "listener" => listener_name.to_string()
+            ),
+            max_connections,
+            since_warning: 0,
+            last_warning: None,
+        }
+    }
+
+    /// Closes `tcp` at once; the peer sees the connection end before any response.
+    fn refuse(&mut self, tcp: tokio::net::TcpStream) {
+        drop(tcp);
+        self.refused.increment(1);
+        self.since_warning += 1;
+        if self
+            .last_warning
+            .is_none_or(|last| last.elapsed() >= Self::WARN_EVERY)
+        {
+            tracing::warn!(
+                max_connections = self.max_connections,
+                refused = self.since_warning,
+                "at the connection limit (server.max_connections): closed new connections at once; \
+                 raise the limit or add replicas if this is real load"
+            );
+            self.since_warning = 0;
+            self.last_warning = Some(std::time::Instant::now());
+        }
+    }
 }
 
 /// What a failed `accept` calls for: a connection that failed before it was accepted is the

@@ -98,6 +98,7 @@ async fn a_request_that_never_finishes_does_not_hold_shutdown_past_the_grace_per
             let _ = stopped.await;
         },
         grace,
+        reach_rpc::ConnectionLimits::default(),
     ));
     // Half an HTTP/1.1 request (the headers never end), as an admin port may see.
     let mut half = tokio::net::TcpStream::connect(addr).await.unwrap();

@@ -44,6 +44,9 @@ pub struct AgentConfig {
     pub labels: HashMap<String, String>,
     /// The largest message accepted or sent, in bytes.
     pub max_message_bytes: usize,
+    /// Limits on the agent's own listener: connections at once, handshake time, bytes of
+    /// partly received messages (see [`reach_rpc::ConnectionLimits`]).
+    pub server: reach_rpc::ConnectionLimits,
 }
 
 impl Default for AgentConfig {
@@ -64,6 +67,7 @@ impl Default for AgentConfig {
             topics: Vec::new(),
             labels: HashMap::new(),
             max_message_bytes: 4 * 1024 * 1024,
+            server: reach_rpc::ConnectionLimits::default(),
         }
     }
 }
@@ -116,6 +120,9 @@ impl AgentConfig {
         if self.lease_ttl.is_zero() {
             return Err("agent.lease_ttl must be above zero".into());
         }
+        self.server
+            .validate(self.max_message_bytes, "agent.max_message_bytes")
+            .map_err(|e| format!("agent.{e}"))?;
         Ok(())
     }
 }

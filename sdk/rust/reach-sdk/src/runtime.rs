@@ -205,7 +205,9 @@ impl AgentRuntime {
         let mut grpc_service_names = Vec::new();
         // The server stops only at the end of a drain, which already gave in-flight work its
         // `max_drain`; what is still open then gets a short grace, not another full one.
-        let mut server = GrpcServer::new().with_grace(SERVER_GRACE_AFTER_DRAIN);
+        let mut server = GrpcServer::new()
+            .with_grace(SERVER_GRACE_AFTER_DRAIN)
+            .with_limits(config.server);
         for (name, add) in self.grpc_services {
             grpc_service_names.push(name);
             server = add(server);

@@ -46,6 +46,12 @@ pub async fn serve_admin(
     router: Router,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) {
-    reach_rpc::server::serve_http(listener, router, shutdown, reach_rpc::server::DEFAULT_GRACE)
-        .await;
+    reach_rpc::server::serve_http(
+        listener,
+        router,
+        shutdown,
+        reach_rpc::server::DEFAULT_GRACE,
+        reach_rpc::ConnectionLimits::default(),
+    )
+    .await;
 }

@@ -178,6 +178,18 @@ fn describe() {
     describe_histogram!(SDK_HANDLER_DURATION, Unit::Seconds, "agent handler latency");
     describe_gauge!(SDK_QUEUE_DEPTH, "messages waiting for a handler slot");
     describe_gauge!(SDK_IN_FLIGHT, "messages being handled");
+    describe_gauge!(
+        reach_rpc::limits::OPEN_CONNECTIONS,
+        "connections a listener is serving"
+    );
+    describe_counter!(
+        reach_rpc::limits::CONNECTIONS_REFUSED,
+        "connections a listener closed because of a limit"
+    );
+    describe_counter!(
+        reach_rpc::limits::BUFFER_REFUSALS,
+        "calls and streams refused because partly received messages filled a buffer budget"
+    );
 }
 
 /// The label value of a gRPC code: its canonical upper-case name (`OK`, `NOT_FOUND`, ...).

@@ -1,0 +1,504 @@
+//! What one listener lets its peers hold: connections, time to start speaking HTTP, and memory
+//! in partly received gRPC messages ([`ConnectionLimits`]), enforced by
+//! [`crate::server::serve_http`].
+//!
+//! Without them a peer that opens connections and stays silent keeps file descriptors until
+//! the process can accept nothing more (`EMFILE`), and a peer that starts many large messages
+//! and never finishes them makes the server buffer each one up to the message size limit: HTTP/2
+//! flow control does not bound this, because tonic takes every received byte out of the
+//! connection's window into its own buffer until the message is whole (150 such streams on one
+//! connection held 600 MB before these limits).
+
+use std::error::Error;
+use std::io;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::task::{Context, Poll, ready};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body::{Body, Frame, SizeHint};
+use serde::{Deserialize, Serialize};
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+
+/// Counter: connections a listener closed because of a limit, by `reason`
+/// (`max_connections`, `handshake_timeout`) and `listener` (its local address).
+pub const CONNECTIONS_REFUSED: &str = "reach_server_connections_refused_total";
+/// Gauge: connections a listener is serving, by `listener` (its local address).
+pub const OPEN_CONNECTIONS: &str = "reach_server_open_connections";
+/// Counter: gRPC requests and streams failed with `RESOURCE_EXHAUSTED` because a message in
+/// progress would have taken a connection or listener past its buffer budget, by `listener`.
+pub const BUFFER_REFUSALS: &str = "reach_server_buffer_refusals_total";
+
+/// The length of the HTTP/2 client connection preface (`PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n`,
+/// RFC 9113 §3.4), in bytes: a new connection must have sent this many bytes within
+/// [`ConnectionLimits::handshake_timeout`].
+pub const PREFACE_BYTES: usize = 24;
+
+/// Limits one listener enforces on its connections; the `[server]` section of the `reach`
+/// configuration. Every field has a default that suits a router in front of production agents.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ConnectionLimits {
+    /// Connections served at once. A connection accepted beyond it is closed at once (the peer
+    /// sees the connection end before any response, and a gRPC client reports `UNAVAILABLE`
+    /// and may try another replica); counted in [`CONNECTIONS_REFUSED`]. Keep it below the
+    /// process's open-file limit (`ulimit -n`) minus the connections it opens itself.
+    /// Default 10 000.
+    pub max_connections: usize,
+    /// How long a new connection may take to send its first [`PREFACE_BYTES`] bytes (the
+    /// HTTP/2 preface, or the start of an HTTP/1.1 request) before it is closed. Bounds what
+    /// a silent or trickling peer costs. Default 10 s.
+    #[serde(with = "humantime_serde")]
+    pub handshake_timeout: Duration,
+    /// Bytes of partly received gRPC messages one connection may hold at once, across its
+    /// streams. A message that would take the connection past it fails its call or stream with
+    /// `RESOURCE_EXHAUSTED`; messages that arrive whole in one read do not count. Must be at
+    /// least the largest message accepted. Default 64 MiB.
+    pub max_buffered_bytes_per_connection: usize,
+    /// The same budget across all of the listener's connections, which bounds the memory all
+    /// peers together can pin. Default 1 GiB.
+    pub max_buffered_bytes: usize,
+}
+
+impl Default for ConnectionLimits {
+    fn default() -> Self {
+        Self {
+            max_connections: 10_000,
+            handshake_timeout: Duration::from_secs(10),
+            max_buffered_bytes_per_connection: 64 * 1024 * 1024,
+            max_buffered_bytes: 1024 * 1024 * 1024,
+        }
+    }
+}
+
+impl ConnectionLimits {
+    /// Checks the limits, given the largest message a service on the listener accepts
+    /// (`max_message_bytes`, in bytes, set by the setting named `message_limit_key`).
+    ///
+    /// # Errors
+    /// A message naming the `server.*` setting to fix and how.
+    pub fn validate(
+        &self,
+        max_message_bytes: usize,
+        message_limit_key: &str,
+    ) -> Result<(), String> {
+        if self.max_connections == 0 {
+            return Err("server.max_connections is 0; it must be at least 1".into());
+        }
+        if self.handshake_timeout.is_zero() {
+            return Err("server.handshake_timeout is 0; give a duration such as \"10s\"".into());
+        }
+        if self.max_buffered_bytes_per_connection < max_message_bytes {
+            return Err(format!(
+                "server.max_buffered_bytes_per_connection is {} bytes, less than the largest \
+                 message accepted ({max_message_bytes} bytes, {message_limit_key}), so such \
+                 a message could never be received; raise it to at least {max_message_bytes}",
+                self.max_buffered_bytes_per_connection
+            ));
+        }
+        if self.max_buffered_bytes < self.max_buffered_bytes_per_connection {
+            return Err(format!(
+                "server.max_buffered_bytes ({}) is less than \
+                 server.max_buffered_bytes_per_connection ({}); the listener-wide budget must \
+                 be at least one connection's",
+                self.max_buffered_bytes, self.max_buffered_bytes_per_connection
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// A connection's IO until it has sent [`PREFACE_BYTES`] bytes: a read that would wait past
+/// the deadline fails with [`io::ErrorKind::TimedOut`] instead, which ends the connection.
+/// After that it costs one branch per read.
+pub(crate) struct HandshakeDeadline<T> {
+    io: T,
+    /// `None` once the preface's bytes have arrived.
+    deadline: Option<Pin<Box<tokio::time::Sleep>>>,
+    received: usize,
+    on_timeout: Option<Box<dyn FnOnce() + Send>>,
+}
+
+impl<T> HandshakeDeadline<T> {
+    /// Wraps `io`, which must send its preface within `timeout`; `on_timeout` runs once if it
+    /// does not (to count it).
+    pub(crate) fn new(io: T, timeout: Duration, on_timeout: Box<dyn FnOnce() + Send>) -> Self {
+        Self {
+            io,
+            deadline: Some(Box::pin(tokio::time::sleep(timeout))),
+            received: 0,
+            on_timeout: Some(on_timeout),
+        }
+    }
+}
+
+impl<T: AsyncRead + Unpin> AsyncRead for HandshakeDeadline<T> {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let this = self.get_mut();
+        let before = buf.filled().len();
+        let read = Pin::new(&mut this.io).poll_read(cx, buf);
+        let Some(deadline) = this.deadline.as_mut() else {
+            return read;
+        };
+        match read {
+            Poll::Ready(Ok(())) => {
+                this.received += buf.filled().len() - before;
+                if this.received >= PREFACE_BYTES {
+                    this.deadline = None;
+                }
+                Poll::Ready(Ok(()))
+            }
+            Poll::Pending if deadline.as_mut().poll(cx).is_ready() => {
+                if let Some(count) = this.on_timeout.take() {
+                    count();
+                }
+                Poll::Ready(Err(io::Error::new(
+                    io::ErrorKind::TimedOut,
+                    format!(
+                        "the peer sent {} of the first {PREFACE_BYTES} bytes within the handshake \
+                         timeout",
+                        this.received
+                    ),
+                )))
+            }
+            other => other,
+        }
+    }
+}
+
+impl<T: AsyncWrite + Unpin> AsyncWrite for HandshakeDeadline<T> {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.get_mut().io).poll_write(cx, buf)
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.get_mut().io).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.io.is_write_vectored()
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().io).poll_flush(cx)
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().io).poll_shutdown(cx)
+    }
+}
+
+/// A budget of bytes, shared by the streams of a connection or the connections of a listener.
+#[derive(Debug)]
+pub(crate) struct BufferBudget {
+    limit: usize,
+    used: AtomicUsize,
+}
+
+impl BufferBudget {
+    pub(crate) fn new(limit: usize) -> Arc<Self> {
+        Arc::new(Self {
+            limit,
+            used: AtomicUsize::new(0),
+        })
+    }
+
+    /// Takes `bytes` from the budget, or nothing when they do not fit.
+    fn try_reserve(&self, bytes: usize) -> bool {
+        self.used
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |used| {
+                used.checked_add(bytes).filter(|&total| total <= self.limit)
+            })
+            .is_ok()
+    }
+
+    fn release(&self, bytes: usize) {
+        self.used.fetch_sub(bytes, Ordering::AcqRel);
+    }
+
+    #[cfg(test)]
+    fn used(&self) -> usize {
+        self.used.load(Ordering::Acquire)
+    }
+}
+
+/// The budgets a connection's requests count against, and where to count refusals.
+#[derive(Debug, Clone)]
+pub(crate) struct ConnectionBudgets {
+    pub(crate) connection: Arc<BufferBudget>,
+    pub(crate) listener: Arc<BufferBudget>,
+    pub(crate) listener_name: Arc<str>,
+}
+
+impl ConnectionBudgets {
+    /// Wraps a request's body so the bytes of its partly received gRPC messages count against
+    /// the budgets; requests that are not gRPC (`content-type: application/grpc…`) pass as
+    /// they are.
+    pub(crate) fn meter<B>(&self, request: http::Request<B>) -> http::Request<MeteredBody<B>> {
+        let is_grpc = request
+            .headers()
+            .get(http::header::CONTENT_TYPE)
+            .is_some_and(|value| value.as_bytes().starts_with(b"application/grpc"));
+        let meter = is_grpc.then(|| MessageMeter {
+            budgets: self.clone(),
+            header: [0; 5],
+            header_len: 0,
+            body_remaining: 0,
+            held: 0,
+        });
+        request.map(|inner| MeteredBody { inner, meter })
+    }
+}
+
+/// Tracks where a gRPC stream's bytes stand in its length-prefixed messages (gRPC over HTTP/2:
+/// a 1-byte compressed flag, a 4-byte big-endian length, then the message) and how many
+/// bytes of the message in progress the server holds.
+#[derive(Debug)]
+struct MessageMeter {
+    budgets: ConnectionBudgets,
+    header: [u8; 5],
+    header_len: usize,
+    /// Bytes of the current message's body still to come; 0 between messages.
+    body_remaining: usize,
+    /// Bytes of the message in progress (prefix included) taken from the budgets.
+    held: usize,
+}
+
+impl MessageMeter {
+    /// Accounts for `data`, the stream's next bytes.
+    ///
+    /// # Errors
+    /// `RESOURCE_EXHAUSTED` when the message in progress would take a budget past its limit.
+    fn observe(&mut self, mut data: &[u8]) -> Result<(), tonic::Status> {
+        let mut held = self.held;
+        while !data.is_empty() {
+            let take;
+            if self.body_remaining == 0 {
+                take = (5 - self.header_len).min(data.len());
+                self.header[self.header_len..self.header_len + take].copy_from_slice(&data[..take]);
+                self.header_len += take;
+                held += take;
+                if self.header_len == 5 {
+                    self.header_len = 0;
+                    let length = u32::from_be_bytes([
+                        self.header[1],
+                        self.header[2],
+                        self.header[3],
+                        self.header[4],
+                    ]);
+                    self.body_remaining = length as usize;
+                    if self.body_remaining == 0 {
+                        held = 0;
+                    }
+                }
+            } else {
+                take = self.body_remaining.min(data.len());
+                self.body_remaining -= take;
+                held += take;
+                if self.body_remaining == 0 {
+                    held = 0;
+                }
+            }
+            data = &data[take..];
+        }
+        match held.cmp(&self.held) {
+            std::cmp::Ordering::Less => self.give_back(self.held - held),
+            std::cmp::Ordering::Greater => self.take(held - self.held)?,
+            std::cmp::Ordering::Equal => {}
+        }
+        self.held = held;
+        Ok(())
+    }
+
+    fn take(&self, bytes: usize) -> Result<(), tonic::Status> {
+        let budgets = &self.budgets;
+        let (limit, scope) = if !budgets.connection.try_reserve(bytes) {
+            (budgets.connection.limit, "this connection")
+        } else if !budgets.listener.try_reserve(bytes) {
+            budgets.connection.release(bytes);
+            (
+                budgets.listener.limit,
+                "the server, across its connections,",
+            )
+        } else {
+            return Ok(());
+        };
+        metrics::counter!(BUFFER_REFUSALS, "listener" => budgets.listener_name.to_string())
+            .increment(1);
+        Err(tonic::Status::resource_exhausted(format!(
+            "{scope} already holds close to {limit} bytes of messages that have not fully \
+             arrived; send large messages one after another, or over more connections \
+             (server.max_buffered_bytes_per_connection / server.max_buffered_bytes)"
+        )))
+    }
+
+    fn give_back(&self, bytes: usize) {
+        self.budgets.connection.release(bytes);
+        self.budgets.listener.release(bytes);
+    }
+}
+
+impl Drop for MessageMeter {
+    fn drop(&mut self) {
+        if self.held > 0 {
+            self.give_back(self.held);
+        }
+    }
+}
+
+pin_project_lite::pin_project! {
+    /// A request body whose partly received gRPC messages count against a connection's and a
+    /// listener's buffer budgets; see [`ConnectionBudgets::meter`].
+    pub(crate) struct MeteredBody<B> {
+        #[pin]
+        inner: B,
+        meter: Option<MessageMeter>,
+    }
+}
+
+impl<B> Body for MeteredBody<B>
+where
+    B: Body<Data = Bytes>,
+    B::Error: Into<Box<dyn Error + Send + Sync>>,
+{
+    type Data = Bytes;
+    type Error = Box<dyn Error + Send + Sync>;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
+        let this = self.project();
+        let frame = match ready!(this.inner.poll_frame(cx)) {
+            Some(Ok(frame)) => frame,
+            Some(Err(error)) => return Poll::Ready(Some(Err(error.into()))),
+            None => return Poll::Ready(None),
+        };
+        if let (Some(meter), Some(data)) = (this.meter.as_mut(), frame.data_ref())
+            && let Err(status) = meter.observe(data)
+        {
+            // The message will not be completed: its bytes go back now, not when the body is
+            // dropped.
+            *this.meter = None;
+            return Poll::Ready(Some(Err(Box::new(status))));
+        }
+        Poll::Ready(Some(Ok(frame)))
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn budgets(connection: usize, listener: usize) -> ConnectionBudgets {
+        ConnectionBudgets {
+            connection: BufferBudget::new(connection),
+            listener: BufferBudget::new(listener),
+            listener_name: "test".into(),
+        }
+    }
+
+    fn meter(budgets: &ConnectionBudgets) -> MessageMeter {
+        let request = http::Request::builder()
+            .header("content-type", "application/grpc")
+            .body(())
+            .unwrap();
+        budgets.meter(request).into_body().meter.unwrap()
+    }
+
+    fn message(length: usize) -> Vec<u8> {
+        let mut bytes = vec![0];
+        bytes.extend_from_slice(&(length as u32).to_be_bytes());
+        bytes.resize(5 + length, 7);
+        bytes
+    }
+
+    #[test]
+    fn whole_messages_take_nothing_however_they_are_split() {
+        let budgets = budgets(64, 64);
+        let stream: Vec<u8> = [message(10), message(0), message(40), message(3)].concat();
+        for chunk in [1, 2, 5, 6, 7, 13, 64, stream.len()] {
+            let mut meter = meter(&budgets);
+            for piece in stream.chunks(chunk) {
+                meter.observe(piece).unwrap();
+                assert_eq!(budgets.connection.used(), meter.held);
+            }
+            assert_eq!(meter.held, 0, "chunks of {chunk}");
+            assert_eq!(budgets.listener.used(), 0, "chunks of {chunk}");
+        }
+    }
+
+    #[test]
+    fn a_message_in_progress_holds_its_bytes_until_it_completes() {
+        let budgets = budgets(1000, 1000);
+        let mut meter = meter(&budgets);
+        let bytes = message(100);
+        meter.observe(&bytes[..3]).unwrap();
+        assert_eq!(budgets.connection.used(), 3);
+        meter.observe(&bytes[3..60]).unwrap();
+        assert_eq!(budgets.connection.used(), 60);
+        assert_eq!(budgets.listener.used(), 60);
+        // The rest of this message and the start of the next.
+        let next = message(20);
+        meter.observe(&[&bytes[60..], &next[..8]].concat()).unwrap();
+        assert_eq!(budgets.connection.used(), 8);
+        drop(meter);
+        assert_eq!(budgets.connection.used(), 0, "a dropped stream gives back");
+        assert_eq!(budgets.listener.used(), 0);
+    }
+
+    #[test]
+    fn a_message_past_either_budget_is_refused_and_takes_nothing() {
+        let budgets = budgets(100, 150);
+        let mut first = meter(&budgets);
+        first.observe(&message(200)[..80]).unwrap();
+        let mut second = meter(&budgets);
+        let refused = second.observe(&message(200)[..30]).unwrap_err();
+        assert_eq!(refused.code(), tonic::Code::ResourceExhausted);
+        assert!(refused.message().contains("this connection"), "{refused:?}");
+        assert_eq!(budgets.connection.used(), 80);
+
+        // Another connection of the same listener: its own budget has room, the listener's not.
+        let other = ConnectionBudgets {
+            connection: BufferBudget::new(100),
+            ..budgets.clone()
+        };
+        let mut third = meter(&other);
+        let refused = third.observe(&message(200)[..90]).unwrap_err();
+        assert!(refused.message().contains("the server"), "{refused:?}");
+        assert_eq!(other.connection.used(), 0, "a refusal takes nothing");
+        assert_eq!(budgets.listener.used(), 80);
+    }
+
+    #[test]
+    fn requests_that_are_not_grpc_are_not_metered() {
+        let budgets = budgets(1, 1);
+        let request = http::Request::builder()
+            .header("content-type", "application/json")
+            .body(())
+            .unwrap();
+        assert!(budgets.meter(request).into_body().meter.is_none());
+    }
+}

@@ -1,0 +1,270 @@
+//! `ConnectionLimits` against a real server on 127.0.0.1: connections that never start
+//! speaking are closed, connections past `max_connections` are closed at once, and partly
+//! received messages may pin only their budget of memory. The peers are raw TCP sockets and
+//! raw HTTP/2 (the `h2` crate), to send exactly what a misbehaving client would.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use bytes::Bytes;
+use reach_rpc::{ConnectionLimits, GrpcServer};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+const HEALTH_CHECK: &str = "/grpc.health.v1.Health/Check";
+
+/// Serves an empty `GrpcServer` (health and reflection) with `limits` until the test ends.
+async fn serve(limits: ConnectionLimits) -> SocketAddr {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let server = GrpcServer::new().with_limits(limits);
+    tokio::spawn(server.serve(listener, std::future::pending()));
+    addr
+}
+
+/// Waits until the server closes `tcp` (end of stream or a reset); panics after `within`.
+async fn closed_by_server(tcp: &mut TcpStream, within: Duration) {
+    let mut buf = [0u8; 1024];
+    tokio::time::timeout(within, async {
+        loop {
+            match tcp.read(&mut buf).await {
+                Ok(0) | Err(_) => return,
+                Ok(_) => {} // the server's SETTINGS, for a connection that got that far
+            }
+        }
+    })
+    .await
+    .unwrap_or_else(|_| panic!("the server kept the connection open for {within:?}"));
+}
+
+/// An HTTP/2 connection to `addr`, driven in the background.
+async fn h2_connect(addr: SocketAddr) -> h2::client::SendRequest<Bytes> {
+    let tcp = TcpStream::connect(addr).await.unwrap();
+    let (client, connection) = h2::client::handshake(tcp).await.unwrap();
+    tokio::spawn(async move {
+        let _ = connection.await;
+    });
+    client.ready().await.unwrap()
+}
+
+/// Starts a gRPC call to `path` and sends `data` without ending the request.
+fn start_call(
+    client: &mut h2::client::SendRequest<Bytes>,
+    path: &str,
+    data: Vec<u8>,
+) -> (h2::client::ResponseFuture, h2::SendStream<Bytes>) {
+    let request = http::Request::post(format!("http://reach.test{path}"))
+        .header("content-type", "application/grpc")
+        .header("te", "trailers")
+        .body(())
+        .unwrap();
+    let (response, mut send) = client.send_request(request, false).unwrap();
+    send.send_data(Bytes::from(data), false).unwrap();
+    (response, send)
+}
+
+/// The first `sent` bytes of a gRPC message whose prefix declares `declared` bytes.
+fn partial_message(declared: u32, sent: usize) -> Vec<u8> {
+    let mut bytes = vec![0];
+    bytes.extend_from_slice(&declared.to_be_bytes());
+    bytes.resize(5 + sent, 0x20);
+    bytes
+}
+
+/// The call's status: from a trailers-only response, or from the trailers.
+async fn call_status(response: h2::client::ResponseFuture) -> tonic::Status {
+    let response = tokio::time::timeout(Duration::from_secs(5), response)
+        .await
+        .expect("no response within 5 s")
+        .unwrap();
+    if let Some(status) = tonic::Status::from_header_map(response.headers()) {
+        return status;
+    }
+    let mut body = response.into_body();
+    while body.data().await.is_some() {}
+    let trailers = body.trailers().await.unwrap().expect("no trailers");
+    tonic::Status::from_header_map(&trailers).expect("no grpc-status in the trailers")
+}
+
+/// A well-formed, empty `HealthCheckRequest` (service ""), as one whole message.
+fn health_check_message() -> Vec<u8> {
+    vec![0, 0, 0, 0, 0]
+}
+
+fn limits() -> ConnectionLimits {
+    ConnectionLimits {
+        handshake_timeout: Duration::from_millis(300),
+        ..ConnectionLimits::default()
+    }
+}
+
+#[tokio::test]
+async fn a_connection_that_does_not_start_speaking_is_closed_after_the_handshake_timeout() {
+    let addr = serve(limits()).await;
+    let mut silent = TcpStream::connect(addr).await.unwrap();
+    let mut trickling = TcpStream::connect(addr).await.unwrap();
+    // Ten bytes of the 24-byte HTTP/2 preface, then nothing.
+    trickling.write_all(b"PRI * HTTP").await.unwrap();
+    closed_by_server(&mut silent, Duration::from_secs(3)).await;
+    closed_by_server(&mut trickling, Duration::from_secs(3)).await;
+}
+
+#[tokio::test]
+async fn a_connection_that_sent_its_preface_may_stay_idle_past_the_handshake_timeout() {
+    let addr = serve(limits()).await;
+    let mut client = h2_connect(addr).await;
+    let (response, mut send) = start_call(&mut client, HEALTH_CHECK, health_check_message());
+    send.send_data(Bytes::new(), true).unwrap();
+    assert_eq!(call_status(response).await.code(), tonic::Code::Ok);
+    tokio::time::sleep(Duration::from_millis(900)).await;
+    // The same connection: had the deadline still been armed, reads would have failed.
+    let mut client = client
+        .ready()
+        .await
+        .expect("the idle connection was closed");
+    let (response, mut send) = start_call(&mut client, HEALTH_CHECK, health_check_message());
+    send.send_data(Bytes::new(), true).unwrap();
+    assert_eq!(call_status(response).await.code(), tonic::Code::Ok);
+}
+
+#[tokio::test]
+async fn connections_past_max_connections_are_closed_at_once_until_one_ends() {
+    let addr = serve(ConnectionLimits {
+        max_connections: 2,
+        ..limits()
+    })
+    .await;
+    let first = h2_connect(addr).await;
+    let _second = h2_connect(addr).await;
+    let mut third = TcpStream::connect(addr).await.unwrap();
+    third
+        .write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n")
+        .await
+        .unwrap();
+    closed_by_server(&mut third, Duration::from_millis(500)).await;
+
+    // Once one of the two goes away there is room again.
+    drop(first);
+    tokio::time::timeout(Duration::from_secs(3), async {
+        while health_check_on_a_new_connection(addr).await.is_err() {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await
+    .expect("no room for a new connection after one closed");
+}
+
+/// One health check on a connection of its own; an error when the connection fails.
+async fn health_check_on_a_new_connection(addr: SocketAddr) -> Result<tonic::Code, h2::Error> {
+    let tcp = TcpStream::connect(addr).await.expect("connect");
+    let (client, connection) = h2::client::handshake(tcp).await?;
+    tokio::spawn(connection);
+    let mut client = client.ready().await?;
+    let (response, mut send) = start_call(&mut client, HEALTH_CHECK, health_check_message());
+    send.send_data(Bytes::new(), true)?;
+    let response = response.await?;
+    Ok(tonic::Status::from_header_map(response.headers())
+        .map_or(tonic::Code::Ok, |status| status.code()))
+}
+
+#[tokio::test]
+async fn partly_received_messages_may_hold_only_the_connections_budget() {
+    const KIB: usize = 1024;
+    let addr = serve(ConnectionLimits {
+        max_buffered_bytes_per_connection: 1024 * KIB,
+        ..limits()
+    })
+    .await;
+    let mut client = h2_connect(addr).await;
+    // 800 KiB of a 900 KiB message: held by the server until the rest comes.
+    let (_first, first_send) = start_call(
+        &mut client,
+        HEALTH_CHECK,
+        partial_message(900 * 1024, 800 * KIB),
+    );
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    // 300 KiB more on another stream would take the connection past 1 MiB.
+    let (second, _second_send) = start_call(
+        &mut client,
+        HEALTH_CHECK,
+        partial_message(900 * 1024, 300 * KIB),
+    );
+    let refused = call_status(second).await;
+    assert_eq!(
+        refused.code(),
+        tonic::Code::ResourceExhausted,
+        "{refused:?}"
+    );
+    assert!(
+        refused.message().contains("this connection")
+            && refused
+                .message()
+                .contains("server.max_buffered_bytes_per_connection"),
+        "the refusal says what was full and which setting governs it: {refused:?}"
+    );
+
+    // Whole messages still pass on the same connection.
+    let (response, mut send) = start_call(&mut client, HEALTH_CHECK, health_check_message());
+    send.send_data(Bytes::new(), true).unwrap();
+    assert_eq!(call_status(response).await.code(), tonic::Code::Ok);
+
+    // The first stream's bytes go back when it is abandoned: 300 KiB then fit.
+    let mut first_send = first_send;
+    first_send.send_reset(h2::Reason::CANCEL);
+    let accepted = tokio::time::timeout(Duration::from_secs(3), async {
+        loop {
+            let (response, mut send) = start_call(
+                &mut client,
+                HEALTH_CHECK,
+                partial_message(400 * 1024, 300 * KIB),
+            );
+            send.send_data(Bytes::from(vec![0x20; 100 * KIB]), true)
+                .unwrap();
+            // The whole message is not a valid HealthCheckRequest; what matters is that it
+            // was not refused for its size.
+            let status = call_status(response).await;
+            if status.code() != tonic::Code::ResourceExhausted {
+                return status;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    })
+    .await
+    .expect("the abandoned stream's bytes were never given back");
+    assert_ne!(accepted.code(), tonic::Code::ResourceExhausted);
+}
+
+#[tokio::test]
+async fn partly_received_messages_of_all_connections_may_hold_only_the_listeners_budget() {
+    const KIB: usize = 1024;
+    let addr = serve(ConnectionLimits {
+        max_buffered_bytes_per_connection: 1024 * KIB,
+        max_buffered_bytes: 1536 * KIB,
+        ..limits()
+    })
+    .await;
+    let mut one = h2_connect(addr).await;
+    let (_first, _first_send) = start_call(
+        &mut one,
+        HEALTH_CHECK,
+        partial_message(1000 * 1024, 900 * KIB),
+    );
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    // Within the second connection's own budget, but not within the listener's.
+    let mut two = h2_connect(addr).await;
+    let (second, _second_send) = start_call(
+        &mut two,
+        HEALTH_CHECK,
+        partial_message(1000 * 1024, 700 * KIB),
+    );
+    let refused = call_status(second).await;
+    assert_eq!(
+        refused.code(),
+        tonic::Code::ResourceExhausted,
+        "{refused:?}"
+    );
+    assert!(
+        refused.message().contains("the server"),
+        "the refusal names the listener-wide budget: {refused:?}"
+    );
+}
