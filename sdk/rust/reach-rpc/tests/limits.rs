@@ -12,6 +12,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
 const HEALTH_CHECK: &str = "/grpc.health.v1.Health/Check";
+const KIB: usize = 1024;
 
 /// Serves an empty `GrpcServer` (health and reflection) with `limits` until the test ends.
 async fn serve(limits: ConnectionLimits) -> SocketAddr {
@@ -61,6 +62,20 @@ fn start_call(
     let (response, mut send) = client.send_request(request, false).unwrap();
     send.send_data(Bytes::from(data), false).unwrap();
     (response, send)
+}
+
+/// Starts a health check whose message declares `declared_kib` KiB and sends `sent_kib` KiB
+/// of it, leaving the message (and the request) unfinished.
+fn start_partial_call(
+    client: &mut h2::client::SendRequest<Bytes>,
+    declared_kib: u32,
+    sent_kib: usize,
+) -> (h2::client::ResponseFuture, h2::SendStream<Bytes>) {
+    start_call(
+        client,
+        HEALTH_CHECK,
+        partial_message(declared_kib * 1024, sent_kib * KIB),
+    )
 }
 
 /// The first `sent` bytes of a gRPC message whose prefix declares `declared` bytes.
@@ -169,7 +184,6 @@ async fn health_check_on_a_new_connection(addr: SocketAddr) -> Result<tonic::Cod
 
 #[tokio::test]
 async fn partly_received_messages_may_hold_only_the_connections_budget() {
-    const KIB: usize = 1024;
     let addr = serve(ConnectionLimits {
         max_buffered_bytes_per_connection: 1024 * KIB,
         ..limits()
@@ -177,18 +191,10 @@ async fn partly_received_messages_may_hold_only_the_connections_budget() {
     .await;
     let mut client = h2_connect(addr).await;
     // 800 KiB of a 900 KiB message: held by the server until the rest comes.
-    let (_first, first_send) = start_call(
-        &mut client,
-        HEALTH_CHECK,
-        partial_message(900 * 1024, 800 * KIB),
-    );
+    let (_first, first_send) = start_partial_call(&mut client, 900, 800);
     tokio::time::sleep(Duration::from_millis(200)).await;
     // 300 KiB more on another stream would take the connection past 1 MiB.
-    let (second, _second_send) = start_call(
-        &mut client,
-        HEALTH_CHECK,
-        partial_message(900 * 1024, 300 * KIB),
-    );
+    let (second, _second_send) = start_partial_call(&mut client, 900, 300);
     let refused = call_status(second).await;
     assert_eq!(
         refused.code(),
@@ -213,11 +219,7 @@ async fn partly_received_messages_may_hold_only_the_connections_budget() {
     first_send.send_reset(h2::Reason::CANCEL);
     let accepted = tokio::time::timeout(Duration::from_secs(3), async {
         loop {
-            let (response, mut send) = start_call(
-                &mut client,
-                HEALTH_CHECK,
-                partial_message(400 * 1024, 300 * KIB),
-            );
+            let (response, mut send) = start_partial_call(&mut client, 400, 300);
             send.send_data(Bytes::from(vec![0x20; 100 * KIB]), true)
                 .unwrap();
             // The whole message is not a valid HealthCheckRequest; what matters is that it
@@ -236,7 +238,6 @@ async fn partly_received_messages_may_hold_only_the_connections_budget() {
 
 #[tokio::test]
 async fn partly_received_messages_of_all_connections_may_hold_only_the_listeners_budget() {
-    const KIB: usize = 1024;
     let addr = serve(ConnectionLimits {
         max_buffered_bytes_per_connection: 1024 * KIB,
         max_buffered_bytes: 1536 * KIB,
@@ -244,19 +245,11 @@ async fn partly_received_messages_of_all_connections_may_hold_only_the_listeners
     })
     .await;
     let mut one = h2_connect(addr).await;
-    let (_first, _first_send) = start_call(
-        &mut one,
-        HEALTH_CHECK,
-        partial_message(1000 * 1024, 900 * KIB),
-    );
+    let (_first, _first_send) = start_partial_call(&mut one, 1000, 900);
     tokio::time::sleep(Duration::from_millis(200)).await;
     // Within the second connection's own budget, but not within the listener's.
     let mut two = h2_connect(addr).await;
-    let (second, _second_send) = start_call(
-        &mut two,
-        HEALTH_CHECK,
-        partial_message(1000 * 1024, 700 * KIB),
-    );
+    let (second, _second_send) = start_partial_call(&mut two, 1000, 700);
     let refused = call_status(second).await;
     assert_eq!(
         refused.code(),
