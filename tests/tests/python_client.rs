@@ -10,9 +10,14 @@ use reach_tests::{Sandbox, repo_root, venv_python};
 #[tokio::test]
 async fn a_generated_python_client_calls_an_agent_through_the_router() {
     let python = venv_python();
-    let generated = std::env::temp_dir().join(format!("reach-python-{}", std::process::id()));
+    // Removed when dropped at the end of the test, passed or not.
+    let generated_dir = tempfile::Builder::new()
+        .prefix("reach-python-")
+        .tempdir()
+        .unwrap();
+    let generated = generated_dir.path();
     let status = Command::new(repo_root().join("sdk/python/generate.sh"))
-        .arg(&generated)
+        .arg(generated)
         .env("PYTHON", &python)
         .status()
         .expect("run generate.sh");
@@ -55,7 +60,7 @@ async fn a_generated_python_client_calls_an_agent_through_the_router() {
                 "--json",
                 r#"{"numbers": [1, 2, 3.5]}"#,
             ])
-            .env("PYTHONPATH", &generated)
+            .env("PYTHONPATH", generated)
             .output(),
     )
     .await
@@ -87,12 +92,11 @@ async fn a_generated_python_client_calls_an_agent_through_the_router() {
             "--text",
             "x",
         ])
-        .env("PYTHONPATH", &generated)
+        .env("PYTHONPATH", generated)
         .output()
         .await
         .unwrap();
     let error: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
     assert_eq!(error["code"], "NOT_FOUND");
     sandbox.stop().await;
-    let _ = std::fs::remove_dir_all(generated);
 }

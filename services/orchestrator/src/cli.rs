@@ -18,6 +18,10 @@ use crate::event::TaskStatus;
 use crate::flow::Flow;
 use crate::json;
 
+/// The orchestrator endpoint the commands use when `--endpoint` is not given (`reach dev`'s
+/// default gRPC address).
+pub const DEFAULT_ENDPOINT: &str = "http://127.0.0.1:7070";
+
 /// Why a command could not run.
 #[derive(Debug, thiserror::Error)]
 pub enum CliError {
@@ -37,8 +41,9 @@ pub enum CliError {
     /// A flag value was not valid.
     #[error("{0}")]
     Usage(String),
-    /// Writing the output failed.
-    #[error("cannot write output: {0}")]
+    /// Writing the output failed (its source is the `std::io::Error`, which `{:#}` of an
+    /// `anyhow::Error` prints after this message).
+    #[error("cannot write output")]
     Io(#[from] std::io::Error),
 }
 
@@ -82,6 +87,10 @@ pub enum TaskCommand {
         /// A task id of your choice (starting it again returns the same task).
         #[arg(long)]
         id: Option<String>,
+        /// Print the task as JSON (as `task get --json` does; `.task_id` is its id) instead of
+        /// its id, status and the commands to follow it. For scripts.
+        #[arg(long)]
+        json: bool,
     },
     /// Show a task with its node history.
     Get {
@@ -330,7 +339,8 @@ pub async fn task(endpoint: &str, args: TaskArgs, out: &mut dyn Write) -> Result
             input,
             version,
             id,
-        } => task_start(endpoint, &flow, &input, version, id, out).await,
+            json,
+        } => task_start(endpoint, &flow, &input, version, id, json, out).await,
         TaskCommand::Get { id, json } => task_get(endpoint, &id, json, out).await,
         TaskCommand::List {
             status,
@@ -347,16 +357,21 @@ pub async fn task(endpoint: &str, args: TaskArgs, out: &mut dyn Write) -> Result
     }
 }
 
-/// `reach task start --flow ID --input JSON`: prints the task id.
+/// `reach task start --flow ID --input JSON [--json]`: starts a task (flow `version` 0 means
+/// the latest) and prints its id, flow and status, then the commands that follow it, show it
+/// and — when it already waits for a person — resume it. With `as_json`, prints the task as
+/// `task get --json` does instead, for scripts (`.task_id` is the id).
 ///
 /// # Errors
-/// [`CliError`].
+/// [`CliError::Usage`] when `input` is not JSON; [`CliError::Connect`] and
+/// [`CliError::Rpc`] (for example an unknown flow) from the orchestrator.
 pub async fn task_start(
     endpoint: &str,
     flow: &str,
     input: &str,
     version: u32,
     id: Option<String>,
+    as_json: bool,
     out: &mut dyn Write,
 ) -> Result<i32, CliError> {
     let input = parse_json("--input", input)?;
@@ -372,11 +387,62 @@ pub async fn task_start(
         .into_inner()
         .task
         .unwrap_or_default();
-    writeln!(out, "{}", task.task_id)?;
+    if as_json {
+        writeln!(
+            out,
+            "{}",
+            serde_json::to_string_pretty(&task_json(&task)).unwrap_or_default()
+        )?;
+        return Ok(0);
+    }
+    let status = status_name(task.status);
+    let at = if task.current_node.is_empty() {
+        String::new()
+    } else {
+        format!(" at node {}", task.current_node)
+    };
+    writeln!(
+        out,
+        "task {}  {status}{at}  (flow {} v{})",
+        task.task_id, task.flow_id, task.flow_version
+    )?;
+    let endpoint_flag = endpoint_flag(endpoint);
+    let id = &task.task_id;
+    writeln!(out, "follow it:  reach task watch {id}{endpoint_flag}")?;
+    writeln!(out, "show it:    reach task get {id}{endpoint_flag}")?;
+    if let Some(resume) = resume_command(&task, endpoint) {
+        writeln!(out, "resume it:  {resume}")?;
+    }
     Ok(0)
 }
 
-/// `reach task get ID [--json]`.
+/// The command that resumes `task`, when it waits for a person.
+fn resume_command(task: &pb::Task, endpoint: &str) -> Option<String> {
+    let waiting = task.waiting.as_ref()?;
+    let input = if waiting.input_schema.is_some() {
+        "<JSON matching the schema>"
+    } else {
+        "<JSON>"
+    };
+    Some(format!(
+        "reach task resume {} --input '{input}'{}",
+        task.task_id,
+        endpoint_flag(endpoint)
+    ))
+}
+
+/// ` --endpoint URL` when `endpoint` is not the default, so a printed command works as is.
+fn endpoint_flag(endpoint: &str) -> String {
+    if endpoint == DEFAULT_ENDPOINT {
+        String::new()
+    } else {
+        format!(" --endpoint {endpoint}")
+    }
+}
+
+/// `reach task get ID [--json]`: the task's status; while it waits for a person, the human
+/// node, its prompt and schema and the command to resume it; once it ended, its output; and
+/// every node visit with its output or error.
 ///
 /// # Errors
 /// [`CliError`].
@@ -406,18 +472,35 @@ pub async fn task_get(
     writeln!(out, "task      {}", task.task_id)?;
     writeln!(out, "flow      {} v{}", task.flow_id, task.flow_version)?;
     writeln!(out, "status    {}", status_name(task.status))?;
-    if !task.current_node.is_empty() {
+    if let Some(waiting) = &task.waiting {
+        writeln!(
+            out,
+            "waiting   for a person, at human node {}",
+            waiting.node_id
+        )?;
+        if !waiting.prompt.is_empty() {
+            writeln!(out, "prompt    {}", waiting.prompt)?;
+        }
+        if let Some(schema) = &waiting.input_schema {
+            writeln!(out, "schema    {}", json::from_proto(schema))?;
+        }
+        if let Some(deadline) = &waiting.deadline {
+            writeln!(out, "times out {}", fmt_ts(deadline))?;
+        }
+        if let Some(resume) = resume_command(&task, endpoint) {
+            writeln!(out, "resume    {resume}")?;
+        }
+    } else if !task.current_node.is_empty() {
         writeln!(out, "node      {}", task.current_node)?;
     }
     writeln!(out, "trace     {}", task.trace_id)?;
     if !task.error.is_empty() {
         writeln!(out, "error     {}", task.error)?;
     }
-    writeln!(
-        out,
-        "output    {}",
-        json::from_proto_opt(task.output.as_ref())
-    )?;
+    // Only an ended task has an output; while it runs, each node's output is in the table.
+    if let Some(output) = &task.output {
+        writeln!(out, "output    {}", json::from_proto(output))?;
+    }
     let mut table = comfy_table::Table::new();
     table.load_preset(comfy_table::presets::NOTHING);
     table.set_header([
@@ -436,10 +519,12 @@ pub async fn task_get(
                     .to_string()
             })
             .unwrap_or_default();
-        let detail = if n.error.is_empty() {
-            compact(&json::from_proto_opt(n.output.as_ref()))
-        } else {
+        let detail = if !n.error.is_empty() {
             n.error.clone()
+        } else if n.node_type == "human" && n.status == pb::NodeStatus::Running as i32 {
+            "(waiting for a person)".to_string()
+        } else {
+            compact(&json::from_proto_opt(n.output.as_ref()))
         };
         table.add_row([
             n.node_id.clone(),
@@ -771,7 +856,9 @@ fn fmt_ts(t: &prost_types::Timestamp) -> String {
     humantime::format_rfc3339_millis(st).to_string()
 }
 
-/// A task as JSON (for `task get --json` and `GET /tasks/{id}`); values are already masked.
+/// A task as JSON (for `task get --json`, `task start --json` and `GET /tasks/{id}`); values
+/// are already masked. `output` is `null` until the task ended; `waiting` (the human node, its
+/// prompt, `input_schema` and `deadline`) is set only while it is WAITING_HUMAN.
 pub fn task_json(t: &pb::Task) -> Value {
     let ts = |t: &Option<prost_types::Timestamp>| t.as_ref().map(fmt_ts);
     json!({
@@ -784,6 +871,12 @@ pub fn task_json(t: &pb::Task) -> Value {
         "output": json::from_proto_opt(t.output.as_ref()),
         "error": t.error,
         "failed_node": t.failed_node,
+        "waiting": t.waiting.as_ref().map(|w| json!({
+            "node_id": w.node_id,
+            "prompt": w.prompt,
+            "input_schema": json::from_proto_opt(w.input_schema.as_ref()),
+            "deadline": w.deadline.as_ref().map(fmt_ts),
+        })),
         "trace_id": t.trace_id,
         "created_at": ts(&t.created_at),
         "updated_at": ts(&t.updated_at),

@@ -104,6 +104,8 @@ pub enum NodeKind {
         next: String,
         /// The JSON Schema the resume input must satisfy.
         schema: Option<Arc<jsonschema::Validator>>,
+        /// That schema as the flow gives it, to show the person (GetTask's `waiting`).
+        schema_source: Option<serde_json::Value>,
         /// A message for the person.
         prompt: Option<String>,
         /// Where to go when the task is cancelled while waiting here.
@@ -862,9 +864,10 @@ impl Validator<'_> {
                         ("conditions", raw.conditions.is_some()),
                     ],
                 );
-                let schema = match raw.schema {
+                let schema_source = raw.schema;
+                let schema = match &schema_source {
                     None => None,
-                    Some(s) => match jsonschema::validator_for(&s) {
+                    Some(s) => match jsonschema::validator_for(s) {
                         Ok(v) => Some(Arc::new(v)),
                         Err(e) => {
                             self.err(Some(name), Some("schema"), format!("node `{name}`: `schema` is not a valid JSON Schema: {e}"), "fix the schema, for example `{type: object, required: [approved], properties: {approved: {type: boolean}}}`");
@@ -877,6 +880,7 @@ impl Validator<'_> {
                 NodeKind::Human {
                     next: next?,
                     schema,
+                    schema_source,
                     prompt: raw.prompt,
                     on_cancel,
                 }

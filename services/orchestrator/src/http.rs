@@ -1,6 +1,6 @@
 //! HTTP admin routes as an `axum::Router`: `GET /tasks/{id}` (the task with its node history,
 //! masked, as JSON) and `POST /tasks/{id}/retry`. The `reach` binary merges them with its own
-//! `/health` and `/agents` routes.
+//! `/health`, `/metrics` and `/agents` routes.
 
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
@@ -11,7 +11,11 @@ use axum::{Json, Router};
 use crate::error::Error;
 use crate::service::OrchestratorApi;
 
-/// The admin routes over `api`.
+/// The paths [`router`] serves, for a startup banner to list (`GET` unless a method is
+/// given).
+pub const PATHS: [&str; 2] = ["/tasks/{id}", "POST /tasks/{id}/retry"];
+
+/// The admin routes over `api`: [`PATHS`].
 pub fn router(api: OrchestratorApi) -> Router {
     Router::new()
         .route("/tasks/{id}", get(get_task))

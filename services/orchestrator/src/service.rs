@@ -12,7 +12,8 @@ use tonic::{Request, Response, Status};
 
 use crate::engine::Engine;
 use crate::error::Error;
-use crate::event::{NodeOutcome, StoredEvent, TaskState, TaskStatus};
+use crate::event::{NodeOutcome, StoredEvent, TaskState, TaskStatus, TimerPurpose};
+use crate::flow::{Flow, NodeKind};
 use crate::json;
 use crate::mask::Masker;
 use crate::store::TaskSummary;
@@ -52,6 +53,39 @@ fn ts(ms: i64) -> prost_types::Timestamp {
         seconds: ms.div_euclid(1000),
         nanos: i32::try_from(ms.rem_euclid(1000) * 1_000_000).unwrap_or(0),
     }
+}
+
+/// What a task in WAITING_HUMAN waits for: its human node, the node's prompt and schema, and
+/// when the wait times out. `None` in any other status.
+fn human_wait(state: &TaskState, flow: Option<&Flow>) -> Option<pb::HumanWait> {
+    if state.status != TaskStatus::WaitingHuman {
+        return None;
+    }
+    let node_id = state.current.clone()?;
+    let (prompt, input_schema) = match flow.and_then(|f| f.node(&node_id)).map(|n| &n.kind) {
+        Some(NodeKind::Human {
+            prompt,
+            schema_source,
+            ..
+        }) => (
+            prompt.clone().unwrap_or_default(),
+            schema_source.as_ref().map(json::to_proto),
+        ),
+        _ => (String::new(), None),
+    };
+    let deadline = state
+        .timers
+        .values()
+        .find(|t| {
+            t.purpose == TimerPurpose::HumanTimeout && t.node == node_id && !t.fired && !t.cancelled
+        })
+        .map(|t| ts(t.fire_at_ms));
+    Some(pb::HumanWait {
+        node_id,
+        prompt,
+        input_schema,
+        deadline,
+    })
 }
 
 /// The proto value of a status.
@@ -98,7 +132,14 @@ impl OrchestratorApi {
             status: status_to_proto(state.status).into(),
             current_node: state.current.clone().unwrap_or_default(),
             input: self.masked(&state.input),
-            output: self.masked(&state.output),
+            // An unfinished task has no output yet: the last completed node's output is an
+            // intermediate value (shown under `nodes`), not the task's.
+            output: if state.status.is_terminal() {
+                self.masked(&state.output)
+            } else {
+                None
+            },
+            waiting: human_wait(state, flow.as_deref()),
             error: state
                 .error
                 .as_deref()

@@ -145,6 +145,12 @@ fn out() -> Vec<u8> {
     Vec::new()
 }
 
+/// The task id in the output of `task start --json`.
+fn started_id(output: Vec<u8>) -> String {
+    let task: serde_json::Value = serde_json::from_slice(&output).expect("task start --json");
+    task["task_id"].as_str().expect("a task_id").to_string()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cli_commands_against_a_server() {
     let s = server(|_, _| {}).await;
@@ -190,13 +196,27 @@ async fn cli_commands_against_a_server() {
         r#"{"customer_name": "Jane Roe", "email": "jane@example.com"}"#,
         0,
         Some("order-42".into()),
+        false,
         &mut o,
     )
     .await
     .unwrap();
-    let id = String::from_utf8(o).unwrap().trim().to_string();
-    assert_eq!(id, "order-42");
-    // Starting the same id again returns the same task.
+    // A person reads the id, the status and the commands to follow the task, ready to paste.
+    let started = String::from_utf8(o).unwrap();
+    let first = started.lines().next().unwrap_or_default();
+    assert!(
+        first.starts_with("task order-42  ") && first.contains("(flow review v1)"),
+        "{started}"
+    );
+    assert!(
+        started.contains(&format!(
+            "follow it:  reach task watch order-42 --endpoint {}",
+            s.endpoint
+        )),
+        "{started}"
+    );
+    let id = "order-42".to_string();
+    // Starting the same id again returns the same task; --json is for scripts.
     let mut o = out();
     cli::task_start(
         &s.endpoint,
@@ -204,11 +224,12 @@ async fn cli_commands_against_a_server() {
         "{}",
         0,
         Some("order-42".into()),
+        true,
         &mut o,
     )
     .await
     .unwrap();
-    assert_eq!(String::from_utf8(o).unwrap().trim(), "order-42");
+    assert_eq!(started_id(o), "order-42");
     wait_for(&s.endpoint, &id, pb::TaskStatus::WaitingHuman).await;
     let mut o = out();
     cli::task_list(&s.endpoint, Some("waiting_human"), None, 10, &mut o)
@@ -259,10 +280,10 @@ async fn cli_commands_against_a_server() {
 
     // cancel while waiting goes to on_cancel; retry of a cancelled task is refused.
     let mut o = out();
-    cli::task_start(&s.endpoint, "review", "{}", 0, None, &mut o)
+    cli::task_start(&s.endpoint, "review", "{}", 0, None, true, &mut o)
         .await
         .unwrap();
-    let id2 = String::from_utf8(o).unwrap().trim().to_string();
+    let id2 = started_id(o);
     wait_for(&s.endpoint, &id2, pb::TaskStatus::WaitingHuman).await;
     cli::task_cancel(&s.endpoint, &id2, "customer withdrew", &mut out())
         .await
@@ -274,10 +295,10 @@ async fn cli_commands_against_a_server() {
     s.router
         .handle("test.act", |_| Err(Status::invalid_argument("refused")));
     let mut o = out();
-    cli::task_start(&s.endpoint, "review", "{}", 0, None, &mut o)
+    cli::task_start(&s.endpoint, "review", "{}", 0, None, true, &mut o)
         .await
         .unwrap();
-    let id3 = String::from_utf8(o).unwrap().trim().to_string();
+    let id3 = started_id(o);
     wait_for(&s.endpoint, &id3, pb::TaskStatus::WaitingHuman).await;
     cli::task_resume(&s.endpoint, &id3, r#"{"approved": true}"#, None, &mut out())
         .await
@@ -376,6 +397,137 @@ async fn cli_commands_against_a_server() {
     .await
     .unwrap();
     assert!(String::from_utf8_lossy(&o).contains("message "));
+}
+
+const TRIAGE: &str = r#"
+id: triage
+version: 1
+initial: classify
+states:
+  classify: {type: task, capability: test.classify, next: route}
+  route:
+    type: condition
+    conditions: [{if: "nodes.classify.output.confidence < 0.5", next: review}]
+    default: done
+  review:
+    type: human
+    prompt: "Pick the category"
+    schema: {type: object, required: [category], properties: {category: {type: string}}}
+    timeout: 1h
+    next: done
+  done: {type: succeed}
+"#;
+
+/// A task waiting for a person says what it waits for (the human node, its prompt, schema and
+/// timeout, the command to resume it) and shows no output: the condition node's output before
+/// it is not the task's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_task_waiting_for_a_person_shows_what_it_waits_for_not_an_output() {
+    let s = server(|_, _| {}).await;
+    s.router.handle("test.classify", |_| {
+        Ok(json!({"category": "unsure", "confidence": 0.2}))
+    });
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("triage.yaml");
+    std::fs::write(&file, TRIAGE).unwrap();
+    assert_eq!(
+        cli::flow_apply(&s.endpoint, &file, &mut out())
+            .await
+            .unwrap(),
+        0
+    );
+    let mut o = out();
+    cli::task_start(&s.endpoint, "triage", "{}", 0, None, true, &mut o)
+        .await
+        .unwrap();
+    let id = started_id(o);
+    wait_for(&s.endpoint, &id, pb::TaskStatus::WaitingHuman).await;
+
+    let mut o = out();
+    cli::task_get(&s.endpoint, &id, false, &mut o)
+        .await
+        .unwrap();
+    let shown = String::from_utf8(o).unwrap();
+    for expected in [
+        "status    WAITING_HUMAN",
+        "waiting   for a person, at human node review",
+        "prompt    Pick the category",
+        r#"schema    {"properties":{"category":{"type":"string"}},"required":["category"],"type":"object"}"#,
+        "times out ",
+        &format!(
+            "resume    reach task resume {id} --input '<JSON matching the schema>' --endpoint {}",
+            s.endpoint
+        ),
+        "(waiting for a person)",
+    ] {
+        assert!(
+            shown.contains(expected),
+            "{expected:?} missing from\n{shown}"
+        );
+    }
+    assert!(
+        !shown.lines().any(|l| l.starts_with("output")),
+        "an unfinished task has no output:\n{shown}"
+    );
+
+    let mut o = out();
+    cli::task_get(&s.endpoint, &id, true, &mut o).await.unwrap();
+    let v: serde_json::Value = serde_json::from_slice(&o).unwrap();
+    assert_eq!(v["output"], serde_json::Value::Null, "{v:#}");
+    assert_eq!(v["waiting"]["node_id"], "review", "{v:#}");
+    assert_eq!(v["waiting"]["prompt"], "Pick the category");
+    assert_eq!(
+        v["waiting"]["input_schema"]["required"],
+        json!(["category"])
+    );
+    assert!(v["waiting"]["deadline"].is_string(), "{v:#}");
+
+    // `task start` of a task already waiting offers the resume command too.
+    let mut o = out();
+    cli::task_start(
+        &s.endpoint,
+        "triage",
+        "{}",
+        0,
+        Some(id.clone()),
+        false,
+        &mut o,
+    )
+    .await
+    .unwrap();
+    assert!(
+        String::from_utf8_lossy(&o).contains(&format!(
+            "resume it:  reach task resume {id} --input '<JSON matching the schema>'"
+        )),
+        "{}",
+        String::from_utf8_lossy(&o)
+    );
+
+    // Once resumed and ended, the output is the task's and nothing is awaited.
+    cli::task_resume(
+        &s.endpoint,
+        &id,
+        r#"{"category": "servicing"}"#,
+        None,
+        &mut out(),
+    )
+    .await
+    .unwrap();
+    wait_for(&s.endpoint, &id, pb::TaskStatus::Succeeded).await;
+    let mut o = out();
+    cli::task_get(&s.endpoint, &id, true, &mut o).await.unwrap();
+    let v: serde_json::Value = serde_json::from_slice(&o).unwrap();
+    assert_eq!(v["output"], json!({"category": "servicing"}), "{v:#}");
+    assert_eq!(v["waiting"], serde_json::Value::Null);
+    let mut o = out();
+    cli::task_get(&s.endpoint, &id, false, &mut o)
+        .await
+        .unwrap();
+    assert!(
+        String::from_utf8_lossy(&o).contains(r#"output    {"category":"servicing"}"#),
+        "{}",
+        String::from_utf8_lossy(&o)
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -10,6 +10,25 @@ use axum::routing::get;
 use axum::{Json, Router};
 use reach_registry::Registry;
 
+/// The paths [`routes`] serves when the process runs a registry (without one they answer 404
+/// naming the registry's admin port instead).
+pub const REGISTRY_PATHS: [&str; 2] = ["/agents", "DELETE /agents/{service}"];
+
+/// The admin port's paths in a process that runs a registry and/or an orchestrator, as the
+/// startup banner lists them (`GET` unless a method is given): reach-telemetry's
+/// [`ADMIN_PATHS`](reach_telemetry::ADMIN_PATHS), [`REGISTRY_PATHS`] and the orchestrator's
+/// [`PATHS`](reach_orchestrator::http::PATHS).
+pub fn paths(registry: bool, orchestrator: bool) -> Vec<&'static str> {
+    let mut paths = reach_telemetry::ADMIN_PATHS.to_vec();
+    if registry {
+        paths.extend(REGISTRY_PATHS);
+    }
+    if orchestrator {
+        paths.extend(reach_orchestrator::http::PATHS);
+    }
+    paths
+}
+
 /// The admin routes: `/metrics` and `/health` (from `metrics`), and `/agents` over an
 /// optional local registry.
 pub fn routes(

@@ -28,6 +28,7 @@
 //! the SDK agent.
 
 use std::future::Future;
+use std::io::Write as _;
 use std::process::Stdio;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -112,7 +113,7 @@ pub struct Cell {
 /// Runs the benchmark and prints its report to stdout.
 ///
 /// # Errors
-/// When the in-process mesh or nats-server cannot start.
+/// When the in-process mesh or nats-server cannot start, or stdout cannot be written.
 pub async fn run(options: &BenchOptions) -> anyhow::Result<()> {
     // A signal ends the run here, so that nats-server (a child process) is stopped on the way
     // out rather than left behind.
@@ -157,7 +158,9 @@ async fn run_until_done(options: &BenchOptions) -> anyhow::Result<()> {
             Duration::from_secs(2),
         )
     };
-    println!(
+    let mut stdout = std::io::stdout();
+    writeln!(
+        stdout,
         "reach bench router: {} cores, {} tokio worker threads (TOKIO_WORKER_THREADS), {} per cell after {} warm-up; client, router and agent share this process; REACH_LOG={} (a filter that shows the router's per-call span in log lines costs it throughput)",
         std::thread::available_parallelism().map_or(1, |n| n.get()),
         tokio::runtime::Handle::current().metrics().num_workers(),
@@ -165,7 +168,7 @@ async fn run_until_done(options: &BenchOptions) -> anyhow::Result<()> {
         humantime::format_duration(warmup),
         std::env::var("REACH_LOG")
             .unwrap_or_else(|_| format!("{} (default)", reach_telemetry::DEFAULT_LOG_FILTER)),
-    );
+    )?;
     let payloads = if options.payloads.is_empty() {
         payloads
     } else {
@@ -282,7 +285,7 @@ async fn run_until_done(options: &BenchOptions) -> anyhow::Result<()> {
     } else {
         (0.0, 0.0)
     };
-    print!("{}", render(&cells, streams));
+    write!(stdout, "{}", render(&cells, streams))?;
     let find = |mode: &str| {
         cells
             .iter()
@@ -303,10 +306,11 @@ async fn run_until_done(options: &BenchOptions) -> anyhow::Result<()> {
     mesh.stop().await;
     // Last, after the mesh's shutdown logs.
     match tracking {
-        Some(line) => println!("{line}"),
-        None => println!(
+        Some(line) => writeln!(stdout, "{line}")?,
+        None => writeln!(
+            stdout,
             "(no tracking line: it needs the direct-mux and router-mux modes at 4 KiB, c=64)"
-        ),
+        )?,
     }
     Ok(())
 }

@@ -1,6 +1,11 @@
 //! `reach`: every Reach service as a subcommand, `reach dev` all-in-one, `reach demo`, and
 //! the client CLI. Argument parsing only; the work is in the `reach` library.
+//!
+//! Output goes to stdout through `write!`, never `print!`, whose panic on a closed stdout
+//! would bypass [`main`]'s quiet exit when the reader went away (`reach task list | head -1`).
+#![warn(clippy::print_stdout)]
 
+use std::io::Write as _;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -80,7 +85,7 @@ enum Command {
     /// Validate, apply and list flows.
     Flow {
         /// The orchestrator (or `reach dev`) endpoint.
-        #[arg(long, global = true, default_value = "http://127.0.0.1:7070")]
+        #[arg(long, global = true, default_value = reach_orchestrator::cli::DEFAULT_ENDPOINT)]
         endpoint: String,
         #[command(flatten)]
         args: reach_orchestrator::cli::FlowArgs,
@@ -88,7 +93,7 @@ enum Command {
     /// Start, inspect, resume, cancel and retry tasks.
     Task {
         /// The orchestrator (or `reach dev`) endpoint.
-        #[arg(long, global = true, default_value = "http://127.0.0.1:7070")]
+        #[arg(long, global = true, default_value = reach_orchestrator::cli::DEFAULT_ENDPOINT)]
         endpoint: String,
         #[command(flatten)]
         args: reach_orchestrator::cli::TaskArgs,
@@ -96,7 +101,7 @@ enum Command {
     /// Print every message and node event of a task in time order.
     Dump {
         /// The orchestrator (or `reach dev`) endpoint.
-        #[arg(long, default_value = "http://127.0.0.1:7070")]
+        #[arg(long, default_value = reach_orchestrator::cli::DEFAULT_ENDPOINT)]
         endpoint: String,
         #[command(flatten)]
         args: reach_orchestrator::cli::DumpArgs,
@@ -264,6 +269,9 @@ async fn main() -> ExitCode {
     };
     let code = match run(cli.command).await {
         Ok(code) => code,
+        // Whoever read stdout has gone (`reach task get ID | head -1`): there is no one left to
+        // tell, so exit quietly and successfully, as `cat` and `grep` users expect.
+        Err(error) if is_broken_pipe(&error) => ExitCode::SUCCESS,
         Err(error) => {
             eprintln!("error: {error:#}");
             ExitCode::FAILURE
@@ -273,6 +281,15 @@ async fn main() -> ExitCode {
         eprintln!("warning: spans not flushed: {error}");
     }
     code
+}
+
+/// Whether `error`, or an error it wraps, is a write to a pipe whose reader has gone.
+fn is_broken_pipe(error: &anyhow::Error) -> bool {
+    error.chain().any(|cause| {
+        cause
+            .downcast_ref::<std::io::Error>()
+            .is_some_and(|e| e.kind() == std::io::ErrorKind::BrokenPipe)
+    })
 }
 
 fn exit_code(code: i32) -> ExitCode {
@@ -287,11 +304,13 @@ async fn run(command: Command) -> anyhow::Result<ExitCode> {
             concurrency,
         } => {
             let report = reach::demo::run(&DemoOptions { input, concurrency }).await?;
+            let mut stdout = std::io::stdout().lock();
             if json {
-                println!("{}", serde_json::to_string_pretty(&report)?);
+                writeln!(stdout, "{}", serde_json::to_string_pretty(&report)?)?;
             } else {
-                print!("{}", reach::demo::render_text(&report));
+                write!(stdout, "{}", reach::demo::render_text(&report))?;
             }
+            stdout.flush()?;
             Ok(if report.failed == 0 {
                 ExitCode::SUCCESS
             } else {
@@ -488,7 +507,9 @@ async fn serve(
         }
     };
     if args.dump_config {
-        print!("{}", toml::to_string_pretty(&config)?);
+        let mut stdout = std::io::stdout().lock();
+        write!(stdout, "{}", toml::to_string_pretty(&config)?)?;
+        stdout.flush()?;
         return Ok(ExitCode::SUCCESS);
     }
     raise_open_file_limit(config.server.max_connections);
@@ -515,14 +536,20 @@ async fn serve(
             routes = routes.merge(orchestrator.admin_router());
         }
         let token = shutdown.clone();
-        println!("admin http   http://{admin_addr}  (/health, /metrics, /agents)");
+        let paths = reach::admin::paths(plane.registry().is_some(), plane.orchestrator().is_some());
+        writeln!(
+            std::io::stdout(),
+            "admin http   http://{admin_addr}  ({})",
+            paths.join(", ")
+        )?;
         Some(tokio::spawn(reach_telemetry::serve_admin(
             admin_listener,
             routes,
             async move { token.cancelled().await },
         )))
     };
-    println!(
+    writeln!(
+        std::io::stdout(),
         "grpc         {endpoint}  ({}; health and reflection)",
         [
             (services.registry, "reach.v1.RegistryService"),
@@ -534,25 +561,27 @@ async fn serve(
         .map(|(_, name)| *name)
         .collect::<Vec<_>>()
         .join(", ")
-    );
+    )?;
     let fleet = if with_agents {
         let fleet =
             reach_agents::fleet::Fleet::start(&endpoint, &endpoint, &Default::default()).await?;
         for member in &fleet.members {
-            println!(
+            writeln!(
+                std::io::stdout(),
                 "agent        {:<24} {}",
                 member.agent.instance_id(),
                 member.endpoint
-            );
+            )?;
         }
         Some(fleet)
     } else {
         None
     };
-    println!(
+    writeln!(
+        std::io::stdout(),
         "try: grpcurl -plaintext {} list   |   reach agents --endpoint {endpoint}",
         plane.addr()
-    );
+    )?;
 
     reach_sdk::signal::terminate().await;
     // A second signal ends the process at once, without waiting for drains and grace periods.

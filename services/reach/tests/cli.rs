@@ -230,6 +230,103 @@ fn a_bad_config_exits_64_naming_the_key() {
     );
 }
 
+/// A reader that goes away early (`reach ... | head -1`) ends `reach` quietly, whatever the
+/// command: exit status 0 and no "Broken pipe" error or panic on stderr.
+#[test]
+fn a_closed_stdout_ends_reach_quietly() {
+    for args in [
+        &["router", "--dump-config"][..],
+        &["flow", "validate", "examples/flows/complaint-flow.yaml"][..],
+    ] {
+        let (reader, writer) = std::io::pipe().unwrap();
+        drop(reader);
+        let output = reach().args(args).stdout(writer).output().unwrap();
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(
+            output.status.success() && stderr.is_empty(),
+            "reach {args:?}: {:?}: {stderr}",
+            output.status
+        );
+    }
+}
+
+/// The TOML blocks of docs/configuration.md, taken together, are the whole configuration
+/// with its defaults: every key `--dump-config` prints is documented with the value it prints,
+/// and the blocks name nothing else (settings unset by default are commented out there).
+#[test]
+fn the_configuration_doc_lists_every_setting_with_its_default() {
+    let mut command = reach();
+    command.args(["registry", "--dump-config"]);
+    for (name, _) in std::env::vars_os() {
+        if name.to_string_lossy().starts_with("REACH_") {
+            command.env_remove(name);
+        }
+    }
+    let output = command.output().unwrap();
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let dumped: toml::Table = toml::from_str(&String::from_utf8_lossy(&output.stdout)).unwrap();
+    let doc = std::fs::read_to_string(repo_root().join("docs/configuration.md")).unwrap();
+    // Each block holds whole sections (or top-level keys), so they join into one document.
+    let blocks: Vec<&str> = doc
+        .split("```toml\n")
+        .skip(1)
+        .filter_map(|rest| rest.split_once("```").map(|(block, _)| block))
+        .collect();
+    assert!(
+        !blocks.is_empty(),
+        "docs/configuration.md has no ```toml block"
+    );
+    let documented: toml::Table = toml::from_str(&blocks.join("\n"))
+        .unwrap_or_else(|e| panic!("the TOML blocks of docs/configuration.md: {e}"));
+    let mut differences = Vec::new();
+    compare_settings("", &dumped, &documented, &mut differences);
+    assert!(
+        differences.is_empty(),
+        "docs/configuration.md disagrees with `reach registry --dump-config`:\n{}",
+        differences.join("\n")
+    );
+}
+
+/// Appends to `out` every difference between the settings `dumped` and those `documented`,
+/// each named by its dotted path under `prefix`.
+fn compare_settings(
+    prefix: &str,
+    dumped: &toml::Table,
+    documented: &toml::Table,
+    out: &mut Vec<String>,
+) {
+    let path = |key: &str| {
+        if prefix.is_empty() {
+            key.to_string()
+        } else {
+            format!("{prefix}.{key}")
+        }
+    };
+    for (key, value) in dumped {
+        match (value, documented.get(key)) {
+            (_, None) => out.push(format!("{} = {value} is not documented", path(key))),
+            (toml::Value::Table(d), Some(toml::Value::Table(doc))) => {
+                compare_settings(&path(key), d, doc, out)
+            }
+            (d, Some(doc)) if d != doc => out.push(format!(
+                "{} is documented as {doc}; its default is {d}",
+                path(key)
+            )),
+            _ => {}
+        }
+    }
+    for key in documented.keys().filter(|k| !dumped.contains_key(*k)) {
+        out.push(format!(
+            "{} is documented but --dump-config has no such key (comment it out if it is unset by default)",
+            path(key)
+        ));
+    }
+}
+
 fn grpcurl() -> PathBuf {
     let path = repo_root().join(".venv/bin/grpcurl");
     assert!(
@@ -263,16 +360,20 @@ fn open_classify_stream(grpc: &str) -> (std::process::Child, std::process::Child
     (streaming, stdin)
 }
 
-/// What [`start_dev`] returns: the process, its stdout (kept open so it can go on printing),
-/// the gRPC and admin addresses (`HOST:PORT`) it printed, and its data directory (removed when
-/// dropped).
-type Dev = (
-    tokio::process::Child,
-    tokio::io::Lines<BufReader<tokio::process::ChildStdout>>,
-    String,
-    Option<String>,
-    tempfile::TempDir,
-);
+/// A running `reach dev`, as [`start_dev`] returns it.
+struct Dev {
+    child: tokio::process::Child,
+    /// Its stdout, kept open so it can go on printing.
+    _stdout: tokio::io::Lines<BufReader<tokio::process::ChildStdout>>,
+    /// The gRPC address it printed (`HOST:PORT`).
+    grpc: String,
+    /// The admin address it printed (`HOST:PORT`), unless the admin port is off.
+    admin: Option<String>,
+    /// The admin paths its banner lists (`/health`, `DELETE /agents/{service}`, ...).
+    admin_paths: Vec<String>,
+    /// Its data directory, removed when dropped.
+    _data_dir: tempfile::TempDir,
+}
 
 /// `reach dev ARGS` with a data directory of its own (not the user's `./.reach`), once it
 /// printed its `try:` line.
@@ -292,6 +393,7 @@ async fn start_dev(args: &[&str]) -> Dev {
     let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
     let mut grpc = None;
     let mut admin = None;
+    let mut admin_paths = Vec::new();
     let address = |rest: &str| {
         rest.split_whitespace()
             .next()
@@ -306,20 +408,59 @@ async fn start_dev(args: &[&str]) -> Dev {
         }
         if let Some(rest) = line.strip_prefix("admin http") {
             admin = address(rest);
+            // `admin http   http://HOST:PORT  (/health, /metrics, ...)`
+            admin_paths = rest
+                .split_once('(')
+                .and_then(|(_, list)| list.strip_suffix(')'))
+                .map(|list| list.split(", ").map(str::to_string).collect())
+                .unwrap_or_default();
         }
         if line.starts_with("try:") {
             break;
         }
     }
     let grpc = grpc.expect("reach dev printed its gRPC address");
-    (child, lines, grpc, admin, data_dir)
+    Dev {
+        child,
+        _stdout: lines,
+        grpc,
+        admin,
+        admin_paths,
+        _data_dir: data_dir,
+    }
 }
 
 #[tokio::test]
 async fn dev_serves_every_service_on_one_port_for_grpcurl_and_reach_agents() {
-    let (mut child, _stdout, grpc, admin, _data_dir) =
-        start_dev(&["--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0"]).await;
+    let dev = start_dev(&["--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0"]).await;
+    let Dev {
+        mut child,
+        grpc,
+        admin,
+        admin_paths,
+        ..
+    } = dev;
     let admin = admin.expect("reach dev printed its admin address");
+    // The banner lists every admin path (each is requested below), as the README does.
+    assert_eq!(
+        admin_paths,
+        [
+            "/health",
+            "/metrics",
+            "/agents",
+            "DELETE /agents/{service}",
+            "/tasks/{id}",
+            "POST /tasks/{id}/retry"
+        ],
+        "the admin paths of the banner"
+    );
+    let readme = std::fs::read_to_string(repo_root().join("README.md")).unwrap();
+    for path in &admin_paths {
+        assert!(
+            readme.contains(&format!("`{path}`")),
+            "README.md does not list the admin path {path}"
+        );
+    }
 
     let list = Command::new(grpcurl())
         .args(["-plaintext", &grpc, "list"])
@@ -538,7 +679,7 @@ async fn dev_serves_every_service_on_one_port_for_grpcurl_and_reach_agents() {
     };
     let run_id = std::process::id();
     let routed_id = format!("cli-routed-{run_id}");
-    task(&[
+    let started = task(&[
         "start",
         "--flow",
         "complaint-flow",
@@ -547,6 +688,13 @@ async fn dev_serves_every_service_on_one_port_for_grpcurl_and_reach_agents() {
         "--input",
         r#"{"complaint_id": "c1", "narrative": "Equifax and Experian report a derogatory tradeline on my credit report; the FCRA dispute was ignored"}"#,
     ]);
+    assert!(
+        started.starts_with(&format!("task {routed_id}  "))
+            && started.contains(&format!(
+                "follow it:  reach task watch {routed_id} --endpoint {endpoint}"
+            )),
+        "task start says which task and how to follow it: {started}"
+    );
     let review_id = format!("cli-review-{run_id}");
     task(&[
         "start",
@@ -577,6 +725,77 @@ async fn dev_serves_every_service_on_one_port_for_grpcurl_and_reach_agents() {
     assert!(
         statuses.1.contains("WAITING_HUMAN"),
         "low confidence waits for a person: {statuses:?}"
+    );
+    // It says what it waits for, and shows no output of the classifier's as its own.
+    let waiting = task(&["get", &review_id]);
+    assert!(
+        waiting.contains("waiting   for a person, at human node human_review")
+            && waiting.contains("prompt    Classify this complaint")
+            && waiting.contains(&format!("resume    reach task resume {review_id} --input"))
+            && !waiting.lines().any(|l| l.starts_with("output")),
+        "{waiting}"
+    );
+    // A reader that stops early (`reach task get ID | head -1`) ends reach quietly.
+    let (reader, writer) = std::io::pipe().unwrap();
+    drop(reader);
+    let piped = Command::new(env!("CARGO_BIN_EXE_reach"))
+        .args(["task", "get", &review_id, "--endpoint", &endpoint])
+        .stdout(writer)
+        .output()
+        .unwrap();
+    assert!(
+        piped.status.success() && piped.stderr.is_empty(),
+        "{:?}: {}",
+        piped.status,
+        String::from_utf8_lossy(&piped.stderr)
+    );
+
+    // reach top --once: the header counts every registered capability (not only those with
+    // traffic yet), and tasks waiting for a person show once.
+    let agents: serde_json::Value = serde_json::from_slice(
+        &Command::new(env!("CARGO_BIN_EXE_reach"))
+            .args(["agents", "--json", "--endpoint", &endpoint])
+            .output()
+            .unwrap()
+            .stdout,
+    )
+    .expect("reach agents --json");
+    let registered: HashSet<&str> = agents
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|i| i["capabilities"].as_array().unwrap())
+        .map(|c| c.as_str().unwrap().split('@').next().unwrap())
+        .collect();
+    let top_once = || {
+        let top = Command::new(env!("CARGO_BIN_EXE_reach"))
+            .args(["top", "--once", "--endpoint", &endpoint, "--admin", &admin])
+            .output()
+            .unwrap();
+        assert!(top.status.success(), "{top:?}");
+        String::from_utf8_lossy(&top.stdout).to_string()
+    };
+    // The orchestrator publishes its task gauges every 2 s.
+    let mut frame = top_once();
+    for _ in 0..100 {
+        if !frame.contains("no orchestrator metrics") {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        frame = top_once();
+    }
+    assert!(
+        frame.contains(&format!(
+            "instances {}  capabilities {} (",
+            agents.as_array().unwrap().len(),
+            registered.len()
+        )),
+        "{} registered capabilities ({registered:?}):\n{frame}",
+        registered.len()
+    );
+    assert!(
+        frame.contains("waiting for a person:") && !frame.contains("waiting_human"),
+        "{frame}"
     );
     task(&[
         "resume",
@@ -671,6 +890,25 @@ async fn dev_serves_every_service_on_one_port_for_grpcurl_and_reach_agents() {
         !listed().contains("executor.origination"),
         "and the agents do not register again"
     );
+    // Every admin path the banner lists is served: the handler answers (with a body), not
+    // the router's empty 404 or 405 for a path or method it does not serve.
+    for listed in &admin_paths {
+        let (method, path) = listed.split_once(' ').unwrap_or(("GET", listed));
+        let path = path
+            .replace("{service}", "no.such.service")
+            .replace("{id}", &routed_id);
+        let answer = Command::new("curl")
+            .args(["-s", "-w", "\n%{http_code}", "-X", method])
+            .arg(format!("http://{admin}{path}"))
+            .output()
+            .unwrap();
+        let answer = String::from_utf8_lossy(&answer.stdout).to_string();
+        let (body, code) = answer.rsplit_once('\n').unwrap_or_default();
+        assert!(
+            !body.trim().is_empty() && code != "405",
+            "{method} {path} is not served: {code} {body:?}"
+        );
+    }
     let missing = Command::new("curl")
         .args([
             "-s",
@@ -706,8 +944,10 @@ async fn dev_serves_every_service_on_one_port_for_grpcurl_and_reach_agents() {
 /// short by a second signal: `reach dev` exits at once with status 130.
 #[tokio::test]
 async fn a_second_signal_ends_a_slow_shutdown_at_once() {
-    let (mut child, _stdout, grpc, _, _data_dir) =
-        start_dev(&["--listen", "127.0.0.1:0", "--admin-listen", ""]).await;
+    let dev = start_dev(&["--listen", "127.0.0.1:0", "--admin-listen", ""]).await;
+    let Dev {
+        mut child, grpc, ..
+    } = dev;
     // A routed stream left open: its agent counts it in flight while it drains.
     let (mut streaming, stdin) = open_classify_stream(&grpc);
     let mut first_reply = String::new();
@@ -747,9 +987,11 @@ async fn a_second_signal_ends_a_slow_shutdown_at_once() {
 
 #[test]
 fn settings_layer_file_then_env_then_flags() {
-    let dir = std::env::temp_dir().join(format!("reach-cli-config-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let file = dir.join("reach.toml");
+    let dir = tempfile::Builder::new()
+        .prefix("reach-cli-config-")
+        .tempdir()
+        .unwrap();
+    let file = dir.path().join("reach.toml");
     std::fs::write(
         &file,
         "listen = \"127.0.0.1:9100\"\n[router]\nmax_message_bytes = 2048\nroute_wait = \"250ms\"\n",
@@ -792,5 +1034,4 @@ fn settings_layer_file_then_env_then_flags() {
         stderr.contains("default_lease_ttl") && stderr.contains("forever"),
         "{stderr}"
     );
-    let _ = std::fs::remove_dir_all(dir);
 }

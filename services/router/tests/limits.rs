@@ -415,9 +415,12 @@ async fn a_reset_after_delivery_is_not_retried_and_redelivery_is_deduplicated() 
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_idempotent_capability_is_retried_after_a_reset_without_running_twice() {
-    let dir = std::env::temp_dir().join(format!("reach-idem-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let file = dir.join("protocol-registry.yaml");
+    // Removed when dropped at the end of the test, passed or not.
+    let dir = tempfile::Builder::new()
+        .prefix("reach-idem-")
+        .tempdir()
+        .unwrap();
+    let file = dir.path().join("protocol-registry.yaml");
     std::fs::write(
         &file,
         "capabilities:\n  balance.read:\n    idempotent: true\n",

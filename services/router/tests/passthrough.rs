@@ -129,8 +129,13 @@ async fn a_python_grpcio_client_calls_the_typed_service_through_the_router() {
     let router = router(&registry.url, round_robin()).await;
     router.wait_routable(2).await;
 
-    let out_dir = std::env::temp_dir().join(format!("reach-py-{}", std::process::id()));
-    std::fs::create_dir_all(&out_dir).unwrap();
+    // The generated Python modules; removed when `python_dir` drops at the end of the test,
+    // passed or not.
+    let python_dir = tempfile::Builder::new()
+        .prefix("reach-py-")
+        .tempdir()
+        .unwrap();
+    let out_dir = python_dir.path().to_path_buf();
     let root = repo_root();
     let target = router.url.trim_start_matches("http://").to_string();
     let output = tokio::task::spawn_blocking(move || {

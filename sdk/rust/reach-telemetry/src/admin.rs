@@ -12,6 +12,9 @@ use metrics_exporter_prometheus::PrometheusHandle;
 /// The content type of the Prometheus text exposition format.
 pub const PROMETHEUS_CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
 
+/// The paths [`admin_router`] serves (both `GET`), for a startup banner to list.
+pub const ADMIN_PATHS: [&str; 2] = ["/health", "/metrics"];
+
 /// `GET /metrics` rendering `handle`, and `GET /health` answering `{"status":"ok"}`.
 /// Extend it with `.merge(...)` or `.route(...)`:
 /// `admin_router(metrics::install()?).route("/v1/instances", get(list))`.

@@ -7,7 +7,9 @@
 //!
 //! The data ([`model`]: [`Board`] builds a [`Snapshot`]) is separate from drawing
 //! ([`render()`]), so tests draw snapshots on ratatui's `TestBackend`; [`run`] with
-//! `once: true` prints one frame as text and exits.
+//! `once: true` prints one frame as text and exits (through `write!`, never `print!`, so a
+//! closed stdout is an error the caller sees rather than a panic).
+#![warn(clippy::print_stdout)]
 
 pub mod model;
 pub mod render;
@@ -84,6 +86,10 @@ pub enum TopError {
     /// The terminal could not be driven.
     #[error("terminal: {0}")]
     Terminal(#[from] std::io::Error),
+    /// The `--once` frame could not be written to stdout (for example, its reader went away:
+    /// the error's source is the `std::io::Error`, kind `BrokenPipe`).
+    #[error("cannot write the frame to stdout")]
+    Output(#[source] std::io::Error),
     /// There is no terminal to draw on (output piped, no TTY).
     #[error("the live board needs a terminal ({0}); use --once to print one frame as text instead")]
     NoTerminal(std::io::Error),
@@ -213,8 +219,9 @@ pub fn render_to_string(snapshot: &Snapshot, width: u16, height: u16) -> String 
 ///
 /// # Errors
 /// [`TopError::Endpoint`] for a malformed endpoint, [`TopError::Terminal`] when the terminal
-/// cannot be driven, [`TopError::Unreachable`] when `once` reached neither the registry nor
-/// the admin port. In the live board an unreachable endpoint is not an error: it shows why.
+/// cannot be driven, [`TopError::Output`] when `once` cannot write its frame,
+/// [`TopError::Unreachable`] when `once` reached neither the registry nor the admin port. In
+/// the live board an unreachable endpoint is not an error: it shows why.
 pub async fn run(options: TopOptions) -> Result<(), TopError> {
     let admin = match &options.admin {
         Some(admin) => admin.clone(),
@@ -233,7 +240,14 @@ pub async fn run(options: TopOptions) -> Result<(), TopError> {
             0 => render::content_height(&snapshot),
             rows => rows,
         };
-        print!("{}", render_to_string(&snapshot, options.size.0, height));
+        {
+            use std::io::Write as _;
+            let mut stdout = std::io::stdout().lock();
+            stdout
+                .write_all(render_to_string(&snapshot, options.size.0, height).as_bytes())
+                .and_then(|()| stdout.flush())
+                .map_err(TopError::Output)?;
+        }
         // A one-shot board that reached nothing is a failure a script must see.
         if let (Some(registry), Some(metrics)) = (&snapshot.registry_error, &snapshot.metrics_error)
         {
@@ -311,11 +325,21 @@ mod tests {
         in_flight: u32,
         max: u32,
     ) -> Instance {
+        // Each instance registers its service's name as a capability, and `<service>.admin`,
+        // which gets no traffic.
+        let capability = |name: String| reach_proto::v1::Capability {
+            name,
+            version: "1.0.0".to_string(),
+        };
         Instance {
             spec: Some(InstanceSpec {
                 service: service.to_string(),
                 instance_id: id.to_string(),
                 max_concurrency: max,
+                capabilities: vec![
+                    capability(service.to_string()),
+                    capability(format!("{service}.admin")),
+                ],
                 ..Default::default()
             }),
             state: state as i32,
@@ -438,6 +462,9 @@ reach_orchestrator_dead_letters_total 1
         let text = render_to_string(&snapshot, 120, 36);
         for expected in [
             "reach top — http://127.0.0.1:7070",
+            // echo, echo.admin, executor.servicing, executor.servicing.admin registered; the
+            // router counted calls for echo and complaint.servicing.
+            "instances 2  capabilities 4 (2 with traffic)",
             "instances",
             "echo-1",
             "ready",
@@ -455,6 +482,9 @@ reach_orchestrator_dead_letters_total 1
         ] {
             assert!(text.contains(expected), "{expected:?} missing from\n{text}");
         }
+        // Tasks waiting for a person are shown once, in their own line.
+        assert!(!text.contains("waiting_human"), "{text}");
+        assert_eq!(text.matches("waiting for a person").count(), 1, "{text}");
     }
 
     #[test]

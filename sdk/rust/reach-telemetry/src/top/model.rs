@@ -57,9 +57,10 @@ pub struct FailureRow {
 /// Tasks by status, from the orchestrator's metrics.
 #[derive(Debug, Clone, PartialEq, Default)]
 pub struct TaskSummary {
-    /// Count per status (lower-case), sorted by status.
+    /// Count per status (lower-case), sorted by status; includes `waiting_human`.
     pub by_status: BTreeMap<String, f64>,
-    /// Tasks waiting for a person (`waiting_human`).
+    /// Tasks waiting for a person (the `waiting_human` status, which the board shows in this
+    /// line of its own rather than among the other statuses).
     pub waiting_human: f64,
     /// Tasks in the dead-letter list since the orchestrator started.
     pub dead_letters: f64,
@@ -72,7 +73,11 @@ pub struct Snapshot {
     pub endpoint: String,
     /// Instances, ordered by service then id.
     pub instances: Vec<InstanceRow>,
-    /// Traffic per capability, busiest first.
+    /// Every capability name some listed instance registered (whatever its state), sorted,
+    /// each once: what the header counts.
+    pub registered_capabilities: Vec<String>,
+    /// Traffic per capability, busiest first; only capabilities the router has counted calls
+    /// or streams for since it started.
     pub capabilities: Vec<CapabilityRow>,
     /// Tasks, when an orchestrator reports metrics.
     pub tasks: Option<TaskSummary>,
@@ -125,6 +130,13 @@ impl Board {
         let instance_p99 = histogram_p99_by(&scrape, names::ROUTER_INSTANCE_DURATION, "instance");
         match instances {
             Ok(list) => {
+                let names: std::collections::BTreeSet<String> = list
+                    .instances
+                    .iter()
+                    .flat_map(|i| i.spec.iter().flat_map(|s| &s.capabilities))
+                    .map(|c| c.name.clone())
+                    .collect();
+                snapshot.registered_capabilities = names.into_iter().collect();
                 snapshot.instances = list
                     .instances
                     .into_iter()

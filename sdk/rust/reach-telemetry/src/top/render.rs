@@ -8,7 +8,7 @@ use ratatui::style::{Modifier, Style};
 use ratatui::text::Line;
 use ratatui::widgets::{Block, Borders, Paragraph, Row, Table};
 
-use super::model::Snapshot;
+use super::model::{Snapshot, TaskSummary};
 
 /// Draws one frame of the board.
 pub fn render(frame: &mut Frame<'_>, snapshot: &Snapshot) {
@@ -41,7 +41,10 @@ pub fn content_height(snapshot: &Snapshot) -> u16 {
             .saturating_add(3)
             .max(5)
     };
-    let task_lines = snapshot.tasks.as_ref().map_or(1, |t| t.by_status.len() + 2);
+    let task_lines = snapshot
+        .tasks
+        .as_ref()
+        .map_or(1, |t| other_statuses(t).count() + 2);
     1u16.saturating_add(rows(snapshot.instances.len()))
         .saturating_add(rows(snapshot.capabilities.len()).max(rows(task_lines.saturating_sub(1))))
         .saturating_add(failures_height(snapshot))
@@ -53,9 +56,10 @@ fn bold() -> Style {
 
 fn render_header(frame: &mut Frame<'_>, area: Rect, snapshot: &Snapshot) {
     let mut text = format!(
-        "reach top — {}  instances {}  capabilities {}",
+        "reach top — {}  instances {}  capabilities {} ({} with traffic)",
         snapshot.endpoint,
         snapshot.instances.len(),
+        snapshot.registered_capabilities.len(),
         snapshot.capabilities.len()
     );
     if let Some(e) = &snapshot.registry_error {
@@ -154,9 +158,7 @@ fn render_tasks(frame: &mut Frame<'_>, area: Rect, snapshot: &Snapshot) {
                 bold(),
             )];
             lines.extend(
-                tasks
-                    .by_status
-                    .iter()
+                other_statuses(tasks)
                     .map(|(status, count)| Line::from(format!("{status:<14} {count}"))),
             );
             lines.push(Line::from(format!("dead letters   {}", tasks.dead_letters)));
@@ -167,6 +169,14 @@ fn render_tasks(frame: &mut Frame<'_>, area: Rect, snapshot: &Snapshot) {
         Paragraph::new(lines).block(Block::default().borders(Borders::ALL).title(" tasks ")),
         area,
     );
+}
+
+/// Task counts by status, without `waiting_human`, which has its own line.
+fn other_statuses(tasks: &TaskSummary) -> impl Iterator<Item = (&String, &f64)> {
+    tasks
+        .by_status
+        .iter()
+        .filter(|(status, _)| status.as_str() != "waiting_human")
 }
 
 fn render_failures(frame: &mut Frame<'_>, area: Rect, snapshot: &Snapshot) {
