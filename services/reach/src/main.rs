@@ -516,13 +516,18 @@ async fn serve(
     let listener = TcpListener::bind(&config.listen)
         .await
         .map_err(|e| anyhow::anyhow!("cannot listen on {}: {e} (use --listen)", config.listen))?;
+    // The recorder goes in before the services start, so what they record at once (the
+    // orchestrator's task counts) is not lost; without an admin port nothing could read it.
+    let metrics = if config.admin_listen.is_empty() {
+        None
+    } else {
+        Some(reach_telemetry::metrics::install()?)
+    };
     let plane = ControlPlane::start(listener, &config, services).await?;
     let endpoint = plane.endpoint();
     let shutdown = plane.shutdown_token();
 
-    let admin = if config.admin_listen.is_empty() {
-        None
-    } else {
+    let admin = if let Some(metrics) = metrics {
         let admin_listener = TcpListener::bind(&config.admin_listen).await.map_err(|e| {
             anyhow::anyhow!(
                 "cannot listen on {} for admin: {e} (use --admin-listen)",
@@ -530,7 +535,6 @@ async fn serve(
             )
         })?;
         let admin_addr = admin_listener.local_addr()?;
-        let metrics = reach_telemetry::metrics::install()?;
         let mut routes = reach::admin::routes(metrics, plane.registry().cloned());
         if let Some(orchestrator) = plane.orchestrator() {
             routes = routes.merge(orchestrator.admin_router());
@@ -547,6 +551,8 @@ async fn serve(
             routes,
             async move { token.cancelled().await },
         )))
+    } else {
+        None
     };
     writeln!(
         std::io::stdout(),
