@@ -90,6 +90,8 @@ pub struct InstanceEndpoint {
     ejected_until_ns: AtomicU64,
     epoch: Instant,
     ejection: EjectionConfig,
+    /// Its latency histogram (`reach_router_instance_duration_seconds`).
+    metrics: reach_telemetry::metrics::router::InstanceMetrics,
 }
 
 impl InstanceEndpoint {
@@ -111,10 +113,15 @@ impl InstanceEndpoint {
             channel.clone(),
             max_message_bytes,
         );
+        let metrics = reach_telemetry::metrics::router::InstanceMetrics::new(
+            &info.service,
+            &info.instance_id,
+        );
         Self {
             client,
             channel,
             link,
+            metrics,
             info: Arc::new(info),
             load,
             room,
@@ -130,6 +137,12 @@ impl InstanceEndpoint {
     /// The instance's identity.
     pub fn info(&self) -> &Arc<InstanceInfo> {
         &self.info
+    }
+
+    /// Records the latency of one attempt to the instance (a call, or a delivery to it as a
+    /// subscriber), whatever its outcome.
+    pub fn record_latency(&self, elapsed: Duration) {
+        self.metrics.latency(elapsed);
     }
 
     /// The instance's load tracker.
@@ -300,6 +313,7 @@ impl InstanceEndpoint {
         self.ejected_until_ns.store(until, Ordering::Relaxed);
         self.consecutive_failures.store(0, Ordering::Relaxed);
         tracing::warn!(instance = %self.info.instance_id, ejections, interval = ?interval, "instance ejected after consecutive failures");
+        reach_telemetry::metrics::router::ejection(&self.info.service, &self.info.instance_id);
         true
     }
 

@@ -320,12 +320,15 @@ impl Router {
                 timeout = Some(remaining);
             }
             let call = endpoint.handle(message.clone(), metadata, timeout);
+            let attempt = Instant::now();
             let result = match deadline {
-                Some(deadline) => tokio::time::timeout_at(deadline, call)
-                    .await
-                    .map_err(|_| RouteError::DeadlineExceeded(started.elapsed()))?,
-                None => call.await,
+                Some(deadline) => tokio::time::timeout_at(deadline, call).await,
+                None => Ok(call.await),
             };
+            // Every attempt that ended (answered, failed or ran out of time) is a sample of
+            // the instance's latency; one whose caller went away is not.
+            endpoint.record_latency(attempt.elapsed());
+            let result = result.map_err(|_| RouteError::DeadlineExceeded(started.elapsed()))?;
             drop(reserved);
             let status = match result {
                 Ok(reply) => {
@@ -533,8 +536,14 @@ impl Router {
         let span =
             reach_telemetry::message_span_with_parent("router.call", &message, remote_parent);
 
-        let route_metrics = self.route_metrics(&key);
-        let _in_flight = route_metrics.in_flight();
+        // Counts the call when it ends, as CANCELLED when its caller goes away first (this
+        // future is dropped at the `.await` below).
+        let mut record = CallRecord {
+            metrics: self.route_metrics(&key),
+            started,
+            finished: false,
+        };
+        let _in_flight = record.metrics.in_flight();
         let message_type = message
             .payload
             .as_ref()
@@ -589,7 +598,7 @@ impl Router {
             code,
             result.as_ref().err().map_or("", |s| s.message()),
         );
-        route_metrics.request(code, started.elapsed());
+        record.finish(code);
         result
     }
 
@@ -1004,6 +1013,7 @@ impl RouterService for Router {
             async move {
                 let _in_flight = endpoint.load_tracker().start();
                 let call = endpoint.handle(message.clone(), metadata, timeout);
+                let attempt = Instant::now();
                 let result = match deadline {
                     Some(deadline) => match tokio::time::timeout_at(deadline, call).await {
                         Ok(result) => result.map(|_| ()),
@@ -1013,6 +1023,7 @@ impl RouterService for Router {
                     },
                     None => call.await.map(|_| ()),
                 };
+                endpoint.record_latency(attempt.elapsed());
                 match &result {
                     Ok(()) => endpoint.record_success(),
                     Err(status) if status.code() == Code::Unavailable => {
@@ -1080,6 +1091,32 @@ impl RouterService for Router {
                 warn!(reply_to = %body.reply_to, code = ?status.code(), "could not forward an asynchronous reply to its router replica");
                 Err(status)
             }
+        }
+    }
+}
+
+/// Records a routed call in `reach_router_requests_total` and
+/// `reach_router_request_duration_seconds` exactly once: with its code at
+/// [`CallRecord::finish`], or as CANCELLED when dropped unfinished (the caller cancelled or
+/// went away and the call's future was dropped).
+struct CallRecord {
+    metrics: Arc<reach_telemetry::metrics::router::RouteMetrics>,
+    started: Instant,
+    finished: bool,
+}
+
+impl CallRecord {
+    fn finish(&mut self, code: Code) {
+        self.finished = true;
+        self.metrics.request(code, self.started.elapsed());
+    }
+}
+
+impl Drop for CallRecord {
+    fn drop(&mut self) {
+        if !self.finished {
+            self.metrics
+                .request(Code::Cancelled, self.started.elapsed());
         }
     }
 }

@@ -25,6 +25,13 @@ use crate::endpoint::{InstanceEndpoint, InstanceInfo, Room};
 use crate::error::RouteError;
 use crate::load::{InFlight, LoadTracker};
 
+/// `reach_router_shed_total`'s `reason` when a call is shed at once because
+/// `admission.max_waiting` calls wait for room already.
+pub const SHED_MAX_WAITING: &str = "max_waiting";
+/// `reach_router_shed_total`'s `reason` when a call waited `admission.max_wait` (before its
+/// own deadline) and no instance had room.
+pub const SHED_MAX_WAIT: &str = "max_wait";
+
 /// What a message addresses.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum RouteKey {
@@ -205,7 +212,7 @@ impl RoutingTable {
         let admission = &self.config.admission;
         if self.room.waiting.fetch_add(1, Ordering::AcqRel) >= admission.max_waiting {
             self.room.waiting.fetch_sub(1, Ordering::AcqRel);
-            return Err(self.overloaded(key));
+            return Err(self.overloaded(key, SHED_MAX_WAITING));
         }
         let _waiting = WaitingGuard(&self.room);
         let max_wait = Instant::now() + admission.max_wait;
@@ -221,7 +228,7 @@ impl RoutingTable {
                 if deadline.is_some_and(|d| d <= limit) {
                     return Err(RouteError::DeadlineExceeded(started.elapsed()));
                 }
-                return Err(self.overloaded(key));
+                return Err(self.overloaded(key, SHED_MAX_WAIT));
             }
         }
     }
@@ -272,7 +279,9 @@ impl RoutingTable {
         RouteError::route_not_found(key.clone(), &capabilities, &services)
     }
 
-    fn overloaded(&self, key: &RouteKey) -> RouteError {
+    /// The refusal of a shed call, counted in `reach_router_shed_total` with `reason`.
+    fn overloaded(&self, key: &RouteKey, reason: &'static str) -> RouteError {
+        reach_telemetry::metrics::router::shed(key.label(), reason);
         RouteError::Overloaded {
             key: key.clone(),
             retry_after: self.config.admission.retry_after,

@@ -199,6 +199,14 @@ async fn busy_instances_are_avoided_while_others_have_room() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn failing_instances_are_ejected_and_return_after_recovery() {
+    let metrics = reach_telemetry::metrics::install().unwrap();
+    let ejections = || {
+        metric(
+            &metrics.render(),
+            "reach_router_ejections_total",
+            &[("service", "echo"), ("instance", "flaky")],
+        )
+    };
     let registry = registry().await;
     let (_real, _) = agent(echo_agent(
         config("echo", "real", &registry.url),
@@ -238,6 +246,18 @@ async fn failing_instances_are_ejected_and_return_after_recovery() {
             .unwrap()
     };
     assert!(flaky(&router).ejected, "flaky should be ejected");
+    // At least once: if this test runs slowly, it can be ejected again after its first
+    // interval, on its first failure back.
+    assert!(ejections() >= 1.0, "the ejection was not counted");
+    assert_eq!(
+        metric(
+            &metrics.render(),
+            "reach_router_ejections_total",
+            &[("instance", "real")]
+        ),
+        0.0,
+        "the healthy instance was never ejected"
+    );
 
     // The instance comes back at the same address; after the ejection interval it takes
     // traffic again.

@@ -18,6 +18,15 @@ use tonic::Code;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn overload_is_shed_with_a_retry_hint_and_bounded_waiting() {
+    let metrics = reach_telemetry::metrics::install().unwrap();
+    let shed_count = |reason: &str| {
+        metric(
+            &metrics.render(),
+            "reach_router_shed_total",
+            &[("capability", "slow"), ("reason", reason)],
+        )
+    };
+    let shed_before = shed_count("max_waiting");
     let registry = registry().await;
     let gate = Arc::new(Semaphore::new(0));
     let handler_gate = gate.clone();
@@ -85,6 +94,9 @@ async fn overload_is_shed_with_a_retry_hint_and_bounded_waiting() {
     }
     assert_eq!((ok, shed), (3, 9));
     assert_eq!(router.router.table().waiting(), 0);
+    // Every one was shed at once, two calls waiting already.
+    assert_eq!(shed_count("max_waiting") - shed_before, 9.0);
+    assert_eq!(shed_count("max_wait"), 0.0);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -16,9 +16,9 @@ use prost::Message as _;
 use reach_proto::v1::agent_service_server::AgentService;
 use reach_proto::v1::router_service_client::RouterServiceClient;
 use reach_proto::v1::{
-    CallFrame, CallMuxRequest, CallMuxResponse, HandleMuxRequest, HandleMuxResponse, HandleRequest,
-    HandleResponse, HandleStreamRequest, HandleStreamResponse, Header, Payload, ReachMessage,
-    header, reply_frame,
+    CallFrame, CallMuxRequest, CallMuxResponse, CallRequest, HandleMuxRequest, HandleMuxResponse,
+    HandleRequest, HandleResponse, HandleStreamRequest, HandleStreamResponse, Header, Payload,
+    ReachMessage, header, reply_frame,
 };
 use reach_router::RouterConfig;
 use reach_sdk::{AgentRuntime, CallOptions, HandlerContext};
@@ -536,4 +536,172 @@ async fn draining_an_instance_under_multiplexed_load_loses_no_call() {
     );
     assert!(ok > 100, "{ok} calls completed");
     assert!(served[1].load(Ordering::SeqCst) > 0);
+}
+
+/// A message to `capability` with a text payload.
+fn message_to(capability: &str, text: &str) -> ReachMessage {
+    ReachMessage {
+        header: Some(Header {
+            target: Some(header::Target::Capability(capability.into())),
+            ..Header::default()
+        }),
+        payload: Some(Payload::text("t", text)),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn routed_calls_are_timed_per_instance_and_cancelled_calls_are_counted() {
+    let metrics = reach_telemetry::metrics::install().unwrap();
+    let registry = registry().await;
+    let started = Arc::new(Notify::new());
+    let cancelled = Arc::new(Notify::new());
+    let (on_start, on_cancel) = (started.clone(), cancelled.clone());
+    let (_agent, _) =
+        agent(
+            AgentRuntime::new(config("metered", "metered-1", &registry.url))
+                .handle(
+                    "metered.fast",
+                    "1.0.0",
+                    |_c: HandlerContext, m: ReachMessage| async move {
+                        Ok(m.payload.unwrap_or_default())
+                    },
+                )
+                .handle(
+                    "metered.hang",
+                    "1.0.0",
+                    move |c: HandlerContext, _m: ReachMessage| {
+                        let (on_start, on_cancel) = (on_start.clone(), on_cancel.clone());
+                        async move {
+                            on_start.notify_one();
+                            c.cancellation.cancelled().await;
+                            on_cancel.notify_one();
+                            Err(Status::cancelled("cancelled"))
+                        }
+                    },
+                ),
+        )
+        .await;
+    let router = router(&registry.url, RouterConfig::default()).await;
+    router.wait_routable(1).await;
+    let timed = || {
+        metric(
+            &metrics.render(),
+            "reach_router_instance_duration_seconds_count",
+            &[("service", "metered"), ("instance", "metered-1")],
+        )
+    };
+    let requests = |capability: &str, code: &str| {
+        metric(
+            &metrics.render(),
+            "reach_router_requests_total",
+            &[("capability", capability), ("code", code)],
+        )
+    };
+    let in_flight = || {
+        metric(
+            &metrics.render(),
+            "reach_router_in_flight",
+            &[("capability", "metered.hang")],
+        )
+    };
+    assert_eq!(timed(), 0.0);
+
+    // Unary calls and multiplexed calls each give the instance that served them a sample.
+    let mut client = RouterServiceClient::connect(router.url.clone())
+        .await
+        .unwrap();
+    for n in 0..3 {
+        let response = client
+            .call(CallRequest {
+                message: Some(message_to("metered.fast", &n.to_string())),
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        assert_eq!(response.route.unwrap().instance_id, "metered-1");
+    }
+    assert_eq!(timed(), 3.0, "one sample per unary call");
+    let (frames, mut replies) = open_call_mux(&router.url).await;
+    for call_id in 1..=2 {
+        frames
+            .send(call_frame(call_id, "metered.fast", "x", 0))
+            .await
+            .unwrap();
+    }
+    for _ in 0..2 {
+        let reply = next(&mut replies).await;
+        assert!(
+            matches!(
+                reply.frame.unwrap().result,
+                Some(reply_frame::Result::Reply(_))
+            ),
+            "a multiplexed call failed"
+        );
+    }
+    assert_eq!(timed(), 5.0, "one sample per multiplexed call");
+    assert_eq!(requests("metered.fast", "OK"), 5.0);
+
+    // A unary call whose caller goes away is counted CANCELLED and leaves nothing in flight.
+    let call = {
+        let mut client = client.clone();
+        tokio::spawn(async move {
+            client
+                .call(CallRequest {
+                    message: Some(message_to("metered.hang", "x")),
+                })
+                .await
+        })
+    };
+    tokio::time::timeout(Duration::from_secs(5), started.notified())
+        .await
+        .expect("the hanging call reached its handler");
+    assert_eq!(in_flight(), 1.0);
+    assert_eq!(requests("metered.hang", "CANCELLED"), 0.0);
+    call.abort();
+    tokio::time::timeout(Duration::from_secs(5), cancelled.notified())
+        .await
+        .expect("the router cancelled the abandoned call at the instance");
+    eventually("the cancelled unary call being counted", || {
+        requests("metered.hang", "CANCELLED") == 1.0
+    })
+    .await;
+    eventually("the in-flight gauge going back to 0", || in_flight() == 0.0).await;
+
+    // So is a multiplexed call its caller cancels.
+    frames
+        .send(call_frame(10, "metered.hang", "x", 0))
+        .await
+        .unwrap();
+    tokio::time::timeout(Duration::from_secs(5), started.notified())
+        .await
+        .expect("the hanging multiplexed call reached its handler");
+    assert_eq!(in_flight(), 1.0);
+    frames
+        .send(CallMuxRequest {
+            frame: Some(CallFrame {
+                call_id: 10,
+                cancel: true,
+                ..CallFrame::default()
+            }),
+        })
+        .await
+        .unwrap();
+    tokio::time::timeout(Duration::from_secs(5), cancelled.notified())
+        .await
+        .expect("the cancel reached the handler");
+    eventually("the cancelled multiplexed call being counted", || {
+        requests("metered.hang", "CANCELLED") == 2.0
+    })
+    .await;
+    eventually("the in-flight gauge going back to 0", || in_flight() == 0.0).await;
+    // An abandoned attempt is not a latency sample, and nothing else was counted.
+    assert_eq!(timed(), 5.0);
+    assert_eq!(
+        metric(
+            &metrics.render(),
+            "reach_router_requests_total",
+            &[("capability", "metered.hang")]
+        ),
+        2.0
+    );
 }

@@ -31,7 +31,8 @@ pub const LAG_BUCKETS: &[f64] = &[
 /// Metric names. Labels are listed with each; keep their values bounded (capabilities,
 /// instances, states, code names: never ids of messages or tasks).
 pub mod names {
-    /// Counter `{capability, code}`: calls the router finished.
+    /// Counter `{capability, code}`: calls the router finished; `CANCELLED` when the caller
+    /// went away first.
     pub const ROUTER_REQUESTS: &str = "reach_router_requests_total";
     /// Histogram `{capability, code}`: end-to-end latency of routed calls, seconds.
     pub const ROUTER_REQUEST_DURATION: &str = "reach_router_request_duration_seconds";
@@ -44,13 +45,14 @@ pub mod names {
     pub const ROUTER_STREAM_DURATION: &str = "reach_router_stream_duration_seconds";
     /// Gauge `{capability}`: streams (`RouterService.Stream`) the router is forwarding now.
     pub const ROUTER_OPEN_STREAMS: &str = "reach_router_open_streams";
-    /// Histogram `{service, instance}`: latency of calls per upstream instance, seconds
-    /// (`reach top` shows its p99).
+    /// Histogram `{service, instance}`: latency of each attempt to an upstream instance
+    /// (calls, retried attempts, deliveries to subscribers), seconds (`reach top` shows its p99).
     pub const ROUTER_INSTANCE_DURATION: &str = "reach_router_instance_duration_seconds";
     /// Counter `{capability}`: retried attempts.
     pub const ROUTER_RETRIES: &str = "reach_router_retries_total";
-    /// Counter `{capability, reason}`: calls refused because of overload (`reason`:
-    /// `concurrency`, `budget`, `no_capacity`, ...).
+    /// Counter `{capability, reason}`: calls and streams the router's admission shed with
+    /// `OVERLOADED` (`reason`: `max_waiting` when `admission.max_waiting` calls were waiting
+    /// for room already, `max_wait` when it waited `admission.max_wait` without room).
     pub const ROUTER_SHED: &str = "reach_router_shed_total";
     /// Counter `{service, instance}`: instances ejected from balancing after failures.
     pub const ROUTER_EJECTIONS: &str = "reach_router_ejections_total";
@@ -325,6 +327,44 @@ pub mod router {
             "instance" => instance.to_string()
         )
         .record(elapsed.as_secs_f64());
+    }
+
+    /// One upstream instance's latency histogram (`reach_router_instance_duration_seconds`),
+    /// with the handle looked up once instead of on every call, as [`RouteMetrics`] does.
+    /// Before [`install`](super::install) it falls back to per-call lookups.
+    #[derive(Debug)]
+    pub struct InstanceMetrics {
+        service: String,
+        instance: String,
+        latency: std::sync::OnceLock<::metrics::Histogram>,
+    }
+
+    impl InstanceMetrics {
+        /// The metrics of instance `instance` of `service`.
+        pub fn new(service: &str, instance: &str) -> Self {
+            Self {
+                service: service.to_string(),
+                instance: instance.to_string(),
+                latency: std::sync::OnceLock::new(),
+            }
+        }
+
+        /// Records the latency of one call (one attempt) to the instance.
+        pub fn latency(&self, elapsed: Duration) {
+            if !INSTALLED.load(std::sync::atomic::Ordering::Acquire) {
+                instance_latency(&self.service, &self.instance, elapsed);
+                return;
+            }
+            self.latency
+                .get_or_init(|| {
+                    ::metrics::histogram!(
+                        names::ROUTER_INSTANCE_DURATION,
+                        "service" => self.service.clone(),
+                        "instance" => self.instance.clone()
+                    )
+                })
+                .record(elapsed.as_secs_f64());
+        }
     }
 
     /// Counts one retried attempt.

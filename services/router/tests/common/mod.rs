@@ -216,3 +216,31 @@ pub async fn dead_endpoint() -> (String, u16) {
 pub fn reason(status: &tonic::Status) -> String {
     reach_rpc::errors::reason_of(status).unwrap_or_default()
 }
+
+/// The sum of the samples of metric `name` (a rendered Prometheus line name, such as
+/// `reach_router_requests_total` or `..._seconds_count`) whose labels include every one of
+/// `labels`, in `rendered` (a `PrometheusHandle::render()`); 0 when there is none.
+pub fn metric(rendered: &str, name: &str, labels: &[(&str, &str)]) -> f64 {
+    let prefix = format!("{name}{{");
+    rendered
+        .lines()
+        .filter(|l| l.starts_with(&prefix))
+        .filter(|l| {
+            labels
+                .iter()
+                .all(|(k, v)| l.contains(&format!("{k}=\"{v}\"")))
+        })
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+/// Waits (at most 10 s) until `check` holds; panics with `what` otherwise.
+pub async fn eventually(what: &str, mut check: impl FnMut() -> bool) {
+    let waited = tokio::time::timeout(Duration::from_secs(10), async {
+        while !check() {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await;
+    assert!(waited.is_ok(), "{what} did not happen in 10 s");
+}
