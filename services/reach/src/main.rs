@@ -475,18 +475,21 @@ const FILE_HEADROOM: u64 = 512;
 
 /// Raises the open-file soft limit to the hard limit, as Go's runtime does since 1.19: every
 /// connection is a file descriptor, and the usual soft default (1024) is far below
-/// `server.max_connections`. Warns when even the raised limit leaves no room for that many
-/// connections, since accepting past it fails (`EMFILE`) instead of refusing cleanly.
+/// `server.max_connections`. Warns when even the raised limit leaves no room for
+/// `max_connections` (the gRPC port's and the admin port's together), since accepting past it
+/// fails (`EMFILE`) instead of refusing cleanly.
 fn raise_open_file_limit(max_connections: usize) {
     let wanted = (max_connections as u64).saturating_add(FILE_HEADROOM);
     match rlimit::increase_nofile_limit(u64::MAX) {
         Ok(limit) if limit < wanted => warn!(
             open_file_limit = limit,
             max_connections,
-            "the open-file limit leaves no room for server.max_connections connections plus \
+            "the open-file limit leaves no room for the connections the gRPC and admin ports \
+             may serve (server.max_connections, and up to {} on the admin port) plus \
              {FILE_HEADROOM} of the process's own; lower server.max_connections below {} or raise \
              the hard limit (ulimit -Hn, systemd LimitNOFILE=, a container's nofile ulimit)",
-            limit.saturating_sub(FILE_HEADROOM)
+            reach_telemetry::ADMIN_MAX_CONNECTIONS,
+            limit.saturating_sub(FILE_HEADROOM + reach_telemetry::ADMIN_MAX_CONNECTIONS as u64)
         ),
         Ok(_) => {}
         Err(error) => warn!(%error, "cannot raise the open-file limit"),
@@ -512,7 +515,13 @@ async fn serve(
         stdout.flush()?;
         return Ok(ExitCode::SUCCESS);
     }
-    raise_open_file_limit(config.server.max_connections);
+    raise_open_file_limit(config.server.max_connections.saturating_add(
+        if config.admin_listen.is_empty() {
+            0
+        } else {
+            reach_telemetry::ADMIN_MAX_CONNECTIONS
+        },
+    ));
     let listener = TcpListener::bind(&config.listen)
         .await
         .map_err(|e| anyhow::anyhow!("cannot listen on {}: {e} (use --listen)", config.listen))?;

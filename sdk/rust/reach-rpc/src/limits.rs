@@ -36,20 +36,27 @@ pub const BUFFER_REFUSALS: &str = "reach_server_buffer_refusals_total";
 /// [`ConnectionLimits::handshake_timeout`].
 pub const PREFACE_BYTES: usize = 24;
 
+/// The shortest [`ConnectionLimits::handshake_timeout`] accepted.
+pub const MIN_HANDSHAKE_TIMEOUT: Duration = Duration::from_millis(100);
+
 /// Limits one listener enforces on its connections; the `[server]` section of the `reach`
 /// configuration. Every field has a default that suits a router in front of production agents.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct ConnectionLimits {
-    /// Connections served at once. A connection accepted beyond it is closed at once (the peer
-    /// sees the connection end before any response, and a gRPC client reports `UNAVAILABLE`
-    /// and may try another replica); counted in [`CONNECTIONS_REFUSED`]. Keep it below the
+    /// Connections served at once. A connection accepted beyond it is closed at once: the peer
+    /// sees the connection end before any response (grpcio reports `UNAVAILABLE`, tonic
+    /// `UNAVAILABLE` or `CANCELLED`, depending on when it notices) and may try another replica;
+    /// counted in [`CONNECTIONS_REFUSED`]. Keep it below the
     /// process's open-file limit (`ulimit -n`) minus the connections it opens itself.
     /// Default 10 000.
     pub max_connections: usize,
     /// How long a new connection may take to send its first [`PREFACE_BYTES`] bytes (the
     /// HTTP/2 preface, or the start of an HTTP/1.1 request) before it is closed. Bounds what
-    /// a silent or trickling peer costs. Default 10 s.
+    /// a silent or trickling peer costs; after the preface, a peer that stops answering is
+    /// closed by the HTTP/2 keepalive ([`crate::http2::KEEPALIVE_INTERVAL`] +
+    /// [`crate::http2::KEEPALIVE_TIMEOUT`], 50 s) or, over HTTP/1.1, after 30 s without
+    /// complete headers. At least [`MIN_HANDSHAKE_TIMEOUT`]. Default 10 s.
     #[serde(with = "humantime_serde")]
     pub handshake_timeout: Duration,
     /// Bytes of partly received gRPC messages one connection may hold at once, across its
@@ -87,8 +94,12 @@ impl ConnectionLimits {
         if self.max_connections == 0 {
             return Err("server.max_connections is 0; it must be at least 1".into());
         }
-        if self.handshake_timeout.is_zero() {
-            return Err("server.handshake_timeout is 0; give a duration such as \"10s\"".into());
+        if self.handshake_timeout < MIN_HANDSHAKE_TIMEOUT {
+            return Err(format!(
+                "server.handshake_timeout is {:?}; it must be at least {MIN_HANDSHAKE_TIMEOUT:?} \
+                 (a loaded client needs that long to send its first bytes), such as \"10s\"",
+                self.handshake_timeout
+            ));
         }
         if self.max_buffered_bytes_per_connection < max_message_bytes {
             return Err(format!(
@@ -246,14 +257,10 @@ pub(crate) struct ConnectionBudgets {
 
 impl ConnectionBudgets {
     /// Wraps a request's body so the bytes of its partly received gRPC messages count against
-    /// the budgets; requests that are not gRPC (`content-type: application/grpc…`) pass as
-    /// they are.
+    /// the budgets; requests that are not gRPC (see [`is_grpc`]) pass as they are, which is
+    /// safe because a [`crate::GrpcServer`] refuses them before reading their body.
     pub(crate) fn meter<B>(&self, request: http::Request<B>) -> http::Request<MeteredBody<B>> {
-        let is_grpc = request
-            .headers()
-            .get(http::header::CONTENT_TYPE)
-            .is_some_and(|value| value.as_bytes().starts_with(b"application/grpc"));
-        let meter = is_grpc.then(|| MessageMeter {
+        let meter = is_grpc(request.headers()).then(|| MessageMeter {
             budgets: self.clone(),
             header: [0; 5],
             header_len: 0,
@@ -262,6 +269,16 @@ impl ConnectionBudgets {
         });
         request.map(|inner| MeteredBody { inner, meter })
     }
+}
+
+/// Whether a request is gRPC: its `content-type` is `application/grpc`, or starts with it
+/// (`application/grpc+proto`), in any case (media types are case-insensitive, RFC 9110 §8.3.1).
+pub(crate) fn is_grpc(headers: &http::HeaderMap) -> bool {
+    const GRPC: &[u8] = b"application/grpc";
+    headers
+        .get(http::header::CONTENT_TYPE)
+        .and_then(|value| value.as_bytes().get(..GRPC.len()))
+        .is_some_and(|prefix| prefix.eq_ignore_ascii_case(GRPC))
 }
 
 /// Tracks where a gRPC stream's bytes stand in its length-prefixed messages (gRPC over HTTP/2:
@@ -326,24 +343,27 @@ impl MessageMeter {
 
     fn take(&self, bytes: usize) -> Result<(), tonic::Status> {
         let budgets = &self.budgets;
-        let (limit, scope) = if !budgets.connection.try_reserve(bytes) {
-            (budgets.connection.limit, "this connection")
+        let message = if !budgets.connection.try_reserve(bytes) {
+            format!(
+                "this connection already holds close to {} bytes of messages that have not fully \
+                 arrived; send large messages one after another, or over more connections \
+                 (the server's limit is server.max_buffered_bytes_per_connection)",
+                budgets.connection.limit
+            )
         } else if !budgets.listener.try_reserve(bytes) {
             budgets.connection.release(bytes);
-            (
-                budgets.listener.limit,
-                "the server, across its connections,",
+            format!(
+                "the server already holds close to {} bytes of messages that have not fully \
+                 arrived, across its connections; retry later (the server's limit is \
+                 server.max_buffered_bytes)",
+                budgets.listener.limit
             )
         } else {
             return Ok(());
         };
         metrics::counter!(BUFFER_REFUSALS, "listener" => budgets.listener_name.to_string())
             .increment(1);
-        Err(tonic::Status::resource_exhausted(format!(
-            "{scope} already holds close to {limit} bytes of messages that have not fully \
-             arrived; send large messages one after another, or over more connections \
-             (server.max_buffered_bytes_per_connection / server.max_buffered_bytes)"
-        )))
+        Err(tonic::Status::resource_exhausted(message))
     }
 
     fn give_back(&self, bytes: usize) {

@@ -188,6 +188,7 @@ impl GrpcServer {
         if let Some(fallback) = self.fallback {
             router = router.fallback_service(fallback);
         }
+        let router = router.layer(axum::middleware::from_fn(refuse_what_is_not_grpc));
         let health = self.health.clone();
         let names = self.service_names.clone();
         let shutdown = async move {
@@ -203,6 +204,26 @@ impl GrpcServer {
         serve_http(listener, router, shutdown, self.grace, self.limits).await;
         Ok(())
     }
+}
+
+/// Answers a request that is not gRPC (its `content-type` is not `application/grpc…`) with
+/// HTTP 415 Unsupported Media Type, as the gRPC over HTTP/2 protocol asks of servers (and
+/// grpc-go does), without reading its body: a body no one parses as gRPC messages would
+/// escape the buffer budgets of [`ConnectionLimits`].
+async fn refuse_what_is_not_grpc(
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> axum::response::Response {
+    use axum::response::IntoResponse;
+    if crate::limits::is_grpc(request.headers()) {
+        return next.run(request).await;
+    }
+    (
+        http::StatusCode::UNSUPPORTED_MEDIA_TYPE,
+        "this port serves gRPC only: send content-type application/grpc (grpcurl, a gRPC \
+         client); the HTTP admin endpoints are on the admin port\n",
+    )
+        .into_response()
 }
 
 /// Accepts connections on `listener` and serves `router` on each (HTTP/2, and HTTP/1.1 for
@@ -243,14 +264,9 @@ pub async fn serve_http(
     let listener_name: std::sync::Arc<str> = listener
         .local_addr()
         .map_or_else(|_| "unknown".into(), |addr| addr.to_string().into());
-    let open_connections =
-        metrics::gauge!(OPEN_CONNECTIONS, "listener" => listener_name.to_string());
-    let handshake_timeouts = metrics::counter!(
-        CONNECTIONS_REFUSED,
-        "reason" => "handshake_timeout",
-        "listener" => listener_name.to_string()
-    );
-    let mut over_limit = OverLimit::new(&listener_name, limits.max_connections);
+    // Metric handles are looked up when used (per connection, not per request), not once here:
+    // a handle taken before the process installs its recorder would stay a no-op for good.
+    let mut over_limit = OverLimit::new(listener_name.clone(), limits.max_connections);
     let listener_budget = BufferBudget::new(limits.max_buffered_bytes);
     let graceful = hyper_util::server::graceful::GracefulShutdown::new();
     let mut connections = tokio::task::JoinSet::new();
@@ -268,11 +284,18 @@ pub async fn serve_http(
                     } else {
                         // Small gRPC frames must not wait for Nagle's algorithm.
                         let _ = tcp.set_nodelay(true);
-                        let timed_out = handshake_timeouts.clone();
+                        let name = listener_name.clone();
                         let io = HandshakeDeadline::new(
                             tcp,
                             limits.handshake_timeout,
-                            Box::new(move || timed_out.increment(1)),
+                            Box::new(move || {
+                                metrics::counter!(
+                                    CONNECTIONS_REFUSED,
+                                    "reason" => "handshake_timeout",
+                                    "listener" => name.to_string()
+                                )
+                                .increment(1);
+                            }),
                         );
                         let budgets = ConnectionBudgets {
                             connection: BufferBudget::new(limits.max_buffered_bytes_per_connection),
@@ -283,13 +306,12 @@ pub async fn serve_http(
                         let connection = builder
                             .serve_connection(TokioIo::new(io), TowerToHyperService::new(service));
                         let connection = graceful.watch(connection.into_owned());
-                        let open = open_connections.clone();
-                        open.increment(1);
+                        let open = OpenConnection::new(&listener_name);
                         connections.spawn(async move {
                             if let Err(error) = connection.await {
                                 tracing::trace!(%error, "connection ended with an error");
                             }
-                            open.decrement(1);
+                            drop(open);
                         });
                     }
                 }
@@ -309,16 +331,33 @@ pub async fn serve_http(
         while connections.try_join_next().is_some() {}
         tracing::warn!(grace = ?grace, open = connections.len(), "grace period over; closing remaining connections");
     }
-    // Connections cut here never reach their own decrement.
-    open_connections.decrement(connections.len() as f64);
     connections.shutdown().await;
 }
 
-/// Connections closed because the listener was at `server.max_connections`: counted, and
-/// logged at most every 10 s so a flood does not flood the log too.
+/// One open connection in [`OPEN_CONNECTIONS`], from accept until its task ends or is cut.
+struct OpenConnection(metrics::Gauge);
+
+impl OpenConnection {
+    fn new(listener_name: &str) -> Self {
+        let gauge = metrics::gauge!(OPEN_CONNECTIONS, "listener" => listener_name.to_string());
+        gauge.increment(1);
+        Self(gauge)
+    }
+}
+
+impl Drop for OpenConnection {
+    fn drop(&mut self) {
+        self.0.decrement(1);
+    }
+}
+
+/// Connections closed because the listener was at `server.max_connections`: each counted in
+/// [`CONNECTIONS_REFUSED`], and logged at most every 10 s (the first refusal of a burst at
+/// once), so a flood does not flood the log too; the counter has the exact totals.
 struct OverLimit {
-    refused: metrics::Counter,
+    listener_name: std::sync::Arc<str>,
     max_connections: usize,
+    /// Refusals not yet logged.
     since_warning: u64,
     last_warning: Option<std::time::Instant>,
 }
@@ -326,13 +365,9 @@ struct OverLimit {
 impl OverLimit {
     const WARN_EVERY: Duration = Duration::from_secs(10);
 
-    fn new(listener_name: &str, max_connections: usize) -> Self {
+    fn new(listener_name: std::sync::Arc<str>, max_connections: usize) -> Self {
         Self {
-            refused: metrics::counter!(
-                CONNECTIONS_REFUSED,
-                "reason" => "max_connections",
-                "listener" => listener_name.to_string()
-            ),
+            listener_name,
             max_connections,
             since_warning: 0,
             last_warning: None,
@@ -342,17 +377,24 @@ impl OverLimit {
     /// Closes `tcp` at once; the peer sees the connection end before any response.
     fn refuse(&mut self, tcp: tokio::net::TcpStream) {
         drop(tcp);
-        self.refused.increment(1);
+        metrics::counter!(
+            CONNECTIONS_REFUSED,
+            "reason" => "max_connections",
+            "listener" => self.listener_name.to_string()
+        )
+        .increment(1);
         self.since_warning += 1;
         if self
             .last_warning
             .is_none_or(|last| last.elapsed() >= Self::WARN_EVERY)
         {
             tracing::warn!(
+                listener = %self.listener_name,
                 max_connections = self.max_connections,
-                refused = self.since_warning,
-                "at the connection limit (server.max_connections): closed new connections at once; \
-                 raise the limit or add replicas if this is real load"
+                refused_since_last_warning = self.since_warning,
+                "at the connection limit (server.max_connections): closing new connections at \
+                 once; raise the limit or add replicas if this is real load \
+                 (reach_server_connections_refused_total counts every one)"
             );
             self.since_warning = 0;
             self.last_warning = Some(std::time::Instant::now());

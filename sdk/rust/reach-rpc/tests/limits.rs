@@ -54,11 +54,22 @@ fn start_call(
     path: &str,
     data: Vec<u8>,
 ) -> (h2::client::ResponseFuture, h2::SendStream<Bytes>) {
-    let request = http::Request::post(format!("http://reach.test{path}"))
-        .header("content-type", "application/grpc")
-        .header("te", "trailers")
-        .body(())
-        .unwrap();
+    start_request(client, path, Some("application/grpc"), data)
+}
+
+/// Starts a POST to `path` with `content_type` (none when `None`) and sends `data` without
+/// ending the request.
+fn start_request(
+    client: &mut h2::client::SendRequest<Bytes>,
+    path: &str,
+    content_type: Option<&str>,
+    data: Vec<u8>,
+) -> (h2::client::ResponseFuture, h2::SendStream<Bytes>) {
+    let mut request = http::Request::post(format!("http://reach.test{path}"));
+    if let Some(content_type) = content_type {
+        request = request.header("content-type", content_type);
+    }
+    let request = request.header("te", "trailers").body(()).unwrap();
     let (response, mut send) = client.send_request(request, false).unwrap();
     send.send_data(Bytes::from(data), false).unwrap();
     (response, send)
@@ -259,5 +270,48 @@ async fn partly_received_messages_of_all_connections_may_hold_only_the_listeners
     assert!(
         refused.message().contains("the server"),
         "the refusal names the listener-wide budget: {refused:?}"
+    );
+}
+
+#[tokio::test]
+async fn a_request_that_is_not_grpc_is_refused_unread_and_any_case_of_grpc_is_metered() {
+    let addr = serve(ConnectionLimits {
+        max_buffered_bytes_per_connection: 1024 * KIB,
+        ..limits()
+    })
+    .await;
+    let mut client = h2_connect(addr).await;
+    // Without a gRPC content-type a body would not be metered, so it is not read at all:
+    // 415, as the gRPC protocol asks of servers.
+    for content_type in [None, Some("application/json"), Some("text/plain")] {
+        let (response, _send) = start_request(
+            &mut client,
+            HEALTH_CHECK,
+            content_type,
+            partial_message(900 * 1024, 800 * KIB),
+        );
+        let response = tokio::time::timeout(Duration::from_secs(5), response)
+            .await
+            .expect("no response within 5 s")
+            .unwrap();
+        assert_eq!(
+            response.status(),
+            http::StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            "content-type {content_type:?}"
+        );
+    }
+    // Media types are case-insensitive: this is gRPC, served and metered.
+    let (_first, _first_send) = start_request(
+        &mut client,
+        HEALTH_CHECK,
+        Some("Application/GRPC"),
+        partial_message(900 * 1024, 800 * KIB),
+    );
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let (second, _second_send) = start_partial_call(&mut client, 900, 300);
+    assert_eq!(
+        call_status(second).await.code(),
+        tonic::Code::ResourceExhausted,
+        "the upper-case content-type's message counted against the budget"
     );
 }

@@ -40,10 +40,16 @@ async fn health() -> impl IntoResponse {
     axum::Json(serde_json::json!({ "status": "ok" }))
 }
 
+/// The most connections an admin port serves at once: scrapers, probes and `reach top` need
+/// a few; the rest of the process's file descriptors are for its gRPC port.
+pub const ADMIN_MAX_CONNECTIONS: usize = 256;
+
 /// Serves `router` on a listener the caller bound until `shutdown` resolves, then lets
 /// requests in progress finish for at most [`reach_rpc::server::DEFAULT_GRACE`] and returns
 /// (see [`reach_rpc::server::serve_http`]: a client that never finishes its request cannot
-/// hold the process up). A failed `accept` is logged and retried, never returned.
+/// hold the process up). A failed `accept` is logged and retried, never returned. At most
+/// [`ADMIN_MAX_CONNECTIONS`] connections at once, with the other default
+/// [`reach_rpc::ConnectionLimits`].
 pub async fn serve_admin(
     listener: tokio::net::TcpListener,
     router: Router,
@@ -54,7 +60,10 @@ pub async fn serve_admin(
         router,
         shutdown,
         reach_rpc::server::DEFAULT_GRACE,
-        reach_rpc::ConnectionLimits::default(),
+        reach_rpc::ConnectionLimits {
+            max_connections: ADMIN_MAX_CONNECTIONS,
+            ..reach_rpc::ConnectionLimits::default()
+        },
     )
     .await;
 }

@@ -50,7 +50,7 @@ pub mod metrics;
 pub mod propagation;
 pub mod top;
 
-pub use admin::{ADMIN_PATHS, admin_router, serve_admin};
+pub use admin::{ADMIN_MAX_CONNECTIONS, ADMIN_PATHS, admin_router, serve_admin};
 pub use config::{DEFAULT_LOG_FILTER, LogFormat, TelemetryConfig};
 pub use grpc::{GrpcClientTraceLayer, GrpcServerTraceLayer, traced, traced_channel};
 pub use init::{InitError, ShutdownError, TelemetryGuard, dispatch, init};
