@@ -68,6 +68,12 @@ pub struct RouterConfig {
     /// wrong). Within the allowance the message counts as just created. Default 1 min.
     #[serde(with = "humantime_serde")]
     pub max_clock_skew: Duration,
+    /// Bytes of partly received replies the router may hold from one instance at once, in
+    /// bytes: a reply that would go past it fails its call with `RESOURCE_EXHAUSTED`. Replies
+    /// that arrive whole in one read do not count. At least `max_message_bytes`. Default 64 MiB.
+    pub max_buffered_reply_bytes_per_instance: usize,
+    /// The same across all instances, in bytes. Default 1 GiB.
+    pub max_buffered_reply_bytes: usize,
 }
 
 /// Which balancing policy each route uses.
@@ -146,6 +152,8 @@ impl Default for RouterConfig {
             ledger_sample_rate: 1.0,
             max_async_wait: Duration::from_secs(60),
             max_clock_skew: Duration::from_secs(60),
+            max_buffered_reply_bytes_per_instance: 64 * 1024 * 1024,
+            max_buffered_reply_bytes: 1024 * 1024 * 1024,
         }
     }
 }
@@ -190,6 +198,24 @@ impl RouterConfig {
             return Err(format!(
                 "router.max_message_bytes is {} bytes; it must be at least 1024",
                 self.max_message_bytes
+            ));
+        }
+        if self.max_buffered_reply_bytes_per_instance < self.max_message_bytes {
+            return Err(format!(
+                "router.max_buffered_reply_bytes_per_instance is {} bytes, less than \
+                 router.max_message_bytes ({}), so a reply that large could never arrive; raise it \
+                 to at least {}",
+                self.max_buffered_reply_bytes_per_instance,
+                self.max_message_bytes,
+                self.max_message_bytes
+            ));
+        }
+        if self.max_buffered_reply_bytes < self.max_buffered_reply_bytes_per_instance {
+            return Err(format!(
+                "router.max_buffered_reply_bytes ({}) is less than \
+                 router.max_buffered_reply_bytes_per_instance ({}); the router-wide budget must be \
+                 at least one instance's",
+                self.max_buffered_reply_bytes, self.max_buffered_reply_bytes_per_instance
             ));
         }
         if !(self.registry_endpoint.starts_with("http://")

@@ -12,6 +12,8 @@
 //! traffic again, and the first failure after a return ejects it again for twice as long,
 //! while a success clears its record.
 
+use reach_rpc::ReplyBudget;
+use reach_rpc::limits::MeteredChannel;
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicI32, AtomicU32, AtomicU64, AtomicUsize, Ordering};
@@ -73,7 +75,9 @@ impl Room {
 /// A connection to one instance plus its shared load, state and health.
 #[derive(Debug)]
 pub struct InstanceEndpoint {
-    client: AgentServiceClient<GrpcClientTrace<Channel>>,
+    /// Unary and streaming calls; replies count against the router's reply budget.
+    client: AgentServiceClient<GrpcClientTrace<MeteredChannel>>,
+    /// The raw channel, for typed pass-through (which forwards bytes without holding them).
     channel: Channel,
     /// The multiplexed `HandleMux` stream to the instance.
     link: MuxLink<HandleMuxResponse>,
@@ -95,9 +99,12 @@ pub struct InstanceEndpoint {
 }
 
 impl InstanceEndpoint {
-    /// An endpoint over a (lazily connecting) channel.
+    /// An endpoint over a (lazily connecting) channel, whose replies count against `replies`
+    /// (except typed pass-through's, which are forwarded as they arrive).
+    #[allow(clippy::too_many_arguments)]
     pub fn new(
         channel: Channel,
+        replies: &ReplyBudget,
         info: InstanceInfo,
         state: InstanceState,
         load: Arc<LoadTracker>,
@@ -105,12 +112,13 @@ impl InstanceEndpoint {
         ejection: EjectionConfig,
         max_message_bytes: usize,
     ) -> Self {
-        let client = AgentServiceClient::new(reach_telemetry::traced_channel(channel.clone()))
+        let metered = replies.meter(channel.clone());
+        let client = AgentServiceClient::new(reach_telemetry::traced_channel(metered.clone()))
             .max_decoding_message_size(max_message_bytes)
             .max_encoding_message_size(max_message_bytes);
         let link = MuxLink::to_agent(
             format!("instance {} ({})", info.instance_id, info.endpoint),
-            channel.clone(),
+            metered,
             max_message_bytes,
         );
         let metrics = reach_telemetry::metrics::router::InstanceMetrics::new(
@@ -151,7 +159,7 @@ impl InstanceEndpoint {
     }
 
     /// A client of the instance's AgentService (cheap clone of a shared connection).
-    pub fn client(&self) -> AgentServiceClient<GrpcClientTrace<Channel>> {
+    pub fn client(&self) -> AgentServiceClient<GrpcClientTrace<MeteredChannel>> {
         self.client.clone()
     }
 

@@ -107,6 +107,8 @@ pub struct RoutingTable {
     state: RwLock<State>,
     synced: watch::Sender<bool>,
     room: Arc<Room>,
+    /// What replies from instances may hold in partly received messages.
+    replies: reach_rpc::ReplyBudget,
 }
 
 #[derive(Default)]
@@ -144,10 +146,14 @@ impl RoutingTable {
     /// An empty table; it becomes synced at the first registry snapshot.
     pub fn new(config: RouterConfig) -> Arc<Self> {
         Arc::new(Self {
-            config,
             state: RwLock::new(State::default()),
             synced: watch::Sender::new(false),
             room: Arc::new(Room::default()),
+            replies: reach_rpc::ReplyBudget::new(
+                config.max_buffered_reply_bytes_per_instance,
+                config.max_buffered_reply_bytes,
+            ),
+            config,
         })
     }
 
@@ -492,6 +498,7 @@ impl RoutingTable {
             .connect_lazy();
         Ok(InstanceEndpoint::new(
             channel,
+            &self.replies,
             InstanceInfo {
                 instance_id: spec.instance_id.clone(),
                 service: spec.service.clone(),

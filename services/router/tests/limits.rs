@@ -855,3 +855,120 @@ async fn a_stream_whose_instance_goes_away_ends_with_an_error() {
     );
     drained.await.unwrap().unwrap();
 }
+
+/// Serves an `AgentService` on 127.0.0.1:0 that does not implement `HandleMux` (so the router
+/// falls back to unary `Handle`) and answers every `Handle` with the first `sent` bytes of a
+/// reply declaring `declared` bytes, then nothing more: a broken or hostile instance.
+/// Returns its URL.
+async fn serve_unfinished_replies(declared: u32, sent: usize) -> String {
+    use axum::response::IntoResponse;
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let routes = axum::Router::new()
+        .route(
+            "/reach.v1.AgentService/HandleMux",
+            axum::routing::post(|| async {
+                (
+                    [("content-type", "application/grpc"), ("grpc-status", "12")],
+                    "",
+                )
+                    .into_response()
+            }),
+        )
+        .route(
+            "/reach.v1.AgentService/Handle",
+            axum::routing::post(move || async move {
+                let mut start = vec![0];
+                start.extend_from_slice(&declared.to_be_bytes());
+                start.resize(5 + sent, b' ');
+                let body = futures::StreamExt::chain(
+                    futures::stream::once(async move {
+                        Ok::<_, std::convert::Infallible>(bytes::Bytes::from(start))
+                    }),
+                    futures::stream::pending(),
+                );
+                (
+                    [("content-type", "application/grpc")],
+                    axum::body::Body::from_stream(body),
+                )
+                    .into_response()
+            }),
+        );
+    tokio::spawn(reach_rpc::server::serve_http(
+        listener,
+        routes,
+        futures::future::pending(),
+        Duration::from_secs(1),
+        reach_rpc::ConnectionLimits::default(),
+    ));
+    url
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replies_an_instance_starts_and_never_finishes_hold_only_its_reply_budget() {
+    use futures::StreamExt as _;
+    const MIB: usize = 1024 * 1024;
+    let registry = registry().await;
+    let endpoint = serve_unfinished_replies(1_000_000, 900_000).await;
+    register(
+        &registry.registry,
+        "stalling",
+        "stalling-1",
+        &endpoint,
+        &[("stalling.echo", "1.0.0")],
+    );
+    let router = router(
+        &registry.url,
+        RouterConfig {
+            max_message_bytes: MIB,
+            max_buffered_reply_bytes_per_instance: MIB,
+            ..RouterConfig::default()
+        },
+    )
+    .await;
+    router.wait_routable(1).await;
+    let client = router.client().await;
+    let call = || {
+        let client = client.clone();
+        async move {
+            client
+                .call(
+                    "stalling.echo",
+                    Payload::text("t", "x"),
+                    CallOptions {
+                        timeout: Some(Duration::from_secs(3)),
+                        ..CallOptions::default()
+                    },
+                )
+                .await
+        }
+    };
+    // The first call's 900 KB fit the 1 MiB budget and wait for a rest that never comes; the
+    // second's would not, so it fails at once instead of pinning another 900 KB.
+    let first = tokio::spawn(call());
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let second = call().await.unwrap_err();
+    assert_eq!(second.code(), Code::ResourceExhausted, "{second:?}");
+    assert!(
+        second
+            .message()
+            .contains("router.max_buffered_reply_bytes_per_instance"),
+        "the refusal names its setting: {second:?}"
+    );
+    let first = first.await.unwrap().unwrap_err();
+    assert_eq!(first.code(), Code::DeadlineExceeded, "{first:?}");
+
+    // The first call's bytes were given back at its deadline: a new call fits again (and
+    // waits out its own deadline).
+    let calls = futures::stream::iter(0..2)
+        .then(|_| call())
+        .collect::<Vec<_>>()
+        .await;
+    for outcome in calls {
+        assert_eq!(
+            outcome.unwrap_err().code(),
+            Code::DeadlineExceeded,
+            "a call one at a time is never refused"
+        );
+    }
+}

@@ -23,7 +23,7 @@ pub mod server;
 pub mod time;
 pub mod trace;
 
-pub use limits::ConnectionLimits;
+pub use limits::{ConnectionLimits, ReplyBudget};
 pub use server::GrpcServer;
 
 /// The payload type of an acknowledgement: an agent that will answer asynchronously (the

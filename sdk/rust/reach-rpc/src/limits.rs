@@ -252,7 +252,18 @@ impl BufferBudget {
 pub(crate) struct ConnectionBudgets {
     pub(crate) connection: Arc<BufferBudget>,
     pub(crate) listener: Arc<BufferBudget>,
+    /// The `listener` label of [`BUFFER_REFUSALS`].
     pub(crate) listener_name: Arc<str>,
+    pub(crate) metered: Metered,
+}
+
+/// Which messages a budget holds, for what a refusal says.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Metered {
+    /// Requests a server receives (`[server]` settings).
+    Requests,
+    /// Replies a router receives from its instances (`[router]` settings).
+    Replies,
 }
 
 impl ConnectionBudgets {
@@ -260,14 +271,83 @@ impl ConnectionBudgets {
     /// the budgets; requests that are not gRPC (see [`is_grpc`]) pass as they are, which is
     /// safe because a [`crate::GrpcServer`] refuses them before reading their body.
     pub(crate) fn meter<B>(&self, request: http::Request<B>) -> http::Request<MeteredBody<B>> {
-        let meter = is_grpc(request.headers()).then(|| MessageMeter {
+        let meter = is_grpc(request.headers()).then(|| self.new_meter());
+        request.map(|inner| MeteredBody::new(inner, meter))
+    }
+
+    fn new_meter(&self) -> MessageMeter {
+        MessageMeter {
             budgets: self.clone(),
             header: [0; 5],
             header_len: 0,
             body_remaining: 0,
             held: 0,
-        });
-        request.map(|inner| MeteredBody { inner, meter })
+        }
+    }
+}
+
+/// A budget for the bytes of partly received gRPC replies a client holds: per channel (one
+/// peer's connection) and across every channel it [meters](ReplyBudget::meter). A reply that
+/// would take either past its limit fails its call with `RESOURCE_EXHAUSTED`; replies that
+/// arrive whole in one read never count. The router meters its channels to instances with it,
+/// so that an instance that starts large replies and never finishes them cannot pin the
+/// router's memory (every reply is buffered until it is whole, up to the message size limit).
+#[derive(Debug, Clone)]
+pub struct ReplyBudget {
+    per_channel: usize,
+    total: Arc<BufferBudget>,
+}
+
+impl ReplyBudget {
+    /// `per_channel` bytes for each metered channel, `total` across them all.
+    pub fn new(per_channel: usize, total: usize) -> Self {
+        Self {
+            per_channel,
+            total: BufferBudget::new(total),
+        }
+    }
+
+    /// `channel`, with the replies it receives counted against this budget.
+    pub fn meter(&self, channel: tonic::transport::Channel) -> MeteredChannel {
+        MeteredChannel {
+            inner: channel,
+            budgets: ConnectionBudgets {
+                connection: BufferBudget::new(self.per_channel),
+                listener: self.total.clone(),
+                listener_name: "(replies)".into(),
+                metered: Metered::Replies,
+            },
+        }
+    }
+}
+
+/// A channel whose replies count against a [`ReplyBudget`]; use it as a tonic client's
+/// transport (`AgentServiceClient::new(metered)`). Clones share the channel and its budget.
+#[derive(Debug, Clone)]
+pub struct MeteredChannel {
+    inner: tonic::transport::Channel,
+    budgets: ConnectionBudgets,
+}
+
+impl tower::Service<http::Request<tonic::body::Body>> for MeteredChannel {
+    type Response = http::Response<MeteredBody<tonic::body::Body>>;
+    type Error = tonic::transport::Error;
+    type Future = futures::future::BoxFuture<'static, Result<Self::Response, Self::Error>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, request: http::Request<tonic::body::Body>) -> Self::Future {
+        let response = self.inner.call(request);
+        let budgets = self.budgets.clone();
+        Box::pin(async move {
+            // Every reply is metered, whatever its content-type says: the client will parse
+            // it as gRPC messages.
+            Ok(response
+                .await?
+                .map(|inner| MeteredBody::new(inner, Some(budgets.new_meter()))))
+        })
     }
 }
 
@@ -343,7 +423,25 @@ impl MessageMeter {
 
     fn take(&self, bytes: usize) -> Result<(), tonic::Status> {
         let budgets = &self.budgets;
-        let message = if !budgets.connection.try_reserve(bytes) {
+        let message = if matches!(budgets.metered, Metered::Replies) {
+            if !budgets.connection.try_reserve(bytes) {
+                format!(
+                    "the router already holds close to {} bytes of replies from this instance that \
+                     have not fully arrived (router.max_buffered_reply_bytes_per_instance); the \
+                     instance starts large replies faster than it finishes them",
+                    budgets.connection.limit
+                )
+            } else if !budgets.listener.try_reserve(bytes) {
+                budgets.connection.release(bytes);
+                format!(
+                    "the router already holds close to {} bytes of replies from its instances that \
+                     have not fully arrived (router.max_buffered_reply_bytes); retry later",
+                    budgets.listener.limit
+                )
+            } else {
+                return Ok(());
+            }
+        } else if !budgets.connection.try_reserve(bytes) {
             format!(
                 "this connection already holds close to {} bytes of messages that have not fully \
                  arrived; send large messages one after another, or over more connections \
@@ -381,12 +479,18 @@ impl Drop for MessageMeter {
 }
 
 pin_project_lite::pin_project! {
-    /// A request body whose partly received gRPC messages count against a connection's and a
-    /// listener's buffer budgets; see [`ConnectionBudgets::meter`].
-    pub(crate) struct MeteredBody<B> {
+    /// A request or reply body whose partly received gRPC messages count against buffer
+    /// budgets: a server's ([`ConnectionLimits`]) or a client's ([`ReplyBudget`]).
+    pub struct MeteredBody<B> {
         #[pin]
         inner: B,
         meter: Option<MessageMeter>,
+    }
+}
+
+impl<B> MeteredBody<B> {
+    fn new(inner: B, meter: Option<MessageMeter>) -> Self {
+        Self { inner, meter }
     }
 }
 
@@ -437,6 +541,7 @@ mod tests {
             connection: BufferBudget::new(connection),
             listener: BufferBudget::new(listener),
             listener_name: "test".into(),
+            metered: Metered::Requests,
         }
     }
 

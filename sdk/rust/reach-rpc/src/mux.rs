@@ -244,10 +244,18 @@ impl<R> Waiting<R> {
 }
 
 impl MuxLink<HandleMuxResponse> {
-    /// A link to an instance's `AgentService.HandleMux` over `channel`, for messages of up to
+    /// A link to an instance's `AgentService.HandleMux` over `channel` (a tonic `Channel`, or
+    /// one wrapped such as a [`crate::limits::MeteredChannel`]), for messages of up to
     /// `max_message_bytes` (frames get [`FRAME_OVERHEAD_BYTES`] more). The stream is
     /// long-lived, so it is not traced as one call: each call carries its own `traceparent`.
-    pub fn to_agent(peer: impl Into<String>, channel: Channel, max_message_bytes: usize) -> Self {
+    pub fn to_agent<T>(peer: impl Into<String>, channel: T, max_message_bytes: usize) -> Self
+    where
+        T: tonic::client::GrpcService<tonic::body::Body> + Clone + Send + Sync + 'static,
+        T::Future: Send,
+        T::Error: Into<tonic::codegen::StdError>,
+        T::ResponseBody: http_body::Body<Data = bytes::Bytes> + Send + 'static,
+        <T::ResponseBody as http_body::Body>::Error: Into<tonic::codegen::StdError> + Send,
+    {
         let frame_limit = max_message_bytes.saturating_add(FRAME_OVERHEAD_BYTES);
         let client = AgentServiceClient::new(channel)
             .max_decoding_message_size(frame_limit)

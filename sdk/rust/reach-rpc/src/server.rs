@@ -20,7 +20,7 @@ use tower::Service;
 
 use crate::limits::{
     BufferBudget, CONNECTIONS_REFUSED, ConnectionBudgets, ConnectionLimits, HandshakeDeadline,
-    OPEN_CONNECTIONS,
+    Metered, OPEN_CONNECTIONS,
 };
 
 /// A service for requests no added service claims (see [`GrpcServer::with_fallback`]).
@@ -301,6 +301,7 @@ pub async fn serve_http(
                             connection: BufferBudget::new(limits.max_buffered_bytes_per_connection),
                             listener: listener_budget.clone(),
                             listener_name: listener_name.clone(),
+                            metered: Metered::Requests,
                         };
                         let service = router.clone().map_request(move |request| budgets.meter(request));
                         let connection = builder
