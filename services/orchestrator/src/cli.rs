@@ -388,11 +388,7 @@ pub async fn task_start(
         .task
         .unwrap_or_default();
     if as_json {
-        writeln!(
-            out,
-            "{}",
-            serde_json::to_string_pretty(&task_json(&task)).unwrap_or_default()
-        )?;
+        write_task_json(out, &task)?;
         return Ok(0);
     }
     let status = status_name(task.status);
@@ -462,11 +458,7 @@ pub async fn task_get(
         .task
         .unwrap_or_default();
     if as_json {
-        writeln!(
-            out,
-            "{}",
-            serde_json::to_string_pretty(&task_json(&task)).unwrap_or_default()
-        )?;
+        write_task_json(out, &task)?;
         return Ok(0);
     }
     writeln!(out, "task      {}", task.task_id)?;
@@ -854,6 +846,15 @@ pub async fn dump(endpoint: &str, args: DumpArgs, out: &mut dyn Write) -> Result
 fn fmt_ts(t: &prost_types::Timestamp) -> String {
     let st = reach_rpc::time::system_time(t).unwrap_or(std::time::UNIX_EPOCH);
     humantime::format_rfc3339_millis(st).to_string()
+}
+
+/// Writes `task` as pretty JSON (what `--json` prints), one document.
+fn write_task_json(out: &mut dyn std::io::Write, task: &pb::Task) -> std::io::Result<()> {
+    writeln!(
+        out,
+        "{}",
+        serde_json::to_string_pretty(&task_json(task)).unwrap_or_default()
+    )
 }
 
 /// A task as JSON (for `task get --json`, `task start --json` and `GET /tasks/{id}`); values
