@@ -85,7 +85,7 @@ enum Command {
     /// Validate, apply and list flows.
     Flow {
         /// The orchestrator (or `reach dev`) endpoint.
-        #[arg(long, global = true, default_value = reach_orchestrator::cli::DEFAULT_ENDPOINT)]
+        #[arg(long, global = true, default_value = reach_orchestrator::cli::DEFAULT_ENDPOINT, value_parser = grpc_endpoint)]
         endpoint: String,
         #[command(flatten)]
         args: reach_orchestrator::cli::FlowArgs,
@@ -93,7 +93,7 @@ enum Command {
     /// Start, inspect, resume, cancel and retry tasks.
     Task {
         /// The orchestrator (or `reach dev`) endpoint.
-        #[arg(long, global = true, default_value = reach_orchestrator::cli::DEFAULT_ENDPOINT)]
+        #[arg(long, global = true, default_value = reach_orchestrator::cli::DEFAULT_ENDPOINT, value_parser = grpc_endpoint)]
         endpoint: String,
         #[command(flatten)]
         args: reach_orchestrator::cli::TaskArgs,
@@ -101,7 +101,7 @@ enum Command {
     /// Print every message and node event of a task in time order.
     Dump {
         /// The orchestrator (or `reach dev`) endpoint.
-        #[arg(long, default_value = reach_orchestrator::cli::DEFAULT_ENDPOINT)]
+        #[arg(long, default_value = reach_orchestrator::cli::DEFAULT_ENDPOINT, value_parser = grpc_endpoint)]
         endpoint: String,
         #[command(flatten)]
         args: reach_orchestrator::cli::DumpArgs,
@@ -130,7 +130,7 @@ enum Command {
     /// A live terminal board: instances, traffic per capability, tasks, failures (q quits).
     Top {
         /// The registry (or `reach dev`) gRPC endpoint.
-        #[arg(long, default_value = "http://127.0.0.1:7070")]
+        #[arg(long, default_value = "http://127.0.0.1:7070", value_parser = grpc_endpoint)]
         endpoint: String,
         /// The admin host:port serving /metrics; default: the gRPC port + 1.
         #[arg(long)]
@@ -142,7 +142,7 @@ enum Command {
     /// List the registered agent instances and their state.
     Agents {
         /// The registry (or `reach dev`) endpoint.
-        #[arg(long, default_value = "http://127.0.0.1:7070")]
+        #[arg(long, default_value = "http://127.0.0.1:7070", value_parser = grpc_endpoint)]
         endpoint: String,
         /// Print JSON.
         #[arg(long)]
@@ -290,6 +290,18 @@ fn is_broken_pipe(error: &anyhow::Error) -> bool {
             .downcast_ref::<std::io::Error>()
             .is_some_and(|e| e.kind() == std::io::ErrorKind::BrokenPipe)
     })
+}
+
+/// Checks an `--endpoint`: a URL with its scheme (`http://127.0.0.1:7070`), since a bare
+/// `host:port` otherwise fails later as an unexplained transport error.
+fn grpc_endpoint(value: &str) -> Result<String, String> {
+    if value.starts_with("http://") || value.starts_with("https://") {
+        Ok(value.to_string())
+    } else {
+        Err(format!(
+            "{value:?} is not a URL; write it with its scheme, such as http://{value}"
+        ))
+    }
 }
 
 fn exit_code(code: i32) -> ExitCode {

@@ -183,6 +183,19 @@ fn top_without_a_terminal_points_to_once() {
 }
 
 #[test]
+fn an_endpoint_without_its_scheme_is_refused_with_the_fix() {
+    for args in [
+        &["agents", "--endpoint", "127.0.0.1:7070"][..],
+        &["task", "list", "--endpoint", "127.0.0.1:7070"][..],
+    ] {
+        let output = reach().args(args).output().unwrap();
+        assert_eq!(output.status.code(), Some(2), "{args:?}");
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(stderr.contains("http://127.0.0.1:7070"), "{stderr}");
+    }
+}
+
+#[test]
 fn a_bad_config_exits_64_naming_the_key() {
     let output = reach()
         .args([

@@ -488,6 +488,29 @@ reach_orchestrator_dead_letters_total 1
     }
 
     #[test]
+    fn a_frame_of_content_height_shows_every_instance() {
+        let mut board = Board::new();
+        let mut many = instances();
+        many.instances = (1..=10)
+            .map(|n| instance("executor", &format!("exec-{n}"), InstanceState::Ready, 0, 8))
+            .collect();
+        let snapshot = board.update(
+            "http://127.0.0.1:7070",
+            Ok(many),
+            Ok(parse_metrics(&metrics(10, 5, 1)).unwrap()),
+            None,
+        );
+        let text = render_to_string(&snapshot, 120, render::content_height(&snapshot));
+        for n in 1..=10 {
+            assert!(
+                text.lines()
+                    .any(|line| line.contains(&format!("exec-{n} "))),
+                "exec-{n} missing from\n{text}"
+            );
+        }
+    }
+
+    #[test]
     fn a_frame_degrades_when_sources_are_missing() {
         let mut board = Board::new();
         let snapshot = board.update(

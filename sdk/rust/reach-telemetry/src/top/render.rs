@@ -12,9 +12,12 @@ use super::model::{Snapshot, TaskSummary};
 
 /// Draws one frame of the board.
 pub fn render(frame: &mut Frame<'_>, snapshot: &Snapshot) {
+    // The instances panel gets the rows its table needs; the middle panels take the rest. (Two
+    // `Min` constraints split spare rows in the solver's own way, which cut the instances
+    // table short by one row in a frame of exactly `content_height`.)
     let [header, instances, middle, failures] = Layout::vertical([
         Constraint::Length(1),
-        Constraint::Min(5),
+        Constraint::Length(table_height(snapshot.instances.len())),
         Constraint::Min(5),
         Constraint::Length(failures_height(snapshot)),
     ])
@@ -28,6 +31,14 @@ pub fn render(frame: &mut Frame<'_>, snapshot: &Snapshot) {
     render_failures(frame, failures, snapshot);
 }
 
+/// The height of a bordered table (or panel) of `n` rows with a header: at least 5.
+fn table_height(n: usize) -> u16 {
+    u16::try_from(n)
+        .unwrap_or(u16::MAX)
+        .saturating_add(3)
+        .max(5)
+}
+
 fn failures_height(snapshot: &Snapshot) -> u16 {
     // Borders and header, plus up to 10 rows.
     3 + u16::try_from(snapshot.failures.len().clamp(1, 10)).unwrap_or(10)
@@ -35,12 +46,7 @@ fn failures_height(snapshot: &Snapshot) -> u16 {
 
 /// The number of rows a frame needs to show all of `snapshot` (for printing one frame).
 pub fn content_height(snapshot: &Snapshot) -> u16 {
-    let rows = |n: usize| {
-        u16::try_from(n)
-            .unwrap_or(u16::MAX)
-            .saturating_add(3)
-            .max(5)
-    };
+    let rows = table_height;
     let task_lines = snapshot
         .tasks
         .as_ref()
