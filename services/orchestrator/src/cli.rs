@@ -112,6 +112,10 @@ pub enum TaskCommand {
         /// At most this many.
         #[arg(long, default_value_t = 50)]
         limit: u32,
+        /// Print a JSON array of tasks, each as `task get --json` prints one (without node
+        /// history, which lists leave out).
+        #[arg(long)]
+        json: bool,
     },
     /// Give a person's input to a task waiting in a human node.
     Resume {
@@ -346,7 +350,18 @@ pub async fn task(endpoint: &str, args: TaskArgs, out: &mut dyn Write) -> Result
             status,
             flow,
             limit,
-        } => task_list(endpoint, status.as_deref(), flow.as_deref(), limit, out).await,
+            json,
+        } => {
+            task_list(
+                endpoint,
+                status.as_deref(),
+                flow.as_deref(),
+                limit,
+                json,
+                out,
+            )
+            .await
+        }
         TaskCommand::Resume { id, input, node } => {
             task_resume(endpoint, &id, &input, node, out).await
         }
@@ -559,6 +574,7 @@ pub async fn task_list(
     status: Option<&str>,
     flow: Option<&str>,
     limit: u32,
+    as_json: bool,
     out: &mut dyn Write,
 ) -> Result<i32, CliError> {
     let status = match status {
@@ -588,6 +604,15 @@ pub async fn task_list(
         .await?
         .into_inner()
         .tasks;
+    if as_json {
+        let list: Vec<_> = tasks.iter().map(task_json).collect();
+        writeln!(
+            out,
+            "{}",
+            serde_json::to_string_pretty(&list).unwrap_or_default()
+        )?;
+        return Ok(0);
+    }
     let mut table = comfy_table::Table::new();
     table.load_preset(comfy_table::presets::NOTHING);
     table.set_header(["TASK", "FLOW", "STATUS", "NODE", "ERROR"]);

@@ -232,10 +232,18 @@ async fn cli_commands_against_a_server() {
     assert_eq!(started_id(o), "order-42");
     wait_for(&s.endpoint, &id, pb::TaskStatus::WaitingHuman).await;
     let mut o = out();
-    cli::task_list(&s.endpoint, Some("waiting_human"), None, 10, &mut o)
+    cli::task_list(&s.endpoint, Some("waiting_human"), None, 10, false, &mut o)
         .await
         .unwrap();
     assert!(String::from_utf8_lossy(&o).contains("order-42"));
+    // --json: an array of tasks for scripts, each as `task get --json` shows it.
+    let mut o = out();
+    cli::task_list(&s.endpoint, Some("waiting_human"), None, 10, true, &mut o)
+        .await
+        .unwrap();
+    let listed: serde_json::Value = serde_json::from_slice(&o).unwrap();
+    assert_eq!(listed[0]["task_id"], "order-42", "{listed}");
+    assert_eq!(listed[0]["status"], "WAITING_HUMAN", "{listed}");
     let err = cli::task_resume(&s.endpoint, &id, r#"{"approved": "yes"}"#, None, &mut out())
         .await
         .unwrap_err();
@@ -245,7 +253,7 @@ async fn cli_commands_against_a_server() {
         "{text}"
     );
     assert!(matches!(
-        cli::task_list(&s.endpoint, Some("sleeping"), None, 10, &mut out()).await,
+        cli::task_list(&s.endpoint, Some("sleeping"), None, 10, false, &mut out()).await,
         Err(cli::CliError::Usage(_))
     ));
     cli::task_resume(&s.endpoint, &id, r#"{"approved": true}"#, None, &mut out())

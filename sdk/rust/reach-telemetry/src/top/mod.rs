@@ -195,11 +195,11 @@ pub async fn fetch(
 }
 
 /// Draws `snapshot` on a `width` × `height` `TestBackend` and returns the frame as text,
-/// one line per row, trailing spaces trimmed.
+/// one line per row, trailing spaces trimmed, without the live board's "(q to quit)".
 pub fn render_to_string(snapshot: &Snapshot, width: u16, height: u16) -> String {
     let mut terminal = Terminal::new(TestBackend::new(width, height)).expect("test backend");
     terminal
-        .draw(|frame| render(frame, snapshot))
+        .draw(|frame| render::draw(frame, snapshot, false))
         .expect("drawing on a test backend");
     let buffer = terminal.backend().buffer();
     let mut out = String::new();
@@ -484,6 +484,8 @@ reach_orchestrator_dead_letters_total 1
         }
         // Tasks waiting for a person are shown once, in their own line.
         assert!(!text.contains("waiting_human"), "{text}");
+        // A printed frame cannot be quit.
+        assert!(!text.contains("q to quit"), "{text}");
         assert_eq!(text.matches("waiting for a person").count(), 1, "{text}");
     }
 

@@ -10,8 +10,13 @@ use ratatui::widgets::{Block, Borders, Paragraph, Row, Table};
 
 use super::model::{Snapshot, TaskSummary};
 
-/// Draws one frame of the board.
+/// Draws one frame of the live board (its header says how to quit).
 pub fn render(frame: &mut Frame<'_>, snapshot: &Snapshot) {
+    draw(frame, snapshot, true);
+}
+
+/// Draws one frame of the board; `live` adds the "(q to quit)" hint to the header.
+pub fn draw(frame: &mut Frame<'_>, snapshot: &Snapshot, live: bool) {
     // The instances panel gets the rows its table needs; the middle panels take the rest. (Two
     // `Min` constraints split spare rows in the solver's own way, which cut the instances
     // table short by one row in a frame of exactly `content_height`.)
@@ -24,7 +29,7 @@ pub fn render(frame: &mut Frame<'_>, snapshot: &Snapshot) {
     .areas(frame.area());
     let [traffic, tasks] =
         Layout::horizontal([Constraint::Percentage(65), Constraint::Percentage(35)]).areas(middle);
-    render_header(frame, header, snapshot);
+    render_header(frame, header, snapshot, live);
     render_instances(frame, instances, snapshot);
     render_traffic(frame, traffic, snapshot);
     render_tasks(frame, tasks, snapshot);
@@ -60,7 +65,7 @@ fn bold() -> Style {
     Style::default().add_modifier(Modifier::BOLD)
 }
 
-fn render_header(frame: &mut Frame<'_>, area: Rect, snapshot: &Snapshot) {
+fn render_header(frame: &mut Frame<'_>, area: Rect, snapshot: &Snapshot, live: bool) {
     let mut text = format!(
         "reach top — {}  instances {}  capabilities {} ({} with traffic)",
         snapshot.endpoint,
@@ -74,7 +79,9 @@ fn render_header(frame: &mut Frame<'_>, area: Rect, snapshot: &Snapshot) {
     if let Some(e) = &snapshot.metrics_error {
         text.push_str(&format!("  | metrics: {e}"));
     }
-    text.push_str("  (q to quit)");
+    if live {
+        text.push_str("  (q to quit)");
+    }
     frame.render_widget(Paragraph::new(Line::styled(text, bold())), area);
 }
 
