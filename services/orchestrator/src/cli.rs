@@ -403,7 +403,7 @@ pub async fn task_start(
         .task
         .unwrap_or_default();
     if as_json {
-        write_task_json(out, &task)?;
+        write_json(out, &task_json(&task))?;
         return Ok(0);
     }
     let status = status_name(task.status);
@@ -473,7 +473,7 @@ pub async fn task_get(
         .task
         .unwrap_or_default();
     if as_json {
-        write_task_json(out, &task)?;
+        write_json(out, &task_json(&task))?;
         return Ok(0);
     }
     writeln!(out, "task      {}", task.task_id)?;
@@ -605,12 +605,7 @@ pub async fn task_list(
         .into_inner()
         .tasks;
     if as_json {
-        let list: Vec<_> = tasks.iter().map(task_json).collect();
-        writeln!(
-            out,
-            "{}",
-            serde_json::to_string_pretty(&list).unwrap_or_default()
-        )?;
+        write_json(out, &tasks.iter().map(task_json).collect::<Vec<_>>())?;
         return Ok(0);
     }
     let mut table = comfy_table::Table::new();
@@ -873,12 +868,12 @@ fn fmt_ts(t: &prost_types::Timestamp) -> String {
     humantime::format_rfc3339_millis(st).to_string()
 }
 
-/// Writes `task` as pretty JSON (what `--json` prints), one document.
-fn write_task_json(out: &mut dyn std::io::Write, task: &pb::Task) -> std::io::Result<()> {
+/// Writes `value` as one pretty JSON document (what `--json` prints).
+fn write_json(out: &mut dyn std::io::Write, value: &impl serde::Serialize) -> std::io::Result<()> {
     writeln!(
         out,
         "{}",
-        serde_json::to_string_pretty(&task_json(task)).unwrap_or_default()
+        serde_json::to_string_pretty(value).unwrap_or_default()
     )
 }
 

@@ -487,21 +487,20 @@ const FILE_HEADROOM: u64 = 512;
 
 /// Raises the open-file soft limit to the hard limit, as Go's runtime does since 1.19: every
 /// connection is a file descriptor, and the usual soft default (1024) is far below
-/// `server.max_connections`. Warns when even the raised limit leaves no room for
-/// `max_connections` (the gRPC port's and the admin port's together), since accepting past it
+/// `server.max_connections`. Warns when even the raised limit leaves no room for the gRPC
+/// port's `max_connections` and the admin port's `admin_connections`, since accepting past it
 /// fails (`EMFILE`) instead of refusing cleanly.
-fn raise_open_file_limit(max_connections: usize) {
-    let wanted = (max_connections as u64).saturating_add(FILE_HEADROOM);
+fn raise_open_file_limit(max_connections: usize, admin_connections: usize) {
+    let reserved = FILE_HEADROOM.saturating_add(admin_connections as u64);
     match rlimit::increase_nofile_limit(u64::MAX) {
-        Ok(limit) if limit < wanted => warn!(
+        Ok(limit) if limit < reserved.saturating_add(max_connections as u64) => warn!(
             open_file_limit = limit,
             max_connections,
-            "the open-file limit leaves no room for the connections the gRPC and admin ports \
-             may serve (server.max_connections, and up to {} on the admin port) plus \
+            "the open-file limit leaves no room for the connections the gRPC port may serve \
+             (server.max_connections) plus {admin_connections} on the admin port and \
              {FILE_HEADROOM} of the process's own; lower server.max_connections below {} or raise \
              the hard limit (ulimit -Hn, systemd LimitNOFILE=, a container's nofile ulimit)",
-            reach_telemetry::ADMIN_MAX_CONNECTIONS,
-            limit.saturating_sub(FILE_HEADROOM + reach_telemetry::ADMIN_MAX_CONNECTIONS as u64)
+            limit.saturating_sub(reserved)
         ),
         Ok(_) => {}
         Err(error) => warn!(%error, "cannot raise the open-file limit"),
@@ -527,13 +526,14 @@ async fn serve(
         stdout.flush()?;
         return Ok(ExitCode::SUCCESS);
     }
-    raise_open_file_limit(config.server.max_connections.saturating_add(
+    raise_open_file_limit(
+        config.server.max_connections,
         if config.admin_listen.is_empty() {
             0
         } else {
             reach_telemetry::ADMIN_MAX_CONNECTIONS
         },
-    ));
+    );
     let listener = TcpListener::bind(&config.listen)
         .await
         .map_err(|e| anyhow::anyhow!("cannot listen on {}: {e} (use --listen)", config.listen))?;

@@ -12,7 +12,6 @@
 //! traffic again, and the first failure after a return ejects it again for twice as long,
 //! while a success clears its record.
 
-use reach_rpc::ReplyBudget;
 use reach_rpc::limits::MeteredChannel;
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -99,12 +98,10 @@ pub struct InstanceEndpoint {
 }
 
 impl InstanceEndpoint {
-    /// An endpoint over a (lazily connecting) channel, whose replies count against `replies`
-    /// (except typed pass-through's, which are forwarded as they arrive).
-    #[allow(clippy::too_many_arguments)]
+    /// An endpoint over a (lazily connecting) channel whose replies count against a reply
+    /// budget (except typed pass-through's, which are forwarded as they arrive).
     pub fn new(
-        channel: Channel,
-        replies: &ReplyBudget,
+        metered: MeteredChannel,
         info: InstanceInfo,
         state: InstanceState,
         load: Arc<LoadTracker>,
@@ -112,7 +109,7 @@ impl InstanceEndpoint {
         ejection: EjectionConfig,
         max_message_bytes: usize,
     ) -> Self {
-        let metered = replies.meter(channel.clone());
+        let channel = metered.unmetered().clone();
         let client = AgentServiceClient::new(reach_telemetry::traced_channel(metered.clone()))
             .max_decoding_message_size(max_message_bytes)
             .max_encoding_message_size(max_message_bytes);

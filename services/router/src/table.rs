@@ -497,8 +497,7 @@ impl RoutingTable {
             .connect_timeout(self.config.connect_timeout)
             .connect_lazy();
         Ok(InstanceEndpoint::new(
-            channel,
-            &self.replies,
+            self.replies.meter(channel),
             InstanceInfo {
                 instance_id: spec.instance_id.clone(),
                 service: spec.service.clone(),

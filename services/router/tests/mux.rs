@@ -100,6 +100,17 @@ fn call_frame(call_id: u64, capability: &str, text: &str, timeout_ms: u32) -> Ca
     }
 }
 
+/// A frame cancelling call `call_id`.
+fn cancel_frame(call_id: u64) -> CallMuxRequest {
+    CallMuxRequest {
+        frame: Some(CallFrame {
+            call_id,
+            cancel: true,
+            ..CallFrame::default()
+        }),
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn concurrent_calls_share_one_stream_per_hop_and_each_gets_its_own_reply() {
     let registry = registry().await;
@@ -230,16 +241,7 @@ async fn a_call_mux_stream_answers_in_completion_order_with_deadlines_errors_and
     assert_eq!(order, vec![2, 3, 4]);
 
     // Cancelling call 5 reaches the agent's handler and produces no reply.
-    frames
-        .send(CallMuxRequest {
-            frame: Some(CallFrame {
-                call_id: 5,
-                cancel: true,
-                ..CallFrame::default()
-            }),
-        })
-        .await
-        .unwrap();
+    frames.send(cancel_frame(5)).await.unwrap();
     tokio::time::timeout(Duration::from_secs(5), cancelled.notified())
         .await
         .expect("the handler of call 5 was cancelled");
@@ -676,16 +678,7 @@ async fn routed_calls_are_timed_per_instance_and_cancelled_calls_are_counted() {
         .await
         .expect("the hanging multiplexed call reached its handler");
     assert_eq!(in_flight(), 1.0);
-    frames
-        .send(CallMuxRequest {
-            frame: Some(CallFrame {
-                call_id: 10,
-                cancel: true,
-                ..CallFrame::default()
-            }),
-        })
-        .await
-        .unwrap();
+    frames.send(cancel_frame(10)).await.unwrap();
     tokio::time::timeout(Duration::from_secs(5), cancelled.notified())
         .await
         .expect("the cancel reached the handler");

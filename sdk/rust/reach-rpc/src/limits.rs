@@ -129,18 +129,19 @@ pub(crate) struct HandshakeDeadline<T> {
     /// `None` once the preface's bytes have arrived.
     deadline: Option<Pin<Box<tokio::time::Sleep>>>,
     received: usize,
-    on_timeout: Option<Box<dyn FnOnce() + Send>>,
+    /// The `listener` label of [`CONNECTIONS_REFUSED`], where a timeout is counted.
+    listener_name: Arc<str>,
 }
 
 impl<T> HandshakeDeadline<T> {
-    /// Wraps `io`, which must send its preface within `timeout`; `on_timeout` runs once if it
-    /// does not (to count it).
-    pub(crate) fn new(io: T, timeout: Duration, on_timeout: Box<dyn FnOnce() + Send>) -> Self {
+    /// Wraps `io`, an accepted connection of the listener `listener_name`, which must send its
+    /// preface within `timeout`.
+    pub(crate) fn new(io: T, timeout: Duration, listener_name: Arc<str>) -> Self {
         Self {
             io,
             deadline: Some(Box::pin(tokio::time::sleep(timeout))),
             received: 0,
-            on_timeout: Some(on_timeout),
+            listener_name,
         }
     }
 }
@@ -166,9 +167,13 @@ impl<T: AsyncRead + Unpin> AsyncRead for HandshakeDeadline<T> {
                 Poll::Ready(Ok(()))
             }
             Poll::Pending if deadline.as_mut().poll(cx).is_ready() => {
-                if let Some(count) = this.on_timeout.take() {
-                    count();
-                }
+                // Counted once: the error ends the connection, whose reads stop here.
+                metrics::counter!(
+                    CONNECTIONS_REFUSED,
+                    "reason" => "handshake_timeout",
+                    "listener" => this.listener_name.to_string()
+                )
+                .increment(1);
                 Poll::Ready(Err(io::Error::new(
                     io::ErrorKind::TimedOut,
                     format!(
@@ -266,6 +271,43 @@ pub(crate) enum Metered {
     Replies,
 }
 
+/// Which budget a message did not fit in.
+#[derive(Debug, Clone, Copy)]
+enum Full {
+    /// The connection's (or channel's) own.
+    Connection,
+    /// The one shared by all connections (or channels).
+    All,
+}
+
+impl Metered {
+    /// What a refused message's status says: which budget of `limit` bytes was full, the
+    /// setting that governs it, and what the sender can do.
+    fn refusal(self, full: Full, limit: usize) -> String {
+        match (self, full) {
+            (Self::Requests, Full::Connection) => format!(
+                "this connection already holds close to {limit} bytes of messages that have not \
+                 fully arrived; send large messages one after another, or over more connections \
+                 (the server's limit is server.max_buffered_bytes_per_connection)"
+            ),
+            (Self::Requests, Full::All) => format!(
+                "the server already holds close to {limit} bytes of messages that have not fully \
+                 arrived, across its connections; retry later (the server's limit is \
+                 server.max_buffered_bytes)"
+            ),
+            (Self::Replies, Full::Connection) => format!(
+                "the router already holds close to {limit} bytes of replies from this instance \
+                 that have not fully arrived (router.max_buffered_reply_bytes_per_instance); the \
+                 instance starts large replies faster than it finishes them"
+            ),
+            (Self::Replies, Full::All) => format!(
+                "the router already holds close to {limit} bytes of replies from its instances \
+                 that have not fully arrived (router.max_buffered_reply_bytes); retry later"
+            ),
+        }
+    }
+}
+
 impl ConnectionBudgets {
     /// Wraps a request's body so the bytes of its partly received gRPC messages count against
     /// the budgets; requests that are not gRPC (see [`is_grpc`]) pass as they are, which is
@@ -327,6 +369,13 @@ impl ReplyBudget {
 pub struct MeteredChannel {
     inner: tonic::transport::Channel,
     budgets: ConnectionBudgets,
+}
+
+impl MeteredChannel {
+    /// The channel itself, unmetered: for forwarding replies as they arrive, which holds none.
+    pub fn unmetered(&self) -> &tonic::transport::Channel {
+        &self.inner
+    }
 }
 
 impl tower::Service<http::Request<tonic::body::Body>> for MeteredChannel {
@@ -423,45 +472,19 @@ impl MessageMeter {
 
     fn take(&self, bytes: usize) -> Result<(), tonic::Status> {
         let budgets = &self.budgets;
-        let message = if matches!(budgets.metered, Metered::Replies) {
-            if !budgets.connection.try_reserve(bytes) {
-                format!(
-                    "the router already holds close to {} bytes of replies from this instance that \
-                     have not fully arrived (router.max_buffered_reply_bytes_per_instance); the \
-                     instance starts large replies faster than it finishes them",
-                    budgets.connection.limit
-                )
-            } else if !budgets.listener.try_reserve(bytes) {
-                budgets.connection.release(bytes);
-                format!(
-                    "the router already holds close to {} bytes of replies from its instances that \
-                     have not fully arrived (router.max_buffered_reply_bytes); retry later",
-                    budgets.listener.limit
-                )
-            } else {
-                return Ok(());
-            }
-        } else if !budgets.connection.try_reserve(bytes) {
-            format!(
-                "this connection already holds close to {} bytes of messages that have not fully \
-                 arrived; send large messages one after another, or over more connections \
-                 (the server's limit is server.max_buffered_bytes_per_connection)",
-                budgets.connection.limit
-            )
+        let (full, limit) = if !budgets.connection.try_reserve(bytes) {
+            (Full::Connection, budgets.connection.limit)
         } else if !budgets.listener.try_reserve(bytes) {
             budgets.connection.release(bytes);
-            format!(
-                "the server already holds close to {} bytes of messages that have not fully \
-                 arrived, across its connections; retry later (the server's limit is \
-                 server.max_buffered_bytes)",
-                budgets.listener.limit
-            )
+            (Full::All, budgets.listener.limit)
         } else {
             return Ok(());
         };
         metrics::counter!(BUFFER_REFUSALS, "listener" => budgets.listener_name.to_string())
             .increment(1);
-        Err(tonic::Status::resource_exhausted(message))
+        Err(tonic::Status::resource_exhausted(
+            budgets.metered.refusal(full, limit),
+        ))
     }
 
     fn give_back(&self, bytes: usize) {

@@ -284,18 +284,10 @@ pub async fn serve_http(
                     } else {
                         // Small gRPC frames must not wait for Nagle's algorithm.
                         let _ = tcp.set_nodelay(true);
-                        let name = listener_name.clone();
                         let io = HandshakeDeadline::new(
                             tcp,
                             limits.handshake_timeout,
-                            Box::new(move || {
-                                metrics::counter!(
-                                    CONNECTIONS_REFUSED,
-                                    "reason" => "handshake_timeout",
-                                    "listener" => name.to_string()
-                                )
-                                .increment(1);
-                            }),
+                            listener_name.clone(),
                         );
                         let budgets = ConnectionBudgets {
                             connection: BufferBudget::new(limits.max_buffered_bytes_per_connection),
