@@ -11,6 +11,7 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
+use reach_rpc::backoff::Exponential;
 use serde::Deserialize;
 
 use crate::expr::{Expr, InputTemplate};
@@ -188,16 +189,21 @@ impl RetryPolicy {
     /// The nominal delay (no jitter) after failed attempt `attempt` (1-based), capped at
     /// `max_interval`.
     pub fn nominal_delay(&self, attempt: u32) -> Duration {
-        let exp = i32::try_from(attempt.saturating_sub(1)).unwrap_or(i32::MAX);
-        let secs = self.initial_interval.as_secs_f64() * self.multiplier.powi(exp);
-        let capped = secs.min(self.max_interval.as_secs_f64());
-        Duration::from_secs_f64(capped.max(0.0))
+        self.schedule().delay(attempt)
     }
 
     /// The delay after failed attempt `attempt` with jitter drawn from `unit` (in `[-1, 1]`).
     pub fn delay(&self, attempt: u32, unit: f64) -> Duration {
-        let nominal = self.nominal_delay(attempt).as_secs_f64();
-        Duration::from_secs_f64((nominal * (1.0 + self.jitter * unit.clamp(-1.0, 1.0))).max(0.0))
+        self.schedule().delay_with_jitter(attempt, self.jitter, unit)
+    }
+
+    /// The back-off schedule this policy's delays follow.
+    fn schedule(&self) -> Exponential {
+        Exponential {
+            initial: self.initial_interval,
+            multiplier: self.multiplier,
+            max: self.max_interval,
+        }
     }
 
     /// Whether a failure with `code` after attempt `attempt` is retried.

@@ -4,6 +4,7 @@
 
 use std::time::Duration;
 
+use reach_rpc::backoff::Backoff;
 use tonic_health::pb::health_check_response::ServingStatus;
 use tonic_health::pb::{HealthCheckRequest, health_client::HealthClient};
 use tracing::debug;
@@ -22,7 +23,7 @@ pub async fn probe_until_ready(
     endpoint: String,
 ) {
     let timeout = registry.config().probe_timeout;
-    let mut backoff = Duration::from_millis(5);
+    let mut backoff = Backoff::doubling(Duration::from_millis(5), Duration::from_millis(500));
     loop {
         if !registry.holds_lease(&instance_id, &lease_id) {
             return;
@@ -35,8 +36,7 @@ pub async fn probe_until_ready(
             Ok(false) => debug!(instance = %instance_id, "health probe: not serving yet"),
             Err(error) => debug!(instance = %instance_id, %error, "health probe failed"),
         }
-        tokio::time::sleep(backoff).await;
-        backoff = (backoff * 2).min(Duration::from_millis(500));
+        backoff.wait().await;
     }
 }
 

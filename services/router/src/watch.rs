@@ -5,6 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use reach_proto::v1::registry_service_client::RegistryServiceClient;
+use reach_rpc::backoff::Backoff;
 use reach_proto::v1::{WatchRequest, watch_response};
 use tracing::{info, warn};
 
@@ -15,7 +16,7 @@ use crate::table::RoutingTable;
 /// snapshot, so the table converges to the registry after any outage.
 pub async fn follow_registry(table: Arc<RoutingTable>) {
     let endpoint = table.config().registry_endpoint.clone();
-    let mut backoff = Duration::from_millis(20);
+    let mut backoff = Backoff::doubling(Duration::from_millis(20), Duration::from_secs(2));
     loop {
         match watch_once(&table, &endpoint).await {
             Ok(()) => warn!(registry = %endpoint, "registry watch ended; reconnecting"),
@@ -23,8 +24,7 @@ pub async fn follow_registry(table: Arc<RoutingTable>) {
                 warn!(registry = %endpoint, %error, "registry watch failed; reconnecting")
             }
         }
-        tokio::time::sleep(backoff).await;
-        backoff = (backoff * 2).min(Duration::from_secs(2));
+        backoff.wait().await;
     }
 }
 

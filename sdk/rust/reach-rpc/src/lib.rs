@@ -1,6 +1,8 @@
 //! gRPC plumbing shared by every Reach service and the SDK.
 //!
 //! # Layout
+//! - [`backoff`] — capped exponential back-off ([`backoff::Backoff`]), shared by every retry
+//!   loop.
 //! - [`server`] — [`GrpcServer`] serves tonic services on a caller-bound listener, always with
 //!   `grpc.health.v1` and server reflection (v1 and v1alpha, so grpcurl 1.8 works).
 //! - [`http2`] — the HTTP/2 settings servers and data-path channels advertise, and
@@ -14,6 +16,7 @@
 //!   (`CallFrame` / `ReplyFrame`): [`mux::MuxLink`] for callers, [`mux::serve`] for callees.
 //! - [`time`] — conversions between `std::time` and the protobuf well-known types.
 
+pub mod backoff;
 pub mod deadline;
 pub mod errors;
 pub mod http2;

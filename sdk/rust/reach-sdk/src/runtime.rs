@@ -24,6 +24,7 @@ use reach_proto::v1::{
     HandleResponse, HandleStreamRequest, HandleStreamResponse, Header, HeartbeatRequest,
     InstanceSpec, InstanceState, Payload, ReachMessage, RegisterRequest, header,
 };
+use reach_rpc::backoff::Backoff;
 use reach_rpc::errors::{reason, status_with_reason};
 use reach_rpc::{GrpcServer, deadline, mux, trace};
 use tokio::sync::{Notify, Semaphore, watch};
@@ -375,7 +376,7 @@ async fn keep_registered(
     lease: Arc<tokio::sync::Mutex<Option<String>>>,
     stop: CancellationToken,
 ) {
-    let mut backoff = Duration::from_millis(20);
+    let mut backoff = Backoff::doubling(Duration::from_millis(20), Duration::from_secs(2));
     'register: loop {
         let request = RegisterRequest {
             instance: Some(spec.clone()),
@@ -391,13 +392,12 @@ async fn keep_registered(
                 warn!(error = %status.message(), code = ?status.code(), "registration failed; retrying");
                 tokio::select! {
                     _ = stop.cancelled() => return,
-                    _ = tokio::time::sleep(backoff) => {}
+                    _ = backoff.wait() => {}
                 }
-                backoff = (backoff * 2).min(Duration::from_secs(2));
                 continue;
             }
         };
-        backoff = Duration::from_millis(20);
+        backoff.reset();
         let granted_ttl = response
             .lease_ttl
             .as_ref()
