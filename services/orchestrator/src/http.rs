@@ -43,7 +43,7 @@ async fn get_task(
     Path(id): Path<String>,
 ) -> Result<Json<serde_json::Value>, HttpError> {
     let state = api.engine().load(&id).await.map_err(HttpError)?;
-    Ok(Json(crate::cli::task_json(&api.task_view(&state))))
+    Ok(Json(crate::json::task_json(&api.task_view(&state))))
 }
 
 async fn retry_task(
@@ -51,5 +51,5 @@ async fn retry_task(
     Path(id): Path<String>,
 ) -> Result<Json<serde_json::Value>, HttpError> {
     let state = api.engine().retry(&id).await.map_err(HttpError)?;
-    Ok(Json(crate::cli::task_json(&api.task_view(&state))))
+    Ok(Json(crate::json::task_json(&api.task_view(&state))))
 }

@@ -11,8 +11,6 @@
 //! - [`service`]: the `reach.v1.OrchestratorService` gRPC implementation (masked views).
 //! - [`http`]: admin routes (`GET /tasks/{id}`, `POST /tasks/{id}/retry`).
 //! - [`mask`]: masking of sensitive values in everything shown.
-//! - [`cli`]: the `reach flow ...`, `reach task ...` and `reach dump` commands.
-//! - [`bench`]: durable transitions per second on SQLite and PostgreSQL.
 //! - [`config`]: the configuration, [`OrchestratorConfig`].
 //!
 //! # Running
@@ -25,8 +23,6 @@
 //! # Ok(()) }
 //! ```
 
-pub mod bench;
-pub mod cli;
 pub mod config;
 pub mod engine;
 pub mod error;

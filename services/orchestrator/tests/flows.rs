@@ -463,30 +463,3 @@ async fn backoff_follows_the_policy_with_paused_time() {
     ticker.abort();
     running.shutdown().await;
 }
-
-#[test]
-fn flow_validate_cli_reports_located_errors() {
-    let dir = tempfile::tempdir().unwrap();
-    let file = dir.path().join("bad.yaml");
-    std::fs::write(&file, "id: bad\nversion: 1\ninitial: start\nstates:\n  start: {type: task, capability: x, next: missing}\n  done: {type: succeed}\n").unwrap();
-    let mut out = Vec::new();
-    let code = reach_orchestrator::cli::flow_validate(&file, &mut out).unwrap();
-    let text = String::from_utf8(out).unwrap();
-    assert_eq!(code, 1);
-    assert!(
-        text.contains("bad.yaml:5:38: node `start`: `next: missing` names no node"),
-        "{text}"
-    );
-    for example in ["complaint-flow.yaml", "order-flow.yaml"] {
-        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-            .join("../../examples/flows")
-            .join(example);
-        let mut out = Vec::new();
-        assert_eq!(
-            reach_orchestrator::cli::flow_validate(&path, &mut out).unwrap(),
-            0,
-            "{}",
-            String::from_utf8_lossy(&out)
-        );
-    }
-}

@@ -7,20 +7,22 @@
 //!   environment variables and flags (figment).
 //! - [`control_plane`] — registry and router (and, later, orchestrator) served together on
 //!   one gRPC listener.
-//! - [`bench`] — `reach bench router`, the router's cost against direct calls and NATS.
 //! - [`admin`] — the HTTP admin port: reach-telemetry's `/metrics` and `/health`, plus
 //!   `/agents` and `DELETE /agents/{service}` (the orchestrator adds its `/tasks` routes), and
 //!   the list of paths the startup banner prints.
 //! - [`demo`] — `reach demo`, the main job: the example fleet triaging the CFPB complaints.
-//! - [`cli`] — client commands against a running mesh (`reach agents`).
+//! - [`cli`] — client commands against a running mesh: `reach agents`, `reach flow`,
+//!   `reach task`, `reach dump`.
+//! - [`top`] — `reach top`, the live terminal board (registry instances and the admin port's
+//!   metrics, drawn with ratatui).
 //!
 //! Output goes to stdout through `write!` and errors, never `print!`, whose panic on a closed
 //! stdout would bypass the binary's quiet exit when the reader went away.
 #![warn(clippy::print_stdout)]
 
 pub mod admin;
-pub mod bench;
 pub mod cli;
 pub mod config;
 pub mod control_plane;
 pub mod demo;
+pub mod top;

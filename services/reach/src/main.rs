@@ -85,31 +85,26 @@ enum Command {
     /// Validate, apply and list flows.
     Flow {
         /// The orchestrator (or `reach dev`) endpoint.
-        #[arg(long, global = true, default_value = reach_orchestrator::cli::DEFAULT_ENDPOINT, value_parser = grpc_endpoint)]
+        #[arg(long, global = true, default_value = reach::cli::DEFAULT_ENDPOINT, value_parser = grpc_endpoint)]
         endpoint: String,
         #[command(flatten)]
-        args: reach_orchestrator::cli::FlowArgs,
+        args: reach::cli::FlowArgs,
     },
     /// Start, inspect, resume, cancel and retry tasks.
     Task {
         /// The orchestrator (or `reach dev`) endpoint.
-        #[arg(long, global = true, default_value = reach_orchestrator::cli::DEFAULT_ENDPOINT, value_parser = grpc_endpoint)]
+        #[arg(long, global = true, default_value = reach::cli::DEFAULT_ENDPOINT, value_parser = grpc_endpoint)]
         endpoint: String,
         #[command(flatten)]
-        args: reach_orchestrator::cli::TaskArgs,
+        args: reach::cli::TaskArgs,
     },
     /// Print every message and node event of a task in time order.
     Dump {
         /// The orchestrator (or `reach dev`) endpoint.
-        #[arg(long, default_value = reach_orchestrator::cli::DEFAULT_ENDPOINT, value_parser = grpc_endpoint)]
+        #[arg(long, default_value = reach::cli::DEFAULT_ENDPOINT, value_parser = grpc_endpoint)]
         endpoint: String,
         #[command(flatten)]
-        args: reach_orchestrator::cli::DumpArgs,
-    },
-    /// Benchmarks that print their figures.
-    Bench {
-        #[command(subcommand)]
-        bench: BenchCommand,
+        args: reach::cli::DumpArgs,
     },
     /// Run the registry alone.
     Registry {
@@ -167,7 +162,6 @@ impl Command {
             Command::Registry { .. } => "reach-registry",
             Command::Router { .. } => "reach-router",
             Command::Orchestrator { .. } => "reach-orchestrator",
-            Command::Bench { .. } => "reach-bench",
             Command::Agents { .. }
             | Command::Top { .. }
             | Command::Flow { .. }
@@ -175,46 +169,6 @@ impl Command {
             | Command::Dump { .. } => "reach-cli",
         }
     }
-}
-
-#[derive(Subcommand)]
-enum BenchCommand {
-    /// Request-reply direct to an agent, through the router (unary and multiplexed) and through
-    /// NATS, with the same client and responder work on each; the whole SDK stack; a stream's
-    /// message rate.
-    Router {
-        /// The reduced matrix (under a minute); the last line is
-        /// `router_overhead_p50_us=<n> router_vs_direct_rps=<ratio> router_vs_nats_rps=<ratio>`.
-        #[arg(long)]
-        quick: bool,
-        /// Skip the NATS comparison (when nats-server is not installed).
-        #[arg(long)]
-        no_nats: bool,
-        /// Measure only these modes (comma-separated), for profiling one path.
-        #[arg(
-            long,
-            value_delimiter = ',',
-            value_parser = clap::builder::PossibleValuesParser::new(reach::bench::MODES),
-        )]
-        only: Vec<String>,
-        /// Measure only these payload sizes in bytes (comma-separated, e.g. `65536`) instead
-        /// of the matrix's.
-        #[arg(long, value_delimiter = ',', value_parser = clap::value_parser!(u32).range(1..=4_000_000))]
-        payloads: Vec<u32>,
-        /// Measure only these concurrencies (comma-separated, e.g. `1,64`) instead of the
-        /// matrix's.
-        #[arg(long, value_delimiter = ',', value_parser = clap::value_parser!(u16).range(1..=4096))]
-        concurrency: Vec<u16>,
-    },
-    /// Durable flow transitions per second on SQLite (and PostgreSQL with --postgres).
-    Flows {
-        /// A reduced run (under a minute); the last line is `sqlite_transitions_per_s=<n>`.
-        #[arg(long)]
-        quick: bool,
-        /// Also measure PostgreSQL at this URL (a fresh database is created there).
-        #[arg(long, env = "REACH_TEST_POSTGRES_URL")]
-        postgres: Option<String>,
-    },
 }
 
 #[derive(Args)]
@@ -396,47 +350,19 @@ async fn run(command: Command) -> anyhow::Result<ExitCode> {
         }
         Command::Flow { endpoint, args } => {
             let code =
-                reach_orchestrator::cli::flow(&endpoint, args, &mut std::io::stdout()).await?;
+                reach::cli::flow(&endpoint, args, &mut std::io::stdout()).await?;
             Ok(exit_code(code))
         }
         Command::Task { endpoint, args } => {
             let code =
-                reach_orchestrator::cli::task(&endpoint, args, &mut std::io::stdout()).await?;
+                reach::cli::task(&endpoint, args, &mut std::io::stdout()).await?;
             Ok(exit_code(code))
         }
         Command::Dump { endpoint, args } => {
             let code =
-                reach_orchestrator::cli::dump(&endpoint, args, &mut std::io::stdout()).await?;
+                reach::cli::dump(&endpoint, args, &mut std::io::stdout()).await?;
             Ok(exit_code(code))
         }
-        Command::Bench { bench } => match bench {
-            BenchCommand::Router {
-                quick,
-                no_nats,
-                only,
-                payloads,
-                concurrency,
-            } => {
-                reach::bench::run(&reach::bench::BenchOptions {
-                    quick,
-                    no_nats,
-                    only,
-                    payloads: payloads.into_iter().map(|b| b as usize).collect(),
-                    concurrencies: concurrency.into_iter().map(usize::from).collect(),
-                })
-                .await?;
-                Ok(ExitCode::SUCCESS)
-            }
-            BenchCommand::Flows { quick, postgres } => {
-                reach_orchestrator::bench::bench_flows(
-                    quick,
-                    postgres.as_deref(),
-                    &mut std::io::stdout(),
-                )
-                .await?;
-                Ok(ExitCode::SUCCESS)
-            }
-        },
         Command::Router {
             service,
             registry,
@@ -465,13 +391,13 @@ async fn run(command: Command) -> anyhow::Result<ExitCode> {
             admin,
             once,
         } => {
-            let options = reach_telemetry::top::TopOptions {
+            let options = reach::top::TopOptions {
                 endpoint,
                 admin,
                 once,
                 ..Default::default()
             };
-            reach_telemetry::top::run(options).await?;
+            reach::top::run(options).await?;
             Ok(ExitCode::SUCCESS)
         }
         Command::Agents { endpoint, json } => {

@@ -10,9 +10,11 @@
 //! - [`service`] — the `reach.v1.RegistryService` gRPC implementation over a [`Registry`].
 //! - [`probe`] — the first health probe that moves an instance from REGISTERED to READY.
 //! - [`error`] — [`RegistryError`] and its mapping to gRPC statuses.
+//! - [`metrics`] — instances per state, lease expiries and RPCs by code.
 
 pub mod config;
 pub mod error;
+pub mod metrics;
 pub mod probe;
 pub mod service;
 pub mod store;

@@ -126,7 +126,7 @@ fn observed<T>(operation: &'static str, result: Result<T, Status>) -> Result<Res
     let code = result
         .as_ref()
         .map_or_else(Status::code, |_| tonic::Code::Ok);
-    reach_telemetry::metrics::registry::operation(operation, code);
+    crate::metrics::operation(operation, code);
     result.map(Response::new)
 }
 

@@ -356,7 +356,7 @@ impl Registry {
             .collect();
         for id in &expired {
             info!(instance = %id, "lease expired");
-            reach_telemetry::metrics::registry::lease_expired();
+            crate::metrics::lease_expired();
             self.remove(&mut table, id);
         }
         expired
@@ -452,7 +452,7 @@ fn record_state_counts(table: &Table) {
         InstanceState::Busy,
         InstanceState::Draining,
     ] {
-        reach_telemetry::metrics::registry::instances(state_label(state), counts[state as usize]);
+        crate::metrics::instances(state_label(state), counts[state as usize]);
     }
 }
 

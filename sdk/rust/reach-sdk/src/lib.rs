@@ -28,11 +28,13 @@
 //! - [`dedupe`] — the window of recently handled message ids.
 //! - [`client`] — [`MeshClient`], calls and streams through the router.
 //! - [`signal`] — SIGTERM / Ctrl-C as a future.
+//! - [`metrics`] — handler latency, messages waiting for a slot and in flight.
 
 pub mod client;
 pub mod config;
 pub mod dedupe;
 pub mod handler;
+pub mod metrics;
 pub mod runtime;
 pub mod signal;
 

@@ -664,7 +664,7 @@ async fn handle_message(
     let ctx = shared.context(&message, deadline);
     let started = Instant::now();
     let capability = ctx.capability.clone();
-    let _in_flight_metric = reach_telemetry::metrics::sdk::in_flight(&capability);
+    let _in_flight_metric = crate::metrics::in_flight(&capability);
     let message_id = ctx.message_id.clone();
 
     // Cancels the handler when this call goes away (caller cancelled, deadline passed).
@@ -692,7 +692,7 @@ async fn handle_message(
                     Err(tokio::sync::TryAcquireError::NoPermits) => {
                         // Every slot is busy: counted as waiting until one frees, or until
                         // the caller gives up (deadline, cancel, reset), which drops it.
-                        let _waiting = reach_telemetry::metrics::sdk::waiting(&queue_capability);
+                        let _waiting = crate::metrics::waiting(&queue_capability);
                         tokio::select! {
                             permit = shared.permits.acquire() => permit
                                 .map_err(|_| Status::unavailable("instance is shutting down"))?,
@@ -758,7 +758,7 @@ async fn handle_message(
     span.in_scope(
         || debug!(code = ?code, elapsed_us = elapsed.as_micros() as u64, "message handled"),
     );
-    reach_telemetry::metrics::sdk::handler(&capability, code, elapsed);
+    crate::metrics::handler(&capability, code, elapsed);
     result
 }
 

@@ -13,7 +13,6 @@
 //! - [`metrics`] — the Prometheus recorder ([`metrics::install`]), every metric name
 //!   ([`metrics::names`]) and recording helpers per service.
 //! - [`admin`] — the HTTP admin router (`/metrics`, `/health`).
-//! - [`top`] — `reach top`, the live terminal board.
 //!
 //! # Wiring a service
 //!
@@ -48,7 +47,6 @@ pub mod grpc;
 pub mod init;
 pub mod metrics;
 pub mod propagation;
-pub mod top;
 
 pub use admin::{ADMIN_MAX_CONNECTIONS, ADMIN_PATHS, admin_router, serve_admin};
 pub use config::{DEFAULT_LOG_FILTER, LogFormat, TelemetryConfig};

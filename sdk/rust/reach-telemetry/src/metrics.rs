@@ -208,9 +208,16 @@ impl Drop for GaugeGuard {
     }
 }
 
+impl GaugeGuard {
+    /// Increments `gauge` now and decrements it when the guard drops (an in-flight count).
+    pub fn raise(gauge: ::metrics::Gauge) -> Self {
+        gauge.increment(1.0);
+        Self(gauge)
+    }
+}
+
 fn raise(gauge: ::metrics::Gauge) -> GaugeGuard {
-    gauge.increment(1.0);
-    GaugeGuard(gauge)
+    GaugeGuard::raise(gauge)
 }
 
 /// Router metrics.
@@ -429,31 +436,6 @@ fn bounded_message_type(message_type: &str) -> String {
     }
 }
 
-/// Registry metrics.
-pub mod registry {
-    use super::*;
-
-    /// Sets how many instances are in `state` (lower-case: `ready`, `busy`, ...).
-    pub fn instances(state: &'static str, count: usize) {
-        ::metrics::gauge!(names::REGISTRY_INSTANCES, "state" => state).set(count as f64);
-    }
-
-    /// Counts one expired lease.
-    pub fn lease_expired() {
-        ::metrics::counter!(names::REGISTRY_LEASE_EXPIRIES).increment(1);
-    }
-
-    /// Counts one registry RPC (`operation`: `register`, `heartbeat`, `deregister`, ...).
-    pub fn operation(operation: &'static str, code: tonic::Code) {
-        ::metrics::counter!(
-            names::REGISTRY_OPERATIONS,
-            "operation" => operation,
-            "code" => code_label(code)
-        )
-        .increment(1);
-    }
-}
-
 /// Orchestrator metrics.
 pub mod orchestrator {
     use super::*;
@@ -476,31 +458,5 @@ pub mod orchestrator {
     /// Counts one task moved to the dead-letter list.
     pub fn dead_letter() {
         ::metrics::counter!(names::ORCHESTRATOR_DEAD_LETTERS).increment(1);
-    }
-}
-
-/// Agent SDK metrics.
-pub mod sdk {
-    use super::*;
-
-    /// Records one handled message.
-    pub fn handler(capability: &str, code: tonic::Code, elapsed: Duration) {
-        ::metrics::histogram!(
-            names::SDK_HANDLER_DURATION,
-            "capability" => capability.to_string(),
-            "code" => code_label(code)
-        )
-        .record(elapsed.as_secs_f64());
-    }
-
-    /// Counts a message waiting for a handler slot (the instance is at `max_concurrency`)
-    /// until the guard drops: when it gets a slot, or its caller gives up.
-    pub fn waiting(capability: &str) -> GaugeGuard {
-        raise(::metrics::gauge!(names::SDK_QUEUE_DEPTH, "capability" => capability.to_string()))
-    }
-
-    /// Counts a message being handled until the guard drops.
-    pub fn in_flight(capability: &str) -> GaugeGuard {
-        raise(::metrics::gauge!(names::SDK_IN_FLIGHT, "capability" => capability.to_string()))
     }
 }

@@ -318,6 +318,34 @@ async fn a_collector_that_is_down_neither_slows_calls_nor_shutdown() {
     calls_stay_fast_when_the_collector(&format!("http://127.0.0.1:{port}")).await;
 }
 
+/// Records one routed request the way the router does: a counter and a latency histogram,
+/// labelled by capability and code name.
+fn request(capability: &'static str, code: &'static str, elapsed: Duration) {
+    use reach_telemetry::metrics::names;
+    ::metrics::counter!(names::ROUTER_REQUESTS, "capability" => capability, "code" => code)
+        .increment(1);
+    ::metrics::histogram!(names::ROUTER_REQUEST_DURATION, "capability" => capability, "code" => code)
+        .record(elapsed.as_secs_f64());
+}
+
+/// `GET path` on the admin port at `addr`, over HTTP/1.1; the body as text.
+async fn http_get(addr: std::net::SocketAddr, path: &str) -> Result<String, std::io::Error> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::TcpStream::connect(addr).await?;
+    let request = format!("GET {path} HTTP/1.1\r\nhost: {addr}\r\nconnection: close\r\n\r\n");
+    stream.write_all(request.as_bytes()).await?;
+    let mut response = String::new();
+    stream.read_to_string(&mut response).await?;
+    let (head, body) = response.split_once("\r\n\r\n").unwrap_or((&response, ""));
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+    Ok(body.to_string())
+}
+
+/// A Prometheus text exposition, parsed.
+fn parse_metrics(text: &str) -> prometheus_parse::Scrape {
+    prometheus_parse::Scrape::parse(text.lines().map(|l| Ok(l.to_string()))).unwrap()
+}
+
 #[tokio::test]
 async fn metrics_are_served_and_counters_move() {
     use reach_telemetry::metrics::{self, names};
@@ -337,11 +365,11 @@ async fn metrics_are_served_and_counters_move() {
         std::future::pending(),
     ));
 
-    let health = reach_telemetry::top::http_get(&addr.to_string(), "/health")
+    let health = http_get(addr, "/health")
         .await
         .unwrap();
     assert!(health.contains("ok"), "{health}");
-    let extra = reach_telemetry::top::http_get(&addr.to_string(), "/v1/extra")
+    let extra = http_get(addr, "/v1/extra")
         .await
         .unwrap();
     assert!(extra.contains("extra"), "{extra}");
@@ -362,26 +390,23 @@ async fn metrics_are_served_and_counters_move() {
             .unwrap_or(0.0)
     };
     let scrape = || async {
-        let text = reach_telemetry::top::http_get(&addr.to_string(), "/metrics")
+        let text = http_get(addr, "/metrics")
             .await
             .unwrap();
-        reach_telemetry::top::parse_metrics(&text).unwrap()
+        parse_metrics(&text)
     };
 
-    metrics::router::request("metrics.test", tonic::Code::Ok, Duration::from_millis(3));
+    request("metrics.test", "OK", Duration::from_millis(3));
     let before = requests(&scrape().await);
     assert_eq!(before, 1.0);
     for _ in 0..4 {
-        metrics::router::request("metrics.test", tonic::Code::Ok, Duration::from_millis(3));
+        request("metrics.test", "OK", Duration::from_millis(3));
     }
-    metrics::router::request(
-        "metrics.test",
-        tonic::Code::Unavailable,
-        Duration::from_millis(30),
-    );
+    request("metrics.test", "UNAVAILABLE", Duration::from_millis(30));
     {
-        let _in_flight = metrics::router::in_flight("metrics.test");
-        metrics::registry::instances("ready", 2);
+        let in_flight = ::metrics::gauge!(names::ROUTER_IN_FLIGHT, "capability" => "metrics.test");
+        in_flight.increment(1.0);
+        ::metrics::gauge!(names::REGISTRY_INSTANCES, "state" => "ready").set(2.0);
         let after = scrape().await;
         assert_eq!(requests(&after), 5.0);
         let gauge = after
@@ -406,6 +431,7 @@ async fn metrics_are_served_and_counters_move() {
             .find(|b| (b.less_than - 0.05).abs() < 1e-9)
             .unwrap();
         assert_eq!(le_50ms.count, 1.0);
+        in_flight.decrement(1.0);
     }
     let gauge = scrape()
         .await
@@ -461,161 +487,6 @@ async fn the_default_filter_shows_info_from_every_reach_crate() {
     );
     for hidden in ["router debug", "hyper info"] {
         assert!(!text.contains(hidden), "{hidden} shown in {text}");
-    }
-}
-
-mod board {
-    use super::*;
-    use reach_proto::v1::registry_service_client::RegistryServiceClient;
-    use reach_proto::v1::registry_service_server::{RegistryService, RegistryServiceServer};
-    use reach_proto::v1::{
-        DeregisterRequest, DeregisterResponse, HeartbeatRequest, HeartbeatResponse, Instance,
-        InstanceSpec, InstanceState, ListInstancesRequest, ListInstancesResponse, RegisterRequest,
-        RegisterResponse, WatchRequest, WatchResponse,
-    };
-    use tonic::{Request, Response, Status};
-
-    /// A registry that only lists two fixed instances.
-    struct FixedRegistry;
-
-    #[tonic::async_trait]
-    impl RegistryService for FixedRegistry {
-        async fn register(
-            &self,
-            _: Request<RegisterRequest>,
-        ) -> Result<Response<RegisterResponse>, Status> {
-            Err(Status::unimplemented("fixed"))
-        }
-
-        async fn heartbeat(
-            &self,
-            _: Request<HeartbeatRequest>,
-        ) -> Result<Response<HeartbeatResponse>, Status> {
-            Err(Status::unimplemented("fixed"))
-        }
-
-        async fn deregister(
-            &self,
-            _: Request<DeregisterRequest>,
-        ) -> Result<Response<DeregisterResponse>, Status> {
-            Err(Status::unimplemented("fixed"))
-        }
-
-        async fn list_instances(
-            &self,
-            _: Request<ListInstancesRequest>,
-        ) -> Result<Response<ListInstancesResponse>, Status> {
-            let instance = |id: &str, state: InstanceState| Instance {
-                spec: Some(InstanceSpec {
-                    service: "echo".to_string(),
-                    instance_id: id.to_string(),
-                    max_concurrency: 8,
-                    ..Default::default()
-                }),
-                state: state as i32,
-                in_flight: 1,
-                ..Default::default()
-            };
-            Ok(Response::new(ListInstancesResponse {
-                instances: vec![
-                    instance("echo-1", InstanceState::Ready),
-                    instance("echo-2", InstanceState::Draining),
-                ],
-                revision: 1,
-            }))
-        }
-
-        type WatchStream = tokio_stream::Empty<Result<WatchResponse, Status>>;
-
-        async fn watch(
-            &self,
-            _: Request<WatchRequest>,
-        ) -> Result<Response<Self::WatchStream>, Status> {
-            Err(Status::unimplemented("fixed"))
-        }
-    }
-
-    #[tokio::test]
-    async fn top_reads_a_live_registry_and_admin_port() {
-        let handle = reach_telemetry::metrics::install().unwrap();
-        reach_telemetry::metrics::router::instance_latency(
-            "echo",
-            "echo-1",
-            Duration::from_millis(2),
-        );
-        reach_telemetry::metrics::router::request(
-            "board.test",
-            tonic::Code::Ok,
-            Duration::from_millis(2),
-        );
-
-        let grpc = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let grpc_addr = grpc.local_addr().unwrap();
-        tokio::spawn(
-            reach_rpc::GrpcServer::new()
-                .add_service(RegistryServiceServer::new(FixedRegistry))
-                .serve(grpc, std::future::pending()),
-        );
-        let admin = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let admin_addr = admin.local_addr().unwrap().to_string();
-        tokio::spawn(reach_telemetry::serve_admin(
-            admin,
-            reach_telemetry::admin_router(handle),
-            std::future::pending(),
-        ));
-
-        let endpoint = format!("http://{grpc_addr}");
-        let channel = support::channel(grpc_addr).await;
-        let mut registry = RegistryServiceClient::new(channel);
-        let mut board = reach_telemetry::top::Board::new();
-        let snapshot =
-            reach_telemetry::top::fetch(&mut board, &mut registry, &endpoint, &admin_addr, None)
-                .await;
-        assert_eq!(snapshot.registry_error, None);
-        assert_eq!(snapshot.metrics_error, None);
-        assert_eq!(snapshot.instances.len(), 2);
-        assert!(snapshot.instances[0].p99.is_some());
-        assert!(
-            snapshot
-                .capabilities
-                .iter()
-                .any(|c| c.capability == "board.test")
-        );
-        let frame = reach_telemetry::top::render_to_string(&snapshot, 120, 30);
-        assert!(frame.contains("echo-2"), "{frame}");
-        assert!(frame.contains("draining"), "{frame}");
-        assert!(frame.contains("board.test"), "{frame}");
-
-        // The once mode runs end to end (its frame goes to stdout).
-        reach_telemetry::top::run(reach_telemetry::top::TopOptions {
-            endpoint: endpoint.clone(),
-            admin: Some(admin_addr.clone()),
-            once: true,
-            ..Default::default()
-        })
-        .await
-        .unwrap();
-
-        // An endpoint nobody serves degrades instead of failing.
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
-        let nobody = format!("http://127.0.0.1:{port}");
-        let channel = tonic::transport::Endpoint::from_shared(nobody.clone())
-            .unwrap()
-            .connect_lazy();
-        let snapshot = reach_telemetry::top::fetch(
-            &mut board,
-            &mut RegistryServiceClient::new(channel),
-            &nobody,
-            &format!("127.0.0.1:{port}"),
-            None,
-        )
-        .await;
-        assert!(snapshot.registry_error.is_some());
-        assert!(snapshot.metrics_error.is_some());
     }
 }
 

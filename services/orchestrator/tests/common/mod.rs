@@ -8,6 +8,8 @@ use std::time::Duration;
 
 use reach_proto::v1::router_service_server::{RouterService, RouterServiceServer};
 use reach_proto::v1::{self as pb, CallRequest, CallResponse, Part, Payload, ReachMessage, part};
+use reach_orchestrator::{Orchestrator, OrchestratorConfig};
+use reach_proto::v1::orchestrator_service_client::OrchestratorServiceClient;
 use serde_json::Value;
 use tonic::{Request, Response, Status};
 
@@ -253,6 +255,109 @@ where
         if start.elapsed() > limit {
             panic!("timed out waiting for {what}");
         }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+
+/// A real orchestrator gRPC server on 127.0.0.1:0 over a SQLite store in a temporary
+/// directory, calling a [`TestRouter`]; stops when dropped.
+pub struct Server {
+    pub endpoint: String,
+    pub router: TestRouter,
+    pub orch: std::sync::Arc<Orchestrator>,
+    _router_stop: tokio::sync::oneshot::Sender<()>,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    /// The temporary directory holding the store (and any flows a test writes).
+    pub dir: tempfile::TempDir,
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        if let Some(s) = self.stop.take() {
+            let _ = s.send(());
+        }
+    }
+}
+
+/// Starts a [`Server`]; `tweak` adjusts the configuration (given the temporary directory).
+pub async fn server(tweak: impl FnOnce(&mut OrchestratorConfig, &std::path::Path)) -> Server {
+    let dir = tempfile::tempdir().unwrap();
+    let router = TestRouter::default();
+    let (router_url, router_stop) = router.serve().await;
+    let mut config = OrchestratorConfig {
+        store_url: format!("sqlite://{}/o.db", dir.path().display()),
+        router_endpoint: router_url,
+        poll_interval: Duration::from_millis(50),
+        redact_fields: vec!["customer_name".into()],
+        ..Default::default()
+    };
+    tweak(&mut config, dir.path());
+    let orch = std::sync::Arc::new(Orchestrator::new(config).await.unwrap());
+    let running = orch.start().unwrap();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let endpoint = format!("http://{}", listener.local_addr().unwrap());
+    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+    let svc = orch.grpc_service();
+    tokio::spawn(async move {
+        reach_rpc::GrpcServer::new()
+            .add_service(svc)
+            .serve(listener, async move {
+                let _ = rx.await;
+            })
+            .await
+            .unwrap();
+        running.shutdown().await;
+    });
+    Server {
+        endpoint,
+        router,
+        orch,
+        _router_stop: router_stop,
+        stop: Some(tx),
+        dir,
+    }
+}
+
+/// The task `id` as GetTask returns it; `None` when the call fails.
+pub async fn status_of(endpoint: &str, id: &str) -> Option<pb::Task> {
+    let mut c = OrchestratorServiceClient::connect(endpoint.to_string())
+        .await
+        .ok()?;
+    match c.get_task(pb::GetTaskRequest { task_id: id.into() }).await {
+        Ok(r) => r.into_inner().task,
+        Err(e) => {
+            eprintln!("get_task {id}: {e}");
+            None
+        }
+    }
+}
+
+/// Polls GetTask until task `id` has `status`; panics when it ends otherwise or after 30 s.
+pub async fn wait_for(endpoint: &str, id: &str, status: pb::TaskStatus) -> pb::Task {
+    let start = std::time::Instant::now();
+    loop {
+        let task = status_of(endpoint, id).await;
+        if let Some(t) = &task
+            && t.status == status as i32
+        {
+            return t.clone();
+        }
+        let ended = task.as_ref().is_some_and(|t| {
+            [
+                pb::TaskStatus::Succeeded,
+                pb::TaskStatus::Failed,
+                pb::TaskStatus::Partial,
+                pb::TaskStatus::Cancelled,
+            ]
+            .iter()
+            .any(|s| *s as i32 == t.status)
+        });
+        assert!(
+            start.elapsed() < Duration::from_secs(30) && !ended,
+            "task {id} never reached {status:?}; last seen: {:#?}",
+            task.map(|t| reach_orchestrator::json::task_json(&t))
+        );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }

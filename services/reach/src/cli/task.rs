@@ -1,74 +1,13 @@
-//! The orchestrator commands of the `reach` CLI: clap argument structs plus one async
-//! function per command that talks to `--endpoint` and writes to any `std::io::Write`.
-//!
-//! Wiring in the `reach` binary is one line per command, for example
-//! `Command::Flow(args) => reach_orchestrator::cli::flow(&endpoint, args, &mut stdout).await`.
-//! Every function returns the process exit code (0 ok, 1 failure such as an invalid flow);
-//! [`CliError`] is for transport problems (unreachable endpoint, gRPC errors).
+//! `reach task start | get | list | resume | cancel | retry | watch | dead-letters`.
 
 use std::io::Write;
-use std::path::PathBuf;
 
 use clap::{Args, Subcommand};
+use reach_orchestrator::event::TaskStatus;
+use reach_orchestrator::json::{self, task_json};
 use reach_proto::v1 as pb;
-use reach_proto::v1::orchestrator_service_client::OrchestratorServiceClient;
-use serde_json::{Value, json};
 
-use crate::event::TaskStatus;
-use crate::flow::Flow;
-use crate::json;
-
-/// The orchestrator endpoint the commands use when `--endpoint` is not given (`reach dev`'s
-/// default gRPC address).
-pub const DEFAULT_ENDPOINT: &str = "http://127.0.0.1:7070";
-
-/// Why a command could not run.
-#[derive(Debug, thiserror::Error)]
-pub enum CliError {
-    /// The endpoint could not be reached.
-    #[error(
-        "cannot reach the orchestrator at {endpoint}: {message}; is it running (`reach dev` or `reach orchestrator`)? pass --endpoint otherwise"
-    )]
-    Connect {
-        /// The endpoint.
-        endpoint: String,
-        /// The transport error.
-        message: String,
-    },
-    /// The orchestrator answered with an error.
-    #[error("{}: {}", crate::engine::code_name(.0.code()).to_lowercase().replace('_', " "), .0.message())]
-    Rpc(tonic::Status),
-    /// A flag value was not valid.
-    #[error("{0}")]
-    Usage(String),
-    /// Writing the output failed (its source is the `std::io::Error`, which `{:#}` of an
-    /// `anyhow::Error` prints after this message).
-    #[error("cannot write output")]
-    Io(#[from] std::io::Error),
-}
-
-impl From<tonic::Status> for CliError {
-    fn from(s: tonic::Status) -> Self {
-        CliError::Rpc(s)
-    }
-}
-
-/// `reach flow ...`
-#[derive(Debug, Clone, Subcommand)]
-pub enum FlowCommand {
-    /// Validate a flow file locally (exit code 1 and located errors when invalid).
-    Validate {
-        /// The flow file.
-        file: PathBuf,
-    },
-    /// Validate and apply a flow file on the orchestrator.
-    Apply {
-        /// The flow file.
-        file: PathBuf,
-    },
-    /// List applied flows (latest version of each).
-    List,
-}
+use super::{CliError, DEFAULT_ENDPOINT, client, compact, fmt_ts, parse_json, status_name, write_json};
 
 /// `reach task ...`
 #[derive(Debug, Clone, Subcommand)]
@@ -154,182 +93,12 @@ pub enum TaskCommand {
     },
 }
 
-/// `reach flow` arguments.
-#[derive(Debug, Clone, Args)]
-pub struct FlowArgs {
-    /// The subcommand.
-    #[command(subcommand)]
-    pub command: FlowCommand,
-}
-
 /// `reach task` arguments.
 #[derive(Debug, Clone, Args)]
 pub struct TaskArgs {
     /// The subcommand.
     #[command(subcommand)]
     pub command: TaskCommand,
-}
-
-/// `reach dump` arguments.
-#[derive(Debug, Clone, Args)]
-pub struct DumpArgs {
-    /// The task whose messages and events to print.
-    #[arg(long)]
-    pub task: String,
-    /// Print JSON lines.
-    #[arg(long)]
-    pub json: bool,
-}
-
-async fn client(
-    endpoint: &str,
-) -> Result<OrchestratorServiceClient<tonic::transport::Channel>, CliError> {
-    let ep = tonic::transport::Endpoint::from_shared(endpoint.to_string())
-        .map_err(|e| {
-            CliError::Usage(format!(
-                "--endpoint {endpoint:?} is not a URI: {e}; use http://HOST:PORT"
-            ))
-        })?
-        .connect_timeout(std::time::Duration::from_secs(3));
-    let channel = ep.connect().await.map_err(|e| CliError::Connect {
-        endpoint: endpoint.to_string(),
-        message: std::error::Error::source(&e).map_or_else(|| e.to_string(), ToString::to_string),
-    })?;
-    Ok(OrchestratorServiceClient::new(channel))
-}
-
-fn parse_json(flag: &str, text: &str) -> Result<Value, CliError> {
-    serde_json::from_str(text).map_err(|e| {
-        CliError::Usage(format!(
-            "{flag} is not valid JSON ({e}); quote it, for example {flag} '{{\"text\": \"hello\"}}'"
-        ))
-    })
-}
-
-/// Runs `reach flow ...`; returns the exit code.
-///
-/// # Errors
-/// [`CliError`] for transport failures.
-pub async fn flow(endpoint: &str, args: FlowArgs, out: &mut dyn Write) -> Result<i32, CliError> {
-    match args.command {
-        FlowCommand::Validate { file } => flow_validate(&file, out),
-        FlowCommand::Apply { file } => flow_apply(endpoint, &file, out).await,
-        FlowCommand::List => flow_list(endpoint, out).await,
-    }
-}
-
-/// `reach flow validate FILE`: 0 and a summary when valid, 1 and one located error per line
-/// when not.
-///
-/// # Errors
-/// [`CliError::Io`] when writing fails.
-pub fn flow_validate(file: &std::path::Path, out: &mut dyn Write) -> Result<i32, CliError> {
-    let text = match std::fs::read_to_string(file) {
-        Ok(t) => t,
-        Err(e) => {
-            writeln!(out, "{}: cannot read: {e}", file.display())?;
-            return Ok(1);
-        }
-    };
-    match Flow::parse(&file.display().to_string(), &text) {
-        Ok(flow) => {
-            writeln!(
-                out,
-                "{}: flow {} version {} is valid ({} nodes, initial {})",
-                file.display(),
-                flow.id,
-                flow.version,
-                flow.nodes.len(),
-                flow.initial
-            )?;
-            Ok(0)
-        }
-        Err(errors) => {
-            for e in &errors.errors {
-                writeln!(out, "{e}")?;
-            }
-            writeln!(out, "{} error(s)", errors.errors.len())?;
-            Ok(1)
-        }
-    }
-}
-
-/// `reach flow apply FILE`.
-///
-/// # Errors
-/// [`CliError`] for transport failures.
-pub async fn flow_apply(
-    endpoint: &str,
-    file: &std::path::Path,
-    out: &mut dyn Write,
-) -> Result<i32, CliError> {
-    let text = match std::fs::read_to_string(file) {
-        Ok(t) => t,
-        Err(e) => {
-            writeln!(out, "{}: cannot read: {e}", file.display())?;
-            return Ok(1);
-        }
-    };
-    // Validate locally first, for located errors without a round trip.
-    if flow_validate(file, &mut std::io::sink())? != 0 {
-        return flow_validate(file, out);
-    }
-    let mut c = client(endpoint).await?;
-    match c
-        .apply_flow(pb::ApplyFlowRequest {
-            yaml: text,
-            source: file.display().to_string(),
-        })
-        .await
-    {
-        Ok(r) => {
-            let r = r.into_inner();
-            let f = r.flow.unwrap_or_default();
-            writeln!(
-                out,
-                "flow {} version {} {}",
-                f.flow_id,
-                f.version,
-                if r.changed { "applied" } else { "unchanged" }
-            )?;
-            Ok(0)
-        }
-        Err(s)
-            if s.code() == tonic::Code::FailedPrecondition
-                || s.code() == tonic::Code::InvalidArgument =>
-        {
-            writeln!(out, "{}", s.message())?;
-            Ok(1)
-        }
-        Err(s) => Err(s.into()),
-    }
-}
-
-/// `reach flow list`.
-///
-/// # Errors
-/// [`CliError`] for transport failures.
-pub async fn flow_list(endpoint: &str, out: &mut dyn Write) -> Result<i32, CliError> {
-    let mut c = client(endpoint).await?;
-    let flows = c
-        .list_flows(pb::ListFlowsRequest::default())
-        .await?
-        .into_inner()
-        .flows;
-    let mut table = comfy_table::Table::new();
-    table.load_preset(comfy_table::presets::NOTHING);
-    table.set_header(["FLOW", "VERSION", "INITIAL", "NODES", "SOURCE"]);
-    for f in &flows {
-        table.add_row([
-            f.flow_id.clone(),
-            f.version.to_string(),
-            f.initial.clone(),
-            f.node_count.to_string(),
-            f.source.clone(),
-        ]);
-    }
-    writeln!(out, "{table}")?;
-    Ok(0)
 }
 
 /// Runs `reach task ...`; returns the exit code.
@@ -546,24 +315,6 @@ pub async fn task_get(
     Ok(0)
 }
 
-fn compact(v: &Value) -> String {
-    let s = v.to_string();
-    if s.chars().count() > 80 {
-        format!("{}…", s.chars().take(79).collect::<String>())
-    } else {
-        s
-    }
-}
-
-fn status_name(s: i32) -> String {
-    pb::TaskStatus::try_from(s)
-        .map(|s| {
-            s.as_str_name()
-                .trim_start_matches("TASK_STATUS_")
-                .to_string()
-        })
-        .unwrap_or_else(|_| "UNKNOWN".into())
-}
 
 /// `reach task list [--status S]`.
 ///
@@ -590,7 +341,7 @@ pub async fn task_list(
                         .join(", ")
                 ))
             })?;
-            crate::service::status_to_proto(parsed)
+            reach_orchestrator::service::status_to_proto(parsed)
         }
     };
     let mut c = client(endpoint).await?;
@@ -769,151 +520,4 @@ pub async fn dead_letters(
     }
     writeln!(out, "{table}")?;
     Ok(0)
-}
-
-/// `reach dump --task ID`: every message and node event of the task in time order.
-///
-/// # Errors
-/// [`CliError`].
-pub async fn dump(endpoint: &str, args: DumpArgs, out: &mut dyn Write) -> Result<i32, CliError> {
-    let mut c = client(endpoint).await?;
-    let r = c
-        .dump_task(pb::DumpTaskRequest {
-            task_id: args.task.clone(),
-        })
-        .await?
-        .into_inner();
-    let task = r.task.unwrap_or_default();
-    if !args.json {
-        writeln!(
-            out,
-            "task {} flow {} v{} status {} trace {}",
-            task.task_id,
-            task.flow_id,
-            task.flow_version,
-            status_name(task.status),
-            task.trace_id
-        )?;
-    }
-    for rec in &r.records {
-        let at = rec.at.as_ref().map(fmt_ts).unwrap_or_default();
-        match &rec.record {
-            Some(pb::dump_record::Record::Event(e)) => {
-                let detail = json::from_proto_opt(e.detail.as_ref());
-                if args.json {
-                    writeln!(
-                        out,
-                        "{}",
-                        json!({"at": at, "type": "event", "seq": e.sequence, "kind": e.kind, "node": e.node_id, "status": status_name(e.status), "detail": detail})
-                    )?;
-                } else {
-                    let mut d = detail.clone();
-                    if let Some(m) = d.as_object_mut() {
-                        m.remove("kind");
-                        m.remove("node");
-                    }
-                    writeln!(
-                        out,
-                        "{at}  event   #{:<4} {:<16} {:<14} {}",
-                        e.sequence,
-                        e.kind,
-                        e.node_id,
-                        compact(&d)
-                    )?;
-                }
-            }
-            Some(pb::dump_record::Record::Message(m)) => {
-                let h = m.header.clone().unwrap_or_default();
-                let target = match &h.target {
-                    Some(pb::header::Target::Capability(c)) => format!("capability:{c}"),
-                    Some(pb::header::Target::Service(s)) => format!("service:{s}"),
-                    Some(pb::header::Target::Topic(t)) => format!("topic:{t}"),
-                    None => String::new(),
-                };
-                let latency = m
-                    .latency
-                    .as_ref()
-                    .map(|d| format!("{:.1}ms", d.seconds as f64 * 1e3 + f64::from(d.nanos) / 1e6))
-                    .unwrap_or_default();
-                let code = crate::engine::code_name(tonic::Code::from_i32(m.status_code));
-                if args.json {
-                    writeln!(
-                        out,
-                        "{}",
-                        json!({"at": at, "type": "message", "message_id": h.message_id, "source": h.source, "target": target, "payload_type": m.payload_type, "payload_bytes": m.payload_bytes, "status": code, "latency": latency, "instance": m.instance_id, "error": m.status_message})
-                    )?;
-                } else {
-                    writeln!(
-                        out,
-                        "{at}  message {} {} -> {} [{}] {}B {} {} {}",
-                        h.message_id,
-                        h.source,
-                        target,
-                        m.payload_type,
-                        m.payload_bytes,
-                        code,
-                        latency,
-                        m.instance_id
-                    )?;
-                }
-            }
-            None => {}
-        }
-    }
-    Ok(0)
-}
-
-fn fmt_ts(t: &prost_types::Timestamp) -> String {
-    let st = reach_rpc::time::system_time(t).unwrap_or(std::time::UNIX_EPOCH);
-    humantime::format_rfc3339_millis(st).to_string()
-}
-
-/// Writes `value` as one pretty JSON document (what `--json` prints).
-fn write_json(out: &mut dyn std::io::Write, value: &impl serde::Serialize) -> std::io::Result<()> {
-    writeln!(
-        out,
-        "{}",
-        serde_json::to_string_pretty(value).unwrap_or_default()
-    )
-}
-
-/// A task as JSON (for `task get --json`, `task start --json` and `GET /tasks/{id}`); values
-/// are already masked. `output` is `null` until the task ended; `waiting` (the human node, its
-/// prompt, `input_schema` and `deadline`) is set only while it is WAITING_HUMAN.
-pub fn task_json(t: &pb::Task) -> Value {
-    let ts = |t: &Option<prost_types::Timestamp>| t.as_ref().map(fmt_ts);
-    json!({
-        "task_id": t.task_id,
-        "flow_id": t.flow_id,
-        "flow_version": t.flow_version,
-        "status": status_name(t.status),
-        "current_node": t.current_node,
-        "input": json::from_proto_opt(t.input.as_ref()),
-        "output": json::from_proto_opt(t.output.as_ref()),
-        "error": t.error,
-        "failed_node": t.failed_node,
-        "waiting": t.waiting.as_ref().map(|w| json!({
-            "node_id": w.node_id,
-            "prompt": w.prompt,
-            "input_schema": json::from_proto_opt(w.input_schema.as_ref()),
-            "deadline": w.deadline.as_ref().map(fmt_ts),
-        })),
-        "trace_id": t.trace_id,
-        "created_at": ts(&t.created_at),
-        "updated_at": ts(&t.updated_at),
-        "ended_at": ts(&t.ended_at),
-        "nodes": t.nodes.iter().map(|n| json!({
-            "node_id": n.node_id,
-            "type": n.node_type,
-            "status": pb::NodeStatus::try_from(n.status).map(|s| s.as_str_name().trim_start_matches("NODE_STATUS_").to_string()).unwrap_or_default(),
-            "attempts": n.attempts,
-            "message_id": n.message_id,
-            "input": json::from_proto_opt(n.input.as_ref()),
-            "output": json::from_proto_opt(n.output.as_ref()),
-            "error": n.error,
-            "started_at": ts(&n.started_at),
-            "ended_at": ts(&n.ended_at),
-            "next": n.next_node,
-        })).collect::<Vec<_>>(),
-    })
 }

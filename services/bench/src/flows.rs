@@ -9,7 +9,8 @@
 use std::io::Write;
 use std::time::{Duration, Instant};
 
-use crate::{Error, Orchestrator, OrchestratorConfig};
+use anyhow::Context as _;
+use reach_orchestrator::{Orchestrator, OrchestratorConfig};
 
 /// Figures of one bench run.
 #[derive(Debug, Clone, PartialEq)]
@@ -40,7 +41,7 @@ fn bench_flow() -> String {
 ///
 /// # Errors
 /// Store errors.
-pub async fn measure(store_url: &str, tasks: usize) -> Result<f64, Error> {
+pub async fn measure(store_url: &str, tasks: usize) -> anyhow::Result<f64> {
     let config = OrchestratorConfig {
         store_url: store_url.to_string(),
         router_endpoint: "http://127.0.0.1:9".into(),
@@ -63,7 +64,7 @@ pub async fn measure(store_url: &str, tasks: usize) -> Result<f64, Error> {
         }));
     }
     for s in starts {
-        s.await.map_err(|e| Error::Unavailable(e.to_string()))??;
+        s.await??;
     }
     while orch.engine().store().count_unfinished().await? > 0 {
         tokio::time::sleep(Duration::from_millis(20)).await;
@@ -77,19 +78,19 @@ pub async fn measure(store_url: &str, tasks: usize) -> Result<f64, Error> {
 }
 
 /// Measures on a fresh database created on the server of `url`, dropped afterwards.
-async fn measure_postgres(url: &str, tasks: usize) -> Result<f64, Error> {
+async fn measure_postgres(url: &str, tasks: usize) -> anyhow::Result<f64> {
     use sqlx::Connection;
     let db = format!("reach_bench_{}", uuid::Uuid::new_v4().simple());
     let (prefix, _) = url
         .rsplit_once('/')
-        .ok_or_else(|| Error::Config(format!("postgres url {url:?} has no database part")))?;
+        .with_context(|| format!("postgres url {url:?} has no database part"))?;
     let mut admin = sqlx::PgConnection::connect(url)
         .await
-        .map_err(crate::store::StoreError::from)?;
+        .with_context(|| format!("cannot connect to {url}"))?;
     sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE {db}")))
         .execute(&mut admin)
         .await
-        .map_err(crate::store::StoreError::from)?;
+        .with_context(|| format!("cannot create database {db}"))?;
     let result = measure(&format!("{prefix}/{db}"), tasks).await;
     let _ = sqlx::query(sqlx::AssertSqlSafe(format!(
         "DROP DATABASE IF EXISTS {db} WITH (FORCE)"
@@ -99,22 +100,21 @@ async fn measure_postgres(url: &str, tasks: usize) -> Result<f64, Error> {
     result
 }
 
-/// The `reach bench flows` entry point: measures SQLite (in a temporary directory) and, when
+/// The `reach-bench flows` entry point: measures SQLite (in a temporary directory) and, when
 /// `postgres_url` is given, PostgreSQL (tables are created in that database). `quick` keeps
 /// it well under a minute. Writes one line per figure; the last line is exactly
 /// `sqlite_transitions_per_s=<n>`.
 ///
 /// # Errors
-/// Store errors, or [`Error::Config`] when no temporary directory can be made.
+/// Store errors, or when no temporary directory can be made.
 pub async fn bench_flows(
     quick: bool,
     postgres_url: Option<&str>,
     out: &mut dyn Write,
-) -> Result<BenchReport, Error> {
+) -> anyhow::Result<BenchReport> {
     let tasks = if quick { 2_000 } else { 10_000 };
     let dir = std::env::temp_dir().join(format!("reach-bench-{}", uuid::Uuid::new_v4().simple()));
-    std::fs::create_dir_all(&dir)
-        .map_err(|e| Error::Config(format!("cannot create {}: {e}", dir.display())))?;
+    std::fs::create_dir_all(&dir).with_context(|| format!("cannot create {}", dir.display()))?;
     let url = format!("sqlite://{}/bench.db", dir.display());
     let sqlite = measure(&url, tasks).await;
     let _ = std::fs::remove_dir_all(&dir);

@@ -1,4 +1,4 @@
-//! Client commands against a running mesh.
+//! `reach agents`: the registered instances, as a table or JSON.
 
 use std::io::Write;
 use std::time::SystemTime;

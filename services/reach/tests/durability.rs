@@ -1,6 +1,8 @@
-//! Durability: SIGKILL a real orchestrator process mid-flow and restart it; two replicas on
-//! one PostgreSQL run each node once.
+//! Durability: SIGKILL a real orchestrator process (`reach orchestrator`) mid-flow and restart
+//! it; two replicas on one PostgreSQL run each node once.
 
+/// The orchestrator tests' fake router and store helpers, shared rather than copied.
+#[path = "../../orchestrator/tests/common/mod.rs"]
 mod common;
 
 use std::collections::HashMap;
@@ -44,41 +46,40 @@ struct Proc {
 }
 
 fn spawn(store: &str, flows: &std::path::Path, router: &str) -> Proc {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_reach-orchestrator"))
+    let mut child = Command::new(env!("CARGO_BIN_EXE_reach"))
         .args([
+            "orchestrator",
             "--listen",
             "127.0.0.1:0",
+            "--admin-listen",
+            "",
             "--store",
             store,
             "--router",
             router,
-            "--node-id",
-            "crash-test",
-            "--lease",
-            "3s",
-            "--poll-interval",
-            "100ms",
         ])
-        .arg("--flows-dir")
+        .arg("--flows")
         .arg(flows)
+        .env("REACH_ORCHESTRATOR__NODE_ID", "crash-test")
+        .env("REACH_ORCHESTRATOR__LEASE", "3s")
+        .env("REACH_ORCHESTRATOR__POLL_INTERVAL", "100ms")
         .env("REACH_LOG", "warn")
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())
         .spawn()
-        .expect("spawn reach-orchestrator");
-    let mut line = String::new();
-    BufReader::new(child.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    let addr = line
-        .trim()
-        .strip_prefix("listening on ")
-        .unwrap_or_else(|| panic!("unexpected first line {line:?}"))
-        .to_string();
-    Proc {
-        child,
-        endpoint: format!("http://{addr}"),
-    }
+        .expect("spawn reach orchestrator");
+    // The banner's `grpc` line names the bound address: `grpc         http://ADDR  (...)`.
+    let mut stdout = BufReader::new(child.stdout.take().unwrap());
+    let endpoint = loop {
+        let mut line = String::new();
+        assert_ne!(stdout.read_line(&mut line).unwrap(), 0, "reach orchestrator exited");
+        if let Some(rest) = line.strip_prefix("grpc") {
+            break rest.split_whitespace().next().unwrap().to_string();
+        }
+    };
+    // Keep reading the banner so the process never blocks on a full pipe.
+    std::thread::spawn(move || std::io::copy(&mut stdout, &mut std::io::sink()));
+    Proc { child, endpoint }
 }
 
 async fn get(

@@ -1,4 +1,4 @@
-//! `reach bench router`: the router's cost, measured side by side in one run.
+//! `reach-bench router`: the router's cost, measured side by side in one run.
 //!
 //! One process hosts a registry, a router, two agents and the load generator (tonic
 //! clients); `nats-server` runs as a child process with an in-process async-nats responder.
@@ -161,7 +161,7 @@ async fn run_until_done(options: &BenchOptions) -> anyhow::Result<()> {
     let mut stdout = std::io::stdout();
     writeln!(
         stdout,
-        "reach bench router: {} cores, {} tokio worker threads (TOKIO_WORKER_THREADS), {} per cell after {} warm-up; client, router and agent share this process; REACH_LOG={} (a filter that shows the router's per-call span in log lines costs it throughput)",
+        "reach-bench router: {} cores, {} tokio worker threads (TOKIO_WORKER_THREADS), {} per cell after {} warm-up; client, router and agent share this process; REACH_LOG={} (a filter that shows the router's per-call span in log lines costs it throughput)",
         std::thread::available_parallelism().map_or(1, |n| n.get()),
         tokio::runtime::Handle::current().metrics().num_workers(),
         humantime::format_duration(duration),

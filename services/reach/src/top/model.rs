@@ -7,7 +7,7 @@ use std::time::Duration;
 use prometheus_parse::{HistogramCount, Scrape, Value};
 use reach_proto::v1::{InstanceState, ListInstancesResponse};
 
-use crate::metrics::names;
+use reach_telemetry::metrics::names;
 
 /// One instance row.
 #[derive(Debug, Clone, PartialEq)]

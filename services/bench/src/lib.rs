@@ -1,0 +1,12 @@
+//! Reach's benchmarks, apart from the services and the SDK so that neither links a load
+//! generator, HDR histograms or a NATS client. Each prints its figures side by side in one run
+//! and ends with one tracking line (`docs/benchmarks.md` has the latest figures).
+//!
+//! # Layout
+//! - [`router`] — `reach-bench router`: a routed call's cost next to a direct call and NATS
+//!   request-reply, unary and multiplexed, at several payload sizes and concurrencies.
+//! - [`flows`] — `reach-bench flows`: durable node transitions per second on SQLite (and
+//!   PostgreSQL).
+
+pub mod flows;
+pub mod router;

@@ -1,0 +1,108 @@
+//! `reach-bench`: runs one of Reach's benchmarks and prints its report to stdout.
+//!
+//! ```text
+//! reach-bench router [--quick] [--no-nats] [--only MODES] [--payloads BYTES] [--concurrency N]
+//! reach-bench flows [--quick] [--postgres URL]
+//! ```
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+/// The same allocator as the `reach` binary, so the figures are the ones a deployment sees.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
+/// Reach's benchmarks (`docs/benchmarks.md`).
+#[derive(Parser)]
+#[command(name = "reach-bench", version)]
+struct Cli {
+    #[command(subcommand)]
+    bench: Bench,
+}
+
+#[derive(Subcommand)]
+enum Bench {
+    /// Request-reply direct to an agent, through the router (unary and multiplexed) and through
+    /// NATS, with the same client and responder work on each; the whole SDK stack; a stream's
+    /// message rate.
+    Router {
+        /// The reduced matrix (under a minute); the last line is
+        /// `router_overhead_p50_us=<n> router_vs_direct_rps=<ratio> router_vs_nats_rps=<ratio>`.
+        #[arg(long)]
+        quick: bool,
+        /// Skip the NATS comparison (when nats-server is not installed).
+        #[arg(long)]
+        no_nats: bool,
+        /// Measure only these modes (comma-separated), for profiling one path.
+        #[arg(
+            long,
+            value_delimiter = ',',
+            value_parser = clap::builder::PossibleValuesParser::new(reach_bench::router::MODES),
+        )]
+        only: Vec<String>,
+        /// Measure only these payload sizes in bytes (comma-separated, e.g. `65536`) instead
+        /// of the matrix's.
+        #[arg(long, value_delimiter = ',', value_parser = clap::value_parser!(u32).range(1..=4_000_000))]
+        payloads: Vec<u32>,
+        /// Measure only these concurrencies (comma-separated, e.g. `1,64`) instead of the
+        /// matrix's.
+        #[arg(long, value_delimiter = ',', value_parser = clap::value_parser!(u16).range(1..=4096))]
+        concurrency: Vec<u16>,
+    },
+    /// Durable flow transitions per second on SQLite (and PostgreSQL with --postgres).
+    Flows {
+        /// A reduced run (under a minute); the last line is `sqlite_transitions_per_s=<n>`.
+        #[arg(long)]
+        quick: bool,
+        /// Also measure PostgreSQL at this URL (a fresh database is created there).
+        #[arg(long, env = "REACH_TEST_POSTGRES_URL")]
+        postgres: Option<String>,
+    },
+}
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let telemetry = match reach_telemetry::TelemetryConfig::from_env("reach-bench")
+        .map_err(|e| e.to_string())
+        .and_then(|config| reach_telemetry::init(&config).map_err(|e| e.to_string()))
+    {
+        Ok(telemetry) => telemetry,
+        Err(message) => {
+            eprintln!("error: {message}");
+            return ExitCode::from(64);
+        }
+    };
+    let result = match cli.bench {
+        Bench::Router {
+            quick,
+            no_nats,
+            only,
+            payloads,
+            concurrency,
+        } => {
+            reach_bench::router::run(&reach_bench::router::BenchOptions {
+                quick,
+                no_nats,
+                only,
+                payloads: payloads.into_iter().map(|b| b as usize).collect(),
+                concurrencies: concurrency.into_iter().map(usize::from).collect(),
+            })
+            .await
+        }
+        Bench::Flows { quick, postgres } => {
+            reach_bench::flows::bench_flows(quick, postgres.as_deref(), &mut std::io::stdout())
+                .await
+                .map(drop)
+        }
+    };
+    let _ = telemetry.shutdown().await;
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            eprintln!("error: {error:#}");
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -1,0 +1,113 @@
+//! Client commands against a running mesh: one module per command group, each a set of
+//! async functions that talk to `--endpoint` over gRPC and write to any `std::io::Write`.
+//!
+//! # Layout
+//! - [`agents`] — `reach agents`: the registered instances.
+//! - [`flow`] — `reach flow validate | apply | list`.
+//! - [`task`] — `reach task start | get | list | resume | cancel | retry | watch | dead-letters`.
+//! - [`dump`] — `reach dump --task ID`: a task's messages and events in time order.
+//!
+//! Every orchestrator command returns the process exit code (0 ok, 1 failure such as an
+//! invalid flow); [`CliError`] is for transport problems (unreachable endpoint, gRPC errors).
+
+pub mod agents;
+pub mod dump;
+pub mod flow;
+pub mod task;
+
+
+use reach_proto::v1::orchestrator_service_client::OrchestratorServiceClient;
+use serde_json::Value;
+
+pub(crate) use reach_orchestrator::json::{status_name, timestamp as fmt_ts};
+
+pub use agents::agents;
+pub use dump::{DumpArgs, dump};
+pub use flow::{FlowArgs, FlowCommand, flow};
+pub use task::{TaskArgs, TaskCommand, task};
+
+/// The orchestrator endpoint the commands use when `--endpoint` is not given (`reach dev`'s
+/// default gRPC address).
+pub const DEFAULT_ENDPOINT: &str = "http://127.0.0.1:7070";
+
+/// Why a command could not run.
+#[derive(Debug, thiserror::Error)]
+pub enum CliError {
+    /// The endpoint could not be reached.
+    #[error(
+        "cannot reach the orchestrator at {endpoint}: {message}; is it running (`reach dev` or `reach orchestrator`)? pass --endpoint otherwise"
+    )]
+    Connect {
+        /// The endpoint.
+        endpoint: String,
+        /// The transport error.
+        message: String,
+    },
+    /// The orchestrator answered with an error.
+    #[error("{}: {}", reach_rpc::errors::code_name(.0.code()).to_lowercase().replace('_', " "), .0.message())]
+    Rpc(tonic::Status),
+    /// A flag value was not valid.
+    #[error("{0}")]
+    Usage(String),
+    /// Writing the output failed (its source is the `std::io::Error`, which `{:#}` of an
+    /// `anyhow::Error` prints after this message).
+    #[error("cannot write output")]
+    Io(#[from] std::io::Error),
+}
+
+impl From<tonic::Status> for CliError {
+    fn from(s: tonic::Status) -> Self {
+        CliError::Rpc(s)
+    }
+}
+
+
+/// A gRPC client of the orchestrator at `endpoint` (connect timeout 3 s).
+///
+/// # Errors
+/// [`CliError::Usage`] when `endpoint` is not a URI, [`CliError::Connect`] when nothing
+/// answers there.
+pub(crate) async fn client(
+    endpoint: &str,
+) -> Result<OrchestratorServiceClient<tonic::transport::Channel>, CliError> {
+    let ep = tonic::transport::Endpoint::from_shared(endpoint.to_string())
+        .map_err(|e| {
+            CliError::Usage(format!(
+                "--endpoint {endpoint:?} is not a URI: {e}; use http://HOST:PORT"
+            ))
+        })?
+        .connect_timeout(std::time::Duration::from_secs(3));
+    let channel = ep.connect().await.map_err(|e| CliError::Connect {
+        endpoint: endpoint.to_string(),
+        message: std::error::Error::source(&e).map_or_else(|| e.to_string(), ToString::to_string),
+    })?;
+    Ok(OrchestratorServiceClient::new(channel))
+}
+
+pub(crate) fn parse_json(flag: &str, text: &str) -> Result<Value, CliError> {
+    serde_json::from_str(text).map_err(|e| {
+        CliError::Usage(format!(
+            "{flag} is not valid JSON ({e}); quote it, for example {flag} '{{\"text\": \"hello\"}}'"
+        ))
+    })
+}
+
+/// Writes `value` as one pretty JSON document (what `--json` prints).
+pub(crate) fn write_json(out: &mut dyn std::io::Write, value: &impl serde::Serialize) -> std::io::Result<()> {
+    writeln!(
+        out,
+        "{}",
+        serde_json::to_string_pretty(value).unwrap_or_default()
+    )
+}
+
+/// A value as compact JSON, cut at 80 characters for a table cell.
+pub(crate) fn compact(v: &Value) -> String {
+    let s = v.to_string();
+    if s.chars().count() > 80 {
+        format!("{}…", s.chars().take(79).collect::<String>())
+    } else {
+        s
+    }
+}
+
