@@ -194,7 +194,8 @@ impl RetryPolicy {
 
     /// The delay after failed attempt `attempt` with jitter drawn from `unit` (in `[-1, 1]`).
     pub fn delay(&self, attempt: u32, unit: f64) -> Duration {
-        self.schedule().delay_with_jitter(attempt, self.jitter, unit)
+        self.schedule()
+            .delay_with_jitter(attempt, self.jitter, unit)
     }
 
     /// The back-off schedule this policy's delays follow.

@@ -23,7 +23,11 @@ pub fn timestamp(t: &prost_types::Timestamp) -> String {
 /// number is not a status.
 pub fn status_name(status: i32) -> String {
     pb::TaskStatus::try_from(status)
-        .map(|s| s.as_str_name().trim_start_matches("TASK_STATUS_").to_string())
+        .map(|s| {
+            s.as_str_name()
+                .trim_start_matches("TASK_STATUS_")
+                .to_string()
+        })
         .unwrap_or_else(|_| "UNKNOWN".into())
 }
 

@@ -114,7 +114,9 @@ impl ReachConfig {
         self.server
             .validate(self.router.max_message_bytes, "router.max_message_bytes")
             .map_err(ConfigError::Invalid)?;
-        self.registry.validate().map_err(ConfigError::Invalid)?;
+        self.registry
+            .validate()
+            .map_err(|e| ConfigError::Invalid(e.to_string()))?;
         self.router.validate().map_err(ConfigError::Invalid)?;
         self.orchestrator
             .validate()

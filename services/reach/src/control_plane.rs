@@ -45,6 +45,9 @@ pub enum StartError {
     /// A setting is invalid.
     #[error("invalid configuration: {0}")]
     Config(String),
+    /// The registry could not be made from its settings.
+    #[error("invalid configuration: {0}")]
+    Registry(#[from] reach_registry::InitError),
     /// The orchestrator could not start (store, flows).
     #[error("orchestrator: {0}")]
     Orchestrator(#[from] reach_orchestrator::Error),
@@ -81,7 +84,7 @@ impl ControlPlane {
         let mut server = GrpcServer::new().with_limits(config.server);
         let mut background = Vec::new();
         let registry = if services.registry {
-            let registry = Registry::new(config.registry.clone()).map_err(StartError::Config)?;
+            let registry = Registry::new(config.registry.clone())?;
             background.push(tokio::spawn(registry.clone().run_sweeper()));
             server = server.add_service(reach_telemetry::traced(
                 RegistryGrpc::new(registry.clone()).into_server(),

@@ -349,18 +349,15 @@ async fn run(command: Command) -> anyhow::Result<ExitCode> {
             serve(&service, overrides, services, false).await
         }
         Command::Flow { endpoint, args } => {
-            let code =
-                reach::cli::flow(&endpoint, args, &mut std::io::stdout()).await?;
+            let code = reach::cli::flow(&endpoint, args, &mut std::io::stdout()).await?;
             Ok(exit_code(code))
         }
         Command::Task { endpoint, args } => {
-            let code =
-                reach::cli::task(&endpoint, args, &mut std::io::stdout()).await?;
+            let code = reach::cli::task(&endpoint, args, &mut std::io::stdout()).await?;
             Ok(exit_code(code))
         }
         Command::Dump { endpoint, args } => {
-            let code =
-                reach::cli::dump(&endpoint, args, &mut std::io::stdout()).await?;
+            let code = reach::cli::dump(&endpoint, args, &mut std::io::stdout()).await?;
             Ok(exit_code(code))
         }
         Command::Router {

@@ -72,7 +72,11 @@ fn spawn(store: &str, flows: &std::path::Path, router: &str) -> Proc {
     let mut stdout = BufReader::new(child.stdout.take().unwrap());
     let endpoint = loop {
         let mut line = String::new();
-        assert_ne!(stdout.read_line(&mut line).unwrap(), 0, "reach orchestrator exited");
+        assert_ne!(
+            stdout.read_line(&mut line).unwrap(),
+            0,
+            "reach orchestrator exited"
+        );
         if let Some(rest) = line.strip_prefix("grpc") {
             break rest.split_whitespace().next().unwrap().to_string();
         }

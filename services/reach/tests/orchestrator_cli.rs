@@ -8,9 +8,9 @@ mod common;
 use std::time::Duration;
 
 use common::{eventually, server, wait_for};
-use reach_router::ledger::{CallOutcome, LedgerSink, LedgerSinkConfig};
 use reach::cli;
 use reach_proto::v1 as pb;
+use reach_router::ledger::{CallOutcome, LedgerSink, LedgerSinkConfig};
 use serde_json::json;
 use tonic::Status;
 
@@ -51,7 +51,9 @@ async fn cli_commands_against_a_server() {
 
     let mut o = out();
     assert_eq!(
-        cli::flow::flow_apply(&s.endpoint, &file, &mut o).await.unwrap(),
+        cli::flow::flow_apply(&s.endpoint, &file, &mut o)
+            .await
+            .unwrap(),
         0
     );
     assert_eq!(
@@ -60,7 +62,9 @@ async fn cli_commands_against_a_server() {
     );
     let mut o = out();
     assert_eq!(
-        cli::flow::flow_apply(&s.endpoint, &file, &mut o).await.unwrap(),
+        cli::flow::flow_apply(&s.endpoint, &file, &mut o)
+            .await
+            .unwrap(),
         0
     );
     assert!(String::from_utf8_lossy(&o).contains("unchanged"));
@@ -68,7 +72,9 @@ async fn cli_commands_against_a_server() {
     std::fs::write(&file, REVIEW_V1.replace("withdrawn}", "withdrawn by user}")).unwrap();
     let mut o = out();
     assert_eq!(
-        cli::flow::flow_apply(&s.endpoint, &file, &mut o).await.unwrap(),
+        cli::flow::flow_apply(&s.endpoint, &file, &mut o)
+            .await
+            .unwrap(),
         1
     );
     assert!(String::from_utf8_lossy(&o).contains("bump `version`"));
@@ -150,7 +156,9 @@ async fn cli_commands_against_a_server() {
     wait_for(&s.endpoint, &id, pb::TaskStatus::Succeeded).await;
 
     let mut o = out();
-    cli::task::task_watch(&s.endpoint, &id, &mut o).await.unwrap();
+    cli::task::task_watch(&s.endpoint, &id, &mut o)
+        .await
+        .unwrap();
     let watched = String::from_utf8(o).unwrap();
     assert!(
         watched.lines().last().unwrap().contains("task_ended"),
@@ -159,7 +167,9 @@ async fn cli_commands_against_a_server() {
 
     // get --json is masked: the e-mail and the configured field never show.
     let mut o = out();
-    cli::task::task_get(&s.endpoint, &id, true, &mut o).await.unwrap();
+    cli::task::task_get(&s.endpoint, &id, true, &mut o)
+        .await
+        .unwrap();
     let shown = String::from_utf8(o).unwrap();
     let v: serde_json::Value = serde_json::from_str(&shown).unwrap();
     assert_eq!(v["status"], "SUCCEEDED");
@@ -201,11 +211,15 @@ async fn cli_commands_against_a_server() {
         .unwrap();
     wait_for(&s.endpoint, &id3, pb::TaskStatus::Failed).await;
     let mut o = out();
-    cli::task::dead_letters(&s.endpoint, None, &mut o).await.unwrap();
+    cli::task::dead_letters(&s.endpoint, None, &mut o)
+        .await
+        .unwrap();
     assert!(String::from_utf8_lossy(&o).contains(&id3));
     s.router.handle("test.act", |_| Ok(json!({"acted": true})));
     let mut o = out();
-    cli::task::task_retry(&s.endpoint, &id3, &mut o).await.unwrap();
+    cli::task::task_retry(&s.endpoint, &id3, &mut o)
+        .await
+        .unwrap();
     assert!(String::from_utf8_lossy(&o).contains("retried from node act"));
     let t = wait_for(&s.endpoint, &id3, pb::TaskStatus::Succeeded).await;
     assert_eq!(t.nodes.iter().filter(|n| n.node_id == "act").count(), 2);
@@ -367,7 +381,9 @@ async fn a_task_waiting_for_a_person_shows_what_it_waits_for_not_an_output() {
     );
 
     let mut o = out();
-    cli::task::task_get(&s.endpoint, &id, true, &mut o).await.unwrap();
+    cli::task::task_get(&s.endpoint, &id, true, &mut o)
+        .await
+        .unwrap();
     let v: serde_json::Value = serde_json::from_slice(&o).unwrap();
     assert_eq!(v["output"], serde_json::Value::Null, "{v:#}");
     assert_eq!(v["waiting"]["node_id"], "review", "{v:#}");
@@ -411,7 +427,9 @@ async fn a_task_waiting_for_a_person_shows_what_it_waits_for_not_an_output() {
     .unwrap();
     wait_for(&s.endpoint, &id, pb::TaskStatus::Succeeded).await;
     let mut o = out();
-    cli::task::task_get(&s.endpoint, &id, true, &mut o).await.unwrap();
+    cli::task::task_get(&s.endpoint, &id, true, &mut o)
+        .await
+        .unwrap();
     let v: serde_json::Value = serde_json::from_slice(&o).unwrap();
     assert_eq!(v["output"], json!({"category": "servicing"}), "{v:#}");
     assert_eq!(v["waiting"], serde_json::Value::Null);

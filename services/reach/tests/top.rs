@@ -1,7 +1,6 @@
 //! `reach top` against a live registry (a fixed one that lists two instances) and a live
 //! admin port serving the process's metrics.
 
-use reach_telemetry::metrics::names;
 use reach_proto::v1::registry_service_client::RegistryServiceClient;
 use reach_proto::v1::registry_service_server::{RegistryService, RegistryServiceServer};
 use reach_proto::v1::{
@@ -9,6 +8,7 @@ use reach_proto::v1::{
     InstanceSpec, InstanceState, ListInstancesRequest, ListInstancesResponse, RegisterRequest,
     RegisterResponse, WatchRequest, WatchResponse,
 };
+use reach_telemetry::metrics::names;
 use tonic::{Request, Response, Status};
 
 /// A registry that only lists two fixed instances.
@@ -63,10 +63,7 @@ impl RegistryService for FixedRegistry {
 
     type WatchStream = tokio_stream::Empty<Result<WatchResponse, Status>>;
 
-    async fn watch(
-        &self,
-        _: Request<WatchRequest>,
-    ) -> Result<Response<Self::WatchStream>, Status> {
+    async fn watch(&self, _: Request<WatchRequest>) -> Result<Response<Self::WatchStream>, Status> {
         Err(Status::unimplemented("fixed"))
     }
 }
@@ -105,9 +102,7 @@ async fn top_reads_a_live_registry_and_admin_port() {
         .unwrap();
     let mut registry = RegistryServiceClient::new(channel);
     let mut board = reach::top::Board::new();
-    let snapshot =
-        reach::top::fetch(&mut board, &mut registry, &endpoint, &admin_addr, None)
-            .await;
+    let snapshot = reach::top::fetch(&mut board, &mut registry, &endpoint, &admin_addr, None).await;
     assert_eq!(snapshot.registry_error, None);
     assert_eq!(snapshot.metrics_error, None);
     assert_eq!(snapshot.instances.len(), 2);
@@ -154,4 +149,3 @@ async fn top_reads_a_live_registry_and_admin_port() {
     assert!(snapshot.registry_error.is_some());
     assert!(snapshot.metrics_error.is_some());
 }
-

@@ -52,33 +52,31 @@ impl RegistryConfig {
     /// Checks that the bounds are consistent.
     ///
     /// # Errors
-    /// A message naming the setting to fix.
-    pub fn validate(&self) -> Result<(), String> {
+    /// A [`ConfigError`] naming the setting to fix.
+    pub fn validate(&self) -> Result<(), ConfigError> {
         if self.min_lease_ttl.is_zero() {
-            return Err("registry.min_lease_ttl must be above zero".into());
+            return Err(ConfigError::ZeroMinLeaseTtl);
         }
         if self.min_lease_ttl > self.max_lease_ttl {
-            return Err(format!(
-                "registry.min_lease_ttl ({:?}) must not exceed registry.max_lease_ttl ({:?})",
-                self.min_lease_ttl, self.max_lease_ttl
-            ));
+            return Err(ConfigError::LeaseBoundsCrossed {
+                min: self.min_lease_ttl,
+                max: self.max_lease_ttl,
+            });
         }
         if self.default_lease_ttl < self.min_lease_ttl
             || self.default_lease_ttl > self.max_lease_ttl
         {
-            return Err(format!(
-                "registry.default_lease_ttl ({:?}) must lie between min_lease_ttl and max_lease_ttl",
-                self.default_lease_ttl
-            ));
+            return Err(ConfigError::DefaultLeaseOutOfBounds {
+                default: self.default_lease_ttl,
+                min: self.min_lease_ttl,
+                max: self.max_lease_ttl,
+            });
         }
         if self.strict && self.protocol_registry.is_none() {
-            return Err(
-                "registry.strict needs registry.protocol_registry (the protocol-registry.yaml that declares capabilities)"
-                    .into(),
-            );
+            return Err(ConfigError::StrictWithoutProtocolRegistry);
         }
         if self.sweep_interval.is_zero() {
-            return Err("registry.sweep_interval must be above zero".into());
+            return Err(ConfigError::ZeroSweepInterval);
         }
         Ok(())
     }
@@ -90,4 +88,40 @@ impl RegistryConfig {
             .unwrap_or(self.default_lease_ttl)
             .clamp(self.min_lease_ttl, self.max_lease_ttl)
     }
+}
+
+/// A registry setting that is out of range; each message names the key and the fix.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ConfigError {
+    /// `min_lease_ttl` is zero: every lease would expire at once.
+    #[error("registry.min_lease_ttl must be above zero")]
+    ZeroMinLeaseTtl,
+    /// The lease bounds are the wrong way round.
+    #[error("registry.min_lease_ttl ({min:?}) must not exceed registry.max_lease_ttl ({max:?})")]
+    LeaseBoundsCrossed {
+        /// `min_lease_ttl`.
+        min: Duration,
+        /// `max_lease_ttl`.
+        max: Duration,
+    },
+    /// `default_lease_ttl` lies outside the bounds.
+    #[error(
+        "registry.default_lease_ttl ({default:?}) must lie between registry.min_lease_ttl ({min:?}) and registry.max_lease_ttl ({max:?})"
+    )]
+    DefaultLeaseOutOfBounds {
+        /// `default_lease_ttl`.
+        default: Duration,
+        /// `min_lease_ttl`.
+        min: Duration,
+        /// `max_lease_ttl`.
+        max: Duration,
+    },
+    /// Strict mode has nothing to check registrations against.
+    #[error(
+        "registry.strict needs registry.protocol_registry (the protocol-registry.yaml that declares capabilities)"
+    )]
+    StrictWithoutProtocolRegistry,
+    /// `sweep_interval` is zero.
+    #[error("registry.sweep_interval must be above zero")]
+    ZeroSweepInterval,
 }

@@ -3,6 +3,17 @@
 use reach_rpc::errors::{reason, status_with_reason};
 use tonic::{Code, Status};
 
+/// Why a [`Registry`](crate::Registry) could not be made.
+#[derive(Debug, thiserror::Error)]
+pub enum InitError {
+    /// A setting is out of range.
+    #[error(transparent)]
+    Config(#[from] crate::config::ConfigError),
+    /// Strict mode's protocol registry could not be read or parsed (the error names the file).
+    #[error(transparent)]
+    ProtocolRegistry(#[from] reach_protocol::LoadError),
+}
+
 /// Why a registry operation was refused.
 #[derive(Debug, thiserror::Error)]
 pub enum RegistryError {

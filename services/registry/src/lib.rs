@@ -9,7 +9,7 @@
 //! - [`store`] — [`Registry`], the in-memory instance table, its revisions and its watchers.
 //! - [`service`] — the `reach.v1.RegistryService` gRPC implementation over a [`Registry`].
 //! - [`probe`] — the first health probe that moves an instance from REGISTERED to READY.
-//! - [`error`] — [`RegistryError`] and its mapping to gRPC statuses.
+//! - [`error`] — [`RegistryError`] and its mapping to gRPC statuses; [`InitError`].
 //! - [`metrics`] — instances per state, lease expiries and RPCs by code.
 
 pub mod config;
@@ -19,7 +19,7 @@ pub mod probe;
 pub mod service;
 pub mod store;
 
-pub use config::RegistryConfig;
-pub use error::RegistryError;
+pub use config::{ConfigError, RegistryConfig};
+pub use error::{InitError, RegistryError};
 pub use service::RegistryGrpc;
 pub use store::Registry;

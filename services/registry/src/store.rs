@@ -13,7 +13,7 @@ use tokio::time::Instant;
 use tracing::{debug, info};
 
 use crate::config::RegistryConfig;
-use crate::error::RegistryError;
+use crate::error::{InitError, RegistryError};
 
 /// How many watch events a slow watcher may lag before it is resent a snapshot.
 const WATCH_BUFFER: usize = 4096;
@@ -83,13 +83,12 @@ impl Registry {
     /// An empty registry. Call [`Registry::run_sweeper`] to expire leases.
     ///
     /// # Errors
-    /// The config's validation message.
-    pub fn new(config: RegistryConfig) -> Result<Self, String> {
+    /// [`InitError::Config`] for a setting out of range, [`InitError::ProtocolRegistry`]
+    /// when strict mode's protocol registry cannot be loaded.
+    pub fn new(config: RegistryConfig) -> Result<Self, InitError> {
         config.validate()?;
         let protocols = match (&config.protocol_registry, config.strict) {
-            (Some(path), true) => {
-                Some(reach_protocol::ProtocolRegistry::load(path).map_err(|e| e.to_string())?)
-            }
+            (Some(path), true) => Some(reach_protocol::ProtocolRegistry::load(path)?),
             _ => None,
         };
         let (events, _) = broadcast::channel(WATCH_BUFFER);
@@ -590,4 +589,228 @@ pub fn is_name(s: &str) -> bool {
                     .bytes()
                     .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
         })
+}
+
+#[cfg(test)]
+mod tests {
+    //! The lease and lifecycle state machine, on tokio's paused clock: no test waits for real.
+
+    use std::time::Duration;
+
+    use reach_proto::v1::{Capability, InstanceSpec, InstanceState as S, watch_response::Event};
+
+    use super::*;
+
+    fn registry(health_probe: bool) -> Registry {
+        Registry::new(RegistryConfig {
+            health_probe,
+            min_lease_ttl: Duration::from_millis(100),
+            default_lease_ttl: Duration::from_secs(1),
+            max_lease_ttl: Duration::from_secs(10),
+            ..RegistryConfig::default()
+        })
+        .unwrap()
+    }
+
+    fn spec(id: &str) -> InstanceSpec {
+        InstanceSpec {
+            service: "executor.servicing".into(),
+            instance_id: id.into(),
+            endpoint: "http://127.0.0.1:50051".into(),
+            capabilities: vec![Capability {
+                name: "complaint.servicing".into(),
+                version: "1.0.0".into(),
+                ..Default::default()
+            }],
+            max_concurrency: 8,
+            ..Default::default()
+        }
+    }
+
+    fn state_of(registry: &Registry, id: &str) -> Option<S> {
+        registry
+            .list("", "")
+            .instances
+            .iter()
+            .find(|i| instance_id(i) == id)
+            .map(Instance::state)
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_instance_is_registered_until_its_probe_passes_then_follows_its_heartbeats() {
+        let registry = registry(true);
+        let lease = registry.register(spec("a"), None).unwrap().lease_id;
+        assert_eq!(state_of(&registry, "a"), Some(S::Registered));
+        // Reporting READY before the probe passed does not make it routable.
+        let (_, state) = registry.heartbeat("a", &lease, S::Ready, 0).unwrap();
+        assert_eq!(state, S::Registered);
+
+        registry.probe_passed("a", &lease);
+        assert_eq!(state_of(&registry, "a"), Some(S::Ready));
+        let busy = registry.heartbeat("a", &lease, S::Busy, 8).unwrap().1;
+        let ready = registry.heartbeat("a", &lease, S::Ready, 3).unwrap().1;
+        // An instance cannot report itself REGISTERED or OFFLINE; an empty report keeps it.
+        let offline = registry.heartbeat("a", &lease, S::Offline, 3).unwrap().1;
+        let unspecified = registry
+            .heartbeat("a", &lease, S::Unspecified, 3)
+            .unwrap()
+            .1;
+        assert_eq!(
+            [busy, ready, offline, unspecified],
+            [S::Busy, S::Ready, S::Ready, S::Ready]
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn draining_is_final_for_the_lease() {
+        let registry = registry(false);
+        let lease = registry.register(spec("a"), None).unwrap().lease_id;
+        assert_eq!(state_of(&registry, "a"), Some(S::Ready));
+        registry.heartbeat("a", &lease, S::Draining, 2).unwrap();
+        for reported in [S::Ready, S::Busy, S::Registered] {
+            let (_, state) = registry.heartbeat("a", &lease, reported, 0).unwrap();
+            assert_eq!(state, S::Draining, "reported {reported:?}");
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_lease_lives_for_its_ttl_from_the_last_heartbeat() {
+        let registry = registry(false);
+        let granted = registry
+            .register(spec("a"), Some(Duration::from_millis(500)))
+            .unwrap();
+        assert_eq!(granted.lease_ttl, Duration::from_millis(500));
+
+        tokio::time::advance(Duration::from_millis(499)).await;
+        assert!(registry.expire_leases().is_empty());
+        registry
+            .heartbeat("a", &granted.lease_id, S::Ready, 0)
+            .unwrap();
+        // 499 ms after the renewal the lease still holds; at 500 ms it is gone.
+        tokio::time::advance(Duration::from_millis(499)).await;
+        assert!(registry.expire_leases().is_empty());
+        tokio::time::advance(Duration::from_millis(1)).await;
+        assert_eq!(registry.expire_leases(), ["a"]);
+        assert_eq!(state_of(&registry, "a"), None);
+        assert!(matches!(
+            registry.heartbeat("a", &granted.lease_id, S::Ready, 0),
+            Err(RegistryError::LeaseNotFound { .. })
+        ));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn requested_ttls_are_clamped_to_the_bounds() {
+        let registry = registry(false);
+        let ttl = |requested| registry.register(spec("a"), requested).unwrap().lease_ttl;
+        assert_eq!(ttl(None), Duration::from_secs(1));
+        assert_eq!(ttl(Some(Duration::ZERO)), Duration::from_secs(1));
+        assert_eq!(
+            ttl(Some(Duration::from_millis(1))),
+            Duration::from_millis(100)
+        );
+        assert_eq!(
+            ttl(Some(Duration::from_secs(3600))),
+            Duration::from_secs(10)
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn registering_again_replaces_the_lease_and_a_stale_probe_changes_nothing() {
+        let registry = registry(true);
+        let first = registry.register(spec("a"), None).unwrap().lease_id;
+        let second = registry.register(spec("a"), None).unwrap().lease_id;
+        assert_ne!(first, second);
+        assert!(!registry.holds_lease("a", &first));
+        assert!(registry.holds_lease("a", &second));
+        // The first registration's probe finishing late must not mark the new one READY.
+        registry.probe_passed("a", &first);
+        assert_eq!(state_of(&registry, "a"), Some(S::Registered));
+        assert!(matches!(
+            registry.heartbeat("a", &first, S::Ready, 0),
+            Err(RegistryError::LeaseNotFound { .. })
+        ));
+        assert!(matches!(
+            registry.deregister("a", &first),
+            Err(RegistryError::LeaseNotFound { .. })
+        ));
+        registry.deregister("a", &second).unwrap();
+        assert_eq!(state_of(&registry, "a"), None);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn every_change_is_one_revision_and_watchers_see_it_after_their_snapshot() {
+        let registry = registry(true);
+        let lease = registry.register(spec("a"), None).unwrap().lease_id;
+        let (snapshot, mut events) = registry.watch();
+        assert_eq!(snapshot.revision, 1);
+        registry.probe_passed("a", &lease);
+        // A heartbeat that changes nothing publishes nothing.
+        registry.heartbeat("a", &lease, S::Ready, 0).unwrap();
+        registry.heartbeat("a", &lease, S::Ready, 2).unwrap();
+        registry.deregister("a", &lease).unwrap();
+
+        let mut seen = Vec::new();
+        while let Ok(event) = events.try_recv() {
+            let (kind, instance) = match event.event.unwrap() {
+                Event::Upserted(i) => ("upserted", i),
+                Event::Removed(i) => ("removed", i),
+                Event::Snapshot(_) => unreachable!("deltas only after the snapshot"),
+            };
+            assert_eq!(event.revision, instance.revision);
+            seen.push((event.revision, kind, instance.state(), instance.in_flight));
+        }
+        assert_eq!(
+            seen,
+            [
+                (2, "upserted", S::Ready, 0),
+                (3, "upserted", S::Ready, 2),
+                (4, "removed", S::Offline, 2),
+            ]
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_operator_drain_removes_idle_instances_and_refuses_their_leases() {
+        let registry = registry(false);
+        let idle = registry.register(spec("idle"), None).unwrap().lease_id;
+        let busy = registry.register(spec("busy"), None).unwrap().lease_id;
+        registry.heartbeat("busy", &busy, S::Ready, 3).unwrap();
+
+        let mut drained = registry.drain_service("executor.servicing", Duration::from_secs(5));
+        drained.sort();
+        assert_eq!(drained, ["busy", "idle"]);
+        assert_eq!(state_of(&registry, "busy"), Some(S::Draining));
+        // Drained leases are answered INSTANCE_DRAINED, so the agents do not come back.
+        assert!(matches!(
+            registry.heartbeat("idle", &idle, S::Ready, 0),
+            Err(RegistryError::Drained(_))
+        ));
+
+        // The drain task removes the idle instance on its first pass, the busy one at the grace.
+        tokio::time::advance(Duration::from_millis(1)).await;
+        tokio::task::yield_now().await;
+        assert_eq!(state_of(&registry, "idle"), None);
+        assert_eq!(state_of(&registry, "busy"), Some(S::Draining));
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        assert_eq!(state_of(&registry, "busy"), None);
+    }
+
+    #[test]
+    fn a_bad_configuration_names_the_setting() {
+        let config = RegistryConfig {
+            min_lease_ttl: Duration::from_secs(5),
+            max_lease_ttl: Duration::from_secs(1),
+            ..RegistryConfig::default()
+        };
+        let error = Registry::new(config).err().unwrap();
+        assert!(matches!(
+            error,
+            InitError::Config(crate::config::ConfigError::LeaseBoundsCrossed { .. })
+        ));
+        assert!(
+            error.to_string().contains("registry.min_lease_ttl"),
+            "{error}"
+        );
+    }
 }

@@ -18,10 +18,14 @@ pub fn handler(capability: &str, code: tonic::Code, elapsed: Duration) {
 /// Counts a message waiting for a handler slot (the instance is at `max_concurrency`) until
 /// the guard drops: when it gets a slot, or its caller gives up.
 pub fn waiting(capability: &str) -> GaugeGuard {
-    GaugeGuard::raise(::metrics::gauge!(names::SDK_QUEUE_DEPTH, "capability" => capability.to_string()))
+    GaugeGuard::raise(
+        ::metrics::gauge!(names::SDK_QUEUE_DEPTH, "capability" => capability.to_string()),
+    )
 }
 
 /// Counts a message being handled until the guard drops.
 pub fn in_flight(capability: &str) -> GaugeGuard {
-    GaugeGuard::raise(::metrics::gauge!(names::SDK_IN_FLIGHT, "capability" => capability.to_string()))
+    GaugeGuard::raise(
+        ::metrics::gauge!(names::SDK_IN_FLIGHT, "capability" => capability.to_string()),
+    )
 }

@@ -365,13 +365,9 @@ async fn metrics_are_served_and_counters_move() {
         std::future::pending(),
     ));
 
-    let health = http_get(addr, "/health")
-        .await
-        .unwrap();
+    let health = http_get(addr, "/health").await.unwrap();
     assert!(health.contains("ok"), "{health}");
-    let extra = http_get(addr, "/v1/extra")
-        .await
-        .unwrap();
+    let extra = http_get(addr, "/v1/extra").await.unwrap();
     assert!(extra.contains("extra"), "{extra}");
 
     let requests = |scrape: &prometheus_parse::Scrape| -> f64 {
@@ -390,9 +386,7 @@ async fn metrics_are_served_and_counters_move() {
             .unwrap_or(0.0)
     };
     let scrape = || async {
-        let text = http_get(addr, "/metrics")
-            .await
-            .unwrap();
+        let text = http_get(addr, "/metrics").await.unwrap();
         parse_metrics(&text)
     };
 

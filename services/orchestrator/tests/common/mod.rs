@@ -6,10 +6,10 @@ use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use reach_proto::v1::router_service_server::{RouterService, RouterServiceServer};
-use reach_proto::v1::{self as pb, CallRequest, CallResponse, Part, Payload, ReachMessage, part};
 use reach_orchestrator::{Orchestrator, OrchestratorConfig};
 use reach_proto::v1::orchestrator_service_client::OrchestratorServiceClient;
+use reach_proto::v1::router_service_server::{RouterService, RouterServiceServer};
+use reach_proto::v1::{self as pb, CallRequest, CallResponse, Part, Payload, ReachMessage, part};
 use serde_json::Value;
 use tonic::{Request, Response, Status};
 
@@ -258,7 +258,6 @@ where
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
-
 
 /// A real orchestrator gRPC server on 127.0.0.1:0 over a SQLite store in a temporary
 /// directory, calling a [`TestRouter`]; stops when dropped.

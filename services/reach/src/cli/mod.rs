@@ -15,7 +15,6 @@ pub mod dump;
 pub mod flow;
 pub mod task;
 
-
 use reach_proto::v1::orchestrator_service_client::OrchestratorServiceClient;
 use serde_json::Value;
 
@@ -61,7 +60,6 @@ impl From<tonic::Status> for CliError {
     }
 }
 
-
 /// A gRPC client of the orchestrator at `endpoint` (connect timeout 3 s).
 ///
 /// # Errors
@@ -93,7 +91,10 @@ pub(crate) fn parse_json(flag: &str, text: &str) -> Result<Value, CliError> {
 }
 
 /// Writes `value` as one pretty JSON document (what `--json` prints).
-pub(crate) fn write_json(out: &mut dyn std::io::Write, value: &impl serde::Serialize) -> std::io::Result<()> {
+pub(crate) fn write_json(
+    out: &mut dyn std::io::Write,
+    value: &impl serde::Serialize,
+) -> std::io::Result<()> {
     writeln!(
         out,
         "{}",
@@ -110,4 +111,3 @@ pub(crate) fn compact(v: &Value) -> String {
         s
     }
 }
-

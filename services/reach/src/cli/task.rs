@@ -7,7 +7,9 @@ use reach_orchestrator::event::TaskStatus;
 use reach_orchestrator::json::{self, task_json};
 use reach_proto::v1 as pb;
 
-use super::{CliError, DEFAULT_ENDPOINT, client, compact, fmt_ts, parse_json, status_name, write_json};
+use super::{
+    CliError, DEFAULT_ENDPOINT, client, compact, fmt_ts, parse_json, status_name, write_json,
+};
 
 /// `reach task ...`
 #[derive(Debug, Clone, Subcommand)]
@@ -314,7 +316,6 @@ pub async fn task_get(
     writeln!(out, "{table}")?;
     Ok(0)
 }
-
 
 /// `reach task list [--status S]`.
 ///

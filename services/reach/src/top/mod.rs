@@ -182,7 +182,13 @@ pub async fn fetch(
                 .list_instances(request)
                 .await
                 .map(tonic::Response::into_inner)
-                .map_err(|s| format!("{}: {}", reach_telemetry::metrics::code_label(s.code()), s.message()))
+                .map_err(|s| {
+                    format!(
+                        "{}: {}",
+                        reach_telemetry::metrics::code_label(s.code()),
+                        s.message()
+                    )
+                })
         },
         async {
             let text = http_get(admin, "/metrics")
