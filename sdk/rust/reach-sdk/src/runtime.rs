@@ -189,7 +189,6 @@ impl AgentRuntime {
             handlers: self.handlers,
             stream_handlers: self.stream_handlers,
             permits: Semaphore::new(config.max_concurrency),
-            max_concurrency: config.max_concurrency,
             max_message_bytes: config.max_message_bytes,
             in_flight: AtomicU32::new(0),
             idle: Notify::new(),
@@ -256,7 +255,13 @@ impl AgentRuntime {
                 RegistryServiceClient::new(registry.clone()),
                 spec,
                 config.lease_ttl,
-                shared.clone(),
+                {
+                    let shared = shared.clone();
+                    (
+                        move || shared.in_flight.load(Ordering::SeqCst),
+                        config.max_concurrency,
+                    )
+                },
                 lease.clone(),
                 stop_heartbeats.clone(),
             )
@@ -368,14 +373,23 @@ const SERVER_GRACE_AFTER_DRAIN: Duration = Duration::from_secs(1);
 
 /// Registers, then heartbeats every third of the granted lease until `stop`; registers
 /// again whenever the registry no longer knows the lease.
-async fn keep_registered(
-    mut registry: RegistryServiceClient<Channel>,
+///
+/// `registry` is any gRPC transport (a [`Channel`] in production, the registry service itself
+/// in tests); `in_flight` reads the messages being handled now, reported in each heartbeat
+/// (BUSY at `max_concurrency`).
+async fn keep_registered<T>(
+    mut registry: RegistryServiceClient<T>,
     spec: InstanceSpec,
     lease_ttl: Duration,
-    shared: Arc<Shared>,
+    (in_flight, max_concurrency): (impl Fn() -> u32, usize),
     lease: Arc<tokio::sync::Mutex<Option<String>>>,
     stop: CancellationToken,
-) {
+) where
+    T: tonic::client::GrpcService<tonic::body::Body>,
+    T::Error: Into<tonic::codegen::StdError>,
+    T::ResponseBody: http_body::Body<Data = tonic::codegen::Bytes> + Send + 'static,
+    <T::ResponseBody as http_body::Body>::Error: Into<tonic::codegen::StdError> + Send,
+{
     let mut backoff = Backoff::doubling(Duration::from_millis(20), Duration::from_secs(2));
     'register: loop {
         let request = RegisterRequest {
@@ -411,8 +425,8 @@ async fn keep_registered(
                 _ = stop.cancelled() => return,
                 _ = tokio::time::sleep(period) => {}
             }
-            let in_flight = shared.in_flight.load(Ordering::SeqCst);
-            let state = if in_flight as usize >= shared.max_concurrency {
+            let in_flight = in_flight();
+            let state = if in_flight as usize >= max_concurrency {
                 InstanceState::Busy
             } else {
                 InstanceState::Ready
@@ -460,7 +474,6 @@ struct Shared {
     handlers: HashMap<String, Arc<dyn Handler>>,
     stream_handlers: HashMap<String, Arc<dyn StreamHandler>>,
     permits: Semaphore,
-    max_concurrency: usize,
     /// The largest message taken or sent (bytes), per call on every RPC.
     max_message_bytes: usize,
     in_flight: AtomicU32,
@@ -857,5 +870,274 @@ impl AgentService for AgentGrpc {
             })
         });
         Ok(Response::new(Box::pin(replies)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    //! The registration loop against an in-memory registry service (no sockets), on tokio's
+    //! paused clock: every figure below is exact.
+
+    use std::sync::Mutex;
+
+    use reach_proto::v1::registry_service_server::{RegistryService, RegistryServiceServer};
+    use reach_proto::v1::{
+        DeregisterResponse, HeartbeatResponse, ListInstancesRequest, ListInstancesResponse,
+        RegisterResponse, WatchRequest, WatchResponse,
+    };
+
+    use super::*;
+
+    /// What the fake registry answers next.
+    #[derive(Clone, Copy, PartialEq, Debug)]
+    enum Answer {
+        Ok,
+        Unavailable,
+        LeaseLost,
+        Drained,
+        DrainingState,
+    }
+
+    /// One call the fake registry saw: what, when (ms of paused time since the start), and for
+    /// heartbeats the reported state and load.
+    #[derive(Clone, PartialEq, Debug)]
+    enum Seen {
+        Register(u64),
+        Heartbeat(u64, InstanceState, u32),
+    }
+
+    #[derive(Clone)]
+    struct FakeRegistry {
+        started: Instant,
+        seen: Arc<Mutex<Vec<Seen>>>,
+        /// Answers for the coming calls, in order; `Ok` once empty.
+        answers: Arc<Mutex<std::collections::VecDeque<Answer>>>,
+        granted_ttl: Duration,
+    }
+
+    impl FakeRegistry {
+        fn new(answers: &[Answer]) -> Self {
+            Self {
+                started: Instant::now(),
+                seen: Arc::default(),
+                answers: Arc::new(Mutex::new(answers.iter().copied().collect())),
+                granted_ttl: Duration::from_millis(300),
+            }
+        }
+
+        fn at(&self) -> u64 {
+            u64::try_from(self.started.elapsed().as_millis()).unwrap()
+        }
+
+        fn next(&self) -> Answer {
+            self.answers
+                .lock()
+                .unwrap()
+                .pop_front()
+                .unwrap_or(Answer::Ok)
+        }
+
+        fn seen(&self) -> Vec<Seen> {
+            self.seen.lock().unwrap().clone()
+        }
+    }
+
+    #[tonic::async_trait]
+    impl RegistryService for FakeRegistry {
+        async fn register(
+            &self,
+            request: Request<RegisterRequest>,
+        ) -> Result<Response<RegisterResponse>, Status> {
+            self.seen.lock().unwrap().push(Seen::Register(self.at()));
+            assert_eq!(
+                request.get_ref().instance.as_ref().unwrap().instance_id,
+                "a-1"
+            );
+            match self.next() {
+                Answer::Unavailable => Err(Status::unavailable("registry starting")),
+                _ => Ok(Response::new(RegisterResponse {
+                    lease_id: format!("lease-{}", self.seen().len()),
+                    lease_ttl: Some(reach_rpc::time::proto_duration(self.granted_ttl)),
+                    ..Default::default()
+                })),
+            }
+        }
+
+        async fn heartbeat(
+            &self,
+            request: Request<HeartbeatRequest>,
+        ) -> Result<Response<HeartbeatResponse>, Status> {
+            let beat = request.into_inner();
+            self.seen.lock().unwrap().push(Seen::Heartbeat(
+                self.at(),
+                beat.state(),
+                beat.in_flight,
+            ));
+            match self.next() {
+                Answer::Ok => Ok(Response::new(HeartbeatResponse {
+                    state: InstanceState::Ready as i32,
+                    ..Default::default()
+                })),
+                Answer::DrainingState => Ok(Response::new(HeartbeatResponse {
+                    state: InstanceState::Draining as i32,
+                    ..Default::default()
+                })),
+                Answer::Unavailable => Err(Status::unavailable("registry busy")),
+                Answer::LeaseLost => Err(status_with_reason(
+                    Code::NotFound,
+                    "no live lease",
+                    reason::LEASE_NOT_FOUND,
+                    [],
+                )),
+                Answer::Drained => Err(status_with_reason(
+                    Code::FailedPrecondition,
+                    "drained by an operator",
+                    reason::INSTANCE_DRAINED,
+                    [],
+                )),
+            }
+        }
+
+        async fn deregister(
+            &self,
+            _: Request<DeregisterRequest>,
+        ) -> Result<Response<DeregisterResponse>, Status> {
+            Err(Status::unimplemented("not used by the loop"))
+        }
+
+        async fn list_instances(
+            &self,
+            _: Request<ListInstancesRequest>,
+        ) -> Result<Response<ListInstancesResponse>, Status> {
+            Err(Status::unimplemented("not used by the loop"))
+        }
+
+        type WatchStream = futures::stream::Empty<Result<WatchResponse, Status>>;
+
+        async fn watch(
+            &self,
+            _: Request<WatchRequest>,
+        ) -> Result<Response<Self::WatchStream>, Status> {
+            Err(Status::unimplemented("not used by the loop"))
+        }
+    }
+
+    /// Runs the loop against `registry` for `run_for` of paused time with `in_flight` messages
+    /// handled throughout (of at most 4); returns whether it had ended by itself.
+    async fn run_loop(registry: &FakeRegistry, in_flight: u32, run_for: Duration) -> bool {
+        let spec = InstanceSpec {
+            service: "a".into(),
+            instance_id: "a-1".into(),
+            ..Default::default()
+        };
+        let stop = CancellationToken::new();
+        let task = tokio::spawn(keep_registered(
+            RegistryServiceClient::new(RegistryServiceServer::new(registry.clone())),
+            spec,
+            Duration::from_secs(10),
+            (move || in_flight, 4),
+            Arc::default(),
+            stop.clone(),
+        ));
+        tokio::time::sleep(run_for).await;
+        let ended = task.is_finished();
+        stop.cancel();
+        task.await.unwrap();
+        ended
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn heartbeats_every_third_of_the_granted_lease_reporting_the_load() {
+        let registry = FakeRegistry::new(&[]);
+        assert!(!run_loop(&registry, 2, Duration::from_millis(350)).await);
+        // The registry granted 300 ms (not the 10 s asked for): a beat every 100 ms.
+        assert_eq!(
+            registry.seen(),
+            [
+                Seen::Register(0),
+                Seen::Heartbeat(100, InstanceState::Ready, 2),
+                Seen::Heartbeat(200, InstanceState::Ready, 2),
+                Seen::Heartbeat(300, InstanceState::Ready, 2),
+            ]
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_instance_at_its_limit_reports_busy() {
+        let registry = FakeRegistry::new(&[]);
+        run_loop(&registry, 4, Duration::from_millis(150)).await;
+        assert_eq!(
+            registry.seen()[1],
+            Seen::Heartbeat(100, InstanceState::Busy, 4)
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_failed_registration_is_retried_with_doubling_back_off() {
+        use Answer::Unavailable as U;
+        let registry = FakeRegistry::new(&[U, U, U, U]);
+        run_loop(&registry, 0, Duration::from_millis(200)).await;
+        // Each retry waits twice as long as the last: 20, 40, then 80 ms.
+        assert_eq!(
+            registry.seen(),
+            [
+                Seen::Register(0),
+                Seen::Register(20),
+                Seen::Register(60),
+                Seen::Register(140),
+            ]
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_lost_lease_registers_again_and_the_back_off_starts_over() {
+        use Answer::{LeaseLost, Ok, Unavailable};
+        // Register fails once (20 ms back-off), then succeeds; the first beat finds the lease
+        // lost; registering again succeeds at once.
+        let registry = FakeRegistry::new(&[Unavailable, Ok, LeaseLost]);
+        run_loop(&registry, 0, Duration::from_millis(230)).await;
+        assert_eq!(
+            registry.seen(),
+            [
+                Seen::Register(0),
+                Seen::Register(20),
+                Seen::Heartbeat(120, InstanceState::Ready, 0),
+                Seen::Register(120),
+                Seen::Heartbeat(220, InstanceState::Ready, 0),
+            ]
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_heartbeat_that_fails_otherwise_keeps_the_lease_and_beats_on() {
+        let registry = FakeRegistry::new(&[Answer::Ok, Answer::Unavailable]);
+        run_loop(&registry, 0, Duration::from_millis(250)).await;
+        assert_eq!(
+            registry.seen(),
+            [
+                Seen::Register(0),
+                Seen::Heartbeat(100, InstanceState::Ready, 0),
+                Seen::Heartbeat(200, InstanceState::Ready, 0),
+            ]
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_drained_instance_stops_renewing_and_never_registers_again() {
+        for answer in [Answer::Drained, Answer::DrainingState] {
+            let registry = FakeRegistry::new(&[Answer::Ok, answer]);
+            assert!(
+                run_loop(&registry, 0, Duration::from_secs(5)).await,
+                "{answer:?}: the loop ends by itself"
+            );
+            assert_eq!(
+                registry.seen(),
+                [
+                    Seen::Register(0),
+                    Seen::Heartbeat(100, InstanceState::Ready, 0)
+                ],
+                "{answer:?}"
+            );
+        }
     }
 }
