@@ -850,12 +850,34 @@ async fn dev_serves_every_service_on_one_port_for_grpcurl_and_reach_agents() {
         !listed().contains("executor.origination"),
         "drained and removed"
     );
-    // Past a heartbeat period (a third of the 10 s lease): the agents were told, not re-registered.
-    tokio::time::sleep(Duration::from_millis(4000)).await;
-    assert!(
-        !listed().contains("executor.origination"),
+    // The drained agents learn it from their next heartbeat (within a third of the 10 s
+    // lease): refused with INSTANCE_DRAINED (FAILED_PRECONDITION). Once both were told, they
+    // stop renewing and must not register again.
+    let registry_ops = |text: &str, operation: &str, code: &str| -> f64 {
+        text.lines()
+            .filter(|l| {
+                l.starts_with("reach_registry_operations_total{")
+                    && l.contains(&format!("operation=\"{operation}\""))
+                    && l.contains(&format!("code=\"{code}\""))
+            })
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum()
+    };
+    let registered_before = registry_ops(&scrape(), "register", "OK");
+    let started = std::time::Instant::now();
+    while registry_ops(&scrape(), "heartbeat", "FAILED_PRECONDITION") < 2.0 {
+        assert!(
+            started.elapsed() < Duration::from_secs(15),
+            "both drained agents were refused at their next heartbeat"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(
+        registry_ops(&scrape(), "register", "OK"),
+        registered_before,
         "and the agents do not register again"
     );
+    assert!(!listed().contains("executor.origination"));
     // Every admin path the banner lists is served: the handler answers (with a body), not
     // the router's empty 404 or 405 for a path or method it does not serve.
     for listed in &admin_paths {
@@ -935,7 +957,23 @@ async fn a_second_signal_ends_a_slow_shutdown_at_once() {
         )
     };
     signal();
-    tokio::time::sleep(Duration::from_millis(1500)).await;
+    // The drain has begun once the registry lists the agents as DRAINING; the agent with the
+    // open stream keeps reach dev running while it waits for the stream to end.
+    let started = std::time::Instant::now();
+    loop {
+        let agents = Command::new(env!("CARGO_BIN_EXE_reach"))
+            .args(["agents", "--endpoint", &format!("http://{grpc}")])
+            .output()
+            .unwrap();
+        if String::from_utf8_lossy(&agents.stdout).contains("DRAINING") {
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "the first signal starts a drain"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
     assert!(
         child.try_wait().unwrap().is_none(),
         "the first signal starts a drain that waits for the open stream"
