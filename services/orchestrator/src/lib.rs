@@ -11,6 +11,8 @@
 //! - [`service`]: the `reach.v1.OrchestratorService` gRPC implementation (masked views).
 //! - [`http`]: admin routes (`GET /tasks/{id}`, `POST /tasks/{id}/retry`).
 //! - [`mask`]: masking of sensitive values in everything shown.
+//! - [`json`]: JSON views — protobuf values as JSON and a task as `GET /tasks/{id}` shows it.
+//! - [`error`]: [`Error`] and its mapping to gRPC statuses.
 //! - [`config`]: the configuration, [`OrchestratorConfig`].
 //!
 //! # Running
