@@ -63,7 +63,7 @@ pub async fn measure(store_url: &str, tasks: usize) -> Result<f64, Error> {
         }));
     }
     for s in starts {
-        s.await.map_err(|e| Error::Unavailable(e.to_string()))??;
+        s.await.expect("a start_task task panicked")?;
     }
     while orch.engine().store().count_unfinished().await? > 0 {
         tokio::time::sleep(Duration::from_millis(20)).await;
@@ -82,7 +82,9 @@ async fn measure_postgres(url: &str, tasks: usize) -> Result<f64, Error> {
     let db = format!("reach_bench_{}", uuid::Uuid::new_v4().simple());
     let (prefix, _) = url
         .rsplit_once('/')
-        .ok_or_else(|| Error::Config(format!("postgres url {url:?} has no database part")))?;
+        .ok_or_else(|| crate::config::ConfigError::StoreUrl {
+            url: url.to_string(),
+        })?;
     let mut admin = sqlx::PgConnection::connect(url)
         .await
         .map_err(crate::store::StoreError::from)?;
@@ -105,7 +107,7 @@ async fn measure_postgres(url: &str, tasks: usize) -> Result<f64, Error> {
 /// `sqlite_transitions_per_s=<n>`.
 ///
 /// # Errors
-/// Store errors, or [`Error::Config`] when no temporary directory can be made.
+/// Store errors, or [`Error::Io`] when no temporary directory can be made.
 pub async fn bench_flows(
     quick: bool,
     postgres_url: Option<&str>,
@@ -113,8 +115,10 @@ pub async fn bench_flows(
 ) -> Result<BenchReport, Error> {
     let tasks = if quick { 2_000 } else { 10_000 };
     let dir = std::env::temp_dir().join(format!("reach-bench-{}", uuid::Uuid::new_v4().simple()));
-    std::fs::create_dir_all(&dir)
-        .map_err(|e| Error::Config(format!("cannot create {}: {e}", dir.display())))?;
+    std::fs::create_dir_all(&dir).map_err(|source| Error::Io {
+        path: dir.clone(),
+        source,
+    })?;
     let url = format!("sqlite://{}/bench.db", dir.display());
     let sqlite = measure(&url, tasks).await;
     let _ = std::fs::remove_dir_all(&dir);

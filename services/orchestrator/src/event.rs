@@ -9,6 +9,8 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
+use crate::failure::{FailureCode, NodeError};
+
 /// Task status (the proto's `TaskStatus` without the unspecified value).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "SCREAMING_SNAKE_CASE")]
@@ -162,9 +164,10 @@ pub enum Event {
         slot: String,
         /// The attempt.
         attempt: u32,
-        /// The gRPC code name.
-        code: String,
-        /// The error message.
+        /// The failure's gRPC code, stored by name (`UNAVAILABLE`).
+        #[serde(with = "crate::failure::code_serde")]
+        code: tonic::Code,
+        /// The failure's message.
         error: String,
         /// The back-off timer when the attempt will be retried.
         retry_timer: Option<String>,
@@ -179,8 +182,8 @@ pub enum Event {
         ok: bool,
         /// The output (the reply's first data part) or null.
         output: Value,
-        /// The last error when it failed.
-        error: Option<String>,
+        /// The last error when it failed, stored as `"CODE: message"`.
+        error: Option<NodeError>,
     },
     /// A durable timer was scheduled.
     TimerScheduled {
@@ -234,8 +237,8 @@ pub enum Event {
     NodeFailed {
         /// The node.
         node: String,
-        /// The gRPC code name or `FLOW` for flow errors.
-        code: String,
+        /// The gRPC code, or `FLOW` when the flow failed the task.
+        code: FailureCode,
         /// Why.
         error: String,
         /// The node that handles the failure (`catch` / `on_failure`), if any.
@@ -341,10 +344,10 @@ pub struct SlotState {
     pub inflight: Option<Inflight>,
     /// The pending back-off timer.
     pub backoff_timer: Option<String>,
-    /// `(ok, output, error)` once finished.
-    pub done: Option<(bool, Value, Option<String>)>,
-    /// The last attempt's error.
-    pub last_error: Option<String>,
+    /// The output, or the last attempt's error, once finished for good.
+    pub done: Option<Result<Value, NodeError>>,
+    /// The last failed attempt's error.
+    pub last_error: Option<NodeError>,
 }
 
 /// A durable timer as the fold sees it.
@@ -581,6 +584,7 @@ impl TaskState {
             }
             Event::AttemptFailed {
                 slot,
+                code,
                 error,
                 retry_timer,
                 ..
@@ -588,7 +592,7 @@ impl TaskState {
                 let s = self.slots.entry(slot.clone()).or_default();
                 s.inflight = None;
                 s.backoff_timer = retry_timer.clone();
-                s.last_error = Some(error.clone());
+                s.last_error = Some(NodeError::new(*code, error.clone()));
                 if let Some(v) = self.visit() {
                     v.error = Some(error.clone());
                 }
@@ -604,7 +608,13 @@ impl TaskState {
                 let s = self.slots.entry(slot.clone()).or_default();
                 s.inflight = None;
                 s.backoff_timer = None;
-                s.done = Some((*ok, output.clone(), error.clone()));
+                s.done = Some(if *ok {
+                    Ok(output.clone())
+                } else {
+                    Err(error
+                        .clone()
+                        .unwrap_or_else(|| NodeError::new(tonic::Code::Unknown, "")))
+                });
                 self.refresh_running_status();
             }
             Event::TimerScheduled {

@@ -3,17 +3,25 @@
 //! # Layout
 //! - [`flow`]: the flow model, YAML loader and validation with located errors.
 //! - [`expr`]: CEL expressions over the task context (conditions and node inputs).
+//! - [`failure`]: node failures, typed ([`failure::NodeError`]: a gRPC code and a message),
+//!   and the gRPC code names they are stored under.
 //! - [`event`]: task events and the state folded from them (event sourcing).
 //! - [`store`]: the SQLite / PostgreSQL task store (group-committed appends, leases, timers,
-//!   ledger, purge).
-//! - [`flows`]: the registry of applied flow versions and hot reload of a flows directory.
-//! - [`engine`]: drives tasks node by node; durable timers; leases; resume at start-up.
+//!   ledger, purge) and its error kinds.
+//! - [`flows`]: the registry of applied flow versions, loaded from the store and a flows
+//!   directory.
+//! - [`engine`]: drives tasks node by node — [`engine::clock`], the pure decider
+//!   [`engine::decide`] with one module per node kind, the driver, the router call, the
+//!   commands and the background loops (timers, leases, purge, flows directory watch).
 //! - [`service`]: the `reach.v1.OrchestratorService` gRPC implementation (masked views).
 //! - [`http`]: admin routes (`GET /tasks/{id}`, `POST /tasks/{id}/retry`).
 //! - [`mask`]: masking of sensitive values in everything shown.
+//! - [`json`]: JSON ↔ `google.protobuf.Value`.
+//! - [`metrics`]: the orchestrator's Prometheus metrics.
+//! - [`error`]: [`Error`] and its mapping to gRPC statuses with ErrorInfo reasons.
+//! - [`config`]: the configuration, [`OrchestratorConfig`], and [`config::ConfigError`].
 //! - [`cli`]: the `reach flow ...`, `reach task ...` and `reach dump` commands.
 //! - [`bench`]: durable transitions per second on SQLite and PostgreSQL.
-//! - [`config`]: the configuration, [`OrchestratorConfig`].
 //!
 //! # Running
 //! ```no_run
@@ -32,11 +40,13 @@ pub mod engine;
 pub mod error;
 pub mod event;
 pub mod expr;
+pub mod failure;
 pub mod flow;
 pub mod flows;
 pub mod http;
 pub mod json;
 pub mod mask;
+pub mod metrics;
 pub mod service;
 pub mod store;
 
@@ -85,7 +95,8 @@ impl Orchestrator {
     /// Opens the store, loads stored flows and the flows directory.
     ///
     /// # Errors
-    /// [`Error::Config`] for invalid settings, [`Error::Store`] when the store cannot be opened.
+    /// [`Error::Config`] for invalid settings (or a `flows_dir` that is not a directory),
+    /// [`Error::Store`] when the store cannot be opened.
     pub async fn new(config: OrchestratorConfig) -> Result<Self, Error> {
         Self::with_clock(config, Clock::new()).await
     }
@@ -95,7 +106,7 @@ impl Orchestrator {
     /// # Errors
     /// As [`Orchestrator::new`].
     pub async fn with_clock(config: OrchestratorConfig, clock: Clock) -> Result<Self, Error> {
-        config.validate().map_err(Error::Config)?;
+        config.validate()?;
         let durability = if config.sqlite_full_sync {
             store::SqliteDurability::Full
         } else {
@@ -107,10 +118,9 @@ impl Orchestrator {
         let flows = flows::FlowRegistry::load(store.clone()).await?;
         if let Some(dir) = &config.flows_dir {
             if !dir.is_dir() {
-                return Err(Error::Config(format!(
-                    "flows_dir {} is not a directory",
-                    dir.display()
-                )));
+                return Err(
+                    config::ConfigError::FlowsDirNotADirectory { path: dir.clone() }.into(),
+                );
             }
             flows.apply_dir(dir, clock.now_ms()).await;
         }
@@ -170,12 +180,7 @@ impl Orchestrator {
     pub fn start(&self) -> Result<Running, Error> {
         let mut handles = self.engine.start();
         if let (Some(dir), true) = (&self.config.flows_dir, self.config.watch_flows) {
-            let stop = self.engine.inner.stop_receiver();
-            handles.push(
-                self.engine
-                    .flows()
-                    .watch(dir.clone(), self.engine.clock(), stop)?,
-            );
+            handles.push(self.engine.watch_flows_dir(dir.clone())?);
         }
         Ok(Running {
             engine: self.engine.clone(),
