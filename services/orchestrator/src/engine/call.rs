@@ -14,7 +14,7 @@ use tonic::transport::Channel;
 use crate::failure::NodeError;
 
 use super::clock::Clock;
-use super::decide::{CallResult, CallSpec};
+use super::step::{CallResult, CallSpec};
 
 /// The router client the engine calls through.
 pub(super) type Router = RouterServiceClient<GrpcClientTrace<Channel>>;

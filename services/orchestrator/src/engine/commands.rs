@@ -13,7 +13,7 @@ use crate::store::Guard;
 
 use super::Engine;
 use super::clock::ms;
-use super::decide::complete;
+use super::step::complete;
 
 /// How often a command re-reads the task and tries again when the driver appended first.
 const COMMAND_TRIES: usize = 20;
@@ -298,7 +298,7 @@ mod tests {
     use serde_json::json;
 
     use super::*;
-    use crate::engine::decide::testing::*;
+    use crate::engine::testing::*;
 
     const FLOW: &str = "id: f\nversion: 1\ninitial: ask\nstates:\n  ask:\n    type: human\n    schema: {type: object, required: [approved], properties: {approved: {type: boolean}}}\n    on_cancel: withdrawn\n    next: done\n  withdrawn: {type: fail, error: withdrawn}\n  done: {type: succeed}\n";
 

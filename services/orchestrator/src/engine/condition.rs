@@ -7,7 +7,7 @@ use crate::event::NodeOutcome;
 use crate::expr::Expr;
 use crate::failure::FailureCode;
 
-use super::decide::{Cx, Step, complete};
+use super::step::{Cx, Step, complete};
 
 /// Evaluates `branches` in order; the node's output is `{next, matched}` (`matched` is the
 /// index of the expression that held, null for `default`). An expression that cannot be
@@ -46,7 +46,7 @@ mod tests {
     use serde_json::{Value, json};
 
     use super::*;
-    use crate::engine::decide::testing::*;
+    use crate::engine::testing::*;
     use crate::event::{Event, TaskStatus};
 
     const FLOW: &str = "id: f\nversion: 1\ninitial: route\nstates:\n  route:\n    type: condition\n    conditions:\n      - {if: \"input.n > 10\", next: big}\n      - {if: \"input.n > 5\", next: mid}\n    default: small\n  big: {type: succeed}\n  mid: {type: succeed}\n  small: {type: succeed}\n";

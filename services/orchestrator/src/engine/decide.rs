@@ -10,63 +10,14 @@
 use std::collections::HashSet;
 
 use rand::RngCore;
-use serde_json::{Value, json};
 
-use crate::event::{Event, NodeOutcome, TaskState, TaskStatus};
-use crate::expr::Scope;
-use crate::failure::{FailureCode, NodeError};
+use crate::event::{Event, TaskState};
+use crate::failure::FailureCode;
 use crate::flow::{Flow, NodeKind};
 
+use super::step::Cx;
+pub use super::step::{CallResult, CallSpec, Step, message_id};
 use super::{condition, end, human, parallel, slots, task, wait};
-
-/// What the driver does next.
-#[derive(Debug, Clone, PartialEq)]
-pub enum Step {
-    /// Append these events, then decide again.
-    Events(Vec<Event>),
-    /// Make these calls; each attempt is in the log already ([`Event::AttemptStarted`]).
-    Calls(Vec<CallSpec>),
-    /// Nothing to do until a call returns, a timer is due or a command arrives.
-    Park,
-}
-
-/// A call to make for one slot (a task node, or one branch of a parallel node).
-#[derive(Debug, Clone, PartialEq)]
-pub struct CallSpec {
-    /// `node` or `node/branch`.
-    pub slot: String,
-    /// The attempt number (over the task's life).
-    pub attempt: u32,
-    /// The message id, derived from task, slot and attempt ([`message_id`]).
-    pub message_id: String,
-    /// The capability to call.
-    pub capability: String,
-    /// The input to send.
-    pub input: Value,
-    /// When the attempt times out (unix ms); `None` uses the default call timeout.
-    pub deadline_ms: Option<i64>,
-}
-
-/// What a call for one slot came back with.
-#[derive(Debug, Clone, PartialEq)]
-pub struct CallResult {
-    /// The slot.
-    pub slot: String,
-    /// The attempt.
-    pub attempt: u32,
-    /// The reply's first data part (else its first text part, else null), or the failure.
-    pub result: Result<Value, NodeError>,
-}
-
-/// What one decision sees: the task, its flow and the time.
-pub(super) struct Cx<'a> {
-    /// The task.
-    pub(super) state: &'a TaskState,
-    /// The task's flow version.
-    pub(super) flow: &'a Flow,
-    /// Now, in unix ms.
-    pub(super) now_ms: i64,
-}
 
 /// Decides the next step of a task from its state alone.
 ///
@@ -157,181 +108,13 @@ pub fn on_call_result(
     )
 }
 
-impl Cx<'_> {
-    /// The variables expressions see: `input`, `nodes` and `task`.
-    pub(super) fn scope(&self) -> Scope {
-        let state = self.state;
-        Scope {
-            input: state.input.clone(),
-            nodes: state.nodes_value(),
-            task: json!({
-                "id": state.id,
-                "flow_id": state.flow_id,
-                "flow_version": state.flow_version,
-                "trace_id": state.trace_id,
-            }),
-        }
-    }
-
-    /// The index of the current node visit (part of timer ids, so a revisit gets new ones).
-    pub(super) fn visit(&self) -> usize {
-        self.state.visits.len()
-    }
-
-    /// The events of `node` failing for good with `code` and `error`: on to `handler` (or the
-    /// node's `catch`) when there is one, else the task fails.
-    pub(super) fn fail_node(
-        &self,
-        node: &str,
-        code: FailureCode,
-        error: String,
-        handler: Option<String>,
-    ) -> Vec<Event> {
-        let catch = handler.or_else(|| self.flow.node(node).and_then(|n| n.catch.clone()));
-        let mut events = vec![Event::NodeFailed {
-            node: node.to_string(),
-            code,
-            error: error.clone(),
-            next: catch.clone(),
-            output: Value::Null,
-        }];
-        match catch {
-            Some(next) => events.push(Event::NodeEntered { node: next }),
-            None => events.push(Event::TaskEnded {
-                status: TaskStatus::Failed,
-                output: self.state.output.clone(),
-                error: Some(format!("node {node} failed: {error}")),
-                failed_node: Some(node.to_string()),
-            }),
-        }
-        events
-    }
-}
-
-/// The events of `node` completing with `outcome` and `output`, then entering `next`.
-pub(super) fn complete(node: &str, outcome: NodeOutcome, output: Value, next: &str) -> Vec<Event> {
-    vec![
-        Event::NodeCompleted {
-            node: node.to_string(),
-            outcome,
-            output,
-            next: next.to_string(),
-        },
-        Event::NodeEntered {
-            node: next.to_string(),
-        },
-    ]
-}
-
-/// The id of a durable timer: unique per task, node visit, purpose and slot attempt.
-pub(super) fn timer_id(task_id: &str, visit: usize, purpose: &str, extra: &str) -> String {
-    format!("{task_id}:{visit}:{purpose}:{extra}")
-}
-
-const MESSAGE_NAMESPACE: uuid::Uuid =
-    uuid::Uuid::from_u128(0x6d1f_0c2b_7a4e_4f0e_9b1d_52c0_a1e3_77f1);
-
-/// The message id of attempt `attempt` of `slot` in task `task_id`: a UUIDv5, so the same
-/// attempt always carries the same id and a re-sent attempt is deduplicated.
-pub fn message_id(task_id: &str, slot: &str, attempt: u32) -> String {
-    uuid::Uuid::new_v5(
-        &MESSAGE_NAMESPACE,
-        format!("{task_id}/{slot}/{attempt}").as_bytes(),
-    )
-    .to_string()
-}
-
-/// Test support for the node modules: flows, folded states and a seeded RNG, no I/O.
-#[cfg(test)]
-pub(super) mod testing {
-    use std::collections::HashSet;
-
-    use rand::SeedableRng;
-    use rand::rngs::SmallRng;
-    use serde_json::Value;
-
-    use super::Step;
-    use crate::event::{Event, TaskState};
-    use crate::flow::Flow;
-
-    /// The time every test starts at (unix ms).
-    pub const T0: i64 = 1_000_000;
-
-    /// A flow from YAML (panics on an invalid one).
-    pub fn flow(yaml: &str) -> Flow {
-        Flow::parse("test.yaml", yaml).unwrap_or_else(|e| panic!("{e}"))
-    }
-
-    /// A task of `flow` created at [`T0`] with `input`, at its initial node.
-    pub fn started(flow: &Flow, input: Value) -> TaskState {
-        let mut s = TaskState::new("t1");
-        for e in [
-            Event::TaskCreated {
-                flow_id: flow.id.clone(),
-                flow_version: flow.version,
-                input,
-                trace_id: "0af7651916cd43dd8448eb211c80319c".into(),
-            },
-            Event::NodeEntered {
-                node: flow.initial.clone(),
-            },
-        ] {
-            s.apply(&e, T0);
-        }
-        s.seq = 2;
-        s
-    }
-
-    /// A seeded RNG, so jittered delays are the same on every run.
-    pub fn rng() -> SmallRng {
-        SmallRng::seed_from_u64(7)
-    }
-
-    /// Decides at `now` with no call in flight.
-    pub fn decide_at(state: &TaskState, flow: &Flow, now: i64) -> Step {
-        super::decide(state, flow, now, &HashSet::new(), &mut rng())
-    }
-
-    /// The events of a step that must be `Step::Events`.
-    pub fn events(step: Step) -> Vec<Event> {
-        match step {
-            Step::Events(e) => e,
-            other => panic!("expected events, got {other:?}"),
-        }
-    }
-
-    /// Applies `events` at `at` (as the driver does after appending them).
-    pub fn apply(state: &mut TaskState, events: &[Event], at: i64) {
-        for e in events {
-            state.apply(e, at);
-            state.seq += 1;
-        }
-    }
-
-    /// Decides and applies event steps at `now` until the task parks, calls or ends;
-    /// returns every event appended and the last step.
-    pub fn run(state: &mut TaskState, flow: &Flow, now: i64) -> (Vec<Event>, Step) {
-        let mut all = Vec::new();
-        for _ in 0..100 {
-            if state.status.is_terminal() {
-                return (all, Step::Park);
-            }
-            match decide_at(state, flow, now) {
-                Step::Events(events) => {
-                    apply(state, &events, now);
-                    all.extend(events);
-                }
-                other => return (all, other),
-            }
-        }
-        panic!("the decider did not settle: {all:#?}");
-    }
-}
-
 #[cfg(test)]
 mod tests {
-    use super::testing::*;
+    use serde_json::{Value, json};
+
     use super::*;
+    use crate::engine::testing::*;
+    use crate::event::TaskStatus;
 
     #[test]
     fn a_new_task_enters_the_initial_node() {

@@ -3,7 +3,7 @@
 use crate::event::{Event, NodeOutcome, TaskStatus};
 use crate::failure::FailureCode;
 
-use super::decide::{Cx, Step};
+use super::step::{Cx, Step};
 use serde_json::Value;
 
 /// A `succeed` node: the task ends SUCCEEDED (PARTIAL when a parallel node was PARTIAL on the
@@ -54,7 +54,7 @@ mod tests {
     use serde_json::json;
 
     use super::*;
-    use crate::engine::decide::testing::*;
+    use crate::engine::testing::*;
 
     #[test]
     fn succeed_ends_with_the_last_output() {

@@ -7,7 +7,7 @@ use crate::failure::FailureCode;
 use crate::flow::Node;
 
 use super::clock::ms;
-use super::decide::{Cx, Step, complete, timer_id};
+use super::step::{Cx, Step, complete, timer_id};
 
 /// Records the wait (and schedules the node's timeout) on entry; completes with the resume
 /// input once given (cancelling the timeout); fails the node with DEADLINE_EXCEEDED when the
@@ -62,7 +62,7 @@ mod tests {
     use serde_json::{Value, json};
 
     use super::*;
-    use crate::engine::decide::testing::*;
+    use crate::engine::testing::*;
     use crate::event::TaskStatus;
 
     const FLOW: &str = "id: f\nversion: 1\ninitial: ask\nstates:\n  ask: {type: human, prompt: Approve?, timeout: 300ms, catch: late, next: done}\n  late: {type: fail, error: late}\n  done: {type: succeed}\n";

@@ -12,7 +12,8 @@
 //! - [`clock`]: [`Clock`], wall-clock milliseconds that follow tokio's (paused) clock.
 //! - [`decide`]: the decider, a pure function of state, flow, time and a random source,
 //!   dispatching to one module per node kind: `task`, `parallel` (both over the call slots of
-//!   `slots`), `condition`, `human`, `wait` and `end` (`succeed` and `fail`).
+//!   `slots`), `condition`, `human`, `wait` and `end` (`succeed` and `fail`). `step` holds
+//!   what they share (the [`decide::Step`] they return, completing and failing a node).
 //! - `driver`: [`Engine::poke`] and the per-task driver loop (claim, decide, append, call).
 //! - `call`: the router call of one attempt.
 //! - `commands`: StartTask, ResumeTask, CancelTask and RetryTask.
@@ -44,7 +45,10 @@ mod human;
 mod loops;
 mod parallel;
 mod slots;
+mod step;
 mod task;
+#[cfg(test)]
+mod testing;
 mod wait;
 
 pub use clock::Clock;

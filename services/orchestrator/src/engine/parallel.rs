@@ -11,8 +11,8 @@ use crate::event::{Event, NodeOutcome};
 use crate::failure::FailureCode;
 use crate::flow::{Branch, Node};
 
-use super::decide::{Cx, Step, complete};
 use super::slots::{self, Slot};
+use super::step::{Cx, Step, complete};
 
 /// A parallel node's fields.
 pub(super) struct Spec<'a> {
@@ -102,8 +102,8 @@ mod tests {
     use serde_json::json;
 
     use super::*;
-    use crate::engine::decide::testing::*;
     use crate::engine::decide::{CallResult, on_call_result};
+    use crate::engine::testing::*;
     use crate::event::TaskStatus;
     use crate::failure::NodeError;
 

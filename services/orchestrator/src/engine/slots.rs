@@ -13,7 +13,7 @@ use crate::failure::NodeError;
 use crate::flow::Node;
 
 use super::clock::ms;
-use super::decide::{CallResult, CallSpec, Cx, Step, message_id, timer_id};
+use super::step::{CallResult, CallSpec, Cx, Step, message_id, timer_id};
 
 /// One call slot of a node.
 pub(super) struct Slot<'a> {

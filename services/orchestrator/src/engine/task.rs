@@ -9,8 +9,8 @@ use crate::expr::InputTemplate;
 use crate::failure::FailureCode;
 use crate::flow::Node;
 
-use super::decide::{Cx, Step, complete};
 use super::slots::{self, Slot};
+use super::step::{Cx, Step, complete};
 
 /// Runs the node's slot; completes with the reply's output, or fails the node with the last
 /// attempt's code and message once its retries are spent.
@@ -50,8 +50,8 @@ mod tests {
     use tonic::Code;
 
     use super::*;
-    use crate::engine::decide::testing::*;
     use crate::engine::decide::{CallResult, CallSpec, message_id, on_call_result};
+    use crate::engine::testing::*;
     use crate::event::{Event, TaskStatus, TimerPurpose};
     use crate::failure::NodeError;
 

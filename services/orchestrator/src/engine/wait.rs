@@ -5,7 +5,7 @@ use std::time::Duration;
 use crate::event::{Event, NodeOutcome, TimerPurpose};
 
 use super::clock::ms;
-use super::decide::{Cx, Step, complete, timer_id};
+use super::step::{Cx, Step, complete, timer_id};
 
 /// Schedules the node's timer on entry, fires it once due, then completes with the last
 /// completed node's output (a wait passes its input through).
@@ -38,7 +38,7 @@ mod tests {
     use serde_json::json;
 
     use super::*;
-    use crate::engine::decide::testing::*;
+    use crate::engine::testing::*;
     use crate::event::TaskStatus;
 
     const FLOW: &str = "id: f\nversion: 1\ninitial: pause\nstates:\n  pause: {type: wait, duration: 4s, next: done}\n  done: {type: succeed}\n";
