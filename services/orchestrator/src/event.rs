@@ -774,3 +774,51 @@ impl TaskState {
         self.timers.get(id).is_some_and(|t| t.fired)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Events as earlier versions stored them (failure codes as names, a slot's error as one
+    /// `"CODE: message"` string, `FLOW` for flow failures) read back typed and are written
+    /// back byte for byte the same, so SQLite and PostgreSQL logs stay readable both ways.
+    #[test]
+    fn stored_failure_events_keep_their_shape() {
+        let stored = [
+            r#"{"kind":"attempt_failed","node":"act","slot":"act","attempt":2,"code":"UNAVAILABLE","error":"down","retry_timer":"t:1:backoff:act#2"}"#,
+            r#"{"kind":"slot_completed","node":"n","slot":"n/sms","ok":false,"output":null,"error":"INVALID_ARGUMENT: bad phone: +1"}"#,
+            r#"{"kind":"slot_completed","node":"n","slot":"n","ok":true,"output":{"a":1},"error":null}"#,
+            r#"{"kind":"node_failed","node":"no","code":"FLOW","error":"refused","next":null,"output":null}"#,
+            r#"{"kind":"node_failed","node":"ask","code":"DEADLINE_EXCEEDED","error":"late","next":"x","output":null}"#,
+        ];
+        for text in stored {
+            let event: Event = serde_json::from_str(text).unwrap();
+            assert_eq!(serde_json::to_string(&event).unwrap(), text);
+        }
+        let event: Event = serde_json::from_str(stored[0]).unwrap();
+        assert!(matches!(
+            event,
+            Event::AttemptFailed {
+                code: tonic::Code::Unavailable,
+                ..
+            }
+        ));
+        let mut s = TaskState::new("t");
+        s.apply(&serde_json::from_str(stored[1]).unwrap(), 0);
+        assert_eq!(
+            s.slots["n/sms"].done,
+            Some(Err(NodeError::new(
+                tonic::Code::InvalidArgument,
+                "bad phone: +1"
+            )))
+        );
+        let event: Event = serde_json::from_str(stored[3]).unwrap();
+        assert!(matches!(
+            event,
+            Event::NodeFailed {
+                code: FailureCode::Flow,
+                ..
+            }
+        ));
+    }
+}

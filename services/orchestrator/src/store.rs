@@ -1065,3 +1065,72 @@ async fn writer(backend: Backend, mut rx: mpsc::Receiver<WriteReq>) {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A unique violation is a conflict, a lost pool is unavailable, an undecodable event is
+    /// corrupt — and a failed group commit keeps its kind on the way to every append.
+    #[tokio::test]
+    async fn store_errors_keep_their_kind() {
+        let pool = SqlitePoolOptions::new()
+            .max_connections(1)
+            .connect("sqlite::memory:")
+            .await
+            .unwrap();
+        sqlx::query("CREATE TABLE t (id TEXT PRIMARY KEY)")
+            .execute(&pool)
+            .await
+            .unwrap();
+        sqlx::query("INSERT INTO t VALUES ('a')")
+            .execute(&pool)
+            .await
+            .unwrap();
+        let dup = sqlx::query("INSERT INTO t VALUES ('a')")
+            .execute(&pool)
+            .await
+            .unwrap_err();
+        assert_eq!(StoreError::Db(dup).kind(), StoreErrorKind::Conflict);
+        let bad_sql = sqlx::query("SELECT nope FROM t")
+            .execute(&pool)
+            .await
+            .unwrap_err();
+        assert_eq!(StoreError::Db(bad_sql).kind(), StoreErrorKind::Internal);
+        pool.close().await;
+        let closed = sqlx::query("SELECT 1").execute(&pool).await.unwrap_err();
+        assert_eq!(StoreError::Db(closed).kind(), StoreErrorKind::Unavailable);
+        assert_eq!(StoreError::WriterGone.kind(), StoreErrorKind::Unavailable);
+        assert_eq!(
+            StoreError::Corrupt {
+                task_id: "t".into(),
+                seq: 1,
+                message: "x".into()
+            }
+            .kind(),
+            StoreErrorKind::Corrupt
+        );
+    }
+
+    /// A stored event that no longer decodes is reported as corrupt, naming task and seq.
+    #[tokio::test]
+    async fn an_undecodable_event_is_corrupt() {
+        let store = Store::open("sqlite::memory:", SqliteDurability::Normal)
+            .await
+            .unwrap();
+        let Backend::Sqlite(pool) = &store.backend else {
+            unreachable!()
+        };
+        sqlx::query("INSERT INTO reach_events (task_id, seq, at_ms, kind, node, body) VALUES ('t', 1, 0, 'x', NULL, '{\"kind\":\"from_the_future\"}')")
+            .execute(pool)
+            .await
+            .unwrap();
+        let err = store.events("t", 0).await.unwrap_err();
+        assert_eq!(err.kind(), StoreErrorKind::Corrupt);
+        assert!(
+            err.to_string()
+                .starts_with("stored event t#1 cannot be decoded"),
+            "{err}"
+        );
+    }
+}
