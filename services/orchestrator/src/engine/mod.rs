@@ -21,6 +21,7 @@
 //!   how a restarted or surviving replica resumes work), timers (poke tasks whose durable
 //!   timers are due), purge (drop ended tasks after the context TTL), the tasks-by-status
 //!   gauges, and the flows directory watch.
+//! - `testing` (tests only): flows, folded states and a seeded RNG for the decider's tests.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
