@@ -73,31 +73,120 @@ impl OrchestratorConfig {
     /// Checks the values.
     ///
     /// # Errors
-    /// A message naming the bad field and what to write instead.
-    pub fn validate(&self) -> Result<(), String> {
+    /// A [`ConfigError`] naming the bad field and what to write instead.
+    pub fn validate(&self) -> Result<(), ConfigError> {
         if !(self.store_url.starts_with("sqlite:")
             || self.store_url.starts_with("postgres://")
             || self.store_url.starts_with("postgresql://"))
         {
-            return Err(format!(
-                "store_url {:?} must start with sqlite:// or postgres://",
-                self.store_url
-            ));
+            return Err(ConfigError::StoreUrl {
+                url: self.store_url.clone(),
+            });
         }
         if !(self.router_endpoint.starts_with("http://")
             || self.router_endpoint.starts_with("https://"))
         {
-            return Err(format!(
-                "router_endpoint {:?} must be http://HOST:PORT",
-                self.router_endpoint
-            ));
+            return Err(ConfigError::RouterEndpoint {
+                endpoint: self.router_endpoint.clone(),
+                detail: "it has no http:// or https:// scheme".into(),
+            });
         }
-        if self.lease < Duration::from_millis(300) {
-            return Err("lease must be at least 300ms".into());
+        if self.lease < MIN_LEASE {
+            return Err(ConfigError::LeaseTooShort { lease: self.lease });
         }
         if self.max_concurrent_tasks == 0 {
-            return Err("max_concurrent_tasks must be at least 1".into());
+            return Err(ConfigError::NoConcurrentTasks);
         }
         Ok(())
+    }
+}
+
+/// The shortest task lease [`OrchestratorConfig::validate`] accepts.
+pub const MIN_LEASE: Duration = Duration::from_millis(300);
+
+/// A configuration value the orchestrator cannot run with. Messages name the field and what
+/// to write instead.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ConfigError {
+    /// `store_url` has a scheme other than `sqlite:` or `postgres://`.
+    #[error("store_url {url:?} must start with sqlite:// or postgres://")]
+    StoreUrl {
+        /// The URL given.
+        url: String,
+    },
+    /// `router_endpoint` is not an `http(s)://HOST:PORT` URI.
+    #[error("router_endpoint {endpoint:?} is not valid ({detail}); use http://HOST:PORT")]
+    RouterEndpoint {
+        /// The endpoint given.
+        endpoint: String,
+        /// What is wrong with it.
+        detail: String,
+    },
+    /// `lease` is under [`MIN_LEASE`].
+    #[error("lease must be at least 300ms, not {}", humantime::format_duration(*lease))]
+    LeaseTooShort {
+        /// The lease given.
+        lease: Duration,
+    },
+    /// `max_concurrent_tasks` is 0.
+    #[error("max_concurrent_tasks must be at least 1")]
+    NoConcurrentTasks,
+    /// `flows_dir` is not a directory.
+    #[error("flows_dir {} is not a directory; create it or point flows_dir at one", path.display())]
+    FlowsDirNotADirectory {
+        /// The path given.
+        path: PathBuf,
+    },
+    /// `flows_dir` cannot be watched for changes.
+    #[error("cannot watch flows_dir {} ({detail}); check its permissions, or set watch_flows = false", path.display())]
+    FlowsDirUnwatchable {
+        /// The directory.
+        path: PathBuf,
+        /// The watcher's error.
+        detail: String,
+    },
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn validate_names_the_field() {
+        let ok = OrchestratorConfig::default();
+        assert_eq!(ok.validate(), Ok(()));
+        let cases = [
+            (
+                OrchestratorConfig {
+                    store_url: "mysql://x".into(),
+                    ..ok.clone()
+                },
+                "store_url \"mysql://x\" must start with sqlite:// or postgres://",
+            ),
+            (
+                OrchestratorConfig {
+                    router_endpoint: "127.0.0.1:7070".into(),
+                    ..ok.clone()
+                },
+                "router_endpoint \"127.0.0.1:7070\" is not valid (it has no http:// or https:// scheme); use http://HOST:PORT",
+            ),
+            (
+                OrchestratorConfig {
+                    lease: Duration::from_millis(100),
+                    ..ok.clone()
+                },
+                "lease must be at least 300ms, not 100ms",
+            ),
+            (
+                OrchestratorConfig {
+                    max_concurrent_tasks: 0,
+                    ..ok.clone()
+                },
+                "max_concurrent_tasks must be at least 1",
+            ),
+        ];
+        for (config, message) in cases {
+            assert_eq!(config.validate().unwrap_err().to_string(), message);
+        }
     }
 }

@@ -1,41 +1,175 @@
 //! The orchestrator's error type and its mapping to gRPC statuses.
+//!
+//! Every variant that a program may branch on maps to a status carrying a
+//! `google.rpc.ErrorInfo` with a reason from [`reach_rpc::errors::reason`] (domain
+//! `reach.dev`) and the variant's fields as metadata; request errors also carry a
+//! `google.rpc.BadRequest` naming the field. The mapping is exhaustive: a new variant must
+//! choose its code.
 
-use tonic::Code;
+use std::collections::HashMap;
+use std::path::PathBuf;
+
+use reach_rpc::errors::{ERROR_DOMAIN, reason};
+use tonic::{Code, Status};
 use tonic_types::{ErrorDetails, StatusExt};
 
+use crate::config::ConfigError;
+use crate::event::TaskStatus;
 use crate::flow::FlowErrors;
-use crate::store::StoreError;
+use crate::store::{StoreError, StoreErrorKind};
 
 /// Why an orchestrator operation failed.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
-    /// A task, flow or node does not exist.
-    #[error("{0}")]
-    NotFound(String),
-    /// The request is malformed; `violations` are `(field path, description)`.
-    #[error("{message}")]
-    InvalidArgument {
-        /// What is wrong, for a person.
-        message: String,
-        /// Field-level violations, for a program.
+    /// No task has this id (never started, or purged after the context TTL).
+    #[error("task {task_id:?} does not exist (or was purged after its TTL)")]
+    TaskNotFound {
+        /// The id asked for.
+        task_id: String,
+    },
+    /// The task id given to StartTask is not valid.
+    #[error("task id {task_id:?} is not valid: use 1 to 128 characters of A-Z a-z 0-9 . _ : -")]
+    InvalidTaskId {
+        /// The id given.
+        task_id: String,
+    },
+    /// The task id given to StartTask belongs to a task of another flow.
+    #[error("task {task_id:?} exists and runs flow {flow_id:?}; choose another task id")]
+    TaskIdInUse {
+        /// The id given.
+        task_id: String,
+        /// The flow the existing task runs.
+        flow_id: String,
+    },
+    /// ResumeTask of a task that does not wait in a human node.
+    #[error(
+        "task {task_id} is {} at node {node:?}; only a task waiting in a human node can be resumed",
+        status.as_str()
+    )]
+    TaskNotWaiting {
+        /// The task.
+        task_id: String,
+        /// Its status.
+        status: TaskStatus,
+        /// Its current node (empty when it has none).
+        node: String,
+    },
+    /// ResumeTask naming another node than the one the task waits in.
+    #[error(
+        "task {task_id} waits in node {waiting:?}, not {requested:?}; resume {waiting:?} or leave the node empty"
+    )]
+    NodeNotWaiting {
+        /// The task.
+        task_id: String,
+        /// The human node it waits in.
+        waiting: String,
+        /// The node the request named.
+        requested: String,
+    },
+    /// The resume input does not match the human node's schema.
+    #[error("resume input does not match the schema of node {node}: {}", list(.violations))]
+    InvalidInput {
+        /// The task.
+        task_id: String,
+        /// The human node.
+        node: String,
+        /// `(JSON pointer in the input, what the schema says)`; never empty.
         violations: Vec<(String, String)>,
+    },
+    /// CancelTask of a task that already ended.
+    #[error("task {task_id} already ended ({})", status.as_str())]
+    TaskEnded {
+        /// The task.
+        task_id: String,
+        /// How it ended.
+        status: TaskStatus,
+    },
+    /// RetryTask of a task that is not FAILED or PARTIAL.
+    #[error(
+        "task {task_id} is {}; only FAILED or PARTIAL tasks can be retried",
+        status.as_str()
+    )]
+    TaskNotRetryable {
+        /// The task.
+        task_id: String,
+        /// Its status.
+        status: TaskStatus,
+    },
+    /// RetryTask of a FAILED or PARTIAL task without a node to restart at.
+    #[error("task {task_id} has no failed node to retry from")]
+    NoNodeToRetry {
+        /// The task.
+        task_id: String,
+    },
+    /// A command kept losing the race with the task's own progress.
+    #[error("task {task_id:?} changes too fast to apply the command; try again")]
+    TaskContended {
+        /// The task.
+        task_id: String,
+    },
+    /// StartTask of a flow (or flow version) that is not applied.
+    #[error(
+        "flow {flow_id:?}{} is not applied; known flows: [{}]; apply it with `reach flow apply FILE`",
+        version_suffix(*.version),
+        .known.join(", ")
+    )]
+    FlowNotFound {
+        /// The flow asked for.
+        flow_id: String,
+        /// The version asked for; 0 for the latest.
+        version: u32,
+        /// The applied flow ids, sorted.
+        known: Vec<String>,
+    },
+    /// A task's flow version is not loaded in this orchestrator.
+    #[error(
+        "flow {flow_id} v{version} is not loaded; apply that version again to act on its tasks"
+    )]
+    FlowNotLoaded {
+        /// The flow.
+        flow_id: String,
+        /// The version.
+        version: u32,
     },
     /// A flow failed validation.
     #[error("{0}")]
     InvalidFlow(#[from] FlowErrors),
-    /// The operation does not apply to the task's current state.
-    #[error("{0}")]
-    FailedPrecondition(String),
-    /// The id is taken.
-    #[error("{0}")]
-    AlreadyExists(String),
-    /// Try again later.
-    #[error("{0}")]
-    Unavailable(String),
+    /// The flow version is applied already with different text.
+    #[error(
+        "flow {flow_id} version {version} is already applied with different content; bump `version` (running tasks keep the version they started with)"
+    )]
+    FlowVersionConflict {
+        /// The flow.
+        flow_id: String,
+        /// The version.
+        version: u32,
+    },
+    /// A request field is required and empty.
+    #[error("{field} is required; {hint}")]
+    MissingField {
+        /// The field.
+        field: &'static str,
+        /// What to put there.
+        hint: &'static str,
+    },
+    /// A page token this server did not issue.
+    #[error("page_token {token:?} is not valid; pass the next_page_token of the previous page")]
+    InvalidPageToken {
+        /// The token given.
+        token: String,
+    },
+    /// A file (a flow file, a benchmark's directory) cannot be read or written.
+    #[error("cannot access {}: {source}", path.display())]
+    Io {
+        /// The file or directory.
+        path: PathBuf,
+        /// The OS error.
+        source: std::io::Error,
+    },
     /// Bad configuration.
     #[error("configuration: {0}")]
-    Config(String),
-    /// The store failed.
+    Config(#[from] ConfigError),
+    /// The store failed; [`StoreError::kind`] decides the code.
     #[error(transparent)]
     Store(#[from] StoreError),
     /// Serving failed.
@@ -43,34 +177,317 @@ pub enum Error {
     Serve(#[from] reach_rpc::server::ServeError),
 }
 
-impl From<Error> for tonic::Status {
+fn list(violations: &[(String, String)]) -> String {
+    violations
+        .iter()
+        .map(|(p, m)| format!("{p}: {m}"))
+        .collect::<Vec<_>>()
+        .join("; ")
+}
+
+fn version_suffix(version: u32) -> String {
+    if version == 0 {
+        String::new()
+    } else {
+        format!(" version {version}")
+    }
+}
+
+/// A status with an ErrorInfo of `reason` carrying `metadata`, and a BadRequest of
+/// `violations` (`(field path, description)`) when there are any.
+fn status(
+    code: Code,
+    message: String,
+    reason: &str,
+    metadata: impl IntoIterator<Item = (&'static str, String)>,
+    violations: impl IntoIterator<Item = (String, String)>,
+) -> Status {
+    let metadata: HashMap<String, String> = metadata
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v))
+        .collect();
+    let mut details = ErrorDetails::with_error_info(reason, ERROR_DOMAIN, metadata);
+    for (field, description) in violations {
+        details.add_bad_request_violation(field, description);
+    }
+    Status::with_error_details(code, message, details)
+}
+
+const NO_VIOLATIONS: [(String, String); 0] = [];
+
+impl From<Error> for Status {
     fn from(err: Error) -> Self {
         let message = err.to_string();
         match err {
-            Error::NotFound(_) => tonic::Status::new(Code::NotFound, message),
-            Error::InvalidArgument { violations, .. } => {
-                let mut details = ErrorDetails::new();
-                for (field, description) in violations {
-                    details.add_bad_request_violation(field, description);
-                }
-                tonic::Status::with_error_details(Code::InvalidArgument, message, details)
-            }
-            Error::InvalidFlow(errors) => {
-                let mut details = ErrorDetails::new();
-                for e in &errors.errors {
-                    details.add_bad_request_violation(
+            Error::TaskNotFound { task_id } => status(
+                Code::NotFound,
+                message,
+                reason::TASK_NOT_FOUND,
+                [("task_id", task_id)],
+                NO_VIOLATIONS,
+            ),
+            Error::InvalidTaskId { task_id } => status(
+                Code::InvalidArgument,
+                message,
+                reason::INVALID_TASK_ID,
+                [("task_id", task_id)],
+                [(
+                    "task_id".to_string(),
+                    "must be 1 to 128 characters of A-Z a-z 0-9 . _ : -".to_string(),
+                )],
+            ),
+            Error::TaskIdInUse { task_id, flow_id } => status(
+                Code::AlreadyExists,
+                message,
+                reason::TASK_ID_IN_USE,
+                [("task_id", task_id), ("flow_id", flow_id)],
+                NO_VIOLATIONS,
+            ),
+            Error::TaskNotWaiting {
+                task_id,
+                status: task_status,
+                node,
+            } => status(
+                Code::FailedPrecondition,
+                message,
+                reason::TASK_NOT_WAITING,
+                [
+                    ("task_id", task_id),
+                    ("status", task_status.as_str().to_string()),
+                    ("node_id", node),
+                ],
+                NO_VIOLATIONS,
+            ),
+            Error::NodeNotWaiting {
+                task_id,
+                waiting,
+                requested,
+            } => status(
+                Code::FailedPrecondition,
+                message,
+                reason::NODE_NOT_WAITING,
+                [
+                    ("task_id", task_id),
+                    ("waiting_node_id", waiting),
+                    ("node_id", requested),
+                ],
+                NO_VIOLATIONS,
+            ),
+            Error::InvalidInput {
+                task_id,
+                node,
+                violations,
+            } => status(
+                Code::InvalidArgument,
+                message,
+                reason::INVALID_INPUT,
+                [("task_id", task_id), ("node_id", node)],
+                violations
+                    .into_iter()
+                    .map(|(path, m)| (format!("input{path}"), m)),
+            ),
+            Error::TaskEnded {
+                task_id,
+                status: task_status,
+            } => status(
+                Code::FailedPrecondition,
+                message,
+                reason::TASK_ENDED,
+                [
+                    ("task_id", task_id),
+                    ("status", task_status.as_str().to_string()),
+                ],
+                NO_VIOLATIONS,
+            ),
+            Error::TaskNotRetryable {
+                task_id,
+                status: task_status,
+            } => status(
+                Code::FailedPrecondition,
+                message,
+                reason::TASK_NOT_RETRYABLE,
+                [
+                    ("task_id", task_id),
+                    ("status", task_status.as_str().to_string()),
+                ],
+                NO_VIOLATIONS,
+            ),
+            Error::NoNodeToRetry { task_id } => status(
+                Code::FailedPrecondition,
+                message,
+                reason::TASK_NOT_RETRYABLE,
+                [("task_id", task_id)],
+                NO_VIOLATIONS,
+            ),
+            Error::TaskContended { task_id } => status(
+                Code::Aborted,
+                message,
+                reason::TASK_CONTENDED,
+                [("task_id", task_id)],
+                NO_VIOLATIONS,
+            ),
+            Error::FlowNotFound {
+                flow_id, version, ..
+            } => status(
+                Code::NotFound,
+                message,
+                reason::FLOW_NOT_FOUND,
+                [("flow_id", flow_id), ("flow_version", version.to_string())],
+                NO_VIOLATIONS,
+            ),
+            Error::FlowNotLoaded { flow_id, version } => status(
+                Code::FailedPrecondition,
+                message,
+                reason::FLOW_NOT_LOADED,
+                [("flow_id", flow_id), ("flow_version", version.to_string())],
+                NO_VIOLATIONS,
+            ),
+            Error::InvalidFlow(errors) => status(
+                Code::InvalidArgument,
+                message,
+                reason::INVALID_FLOW,
+                [("errors", errors.errors.len().to_string())],
+                errors.errors.into_iter().map(|e| {
+                    (
                         format!("{}:{}:{}", e.source, e.line, e.column),
                         format!("{}; {}", e.message, e.hint),
-                    );
-                }
-                tonic::Status::with_error_details(Code::InvalidArgument, message, details)
+                    )
+                }),
+            ),
+            Error::FlowVersionConflict { flow_id, version } => status(
+                Code::FailedPrecondition,
+                message,
+                reason::FLOW_VERSION_CONFLICT,
+                [("flow_id", flow_id), ("flow_version", version.to_string())],
+                NO_VIOLATIONS,
+            ),
+            Error::MissingField { field, .. } => {
+                let mut details = ErrorDetails::new();
+                details.add_bad_request_violation(field, "required");
+                Status::with_error_details(Code::InvalidArgument, message, details)
             }
-            Error::FailedPrecondition(_) => tonic::Status::new(Code::FailedPrecondition, message),
-            Error::AlreadyExists(_) => tonic::Status::new(Code::AlreadyExists, message),
-            Error::Unavailable(_) => tonic::Status::new(Code::Unavailable, message),
-            Error::Config(_) => tonic::Status::new(Code::Internal, message),
-            Error::Store(_) => tonic::Status::new(Code::Unavailable, message),
-            Error::Serve(_) => tonic::Status::new(Code::Internal, message),
+            Error::InvalidPageToken { .. } => status(
+                Code::InvalidArgument,
+                message,
+                reason::INVALID_PAGE_TOKEN,
+                [],
+                [(
+                    "page_token".to_string(),
+                    "not a token this server issued".to_string(),
+                )],
+            ),
+            Error::Store(e) => match e.kind() {
+                StoreErrorKind::Unavailable => status(
+                    Code::Unavailable,
+                    message,
+                    reason::STORE_UNAVAILABLE,
+                    [],
+                    NO_VIOLATIONS,
+                ),
+                StoreErrorKind::Conflict => status(
+                    Code::Aborted,
+                    message,
+                    reason::STORE_CONFLICT,
+                    [],
+                    NO_VIOLATIONS,
+                ),
+                StoreErrorKind::Corrupt => status(
+                    Code::DataLoss,
+                    message,
+                    reason::STORE_CORRUPT,
+                    [],
+                    NO_VIOLATIONS,
+                ),
+                StoreErrorKind::Internal => Status::internal(message),
+            },
+            Error::Io { .. } | Error::Config(_) | Error::Serve(_) => Status::internal(message),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use reach_rpc::errors::{metadata_of, reason_of};
+
+    fn status_of(e: Error) -> Status {
+        Status::from(e)
+    }
+
+    /// Store failures keep their kind on the way out: a lost connection is worth retrying, a
+    /// collision is a conflict, an undecodable event is data loss.
+    #[test]
+    fn store_errors_map_by_kind() {
+        let s = status_of(Error::Store(StoreError::Db(sqlx::Error::PoolTimedOut)));
+        assert_eq!(s.code(), Code::Unavailable);
+        assert_eq!(reason_of(&s).as_deref(), Some(reason::STORE_UNAVAILABLE));
+        let s = status_of(Error::Store(StoreError::WriterGone));
+        assert_eq!(s.code(), Code::Unavailable);
+        let s = status_of(Error::Store(StoreError::Batch {
+            kind: StoreErrorKind::Conflict,
+            message: "duplicate key".into(),
+        }));
+        assert_eq!(s.code(), Code::Aborted);
+        assert_eq!(reason_of(&s).as_deref(), Some(reason::STORE_CONFLICT));
+        let s = status_of(Error::Store(StoreError::Corrupt {
+            task_id: "t".into(),
+            seq: 3,
+            message: "unknown variant".into(),
+        }));
+        assert_eq!(s.code(), Code::DataLoss);
+        assert_eq!(reason_of(&s).as_deref(), Some(reason::STORE_CORRUPT));
+        assert_eq!(
+            s.message(),
+            "stored event t#3 cannot be decoded: unknown variant"
+        );
+        let s = status_of(Error::Store(StoreError::Db(sqlx::Error::RowNotFound)));
+        assert_eq!(s.code(), Code::Internal);
+    }
+
+    #[test]
+    fn task_errors_carry_reason_and_metadata() {
+        let s = status_of(Error::TaskNotWaiting {
+            task_id: "t1".into(),
+            status: TaskStatus::Processing,
+            node: "act".into(),
+        });
+        assert_eq!(s.code(), Code::FailedPrecondition);
+        assert_eq!(reason_of(&s).as_deref(), Some(reason::TASK_NOT_WAITING));
+        let meta = metadata_of(&s);
+        assert_eq!(meta["task_id"], "t1");
+        assert_eq!(meta["status"], "PROCESSING");
+        assert_eq!(meta["node_id"], "act");
+        assert_eq!(
+            s.message(),
+            "task t1 is PROCESSING at node \"act\"; only a task waiting in a human node can be resumed"
+        );
+        let s = status_of(Error::InvalidInput {
+            task_id: "t1".into(),
+            node: "ask".into(),
+            violations: vec![(
+                "/approved".into(),
+                "\"yes\" is not of type \"boolean\"".into(),
+            )],
+        });
+        assert_eq!(s.code(), Code::InvalidArgument);
+        assert_eq!(reason_of(&s).as_deref(), Some(reason::INVALID_INPUT));
+        let fields: Vec<String> = s
+            .get_details_bad_request()
+            .unwrap()
+            .field_violations
+            .into_iter()
+            .map(|v| v.field)
+            .collect();
+        assert_eq!(fields, ["input/approved"]);
+        let s = status_of(Error::FlowNotFound {
+            flow_id: "nope".into(),
+            version: 0,
+            known: vec!["a".into(), "b".into()],
+        });
+        assert_eq!(s.code(), Code::NotFound);
+        assert_eq!(
+            s.message(),
+            "flow \"nope\" is not applied; known flows: [a, b]; apply it with `reach flow apply FILE`"
+        );
     }
 }

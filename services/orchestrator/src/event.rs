@@ -9,6 +9,8 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
+use crate::failure::{FailureCode, NodeError};
+
 /// Task status (the proto's `TaskStatus` without the unspecified value).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "SCREAMING_SNAKE_CASE")]
@@ -162,9 +164,10 @@ pub enum Event {
         slot: String,
         /// The attempt.
         attempt: u32,
-        /// The gRPC code name.
-        code: String,
-        /// The error message.
+        /// The failure's gRPC code, stored by name (`UNAVAILABLE`).
+        #[serde(with = "crate::failure::code_serde")]
+        code: tonic::Code,
+        /// The failure's message.
         error: String,
         /// The back-off timer when the attempt will be retried.
         retry_timer: Option<String>,
@@ -179,8 +182,8 @@ pub enum Event {
         ok: bool,
         /// The output (the reply's first data part) or null.
         output: Value,
-        /// The last error when it failed.
-        error: Option<String>,
+        /// The last error when it failed, stored as `"CODE: message"`.
+        error: Option<NodeError>,
     },
     /// A durable timer was scheduled.
     TimerScheduled {
@@ -234,8 +237,8 @@ pub enum Event {
     NodeFailed {
         /// The node.
         node: String,
-        /// The gRPC code name or `FLOW` for flow errors.
-        code: String,
+        /// The gRPC code, or `FLOW` when the flow failed the task.
+        code: FailureCode,
         /// Why.
         error: String,
         /// The node that handles the failure (`catch` / `on_failure`), if any.
@@ -341,10 +344,10 @@ pub struct SlotState {
     pub inflight: Option<Inflight>,
     /// The pending back-off timer.
     pub backoff_timer: Option<String>,
-    /// `(ok, output, error)` once finished.
-    pub done: Option<(bool, Value, Option<String>)>,
-    /// The last attempt's error.
-    pub last_error: Option<String>,
+    /// The output, or the last attempt's error, once finished for good.
+    pub done: Option<Result<Value, NodeError>>,
+    /// The last failed attempt's error.
+    pub last_error: Option<NodeError>,
 }
 
 /// A durable timer as the fold sees it.
@@ -581,6 +584,7 @@ impl TaskState {
             }
             Event::AttemptFailed {
                 slot,
+                code,
                 error,
                 retry_timer,
                 ..
@@ -588,7 +592,7 @@ impl TaskState {
                 let s = self.slots.entry(slot.clone()).or_default();
                 s.inflight = None;
                 s.backoff_timer = retry_timer.clone();
-                s.last_error = Some(error.clone());
+                s.last_error = Some(NodeError::new(*code, error.clone()));
                 if let Some(v) = self.visit() {
                     v.error = Some(error.clone());
                 }
@@ -604,7 +608,13 @@ impl TaskState {
                 let s = self.slots.entry(slot.clone()).or_default();
                 s.inflight = None;
                 s.backoff_timer = None;
-                s.done = Some((*ok, output.clone(), error.clone()));
+                s.done = Some(if *ok {
+                    Ok(output.clone())
+                } else {
+                    Err(error
+                        .clone()
+                        .unwrap_or_else(|| NodeError::new(tonic::Code::Unknown, "")))
+                });
                 self.refresh_running_status();
             }
             Event::TimerScheduled {
@@ -762,5 +772,53 @@ impl TaskState {
     /// Whether timer `id` fired.
     pub fn timer_fired(&self, id: &str) -> bool {
         self.timers.get(id).is_some_and(|t| t.fired)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Events as earlier versions stored them (failure codes as names, a slot's error as one
+    /// `"CODE: message"` string, `FLOW` for flow failures) read back typed and are written
+    /// back byte for byte the same, so SQLite and PostgreSQL logs stay readable both ways.
+    #[test]
+    fn stored_failure_events_keep_their_shape() {
+        let stored = [
+            r#"{"kind":"attempt_failed","node":"act","slot":"act","attempt":2,"code":"UNAVAILABLE","error":"down","retry_timer":"t:1:backoff:act#2"}"#,
+            r#"{"kind":"slot_completed","node":"n","slot":"n/sms","ok":false,"output":null,"error":"INVALID_ARGUMENT: bad phone: +1"}"#,
+            r#"{"kind":"slot_completed","node":"n","slot":"n","ok":true,"output":{"a":1},"error":null}"#,
+            r#"{"kind":"node_failed","node":"no","code":"FLOW","error":"refused","next":null,"output":null}"#,
+            r#"{"kind":"node_failed","node":"ask","code":"DEADLINE_EXCEEDED","error":"late","next":"x","output":null}"#,
+        ];
+        for text in stored {
+            let event: Event = serde_json::from_str(text).unwrap();
+            assert_eq!(serde_json::to_string(&event).unwrap(), text);
+        }
+        let event: Event = serde_json::from_str(stored[0]).unwrap();
+        assert!(matches!(
+            event,
+            Event::AttemptFailed {
+                code: tonic::Code::Unavailable,
+                ..
+            }
+        ));
+        let mut s = TaskState::new("t");
+        s.apply(&serde_json::from_str(stored[1]).unwrap(), 0);
+        assert_eq!(
+            s.slots["n/sms"].done,
+            Some(Err(NodeError::new(
+                tonic::Code::InvalidArgument,
+                "bad phone: +1"
+            )))
+        );
+        let event: Event = serde_json::from_str(stored[3]).unwrap();
+        assert!(matches!(
+            event,
+            Event::NodeFailed {
+                code: FailureCode::Flow,
+                ..
+            }
+        ));
     }
 }

@@ -6,44 +6,26 @@
 //! [`Flow::parse`] reports every problem at once, each with the file, line and column and
 //! what to change ([`FlowErrors`]); a flow that fails validation is never returned.
 
-use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, HashSet, VecDeque};
 use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
 use reach_rpc::backoff::Exponential;
 use serde::Deserialize;
+use tonic::Code;
 
 use crate::expr::{Expr, InputTemplate};
+use crate::failure::{code_from_name, code_name};
 
 /// gRPC codes a retry policy retries when it lists none.
-pub const DEFAULT_RETRY_CODES: &[&str] = &[
-    "UNAVAILABLE",
-    "DEADLINE_EXCEEDED",
-    "RESOURCE_EXHAUSTED",
-    "ABORTED",
-    "UNKNOWN",
-    "INTERNAL",
-];
-
-const GRPC_CODES: &[&str] = &[
-    "OK",
-    "CANCELLED",
-    "UNKNOWN",
-    "INVALID_ARGUMENT",
-    "DEADLINE_EXCEEDED",
-    "NOT_FOUND",
-    "ALREADY_EXISTS",
-    "PERMISSION_DENIED",
-    "RESOURCE_EXHAUSTED",
-    "FAILED_PRECONDITION",
-    "ABORTED",
-    "OUT_OF_RANGE",
-    "UNIMPLEMENTED",
-    "INTERNAL",
-    "UNAVAILABLE",
-    "DATA_LOSS",
-    "UNAUTHENTICATED",
+pub const DEFAULT_RETRY_CODES: [Code; 6] = [
+    Code::Unavailable,
+    Code::DeadlineExceeded,
+    Code::ResourceExhausted,
+    Code::Aborted,
+    Code::Unknown,
+    Code::Internal,
 ];
 
 /// A validated flow. Immutable; shared as `Arc<Flow>`.
@@ -165,8 +147,8 @@ pub struct RetryPolicy {
     pub max_interval: Duration,
     /// Relative jitter in `[0, 1]`: a delay `d` becomes uniform in `[d(1-j), d(1+j)]`.
     pub jitter: f64,
-    /// The gRPC code names (`UNAVAILABLE`, ...) that are retried.
-    pub retry_on: BTreeSet<String>,
+    /// The gRPC codes that are retried (the flow file names them: `retry_on: [UNAVAILABLE]`).
+    pub retry_on: HashSet<Code>,
 }
 
 impl Default for RetryPolicy {
@@ -177,10 +159,7 @@ impl Default for RetryPolicy {
             multiplier: 2.0,
             max_interval: Duration::from_secs(60),
             jitter: 0.2,
-            retry_on: DEFAULT_RETRY_CODES
-                .iter()
-                .map(|s| (*s).to_string())
-                .collect(),
+            retry_on: DEFAULT_RETRY_CODES.into_iter().collect(),
         }
     }
 }
@@ -207,9 +186,9 @@ impl RetryPolicy {
         }
     }
 
-    /// Whether a failure with `code` after attempt `attempt` is retried.
-    pub fn retries(&self, attempt: u32, code: &str) -> bool {
-        attempt < self.max_attempts && self.retry_on.contains(code)
+    /// Whether a failure with `code` after attempt `attempt` (1-based) is retried.
+    pub fn retries(&self, attempt: u32, code: Code) -> bool {
+        attempt < self.max_attempts && self.retry_on.contains(&code)
     }
 }
 
@@ -738,17 +717,17 @@ impl Validator<'_> {
             p.jitter = j;
         }
         if let Some(codes) = raw.retry_on {
-            let mut set = BTreeSet::new();
+            let mut set = HashSet::new();
             for c in codes {
-                let upper = c.to_ascii_uppercase();
-                if GRPC_CODES.contains(&upper.as_str()) {
-                    set.insert(upper);
+                if let Some(code) = code_from_name(&c) {
+                    set.insert(code);
                 } else {
+                    let names: Vec<&str> = DEFAULT_RETRY_CODES.into_iter().map(code_name).collect();
                     self.err(
                         Some(state),
                         Some("retry_on"),
                         format!("node `{state}`: `{c}` is not a gRPC code"),
-                        format!("use code names such as {}", DEFAULT_RETRY_CODES.join(", ")),
+                        format!("use code names such as {}", names.join(", ")),
                     );
                 }
             }
@@ -1225,8 +1204,30 @@ mod tests {
         assert_eq!(p.nominal_delay(1), Duration::from_millis(200));
         assert_eq!(p.nominal_delay(2), Duration::from_millis(400));
         assert_eq!(p.nominal_delay(3), Duration::from_millis(500));
-        assert!(p.retries(4, "UNAVAILABLE"));
-        assert!(!p.retries(5, "UNAVAILABLE"));
-        assert!(!p.retries(1, "INVALID_ARGUMENT"));
+        assert!(p.retries(4, Code::Unavailable));
+        assert!(!p.retries(5, Code::Unavailable));
+        assert!(!p.retries(1, Code::InvalidArgument));
+    }
+
+    /// `retry_on` names parse to codes at load; an unknown name is a located error.
+    #[test]
+    fn retry_on_parses_code_names_with_located_errors() {
+        let flow = GOOD.replace(
+            "multiplier: 2}",
+            "multiplier: 2, retry_on: [UNAVAILABLE, resource_exhausted]}",
+        );
+        let flow = Flow::parse("f.yaml", &flow).unwrap();
+        assert_eq!(
+            flow.nodes["classify"].retry.retry_on,
+            HashSet::from([Code::Unavailable, Code::ResourceExhausted])
+        );
+        let bad = GOOD.replace("multiplier: 2}", "multiplier: 2, retry_on: [UNAVAILABEL]}");
+        let text = Flow::parse("f.yaml", &bad).unwrap_err().to_string();
+        assert!(
+            text.contains(
+                "f.yaml:9:70: node `classify`: `UNAVAILABEL` is not a gRPC code; use code names such as UNAVAILABLE, DEADLINE_EXCEEDED"
+            ),
+            "{text}"
+        );
     }
 }

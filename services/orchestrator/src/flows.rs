@@ -3,12 +3,12 @@
 //!
 //! Versions are immutable: applying a flow whose id and version exist with different text is
 //! refused (bump `version`). Tasks keep the version they started with, so re-applying never
-//! changes a running task.
+//! changes a running task. The engine watches a flows directory and calls
+//! [`FlowRegistry::apply_dir`] on changes.
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, RwLock};
-use std::time::Duration;
 
 use crate::error::Error;
 use crate::flow::Flow;
@@ -108,8 +108,9 @@ impl FlowRegistry {
     /// Validates and applies YAML text; returns the flow and whether it was new.
     ///
     /// # Errors
-    /// [`Error::InvalidFlow`] with located errors; [`Error::FailedPrecondition`] when the
-    /// version exists with different text; store errors.
+    /// [`Error::InvalidFlow`] with located errors; [`Error::FlowVersionConflict`] when the
+    /// version exists with different text (here or, stored meanwhile, by another replica);
+    /// [`Error::Store`].
     pub async fn apply(
         &self,
         source: &str,
@@ -121,10 +122,10 @@ impl FlowRegistry {
             if existing.yaml == yaml {
                 return Ok((existing, false));
             }
-            return Err(Error::FailedPrecondition(format!(
-                "flow {} version {} is already applied with different content; bump `version` (running tasks keep the version they started with)",
-                flow.id, flow.version
-            )));
+            return Err(Error::FlowVersionConflict {
+                flow_id: flow.id,
+                version: flow.version,
+            });
         }
         if !self
             .store
@@ -135,10 +136,10 @@ impl FlowRegistry {
             let reg = Self::load(self.store.clone()).await?;
             if let Some(stored) = reg.get(&flow.id, flow.version) {
                 if stored.yaml != yaml {
-                    return Err(Error::FailedPrecondition(format!(
-                        "flow {} version {} was applied elsewhere with different content; bump `version`",
-                        flow.id, flow.version
-                    )));
+                    return Err(Error::FlowVersionConflict {
+                        flow_id: flow.id,
+                        version: flow.version,
+                    });
                 }
                 self.insert(stored.clone(), now_ms);
                 return Ok((stored, false));
@@ -150,7 +151,8 @@ impl FlowRegistry {
         Ok((flow, true))
     }
 
-    /// Applies every `*.yaml` / `*.yml` file of `dir`; returns each file's result.
+    /// Applies every `*.yaml` / `*.yml` file of `dir`, in name order; returns each file's
+    /// result ([`Error::Io`] for a file that cannot be read, else as [`FlowRegistry::apply`]).
     pub async fn apply_dir(
         &self,
         dir: &Path,
@@ -168,10 +170,10 @@ impl FlowRegistry {
         for file in files {
             let result = match std::fs::read_to_string(&file) {
                 Ok(text) => self.apply(&file.display().to_string(), &text, now_ms).await,
-                Err(e) => Err(Error::Config(format!(
-                    "cannot read {}: {e}",
-                    file.display()
-                ))),
+                Err(source) => Err(Error::Io {
+                    path: file.clone(),
+                    source,
+                }),
             };
             match &result {
                 Ok((flow, true)) => {
@@ -183,43 +185,5 @@ impl FlowRegistry {
             out.push((file, result));
         }
         out
-    }
-
-    /// Watches `dir` and re-applies its flows when files change (debounced by 200 ms),
-    /// until `stop` resolves. Invalid files are logged with their located errors and the
-    /// previous version stays active.
-    ///
-    /// # Errors
-    /// [`Error::Config`] when the directory cannot be watched.
-    pub fn watch(
-        &self,
-        dir: PathBuf,
-        clock: crate::engine::Clock,
-        mut stop: tokio::sync::watch::Receiver<bool>,
-    ) -> Result<tokio::task::JoinHandle<()>, Error> {
-        use notify::Watcher;
-        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
-        let mut watcher = notify::recommended_watcher(move |res: notify::Result<notify::Event>| {
-            if res.is_ok() {
-                let _ = tx.send(());
-            }
-        })
-        .map_err(|e| Error::Config(format!("cannot watch {}: {e}", dir.display())))?;
-        watcher
-            .watch(&dir, notify::RecursiveMode::NonRecursive)
-            .map_err(|e| Error::Config(format!("cannot watch {}: {e}", dir.display())))?;
-        let reg = self.clone();
-        Ok(tokio::spawn(async move {
-            let _watcher = watcher;
-            loop {
-                tokio::select! {
-                    got = rx.recv() => if got.is_none() { return },
-                    _ = stop.changed() => return,
-                }
-                tokio::time::sleep(Duration::from_millis(200)).await;
-                while rx.try_recv().is_ok() {}
-                reg.apply_dir(&dir, clock.now_ms()).await;
-            }
-        }))
     }
 }

@@ -26,15 +26,34 @@ pub fn router(api: OrchestratorApi) -> Router {
 struct HttpError(Error);
 
 impl IntoResponse for HttpError {
+    /// The HTTP status of the error's gRPC code, with a body
+    /// `{"error": "<message>", "reason": "<ErrorInfo reason or null>"}`.
     fn into_response(self) -> Response {
-        let code = match &self.0 {
-            Error::NotFound(_) => StatusCode::NOT_FOUND,
-            Error::InvalidArgument { .. } | Error::InvalidFlow(_) => StatusCode::BAD_REQUEST,
-            Error::FailedPrecondition(_) | Error::AlreadyExists(_) => StatusCode::CONFLICT,
-            Error::Unavailable(_) | Error::Store(_) => StatusCode::SERVICE_UNAVAILABLE,
-            Error::Config(_) | Error::Serve(_) => StatusCode::INTERNAL_SERVER_ERROR,
-        };
-        (code, Json(serde_json::json!({"error": self.0.to_string()}))).into_response()
+        let status = tonic::Status::from(self.0);
+        let body = serde_json::json!({
+            "error": status.message(),
+            "reason": reach_rpc::errors::reason_of(&status),
+        });
+        (http_status(status.code()), Json(body)).into_response()
+    }
+}
+
+/// The HTTP status a gRPC code maps to (as grpc-gateway maps them).
+fn http_status(code: tonic::Code) -> StatusCode {
+    use tonic::Code;
+    match code {
+        Code::Ok => StatusCode::OK,
+        Code::InvalidArgument | Code::OutOfRange => StatusCode::BAD_REQUEST,
+        Code::Unauthenticated => StatusCode::UNAUTHORIZED,
+        Code::PermissionDenied => StatusCode::FORBIDDEN,
+        Code::NotFound => StatusCode::NOT_FOUND,
+        Code::AlreadyExists | Code::Aborted | Code::FailedPrecondition => StatusCode::CONFLICT,
+        Code::ResourceExhausted => StatusCode::TOO_MANY_REQUESTS,
+        Code::Cancelled => StatusCode::from_u16(499).unwrap_or(StatusCode::BAD_REQUEST),
+        Code::Unimplemented => StatusCode::NOT_IMPLEMENTED,
+        Code::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
+        Code::DeadlineExceeded => StatusCode::GATEWAY_TIMEOUT,
+        Code::Unknown | Code::Internal | Code::DataLoss => StatusCode::INTERNAL_SERVER_ERROR,
     }
 }
 

@@ -3,17 +3,24 @@
 //! # Layout
 //! - [`flow`]: the flow model, YAML loader and validation with located errors.
 //! - [`expr`]: CEL expressions over the task context (conditions and node inputs).
+//! - [`failure`]: node failures, typed ([`failure::NodeError`]: a gRPC code and a message),
+//!   and the gRPC code names they are stored under.
 //! - [`event`]: task events and the state folded from them (event sourcing).
 //! - [`store`]: the SQLite / PostgreSQL task store (group-committed appends, leases, timers,
-//!   ledger, purge).
-//! - [`flows`]: the registry of applied flow versions and hot reload of a flows directory.
-//! - [`engine`]: drives tasks node by node; durable timers; leases; resume at start-up.
+//!   ledger, purge) and its error kinds.
+//! - [`flows`]: the registry of applied flow versions, loaded from the store and a flows
+//!   directory.
+//! - [`engine`]: drives tasks node by node — [`engine::clock`], the pure decider
+//!   [`engine::decide`] with one module per node kind, the driver, the router call, the
+//!   commands and the background loops (timers, leases, purge, flows directory watch).
 //! - [`service`]: the `reach.v1.OrchestratorService` gRPC implementation (masked views).
 //! - [`http`]: admin routes (`GET /tasks/{id}`, `POST /tasks/{id}/retry`).
 //! - [`mask`]: masking of sensitive values in everything shown.
-//! - [`json`]: JSON views — protobuf values as JSON and a task as `GET /tasks/{id}` shows it.
-//! - [`error`]: [`Error`] and its mapping to gRPC statuses.
-//! - [`config`]: the configuration, [`OrchestratorConfig`].
+//! - [`json`]: JSON views — protobuf values as JSON, and a task as `GET /tasks/{id}` and the
+//!   CLI's `--json` show it.
+//! - [`metrics`]: the orchestrator's Prometheus metrics.
+//! - [`error`]: [`Error`] and its mapping to gRPC statuses with ErrorInfo reasons.
+//! - [`config`]: the configuration, [`OrchestratorConfig`], and [`config::ConfigError`].
 //!
 //! # Running
 //! ```no_run
@@ -30,11 +37,13 @@ pub mod engine;
 pub mod error;
 pub mod event;
 pub mod expr;
+pub mod failure;
 pub mod flow;
 pub mod flows;
 pub mod http;
 pub mod json;
 pub mod mask;
+pub mod metrics;
 pub mod service;
 pub mod store;
 
@@ -83,7 +92,8 @@ impl Orchestrator {
     /// Opens the store, loads stored flows and the flows directory.
     ///
     /// # Errors
-    /// [`Error::Config`] for invalid settings, [`Error::Store`] when the store cannot be opened.
+    /// [`Error::Config`] for invalid settings (or a `flows_dir` that is not a directory),
+    /// [`Error::Store`] when the store cannot be opened.
     pub async fn new(config: OrchestratorConfig) -> Result<Self, Error> {
         Self::with_clock(config, Clock::new()).await
     }
@@ -93,7 +103,7 @@ impl Orchestrator {
     /// # Errors
     /// As [`Orchestrator::new`].
     pub async fn with_clock(config: OrchestratorConfig, clock: Clock) -> Result<Self, Error> {
-        config.validate().map_err(Error::Config)?;
+        config.validate()?;
         let durability = if config.sqlite_full_sync {
             store::SqliteDurability::Full
         } else {
@@ -105,10 +115,9 @@ impl Orchestrator {
         let flows = flows::FlowRegistry::load(store.clone()).await?;
         if let Some(dir) = &config.flows_dir {
             if !dir.is_dir() {
-                return Err(Error::Config(format!(
-                    "flows_dir {} is not a directory",
-                    dir.display()
-                )));
+                return Err(
+                    config::ConfigError::FlowsDirNotADirectory { path: dir.clone() }.into(),
+                );
             }
             flows.apply_dir(dir, clock.now_ms()).await;
         }
@@ -168,12 +177,7 @@ impl Orchestrator {
     pub fn start(&self) -> Result<Running, Error> {
         let mut handles = self.engine.start();
         if let (Some(dir), true) = (&self.config.flows_dir, self.config.watch_flows) {
-            let stop = self.engine.inner.stop_receiver();
-            handles.push(
-                self.engine
-                    .flows()
-                    .watch(dir.clone(), self.engine.clock(), stop)?,
-            );
+            handles.push(self.engine.watch_flows_dir(dir.clone())?);
         }
         Ok(Running {
             engine: self.engine.clone(),

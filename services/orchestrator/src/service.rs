@@ -251,13 +251,13 @@ impl OrchestratorApi {
     /// order (events before messages at the same millisecond).
     ///
     /// # Errors
-    /// [`Error::NotFound`] and store errors.
+    /// [`Error::TaskNotFound`]; [`Error::Store`].
     pub async fn dump(&self, task_id: &str) -> Result<pb::DumpTaskResponse, Error> {
         let events = self.engine.store().events(task_id, 0).await?;
         if events.is_empty() {
-            return Err(Error::NotFound(format!(
-                "task {task_id:?} does not exist (or was purged after its TTL)"
-            )));
+            return Err(Error::TaskNotFound {
+                task_id: task_id.to_string(),
+            });
         }
         let state = TaskState::fold(task_id, &events);
         let mut records: Vec<(i64, u8, pb::DumpRecord)> = self
@@ -309,11 +309,8 @@ fn parse_token(token: &str) -> Result<Option<(i64, String)>, Error> {
     if token.is_empty() {
         return Ok(None);
     }
-    let bad = || Error::InvalidArgument {
-        message: format!(
-            "page_token {token:?} is not valid; pass the next_page_token of the previous page"
-        ),
-        violations: vec![("page_token".into(), "not a token this server issued".into())],
+    let bad = || Error::InvalidPageToken {
+        token: token.to_string(),
     };
     let (ms, id) = token.split_once(':').ok_or_else(bad)?;
     Ok(Some((ms.parse().map_err(|_| bad())?, id.to_string())))
@@ -333,9 +330,9 @@ impl OrchestratorService for OrchestratorApi {
     ) -> Result<Response<pb::StartTaskResponse>, Status> {
         let r = request.into_inner();
         if r.flow_id.is_empty() {
-            return Err(Error::InvalidArgument {
-                message: "flow_id is required; name an applied flow (see ListFlows)".into(),
-                violations: vec![("flow_id".into(), "required".into())],
+            return Err(Error::MissingField {
+                field: "flow_id",
+                hint: "name an applied flow (see ListFlows)",
             }
             .into());
         }
@@ -397,7 +394,7 @@ impl OrchestratorService for OrchestratorApi {
             .await
             .map_err(Error::from)?;
         if first.is_empty() {
-            return Err(Error::NotFound(format!("task {task_id:?} does not exist")).into());
+            return Err(Error::TaskNotFound { task_id }.into());
         }
         let api = self.clone();
         let after = i64::try_from(r.after_sequence).unwrap_or(0);

@@ -21,12 +21,20 @@ use tokio::sync::{mpsc, oneshot};
 
 use crate::event::{Event, StoredEvent, TaskStatus};
 
-/// Why a store operation failed.
+/// Why a store operation failed. [`StoreError::kind`] says what a caller can do about it.
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
     /// The database refused or failed.
     #[error("task store: {0}")]
     Db(#[from] sqlx::Error),
+    /// A group commit failed; every append of the batch gets this copy of the error.
+    #[error("task store: {message}")]
+    Batch {
+        /// What kind of failure the database error was.
+        kind: StoreErrorKind,
+        /// The database error, rendered.
+        message: String,
+    },
     /// The store URL is not `sqlite://...` or `postgres://...`.
     #[error("store url {0:?} is not supported: use sqlite://PATH or postgres://USER@HOST:PORT/DB")]
     BadUrl(String),
@@ -48,6 +56,73 @@ pub enum StoreError {
     /// The writer task stopped (the store is shutting down).
     #[error("task store writer stopped")]
     WriterGone,
+}
+
+/// What kind of failure a [`StoreError`] is, for the caller to act on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StoreErrorKind {
+    /// The database cannot be reached or is busy (connection lost, pool exhausted, deadlock,
+    /// disk full, shutting down): the same operation may succeed later.
+    Unavailable,
+    /// A write collided with another on a unique key: the data changed meanwhile.
+    Conflict,
+    /// Stored data cannot be read back (an undecodable event or column).
+    Corrupt,
+    /// Anything else: a bad store URL, a schema mismatch, a bug.
+    Internal,
+}
+
+impl StoreError {
+    /// What kind of failure this is.
+    pub fn kind(&self) -> StoreErrorKind {
+        match self {
+            StoreError::Db(e) => classify(e),
+            StoreError::Batch { kind, .. } => *kind,
+            StoreError::BadUrl(_) => StoreErrorKind::Internal,
+            StoreError::Locked(_) | StoreError::WriterGone => StoreErrorKind::Unavailable,
+            StoreError::Corrupt { .. } => StoreErrorKind::Corrupt,
+        }
+    }
+}
+
+/// The kind of a database error: SQLSTATE classes (PostgreSQL) and result codes (SQLite) of
+/// lost connections, busy or exhausted resources and rolled-back transactions are
+/// [`StoreErrorKind::Unavailable`]; unique violations [`StoreErrorKind::Conflict`]; decoding
+/// failures [`StoreErrorKind::Corrupt`].
+fn classify(e: &sqlx::Error) -> StoreErrorKind {
+    use sqlx::Error as E;
+    match e {
+        E::Database(db) => {
+            if db.is_unique_violation() {
+                return StoreErrorKind::Conflict;
+            }
+            let code = db.code().unwrap_or_default();
+            let code = code.as_ref();
+            // PostgreSQL: 08 connection, 40 transaction rollback, 53 insufficient resources,
+            // 57 operator intervention (shutdown), 55P03 lock not available.
+            let pg_transient =
+                ["08", "40", "53", "57"].iter().any(|c| code.starts_with(c)) || code == "55P03";
+            // SQLite primary result codes (the low byte of extended codes): 5 BUSY,
+            // 6 LOCKED, 10 IOERR, 13 FULL, 14 CANTOPEN.
+            let sqlite_transient = code
+                .parse::<i64>()
+                .is_ok_and(|n| matches!(n & 0xff, 5 | 6 | 10 | 13 | 14));
+            if pg_transient || sqlite_transient || db.message().contains("database is locked") {
+                StoreErrorKind::Unavailable
+            } else {
+                StoreErrorKind::Internal
+            }
+        }
+        E::Io(_)
+        | E::Tls(_)
+        | E::Protocol(_)
+        | E::PoolTimedOut
+        | E::PoolClosed
+        | E::WorkerCrashed
+        | E::BeginFailed => StoreErrorKind::Unavailable,
+        E::ColumnDecode { .. } | E::Decode(_) => StoreErrorKind::Corrupt,
+        _ => StoreErrorKind::Internal,
+    }
 }
 
 #[derive(Clone, Debug)]
@@ -978,13 +1053,84 @@ async fn writer(backend: Backend, mut rx: mpsc::Receiver<WriteReq>) {
             }
             Err(err) => {
                 tracing::warn!(error = %err, size = batch.len(), "task store batch failed");
-                let text = err.to_string();
+                let kind = classify(&err);
+                let message = err.to_string();
                 for req in batch.drain(..) {
-                    let _ = req
-                        .reply
-                        .send(Err(StoreError::Db(sqlx::Error::Protocol(text.clone()))));
+                    let _ = req.reply.send(Err(StoreError::Batch {
+                        kind,
+                        message: message.clone(),
+                    }));
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A unique violation is a conflict, a lost pool is unavailable, an undecodable event is
+    /// corrupt — and a failed group commit keeps its kind on the way to every append.
+    #[tokio::test]
+    async fn store_errors_keep_their_kind() {
+        let pool = SqlitePoolOptions::new()
+            .max_connections(1)
+            .connect("sqlite::memory:")
+            .await
+            .unwrap();
+        sqlx::query("CREATE TABLE t (id TEXT PRIMARY KEY)")
+            .execute(&pool)
+            .await
+            .unwrap();
+        sqlx::query("INSERT INTO t VALUES ('a')")
+            .execute(&pool)
+            .await
+            .unwrap();
+        let dup = sqlx::query("INSERT INTO t VALUES ('a')")
+            .execute(&pool)
+            .await
+            .unwrap_err();
+        assert_eq!(StoreError::Db(dup).kind(), StoreErrorKind::Conflict);
+        let bad_sql = sqlx::query("SELECT nope FROM t")
+            .execute(&pool)
+            .await
+            .unwrap_err();
+        assert_eq!(StoreError::Db(bad_sql).kind(), StoreErrorKind::Internal);
+        pool.close().await;
+        let closed = sqlx::query("SELECT 1").execute(&pool).await.unwrap_err();
+        assert_eq!(StoreError::Db(closed).kind(), StoreErrorKind::Unavailable);
+        assert_eq!(StoreError::WriterGone.kind(), StoreErrorKind::Unavailable);
+        assert_eq!(
+            StoreError::Corrupt {
+                task_id: "t".into(),
+                seq: 1,
+                message: "x".into()
+            }
+            .kind(),
+            StoreErrorKind::Corrupt
+        );
+    }
+
+    /// A stored event that no longer decodes is reported as corrupt, naming task and seq.
+    #[tokio::test]
+    async fn an_undecodable_event_is_corrupt() {
+        let store = Store::open("sqlite::memory:", SqliteDurability::Normal)
+            .await
+            .unwrap();
+        let Backend::Sqlite(pool) = &store.backend else {
+            unreachable!()
+        };
+        sqlx::query("INSERT INTO reach_events (task_id, seq, at_ms, kind, node, body) VALUES ('t', 1, 0, 'x', NULL, '{\"kind\":\"from_the_future\"}')")
+            .execute(pool)
+            .await
+            .unwrap();
+        let err = store.events("t", 0).await.unwrap_err();
+        assert_eq!(err.kind(), StoreErrorKind::Corrupt);
+        assert!(
+            err.to_string()
+                .starts_with("stored event t#1 cannot be decoded"),
+            "{err}"
+        );
     }
 }

@@ -5,7 +5,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::{eventually, server, wait_for};
+use common::{eventually, server, status_of, wait_for};
 use reach_proto::v1 as pb;
 use reach_proto::v1::orchestrator_service_client::OrchestratorServiceClient;
 use reach_router::ledger::{LedgerSink, LedgerSinkConfig};
@@ -274,4 +274,206 @@ async fn watch_http_timeouts_hot_reload_and_purge() {
         }
     })
     .await;
+}
+
+const PARKED: &str = r#"
+id: parked
+version: 1
+initial: pause
+states:
+  pause: {type: wait, duration: 1h, next: done}
+  done: {type: succeed}
+"#;
+
+/// Every refusal is a status a program can branch on: the gRPC code plus an ErrorInfo
+/// reason (domain reach.dev) with the ids involved, and a BadRequest for request fields.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn refusals_carry_reasons_a_program_can_branch_on() {
+    use reach_rpc::errors::{ERROR_DOMAIN, metadata_of, reason, reason_of};
+    use tonic::Code;
+    use tonic_types::StatusExt;
+
+    fn check(s: &Status, code: Code, expected: &str) {
+        assert_eq!(s.code(), code, "{s:?}");
+        assert_eq!(reason_of(s).as_deref(), Some(expected), "{s:?}");
+        assert_eq!(s.get_details_error_info().unwrap().domain, ERROR_DOMAIN);
+    }
+
+    let s = server(|_, _| {}).await;
+    let mut c = OrchestratorServiceClient::connect(s.endpoint.clone())
+        .await
+        .unwrap();
+    for yaml in [REVIEW_V1, PARKED] {
+        c.apply_flow(pb::ApplyFlowRequest {
+            yaml: yaml.into(),
+            source: "test".into(),
+        })
+        .await
+        .unwrap();
+    }
+
+    let e = c
+        .get_task(pb::GetTaskRequest {
+            task_id: "nope".into(),
+        })
+        .await
+        .unwrap_err();
+    check(&e, Code::NotFound, reason::TASK_NOT_FOUND);
+    assert_eq!(metadata_of(&e)["task_id"], "nope");
+    let e = c
+        .dump_task(pb::DumpTaskRequest {
+            task_id: "nope".into(),
+        })
+        .await
+        .unwrap_err();
+    check(&e, Code::NotFound, reason::TASK_NOT_FOUND);
+
+    let start = |flow: &str, id: &str| pb::StartTaskRequest {
+        flow_id: flow.into(),
+        task_id: id.into(),
+        ..Default::default()
+    };
+    let e = c.start_task(start("nope", "")).await.unwrap_err();
+    check(&e, Code::NotFound, reason::FLOW_NOT_FOUND);
+    assert_eq!(metadata_of(&e)["flow_id"], "nope");
+    assert!(
+        e.message().contains("known flows: [parked, review]"),
+        "{e:?}"
+    );
+    let e = c.start_task(start("", "")).await.unwrap_err();
+    assert_eq!(e.code(), Code::InvalidArgument);
+    assert_eq!(
+        e.get_details_bad_request().unwrap().field_violations[0].field,
+        "flow_id"
+    );
+    let e = c
+        .start_task(start("review", "no spaces"))
+        .await
+        .unwrap_err();
+    check(&e, Code::InvalidArgument, reason::INVALID_TASK_ID);
+
+    // A task waiting for a person: resume refuses another node and a bad input.
+    c.start_task(start("review", "r1")).await.unwrap();
+    wait_for(&s.endpoint, "r1", pb::TaskStatus::WaitingHuman).await;
+    let resume = |id: &str, node: &str, input: serde_json::Value| pb::ResumeTaskRequest {
+        task_id: id.into(),
+        node_id: node.into(),
+        input: Some(reach_orchestrator::json::to_proto(&input)),
+    };
+    let e = c
+        .resume_task(resume("r1", "act", json!({"approved": true})))
+        .await
+        .unwrap_err();
+    check(&e, Code::FailedPrecondition, reason::NODE_NOT_WAITING);
+    assert_eq!(metadata_of(&e)["waiting_node_id"], "ask");
+    let e = c
+        .resume_task(resume("r1", "", json!({"approved": "yes"})))
+        .await
+        .unwrap_err();
+    check(&e, Code::InvalidArgument, reason::INVALID_INPUT);
+    assert_eq!(
+        e.get_details_bad_request().unwrap().field_violations[0].field,
+        "input/approved"
+    );
+    let e = c.start_task(start("parked", "r1")).await.unwrap_err();
+    check(&e, Code::AlreadyExists, reason::TASK_ID_IN_USE);
+    assert_eq!(metadata_of(&e)["flow_id"], "review");
+
+    // A running task (in a wait node) cannot be resumed or retried.
+    c.start_task(start("parked", "p1")).await.unwrap();
+    let ep = s.endpoint.clone();
+    eventually("p1 waits in pause", Duration::from_secs(30), || {
+        let ep = ep.clone();
+        async move {
+            status_of(&ep, "p1")
+                .await
+                .filter(|t| t.current_node == "pause")
+        }
+    })
+    .await;
+    let e = c
+        .resume_task(resume("p1", "", json!({})))
+        .await
+        .unwrap_err();
+    check(&e, Code::FailedPrecondition, reason::TASK_NOT_WAITING);
+    assert_eq!(metadata_of(&e)["status"], "PROCESSING");
+    assert_eq!(metadata_of(&e)["node_id"], "pause");
+    let e = c
+        .retry_task(pb::RetryTaskRequest {
+            task_id: "p1".into(),
+        })
+        .await
+        .unwrap_err();
+    check(&e, Code::FailedPrecondition, reason::TASK_NOT_RETRYABLE);
+
+    // An ended task cannot be cancelled.
+    c.cancel_task(pb::CancelTaskRequest {
+        task_id: "p1".into(),
+        reason: String::new(),
+    })
+    .await
+    .unwrap();
+    let e = c
+        .cancel_task(pb::CancelTaskRequest {
+            task_id: "p1".into(),
+            reason: String::new(),
+        })
+        .await
+        .unwrap_err();
+    check(&e, Code::FailedPrecondition, reason::TASK_ENDED);
+    assert_eq!(metadata_of(&e)["status"], "CANCELLED");
+
+    // Flows: located validation errors; a changed version must be bumped.
+    let e = c
+        .apply_flow(pb::ApplyFlowRequest {
+            yaml: "id: broken\nversion: 1\ninitial: a\nstates: {a: {type: nope}}\n".into(),
+            source: "broken.yaml".into(),
+        })
+        .await
+        .unwrap_err();
+    check(&e, Code::InvalidArgument, reason::INVALID_FLOW);
+    assert!(
+        e.get_details_bad_request().unwrap().field_violations[0]
+            .field
+            .starts_with("broken.yaml:4:"),
+        "{e:?}"
+    );
+    let e = c
+        .apply_flow(pb::ApplyFlowRequest {
+            yaml: PARKED.replace("1h", "2h"),
+            source: "test".into(),
+        })
+        .await
+        .unwrap_err();
+    check(&e, Code::FailedPrecondition, reason::FLOW_VERSION_CONFLICT);
+
+    let e = c
+        .list_tasks(pb::ListTasksRequest {
+            page_token: "garbage".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    check(&e, Code::InvalidArgument, reason::INVALID_PAGE_TOKEN);
+
+    // The HTTP admin routes say the same.
+    use tower::ServiceExt;
+    let resp = s
+        .orch
+        .admin_router()
+        .oneshot(
+            http::Request::get("/tasks/nope")
+                .body(axum::body::Body::empty())
+                .unwrap(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 404);
+    let body: serde_json::Value = serde_json::from_slice(
+        &axum::body::to_bytes(resp.into_body(), 1 << 20)
+            .await
+            .unwrap(),
+    )
+    .unwrap();
+    assert_eq!(body["reason"], reason::TASK_NOT_FOUND, "{body}");
 }

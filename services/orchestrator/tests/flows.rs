@@ -368,6 +368,10 @@ async fn retries_then_catches(backend: &str) {
         .await
         .unwrap_err();
     assert_eq!(e.code(), tonic::Code::NotFound);
+    assert_eq!(
+        reach_rpc::errors::reason_of(&e).as_deref(),
+        Some(reach_rpc::errors::reason::TASK_NOT_FOUND)
+    );
     let e = env
         .client
         .cancel_task(pb::CancelTaskRequest {
@@ -377,6 +381,10 @@ async fn retries_then_catches(backend: &str) {
         .await
         .unwrap_err();
     assert_eq!(e.code(), tonic::Code::FailedPrecondition);
+    assert_eq!(
+        reach_rpc::errors::reason_of(&e).as_deref(),
+        Some(reach_rpc::errors::reason::TASK_ENDED)
+    );
     let _ = env.engine.clone();
 }
 both_backends!(retries_then_catches);

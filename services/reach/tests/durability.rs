@@ -252,14 +252,14 @@ async fn sigkill_and_restart(backend: &str) {
         assert_eq!(router.effects(id, "after"), 1, "{stage}");
     }
     assert_eq!(router.effects(&ids["mid_node"], "slow"), 1);
-    assert!(
+    assert_eq!(
         router
             .deliveries()
             .iter()
             .filter(|d| d.task_id == ids["mid_node"] && d.node == "slow")
-            .count()
-            >= 2,
-        "the in-flight call was re-sent after the restart"
+            .count(),
+        2,
+        "the in-flight call was re-sent once after the restart"
     );
     assert_eq!(router.effects(&ids["backoff"], "flaky"), 2);
     p2.child.kill().unwrap();
@@ -330,10 +330,23 @@ async fn two_replicas_on_postgres_run_each_node_once() {
                 .id,
         );
     }
-    // Replica A stops half-way as if it crashed (no lease handed over): B takes its tasks
-    // once their leases expire.
+    // Replica A stops half-way as if it crashed (no lease handed over), once it has driven
+    // some of its tasks into their first call: B takes its tasks once their leases expire.
     let (orch_a, running_a) = replicas.remove(0);
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    let a_ids: Vec<String> = ids.iter().step_by(2).cloned().collect();
+    let router_a = router.clone();
+    eventually(
+        "replica A calls for its tasks",
+        Duration::from_secs(30),
+        || {
+            let started = router_a
+                .deliveries()
+                .iter()
+                .any(|d| a_ids.contains(&d.task_id));
+            async move { started.then_some(()) }
+        },
+    )
+    .await;
     running_a.abort();
     drop(orch_a);
     let (orch_b, running_b) = replicas.remove(0);

@@ -53,6 +53,55 @@ pub mod reason {
     /// INVALID_ARGUMENT when it was rewriting the caller's request, INTERNAL when it was
     /// rewriting the instance's reply.
     pub const ADAPTER_FAILED: &str = "ADAPTER_FAILED";
+
+    // === orchestrator (reach-orchestrator) ===
+    // Metadata keys, where present: `task_id`, `flow_id`, `flow_version`, `node_id`, `status`.
+
+    /// No task has the id (never started, or purged after the context TTL): NOT_FOUND.
+    pub const TASK_NOT_FOUND: &str = "TASK_NOT_FOUND";
+    /// StartTask's `task_id` is not 1 to 128 characters of `A-Z a-z 0-9 . _ : -`:
+    /// INVALID_ARGUMENT.
+    pub const INVALID_TASK_ID: &str = "INVALID_TASK_ID";
+    /// StartTask's `task_id` belongs to a task of another flow (`flow_id` in the metadata):
+    /// ALREADY_EXISTS. Starting the same id of the same flow again returns that task.
+    pub const TASK_ID_IN_USE: &str = "TASK_ID_IN_USE";
+    /// ResumeTask of a task that does not wait in a human node (`status` and `node_id` in
+    /// the metadata): FAILED_PRECONDITION.
+    pub const TASK_NOT_WAITING: &str = "TASK_NOT_WAITING";
+    /// ResumeTask names another node than the human node the task waits in
+    /// (`waiting_node_id` in the metadata): FAILED_PRECONDITION.
+    pub const NODE_NOT_WAITING: &str = "NODE_NOT_WAITING";
+    /// ResumeTask's input does not match the human node's schema (a BadRequest names each
+    /// field as `input/<pointer>`): INVALID_ARGUMENT.
+    pub const INVALID_INPUT: &str = "INVALID_INPUT";
+    /// CancelTask of a task that already ended (`status` in the metadata):
+    /// FAILED_PRECONDITION.
+    pub const TASK_ENDED: &str = "TASK_ENDED";
+    /// RetryTask of a task that is not FAILED or PARTIAL, or has no failed node:
+    /// FAILED_PRECONDITION.
+    pub const TASK_NOT_RETRYABLE: &str = "TASK_NOT_RETRYABLE";
+    /// A command kept conflicting with the task's own progress; send it again: ABORTED.
+    pub const TASK_CONTENDED: &str = "TASK_CONTENDED";
+    /// StartTask names a flow (or flow version; 0 is the latest) that is not applied:
+    /// NOT_FOUND.
+    pub const FLOW_NOT_FOUND: &str = "FLOW_NOT_FOUND";
+    /// The task's flow version is not loaded in the orchestrator; apply it again:
+    /// FAILED_PRECONDITION.
+    pub const FLOW_NOT_LOADED: &str = "FLOW_NOT_LOADED";
+    /// ApplyFlow's YAML fails validation (a BadRequest names each problem as
+    /// `file:line:column`; `errors` in the metadata counts them): INVALID_ARGUMENT.
+    pub const INVALID_FLOW: &str = "INVALID_FLOW";
+    /// ApplyFlow of a flow version that is applied with different text; bump `version`:
+    /// FAILED_PRECONDITION.
+    pub const FLOW_VERSION_CONFLICT: &str = "FLOW_VERSION_CONFLICT";
+    /// A list request's `page_token` was not issued by this server: INVALID_ARGUMENT.
+    pub const INVALID_PAGE_TOKEN: &str = "INVALID_PAGE_TOKEN";
+    /// The task store cannot be reached or is busy; retry later: UNAVAILABLE.
+    pub const STORE_UNAVAILABLE: &str = "STORE_UNAVAILABLE";
+    /// A store write collided with a concurrent one on a unique key: ABORTED.
+    pub const STORE_CONFLICT: &str = "STORE_CONFLICT";
+    /// Stored task data cannot be decoded (written by a newer version?): DATA_LOSS.
+    pub const STORE_CORRUPT: &str = "STORE_CORRUPT";
 }
 
 /// A status with `code`, `message` and an ErrorInfo of `reason` in [`ERROR_DOMAIN`] carrying

@@ -435,28 +435,3 @@ fn bounded_message_type(message_type: &str) -> String {
         "other".into()
     }
 }
-
-/// Orchestrator metrics.
-pub mod orchestrator {
-    use super::*;
-
-    /// Sets how many tasks are in `status` (lower-case: `pending`, `waiting_human`, ...).
-    pub fn tasks(status: &'static str, count: usize) {
-        ::metrics::gauge!(names::ORCHESTRATOR_TASKS, "status" => status).set(count as f64);
-    }
-
-    /// Counts one transition into `status`.
-    pub fn transition(status: &'static str) {
-        ::metrics::counter!(names::ORCHESTRATOR_TRANSITIONS, "status" => status).increment(1);
-    }
-
-    /// Records how late a timer fired.
-    pub fn timer_lag(lag: Duration) {
-        ::metrics::histogram!(names::ORCHESTRATOR_TIMER_LAG).record(lag.as_secs_f64());
-    }
-
-    /// Counts one task moved to the dead-letter list.
-    pub fn dead_letter() {
-        ::metrics::counter!(names::ORCHESTRATOR_DEAD_LETTERS).increment(1);
-    }
-}

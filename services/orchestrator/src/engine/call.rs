@@ -1,0 +1,142 @@
+//! The router call of a task node or parallel branch: one `RouterService.Call` per attempt,
+//! bounded by the attempt's deadline, traced under the task's trace.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use reach_proto::v1::router_service_client::RouterServiceClient;
+use reach_proto::v1::{CallRequest, Header, Part, Payload, ReachMessage, header, part};
+use reach_telemetry::grpc::GrpcClientTrace;
+use serde_json::Value;
+use tonic::Code;
+use tonic::transport::Channel;
+
+use crate::failure::NodeError;
+
+use super::clock::Clock;
+use super::step::{CallResult, CallSpec};
+
+/// The router client the engine calls through.
+pub(super) type Router = RouterServiceClient<GrpcClientTrace<Channel>>;
+
+/// What a call needs besides its [`CallSpec`]: the task it belongs to.
+pub(super) struct CallContext {
+    /// The task id (`header.task_id`).
+    pub(super) task_id: String,
+    /// The task's trace id (`header.trace_id`).
+    pub(super) trace_id: String,
+    /// The flow (`metadata.flow_id`).
+    pub(super) flow_id: String,
+    /// `header.source`.
+    pub(super) source: String,
+    /// The timeout of an attempt without a deadline.
+    pub(super) default_timeout: Duration,
+}
+
+/// Makes one call through the router: the reply's first data part (else its first text
+/// part, else null), or the failure with the status's code. An attempt past its deadline is
+/// DEADLINE_EXCEEDED, whether the local timeout or tonic's grpc-timeout noticed first.
+pub(super) async fn call(
+    mut router: Router,
+    clock: Clock,
+    cx: CallContext,
+    spec: CallSpec,
+) -> CallResult {
+    let CallContext {
+        task_id,
+        trace_id,
+        flow_id,
+        source,
+        default_timeout,
+    } = cx;
+    let now = clock.now_ms();
+    let timeout = match spec.deadline_ms {
+        Some(d) => Duration::from_millis(u64::try_from((d - now).max(1)).unwrap_or(1)),
+        None => default_timeout,
+    };
+    let slot_node = spec
+        .slot
+        .split('/')
+        .next()
+        .unwrap_or(&spec.slot)
+        .to_string();
+    let mut metadata = HashMap::new();
+    metadata.insert("flow_id".to_string(), flow_id);
+    metadata.insert("node_id".to_string(), slot_node);
+    metadata.insert("attempt".to_string(), spec.attempt.to_string());
+    let message = ReachMessage {
+        header: Some(Header {
+            message_id: spec.message_id.clone(),
+            trace_id,
+            task_id,
+            source,
+            target: Some(header::Target::Capability(spec.capability.clone())),
+            created_at: Some(reach_rpc::time::now()),
+            metadata,
+            ..Default::default()
+        }),
+        payload: Some(Payload {
+            r#type: spec.capability.clone(),
+            parts: vec![Part {
+                content: Some(part::Content::Data(crate::json::to_proto(&spec.input))),
+                media_type: "application/json".into(),
+                ..Default::default()
+            }],
+        }),
+    };
+    // The node's span belongs to the task's trace; the traced channel sends its context as
+    // `traceparent`, so the router and the agents join the trace under it.
+    let span = reach_telemetry::message_span("orchestrator.node", &message);
+    let mut request = tonic::Request::new(CallRequest {
+        message: Some(message),
+    });
+    request.set_timeout(timeout);
+    let started = tokio::time::Instant::now();
+    let deadline_exceeded = || {
+        Err(NodeError::new(
+            Code::DeadlineExceeded,
+            format!("no reply within {}", humantime::format_duration(timeout)),
+        ))
+    };
+    let sent = tracing::Instrument::instrument(router.call(request), span.clone());
+    let result = match tokio::time::timeout(timeout, sent).await {
+        Err(_) => deadline_exceeded(),
+        // tonic enforces the grpc-timeout it sends too, answering CANCELLED: that is the
+        // attempt's deadline passing, as the retry policy knows it.
+        Ok(Err(status)) if status.code() == Code::Cancelled && started.elapsed() >= timeout => {
+            deadline_exceeded()
+        }
+        Ok(Err(status)) => Err(NodeError::from(&status)),
+        Ok(Ok(reply)) => {
+            let parts = reply
+                .into_inner()
+                .message
+                .and_then(|m| m.payload)
+                .map(|p| p.parts)
+                .unwrap_or_default();
+            let data = parts.iter().find_map(|p| match &p.content {
+                Some(part::Content::Data(v)) => Some(crate::json::from_proto(v)),
+                _ => None,
+            });
+            let text = || {
+                parts.iter().find_map(|p| match &p.content {
+                    Some(part::Content::Text(t)) => Some(Value::String(t.clone())),
+                    _ => None,
+                })
+            };
+            Ok(data.or_else(text).unwrap_or(Value::Null))
+        }
+    };
+    match &result {
+        Ok(_) => reach_telemetry::record_status(&span, Code::Ok, ""),
+        Err(error) => {
+            span.record("otel.status_code", "error");
+            span.record("otel.status_description", error.to_string().as_str());
+        }
+    }
+    CallResult {
+        slot: spec.slot,
+        attempt: spec.attempt,
+        result,
+    }
+}
