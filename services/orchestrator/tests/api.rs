@@ -5,27 +5,12 @@ mod common;
 
 use std::time::Duration;
 
-use common::{eventually, server, status_of, wait_for};
+use common::{REVIEW_V1, eventually, server, status_of, wait_for};
 use reach_proto::v1 as pb;
 use reach_proto::v1::orchestrator_service_client::OrchestratorServiceClient;
 use reach_router::ledger::{LedgerSink, LedgerSinkConfig};
 use serde_json::json;
 use tonic::Status;
-
-const REVIEW_V1: &str = r#"
-id: review
-version: 1
-initial: ask
-states:
-  ask:
-    type: human
-    schema: {type: object, required: [approved], properties: {approved: {type: boolean}}}
-    on_cancel: withdrawn
-    next: act
-  act: {type: task, capability: test.act, next: done}
-  withdrawn: {type: fail, error: withdrawn}
-  done: {type: succeed}
-"#;
 
 const TIMEOUTS: &str = r#"
 id: timeouts

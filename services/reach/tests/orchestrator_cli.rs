@@ -7,27 +7,12 @@ mod common;
 
 use std::time::Duration;
 
-use common::{eventually, server, wait_for};
+use common::{REVIEW_V1, eventually, server, wait_for};
 use reach::cli;
 use reach_proto::v1 as pb;
 use reach_router::ledger::{CallOutcome, LedgerSink, LedgerSinkConfig};
 use serde_json::json;
 use tonic::Status;
-
-const REVIEW_V1: &str = r#"
-id: review
-version: 1
-initial: ask
-states:
-  ask:
-    type: human
-    schema: {type: object, required: [approved], properties: {approved: {type: boolean}}}
-    on_cancel: withdrawn
-    next: act
-  act: {type: task, capability: test.act, next: done}
-  withdrawn: {type: fail, error: withdrawn}
-  done: {type: succeed}
-"#;
 
 fn out() -> Vec<u8> {
     Vec::new()

@@ -259,6 +259,23 @@ where
     }
 }
 
+/// A flow whose `ask` node waits for a person's `{approved: bool}`, then calls `test.act`;
+/// cancelling it ends in `withdrawn`.
+pub const REVIEW_V1: &str = r#"
+id: review
+version: 1
+initial: ask
+states:
+  ask:
+    type: human
+    schema: {type: object, required: [approved], properties: {approved: {type: boolean}}}
+    on_cancel: withdrawn
+    next: act
+  act: {type: task, capability: test.act, next: done}
+  withdrawn: {type: fail, error: withdrawn}
+  done: {type: succeed}
+"#;
+
 /// A real orchestrator gRPC server on 127.0.0.1:0 over a SQLite store in a temporary
 /// directory, calling a [`TestRouter`]; stops when dropped.
 pub struct Server {
