@@ -115,7 +115,9 @@ impl ReachConfig {
             .validate(self.router.max_message_bytes, "router.max_message_bytes")
             .map_err(ConfigError::Invalid)?;
         self.registry.validate().map_err(ConfigError::Invalid)?;
-        self.router.validate().map_err(ConfigError::Invalid)?;
+        self.router
+            .validate()
+            .map_err(|e| ConfigError::Invalid(e.to_string()))?;
         self.orchestrator
             .validate()
             .map_err(|e| ConfigError::Invalid(format!("orchestrator: {e}")))?;

@@ -104,7 +104,8 @@ impl ControlPlane {
                 // router.advertise_endpoint.
                 router_config.advertise_endpoint = format!("http://{addr}");
             }
-            let router = Router::new(router_config).map_err(StartError::Config)?;
+            let router =
+                Router::new(router_config).map_err(|e| StartError::Config(e.to_string()))?;
             background.push(router.spawn_registry_watch());
             server = server
                 .add_service(reach_telemetry::traced(router.clone().into_server()))

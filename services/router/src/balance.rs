@@ -15,11 +15,16 @@
 //! - `round_robin`: each eligible instance in turn.
 //! - `random`: uniformly at random.
 //! - `weighted`: at random in proportion to the instance weight from registration.
+//!
+//! The random policies draw from a [`Random`] source the routing table is given: an
+//! OS-seeded per-thread generator ([`ThreadRandom`]) in production, a seeded one
+//! ([`SeededRandom`]) where picks must be reproducible (tests).
 
-use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 
-use rand::Rng;
+use rand::rngs::SmallRng;
+use rand::{Rng, SeedableRng};
 use reach_proto::v1::InstanceState;
 use serde::{Deserialize, Serialize};
 use tokio::time::Instant;
@@ -56,6 +61,45 @@ impl std::fmt::Display for Policy {
     }
 }
 
+/// The randomness balancing draws from: one draw for a `random` pick, one for a `weighted`
+/// pick, two for a power-of-two-choices pick, none when only one instance is eligible.
+pub trait Random: Send + Sync + std::fmt::Debug {
+    /// A uniformly distributed number in `0..n`; `n` is at least 1.
+    fn below(&self, n: u64) -> u64;
+}
+
+/// The production source: the calling thread's OS-seeded generator (`rand::rng()`), with no
+/// lock shared between calls.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ThreadRandom;
+
+impl Random for ThreadRandom {
+    fn below(&self, n: u64) -> u64 {
+        rand::rng().random_range(0..n)
+    }
+}
+
+/// A seeded generator ([`SmallRng`]) behind a lock: the same seed gives the same sequence of
+/// draws, so the same sequence of picks over the same instances.
+#[derive(Debug)]
+pub struct SeededRandom(Mutex<SmallRng>);
+
+impl SeededRandom {
+    /// A source seeded with `seed`.
+    pub fn new(seed: u64) -> Self {
+        Self(Mutex::new(SmallRng::seed_from_u64(seed)))
+    }
+}
+
+impl Random for SeededRandom {
+    fn below(&self, n: u64) -> u64 {
+        self.0
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .random_range(0..n)
+    }
+}
+
 /// Why no instance could be picked now.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum NoPick {
@@ -66,12 +110,18 @@ pub enum NoPick {
 }
 
 /// Picks an instance of `members` under `policy`, skipping `excluded` instance ids (already
-/// tried by this call) unless nothing else is left. `rr` is the route's round-robin cursor.
+/// tried by this call) unless nothing else is left. `rr` is the route's round-robin cursor;
+/// the random policies draw from `random`.
+///
+/// # Errors
+/// [`NoPick::Full`] when every candidate is at its limit (or only ejected ones have room
+/// while a healthy one is full); [`NoPick::Empty`] when there is no candidate.
 pub fn pick<'a>(
     policy: Policy,
     members: &'a [Arc<InstanceEndpoint>],
     excluded: &[Arc<str>],
     rr: &AtomicUsize,
+    random: &dyn Random,
 ) -> Result<&'a Arc<InstanceEndpoint>, NoPick> {
     if members.is_empty() {
         return Err(NoPick::Empty);
@@ -111,29 +161,30 @@ pub fn pick<'a>(
         return if excluded.is_empty() {
             Err(NoPick::Empty)
         } else {
-            pick(policy, members, &[], rr)
+            pick(policy, members, &[], rr, random)
         };
     }
     if candidates.is_empty() || (best_tier == 2 && any_healthy) {
         return Err(NoPick::Full);
     }
-    Ok(choose(policy, &candidates, rr))
+    Ok(choose(policy, &candidates, rr, random))
 }
 
 fn choose<'a>(
     policy: Policy,
     candidates: &[&'a Arc<InstanceEndpoint>],
     rr: &AtomicUsize,
+    random: &dyn Random,
 ) -> &'a Arc<InstanceEndpoint> {
     let n = candidates.len();
     if n == 1 {
         return candidates[0];
     }
-    let mut rng = rand::rng();
+    let below = |n: usize| random.below(n as u64) as usize;
     match policy {
         Policy::P2cPeakEwma | Policy::P2cPending => {
-            let a = rng.random_range(0..n);
-            let mut b = rng.random_range(0..n - 1);
+            let a = below(n);
+            let mut b = below(n - 1);
             if b >= a {
                 b += 1;
             }
@@ -149,13 +200,13 @@ fn choose<'a>(
             }
         }
         Policy::RoundRobin => candidates[rr.fetch_add(1, Ordering::Relaxed) % n],
-        Policy::Random => candidates[rng.random_range(0..n)],
+        Policy::Random => candidates[below(n)],
         Policy::Weighted => {
             let total: u64 = candidates
                 .iter()
                 .map(|c| u64::from(c.info().weight.max(1)))
                 .sum();
-            let mut point = rng.random_range(0..total);
+            let mut point = random.below(total);
             for candidate in candidates {
                 let weight = u64::from(candidate.info().weight.max(1));
                 if point < weight {

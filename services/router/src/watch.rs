@@ -5,8 +5,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use reach_proto::v1::registry_service_client::RegistryServiceClient;
-use reach_rpc::backoff::Backoff;
 use reach_proto::v1::{WatchRequest, watch_response};
+use reach_rpc::backoff::Backoff;
 use tracing::{info, warn};
 
 use crate::table::RoutingTable;

@@ -209,8 +209,21 @@ impl Drop for GaugeGuard {
 }
 
 fn raise(gauge: ::metrics::Gauge) -> GaugeGuard {
-    gauge.increment(1.0);
-    GaugeGuard(gauge)
+    GaugeGuard::raise(gauge)
+}
+
+impl GaugeGuard {
+    /// Raises `gauge` by one until the guard drops (for metric helpers of other crates).
+    pub fn raise(gauge: ::metrics::Gauge) -> Self {
+        gauge.increment(1.0);
+        Self(gauge)
+    }
+}
+
+/// Whether [`install`] has installed the recorder. Metric handles looked up before that are
+/// no-ops forever, so helpers that cache handles take them only once this is true.
+pub fn installed() -> bool {
+    INSTALLED.load(std::sync::atomic::Ordering::Acquire)
 }
 
 /// Router metrics.
