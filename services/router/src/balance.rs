@@ -218,3 +218,122 @@ fn choose<'a>(
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashMap;
+    use std::sync::atomic::AtomicUsize;
+
+    use super::*;
+    use crate::endpoint::EjectionConfig;
+    use crate::endpoint::testing::endpoint;
+
+    /// Draws the scripted values in turn (each must be below the `n` asked for).
+    #[derive(Debug)]
+    struct Script(Mutex<std::vec::IntoIter<u64>>);
+
+    impl Script {
+        fn new(values: impl IntoIterator<Item = u64>) -> Self {
+            Self(Mutex::new(
+                values.into_iter().collect::<Vec<_>>().into_iter(),
+            ))
+        }
+    }
+
+    impl Random for Script {
+        fn below(&self, n: u64) -> u64 {
+            let value = self.0.lock().unwrap().next().expect("a scripted draw");
+            assert!(value < n, "scripted {value}, asked below {n}");
+            value
+        }
+    }
+
+    fn members(weights: &[u32]) -> Vec<Arc<InstanceEndpoint>> {
+        weights
+            .iter()
+            .enumerate()
+            .map(|(i, &w)| endpoint(&format!("i{i}"), w, 0, EjectionConfig::default()))
+            .collect()
+    }
+
+    fn picks(
+        policy: Policy,
+        members: &[Arc<InstanceEndpoint>],
+        random: &dyn Random,
+        n: usize,
+    ) -> Vec<String> {
+        let rr = AtomicUsize::new(0);
+        (0..n)
+            .map(|_| {
+                pick(policy, members, &[], &rr, random)
+                    .unwrap()
+                    .info()
+                    .instance_id
+                    .clone()
+            })
+            .collect()
+    }
+
+    #[tokio::test]
+    async fn random_takes_the_drawn_instance() {
+        let members = members(&[1, 1, 1]);
+        let script = Script::new([2, 0, 1, 1]);
+        assert_eq!(
+            picks(Policy::Random, &members, &script, 4),
+            ["i2", "i0", "i1", "i1"]
+        );
+    }
+
+    #[tokio::test]
+    async fn weighted_maps_each_draw_onto_the_weights() {
+        // Weights 1, 1, 6: draws 0 → i0, 1 → i1, 2..=7 → i2.
+        let members = members(&[1, 1, 6]);
+        let script = Script::new(0..8);
+        let mut counts: HashMap<String, usize> = HashMap::new();
+        for id in picks(Policy::Weighted, &members, &script, 8) {
+            *counts.entry(id).or_default() += 1;
+        }
+        assert_eq!(
+            counts,
+            HashMap::from([("i0".into(), 1), ("i1".into(), 1), ("i2".into(), 6)])
+        );
+    }
+
+    #[tokio::test]
+    async fn p2c_takes_the_less_loaded_of_the_two_drawn() {
+        let members = members(&[1, 1, 1]);
+        // i0 has two calls in flight, i1 one, i2 none.
+        let _load = [
+            members[0].load_tracker().start(),
+            members[0].load_tracker().start(),
+            members[1].load_tracker().start(),
+        ];
+        // Draws (a, b'): b' skips a, so (0, 0) compares i0 with i1, (2, 1) i2 with i1,
+        // (1, 0) i1 with i0.
+        let script = Script::new([0, 0, 2, 1, 1, 0]);
+        assert_eq!(
+            picks(Policy::P2cPending, &members, &script, 3),
+            ["i1", "i2", "i1"]
+        );
+    }
+
+    #[tokio::test]
+    async fn round_robin_and_a_single_candidate_draw_nothing() {
+        let members = members(&[1, 1, 1]);
+        let none = Script::new([]);
+        assert_eq!(
+            picks(Policy::RoundRobin, &members, &none, 4),
+            ["i0", "i1", "i2", "i0"]
+        );
+        assert_eq!(picks(Policy::Random, &members[..1], &none, 2), ["i0", "i0"]);
+    }
+
+    #[test]
+    fn a_seeded_source_repeats_its_draws() {
+        let (a, b) = (SeededRandom::new(7), SeededRandom::new(7));
+        let draws = |r: &SeededRandom| (0..100).map(|_| r.below(10)).collect::<Vec<_>>();
+        let first = draws(&a);
+        assert_eq!(first, draws(&b));
+        assert_ne!(first, draws(&SeededRandom::new(8)));
+    }
+}

@@ -407,3 +407,137 @@ fn instance_unavailable(instance_id: &str, message: String) -> Status {
         [("instance_id".to_string(), instance_id.to_string())],
     )
 }
+
+/// Endpoints for unit tests: lazily connecting to a port nothing listens on (no call is made).
+#[cfg(test)]
+pub(crate) mod testing {
+    use super::*;
+
+    /// An endpoint `id` of service `svc` with `weight`, `max_concurrency` and `ejection`.
+    /// Must be called inside a tokio runtime.
+    pub(crate) fn endpoint(
+        id: &str,
+        weight: u32,
+        max_concurrency: u32,
+        ejection: EjectionConfig,
+    ) -> Arc<InstanceEndpoint> {
+        let channel = tonic::transport::Endpoint::from_static("http://127.0.0.1:1").connect_lazy();
+        let metered = reach_rpc::ReplyBudget::new(1 << 20, 1 << 20).meter(channel);
+        Arc::new(InstanceEndpoint::new(
+            metered,
+            InstanceInfo {
+                instance_id: id.into(),
+                service: "svc".into(),
+                endpoint: "http://127.0.0.1:1".into(),
+                weight,
+                max_concurrency,
+                protocol_version: "1.0".into(),
+            },
+            InstanceState::Ready,
+            Arc::new(LoadTracker::new(
+                Duration::from_millis(5),
+                Duration::from_secs(10),
+            )),
+            Arc::new(Room::default()),
+            ejection,
+            1 << 20,
+        ))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::testing::endpoint;
+    use super::*;
+
+    /// An endpoint whose clock has moved on from its creation (at its very first nanosecond
+    /// times read one nanosecond late: 0 means "not ejected").
+    async fn aged(ejection: EjectionConfig) -> Arc<InstanceEndpoint> {
+        let e = endpoint("a", 1, 0, ejection);
+        tokio::time::advance(Duration::from_millis(1)).await;
+        e
+    }
+
+    fn ejection(consecutive_failures: u32) -> EjectionConfig {
+        EjectionConfig {
+            consecutive_failures,
+            base_ejection: Duration::from_secs(1),
+            max_ejection: Duration::from_secs(5),
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn consecutive_failures_eject_for_the_base_interval_then_it_returns() {
+        let e = aged(ejection(3)).await;
+        assert!(!e.record_failure());
+        assert!(!e.record_failure());
+        assert!(
+            !e.is_ejected(Instant::now()),
+            "two failures are below the threshold"
+        );
+        assert!(e.record_failure(), "the third failure in a row ejects");
+        assert!(e.is_ejected(Instant::now()));
+        assert_eq!(e.ejections(), 1);
+        assert_eq!(e.ejected_for(Instant::now()), Duration::from_secs(1));
+        assert!(
+            !e.record_failure(),
+            "an ejected instance is not ejected again"
+        );
+
+        tokio::time::advance(Duration::from_millis(999)).await;
+        assert!(e.is_ejected(Instant::now()));
+        assert_eq!(e.ejected_for(Instant::now()), Duration::from_millis(1));
+        tokio::time::advance(Duration::from_millis(1)).await;
+        assert!(!e.is_ejected(Instant::now()), "back after the interval");
+        assert_eq!(e.ejected_for(Instant::now()), Duration::ZERO);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_failure_on_probation_ejects_again_for_twice_as_long_up_to_the_cap() {
+        let e = aged(ejection(2)).await;
+        e.record_failure();
+        assert!(e.record_failure());
+        let mut expected = Duration::from_secs(1);
+        for ejections in 1..=5 {
+            assert_eq!(e.ejections(), ejections);
+            assert_eq!(e.ejected_for(Instant::now()), expected);
+            tokio::time::advance(expected).await;
+            assert!(!e.is_ejected(Instant::now()));
+            assert!(e.record_failure(), "one failure on probation ejects");
+            expected = (expected * 2).min(Duration::from_secs(5));
+        }
+        // 1, 2, 4, then capped at 5 s.
+        assert_eq!(e.ejected_for(Instant::now()), Duration::from_secs(5));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_success_clears_the_record() {
+        let e = aged(ejection(2)).await;
+        e.record_failure();
+        e.record_success();
+        assert!(
+            !e.record_failure(),
+            "a success in between restarts the count"
+        );
+        assert!(e.record_failure());
+        tokio::time::advance(Duration::from_secs(1)).await;
+        e.record_success();
+        assert_eq!(e.ejections(), 0);
+        assert!(!e.is_ejected(Instant::now()));
+        // Off probation: one failure no longer ejects; the threshold applies again, and the
+        // interval starts over at the base.
+        assert!(!e.record_failure());
+        assert!(e.record_failure());
+        assert_eq!(e.ejected_for(Instant::now()), Duration::from_secs(1));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn zero_consecutive_failures_disables_ejection() {
+        let e = aged(ejection(0)).await;
+        for _ in 0..100 {
+            assert!(!e.record_failure());
+        }
+        assert!(!e.is_ejected(Instant::now()));
+        assert_eq!(e.ejections(), 0);
+    }
+}
