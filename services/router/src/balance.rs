@@ -6,7 +6,7 @@
 //!    than none);
 //! 2. among those, instances the registry reports READY with room under their concurrency
 //!    limit; then BUSY instances with room (BUSY is avoided while others have room);
-//! 3. when none has room the call waits for room or is shed (see [`crate::table::Route::reserve`]).
+//! 3. when none has room the call waits for room or is shed (see [`crate::table::RoutingTable::reserve`]).
 //!
 //! Policies:
 //! - `p2c_peak_ewma` (default): power of two choices (Mitzenmacher) over the peak-EWMA
