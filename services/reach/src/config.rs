@@ -117,7 +117,9 @@ impl ReachConfig {
         self.registry
             .validate()
             .map_err(|e| ConfigError::Invalid(e.to_string()))?;
-        self.router.validate().map_err(ConfigError::Invalid)?;
+        self.router
+            .validate()
+            .map_err(|e| ConfigError::Invalid(e.to_string()))?;
         self.orchestrator
             .validate()
             .map_err(|e| ConfigError::Invalid(format!("orchestrator: {e}")))?;

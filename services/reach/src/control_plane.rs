@@ -42,12 +42,12 @@ impl Services {
 /// Why the control plane could not start.
 #[derive(Debug, thiserror::Error)]
 pub enum StartError {
-    /// A setting is invalid.
-    #[error("invalid configuration: {0}")]
-    Config(String),
     /// The registry could not be made from its settings.
     #[error("invalid configuration: {0}")]
     Registry(#[from] reach_registry::InitError),
+    /// The router could not be made from its settings.
+    #[error("invalid configuration: {0}")]
+    Router(#[from] reach_router::StartError),
     /// The orchestrator could not start (store, flows).
     #[error("orchestrator: {0}")]
     Orchestrator(#[from] reach_orchestrator::Error),
@@ -107,7 +107,7 @@ impl ControlPlane {
                 // router.advertise_endpoint.
                 router_config.advertise_endpoint = format!("http://{addr}");
             }
-            let router = Router::new(router_config).map_err(StartError::Config)?;
+            let router = Router::new(router_config)?;
             background.push(router.spawn_registry_watch());
             server = server
                 .add_service(reach_telemetry::traced(router.clone().into_server()))

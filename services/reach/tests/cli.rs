@@ -998,7 +998,7 @@ fn settings_layer_file_then_env_then_flags() {
     let file = dir.path().join("reach.toml");
     std::fs::write(
         &file,
-        "listen = \"127.0.0.1:9100\"\n[router]\nmax_message_bytes = 2048\nroute_wait = \"250ms\"\n",
+        "listen = \"127.0.0.1:9100\"\n[router]\nmax_message_bytes = 2048\nconnect_timeout = \"250ms\"\n",
     )
     .unwrap();
     let output = reach()
@@ -1023,7 +1023,7 @@ fn settings_layer_file_then_env_then_flags() {
         "env beats the file: {dumped}"
     );
     assert!(
-        dumped.contains("route_wait = \"250ms\""),
+        dumped.contains("connect_timeout = \"250ms\""),
         "the file beats defaults: {dumped}"
     );
 

@@ -6,7 +6,7 @@
 //!    than none);
 //! 2. among those, instances the registry reports READY with room under their concurrency
 //!    limit; then BUSY instances with room (BUSY is avoided while others have room);
-//! 3. when none has room the call waits for room or is shed (see [`crate::table::Route::reserve`]).
+//! 3. when none has room the call waits for room or is shed (see [`crate::table::RoutingTable::reserve`]).
 //!
 //! Policies:
 //! - `p2c_peak_ewma` (default): power of two choices (Mitzenmacher) over the peak-EWMA
@@ -15,11 +15,16 @@
 //! - `round_robin`: each eligible instance in turn.
 //! - `random`: uniformly at random.
 //! - `weighted`: at random in proportion to the instance weight from registration.
+//!
+//! The random policies draw from a [`Random`] source the routing table is given: an
+//! OS-seeded per-thread generator ([`ThreadRandom`]) in production, a seeded one
+//! ([`SeededRandom`]) where picks must be reproducible (tests).
 
-use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 
-use rand::Rng;
+use rand::rngs::SmallRng;
+use rand::{Rng, SeedableRng};
 use reach_proto::v1::InstanceState;
 use serde::{Deserialize, Serialize};
 use tokio::time::Instant;
@@ -56,6 +61,45 @@ impl std::fmt::Display for Policy {
     }
 }
 
+/// The randomness balancing draws from: one draw for a `random` pick, one for a `weighted`
+/// pick, two for a power-of-two-choices pick, none when only one instance is eligible.
+pub trait Random: Send + Sync + std::fmt::Debug {
+    /// A uniformly distributed number in `0..n`; `n` is at least 1.
+    fn below(&self, n: u64) -> u64;
+}
+
+/// The production source: the calling thread's OS-seeded generator (`rand::rng()`), with no
+/// lock shared between calls.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ThreadRandom;
+
+impl Random for ThreadRandom {
+    fn below(&self, n: u64) -> u64 {
+        rand::rng().random_range(0..n)
+    }
+}
+
+/// A seeded generator ([`SmallRng`]) behind a lock: the same seed gives the same sequence of
+/// draws, so the same sequence of picks over the same instances.
+#[derive(Debug)]
+pub struct SeededRandom(Mutex<SmallRng>);
+
+impl SeededRandom {
+    /// A source seeded with `seed`.
+    pub fn new(seed: u64) -> Self {
+        Self(Mutex::new(SmallRng::seed_from_u64(seed)))
+    }
+}
+
+impl Random for SeededRandom {
+    fn below(&self, n: u64) -> u64 {
+        self.0
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .random_range(0..n)
+    }
+}
+
 /// Why no instance could be picked now.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum NoPick {
@@ -66,12 +110,18 @@ pub enum NoPick {
 }
 
 /// Picks an instance of `members` under `policy`, skipping `excluded` instance ids (already
-/// tried by this call) unless nothing else is left. `rr` is the route's round-robin cursor.
+/// tried by this call) unless nothing else is left. `rr` is the route's round-robin cursor;
+/// the random policies draw from `random`.
+///
+/// # Errors
+/// [`NoPick::Full`] when every candidate is at its limit (or only ejected ones have room
+/// while a healthy one is full); [`NoPick::Empty`] when there is no candidate.
 pub fn pick<'a>(
     policy: Policy,
     members: &'a [Arc<InstanceEndpoint>],
     excluded: &[Arc<str>],
     rr: &AtomicUsize,
+    random: &dyn Random,
 ) -> Result<&'a Arc<InstanceEndpoint>, NoPick> {
     if members.is_empty() {
         return Err(NoPick::Empty);
@@ -111,29 +161,30 @@ pub fn pick<'a>(
         return if excluded.is_empty() {
             Err(NoPick::Empty)
         } else {
-            pick(policy, members, &[], rr)
+            pick(policy, members, &[], rr, random)
         };
     }
     if candidates.is_empty() || (best_tier == 2 && any_healthy) {
         return Err(NoPick::Full);
     }
-    Ok(choose(policy, &candidates, rr))
+    Ok(choose(policy, &candidates, rr, random))
 }
 
 fn choose<'a>(
     policy: Policy,
     candidates: &[&'a Arc<InstanceEndpoint>],
     rr: &AtomicUsize,
+    random: &dyn Random,
 ) -> &'a Arc<InstanceEndpoint> {
     let n = candidates.len();
     if n == 1 {
         return candidates[0];
     }
-    let mut rng = rand::rng();
+    let below = |n: usize| random.below(n as u64) as usize;
     match policy {
         Policy::P2cPeakEwma | Policy::P2cPending => {
-            let a = rng.random_range(0..n);
-            let mut b = rng.random_range(0..n - 1);
+            let a = below(n);
+            let mut b = below(n - 1);
             if b >= a {
                 b += 1;
             }
@@ -149,13 +200,13 @@ fn choose<'a>(
             }
         }
         Policy::RoundRobin => candidates[rr.fetch_add(1, Ordering::Relaxed) % n],
-        Policy::Random => candidates[rng.random_range(0..n)],
+        Policy::Random => candidates[below(n)],
         Policy::Weighted => {
             let total: u64 = candidates
                 .iter()
                 .map(|c| u64::from(c.info().weight.max(1)))
                 .sum();
-            let mut point = rng.random_range(0..total);
+            let mut point = random.below(total);
             for candidate in candidates {
                 let weight = u64::from(candidate.info().weight.max(1));
                 if point < weight {
@@ -165,5 +216,124 @@ fn choose<'a>(
             }
             candidates[n - 1]
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashMap;
+    use std::sync::atomic::AtomicUsize;
+
+    use super::*;
+    use crate::endpoint::EjectionConfig;
+    use crate::endpoint::testing::endpoint;
+
+    /// Draws the scripted values in turn (each must be below the `n` asked for).
+    #[derive(Debug)]
+    struct Script(Mutex<std::vec::IntoIter<u64>>);
+
+    impl Script {
+        fn new(values: impl IntoIterator<Item = u64>) -> Self {
+            Self(Mutex::new(
+                values.into_iter().collect::<Vec<_>>().into_iter(),
+            ))
+        }
+    }
+
+    impl Random for Script {
+        fn below(&self, n: u64) -> u64 {
+            let value = self.0.lock().unwrap().next().expect("a scripted draw");
+            assert!(value < n, "scripted {value}, asked below {n}");
+            value
+        }
+    }
+
+    fn members(weights: &[u32]) -> Vec<Arc<InstanceEndpoint>> {
+        weights
+            .iter()
+            .enumerate()
+            .map(|(i, &w)| endpoint(&format!("i{i}"), w, 0, EjectionConfig::default()))
+            .collect()
+    }
+
+    fn picks(
+        policy: Policy,
+        members: &[Arc<InstanceEndpoint>],
+        random: &dyn Random,
+        n: usize,
+    ) -> Vec<String> {
+        let rr = AtomicUsize::new(0);
+        (0..n)
+            .map(|_| {
+                pick(policy, members, &[], &rr, random)
+                    .unwrap()
+                    .info()
+                    .instance_id
+                    .clone()
+            })
+            .collect()
+    }
+
+    #[tokio::test]
+    async fn random_takes_the_drawn_instance() {
+        let members = members(&[1, 1, 1]);
+        let script = Script::new([2, 0, 1, 1]);
+        assert_eq!(
+            picks(Policy::Random, &members, &script, 4),
+            ["i2", "i0", "i1", "i1"]
+        );
+    }
+
+    #[tokio::test]
+    async fn weighted_maps_each_draw_onto_the_weights() {
+        // Weights 1, 1, 6: draws 0 → i0, 1 → i1, 2..=7 → i2.
+        let members = members(&[1, 1, 6]);
+        let script = Script::new(0..8);
+        let mut counts: HashMap<String, usize> = HashMap::new();
+        for id in picks(Policy::Weighted, &members, &script, 8) {
+            *counts.entry(id).or_default() += 1;
+        }
+        assert_eq!(
+            counts,
+            HashMap::from([("i0".into(), 1), ("i1".into(), 1), ("i2".into(), 6)])
+        );
+    }
+
+    #[tokio::test]
+    async fn p2c_takes_the_less_loaded_of_the_two_drawn() {
+        let members = members(&[1, 1, 1]);
+        // i0 has two calls in flight, i1 one, i2 none.
+        let _load = [
+            members[0].load_tracker().start(),
+            members[0].load_tracker().start(),
+            members[1].load_tracker().start(),
+        ];
+        // Draws (a, b'): b' skips a, so (0, 0) compares i0 with i1, (2, 1) i2 with i1,
+        // (1, 0) i1 with i0.
+        let script = Script::new([0, 0, 2, 1, 1, 0]);
+        assert_eq!(
+            picks(Policy::P2cPending, &members, &script, 3),
+            ["i1", "i2", "i1"]
+        );
+    }
+
+    #[tokio::test]
+    async fn round_robin_and_a_single_candidate_draw_nothing() {
+        let members = members(&[1, 1, 1]);
+        let none = Script::new([]);
+        assert_eq!(
+            picks(Policy::RoundRobin, &members, &none, 4),
+            ["i0", "i1", "i2", "i0"]
+        );
+        assert_eq!(picks(Policy::Random, &members[..1], &none, 2), ["i0", "i0"]);
+    }
+
+    #[test]
+    fn a_seeded_source_repeats_its_draws() {
+        let (a, b) = (SeededRandom::new(7), SeededRandom::new(7));
+        let draws = |r: &SeededRandom| (0..100).map(|_| r.below(10)).collect::<Vec<_>>();
+        let first = draws(&a);
+        assert_eq!(first, draws(&b));
+        assert_ne!(first, draws(&SeededRandom::new(8)));
     }
 }

@@ -7,6 +7,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 use crate::balance::Policy;
+pub use crate::endpoint::EjectionConfig;
 
 /// How the router finds instances, balances, retries and what it accepts.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -17,10 +18,6 @@ pub struct RouterConfig {
     /// The largest message accepted, in bytes (encoded protobuf size), for calls and for every
     /// message of a stream. Default 4 MiB.
     pub max_message_bytes: usize,
-    /// How long a call waits for a route to get an instance when its instances are all
-    /// momentarily unroutable (for example, one just replaced). Bounded by the caller's deadline.
-    #[serde(with = "humantime_serde")]
-    pub route_wait: Duration,
     /// The latency an instance is assumed to have before it has answered anything.
     #[serde(with = "humantime_serde")]
     pub default_rtt: Duration,
@@ -86,21 +83,6 @@ pub struct BalancingConfig {
     pub routes: BTreeMap<String, Policy>,
 }
 
-/// When an instance is taken out of rotation after failures.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct EjectionConfig {
-    /// Consecutive failures (connect errors, UNAVAILABLE) that eject an instance. 0 disables
-    /// ejection. Default 5.
-    pub consecutive_failures: u32,
-    /// How long the first ejection lasts; each further ejection doubles it. Default 1 s.
-    #[serde(with = "humantime_serde")]
-    pub base_ejection: Duration,
-    /// The longest ejection. Default 30 s.
-    #[serde(with = "humantime_serde")]
-    pub max_ejection: Duration,
-}
-
 /// How calls wait when every instance of a route is at its concurrency limit.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -136,7 +118,6 @@ impl Default for RouterConfig {
         Self {
             registry_endpoint: "http://127.0.0.1:7070".into(),
             max_message_bytes: 4 * 1024 * 1024,
-            route_wait: Duration::from_secs(1),
             default_rtt: Duration::from_millis(5),
             rtt_decay: Duration::from_secs(10),
             connect_timeout: Duration::from_secs(1),
@@ -154,16 +135,6 @@ impl Default for RouterConfig {
             max_clock_skew: Duration::from_secs(60),
             max_buffered_reply_bytes_per_instance: 64 * 1024 * 1024,
             max_buffered_reply_bytes: 1024 * 1024 * 1024,
-        }
-    }
-}
-
-impl Default for EjectionConfig {
-    fn default() -> Self {
-        Self {
-            consecutive_failures: 5,
-            base_ejection: Duration::from_secs(1),
-            max_ejection: Duration::from_secs(30),
         }
     }
 }
@@ -192,60 +163,50 @@ impl RouterConfig {
     /// Checks the settings.
     ///
     /// # Errors
-    /// A message naming the setting to fix.
-    pub fn validate(&self) -> Result<(), String> {
-        if self.max_message_bytes < 1024 {
-            return Err(format!(
-                "router.max_message_bytes is {} bytes; it must be at least 1024",
-                self.max_message_bytes
-            ));
+    /// The first [`ConfigError`] found, naming the setting to fix ([`ConfigError::key`]).
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        if self.max_message_bytes < MIN_MESSAGE_BYTES {
+            return Err(ConfigError::MessageLimitTooSmall {
+                value: self.max_message_bytes,
+            });
         }
         if self.max_buffered_reply_bytes_per_instance < self.max_message_bytes {
-            return Err(format!(
-                "router.max_buffered_reply_bytes_per_instance is {} bytes, less than \
-                 router.max_message_bytes ({}), so a reply that large could never arrive; raise it \
-                 to at least {}",
-                self.max_buffered_reply_bytes_per_instance,
-                self.max_message_bytes,
-                self.max_message_bytes
-            ));
+            return Err(ConfigError::InstanceReplyBudgetTooSmall {
+                value: self.max_buffered_reply_bytes_per_instance,
+                max_message_bytes: self.max_message_bytes,
+            });
         }
         if self.max_buffered_reply_bytes < self.max_buffered_reply_bytes_per_instance {
-            return Err(format!(
-                "router.max_buffered_reply_bytes ({}) is less than \
-                 router.max_buffered_reply_bytes_per_instance ({}); the router-wide budget must be \
-                 at least one instance's",
-                self.max_buffered_reply_bytes, self.max_buffered_reply_bytes_per_instance
-            ));
+            return Err(ConfigError::ReplyBudgetTooSmall {
+                value: self.max_buffered_reply_bytes,
+                per_instance: self.max_buffered_reply_bytes_per_instance,
+            });
         }
         if !(self.registry_endpoint.starts_with("http://")
             || self.registry_endpoint.starts_with("https://"))
         {
-            return Err(format!(
-                "router.registry_endpoint {:?} must be an http(s) URL such as http://127.0.0.1:7070",
-                self.registry_endpoint
-            ));
+            return Err(ConfigError::RegistryEndpointNotHttp {
+                value: self.registry_endpoint.clone(),
+            });
         }
         if self.rtt_decay.is_zero() {
-            return Err("router.rtt_decay must be above zero".into());
+            return Err(ConfigError::ZeroRttDecay);
         }
         if self.ejection.base_ejection > self.ejection.max_ejection {
-            return Err(format!(
-                "router.ejection.base_ejection ({:?}) must not exceed router.ejection.max_ejection ({:?})",
-                self.ejection.base_ejection, self.ejection.max_ejection
-            ));
+            return Err(ConfigError::EjectionBaseAboveMax {
+                base: self.ejection.base_ejection,
+                max: self.ejection.max_ejection,
+            });
         }
         if !(0.0..=1000.0).contains(&self.retry_budget.retry_ratio) {
-            return Err(format!(
-                "router.retry_budget.retry_ratio is {}; it must lie between 0 and 1000 (0.2 = 20 %)",
-                self.retry_budget.retry_ratio
-            ));
+            return Err(ConfigError::RetryRatioOutOfRange {
+                value: self.retry_budget.retry_ratio,
+            });
         }
         if !(Duration::from_secs(1)..=Duration::from_secs(60)).contains(&self.retry_budget.window) {
-            return Err(format!(
-                "router.retry_budget.window is {:?}; it must lie between 1 s and 60 s",
-                self.retry_budget.window
-            ));
+            return Err(ConfigError::RetryWindowOutOfRange {
+                value: self.retry_budget.window,
+            });
         }
         Ok(())
     }
@@ -265,5 +226,190 @@ impl RouterConfig {
         self.max_message_bytes
             .saturating_mul(2)
             .max(self.max_message_bytes + (1 << 20))
+    }
+}
+
+/// The smallest `max_message_bytes` accepted, in bytes.
+pub const MIN_MESSAGE_BYTES: usize = 1024;
+
+/// A router setting that cannot work, from [`RouterConfig::validate`]. Each message names the
+/// setting (as `router.KEY`) and what to set it to.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum ConfigError {
+    /// `max_message_bytes` is below [`MIN_MESSAGE_BYTES`].
+    #[error("router.max_message_bytes is {value} bytes; it must be at least {MIN_MESSAGE_BYTES}")]
+    MessageLimitTooSmall {
+        /// The configured value, in bytes.
+        value: usize,
+    },
+    /// `max_buffered_reply_bytes_per_instance` is below `max_message_bytes`.
+    #[error(
+        "router.max_buffered_reply_bytes_per_instance is {value} bytes, less than router.max_message_bytes ({max_message_bytes}), so a reply that large could never arrive; raise it to at least {max_message_bytes}"
+    )]
+    InstanceReplyBudgetTooSmall {
+        /// The configured value, in bytes.
+        value: usize,
+        /// `max_message_bytes`, in bytes.
+        max_message_bytes: usize,
+    },
+    /// `max_buffered_reply_bytes` is below `max_buffered_reply_bytes_per_instance`.
+    #[error(
+        "router.max_buffered_reply_bytes ({value}) is less than router.max_buffered_reply_bytes_per_instance ({per_instance}); the router-wide budget must be at least one instance's"
+    )]
+    ReplyBudgetTooSmall {
+        /// The configured value, in bytes.
+        value: usize,
+        /// `max_buffered_reply_bytes_per_instance`, in bytes.
+        per_instance: usize,
+    },
+    /// `registry_endpoint` is not an http(s) URL.
+    #[error(
+        "router.registry_endpoint {value:?} must be an http(s) URL such as http://127.0.0.1:7070"
+    )]
+    RegistryEndpointNotHttp {
+        /// The configured value.
+        value: String,
+    },
+    /// `rtt_decay` is zero.
+    #[error("router.rtt_decay must be above zero")]
+    ZeroRttDecay,
+    /// `ejection.base_ejection` is longer than `ejection.max_ejection`.
+    #[error(
+        "router.ejection.base_ejection ({base:?}) must not exceed router.ejection.max_ejection ({max:?})"
+    )]
+    EjectionBaseAboveMax {
+        /// `ejection.base_ejection`.
+        base: Duration,
+        /// `ejection.max_ejection`.
+        max: Duration,
+    },
+    /// `retry_budget.retry_ratio` is outside 0..=1000.
+    #[error(
+        "router.retry_budget.retry_ratio is {value}; it must lie between 0 and 1000 (0.2 = 20 %)"
+    )]
+    RetryRatioOutOfRange {
+        /// The configured ratio.
+        value: f32,
+    },
+    /// `retry_budget.window` is outside 1 s..=60 s.
+    #[error("router.retry_budget.window is {value:?}; it must lie between 1 s and 60 s")]
+    RetryWindowOutOfRange {
+        /// The configured window.
+        value: Duration,
+    },
+}
+
+impl ConfigError {
+    /// The setting to fix, as its key in the `[router]` section (`max_message_bytes`,
+    /// `ejection.base_ejection`, ...).
+    pub fn key(&self) -> &'static str {
+        match self {
+            ConfigError::MessageLimitTooSmall { .. } => "max_message_bytes",
+            ConfigError::InstanceReplyBudgetTooSmall { .. } => {
+                "max_buffered_reply_bytes_per_instance"
+            }
+            ConfigError::ReplyBudgetTooSmall { .. } => "max_buffered_reply_bytes",
+            ConfigError::RegistryEndpointNotHttp { .. } => "registry_endpoint",
+            ConfigError::ZeroRttDecay => "rtt_decay",
+            ConfigError::EjectionBaseAboveMax { .. } => "ejection.base_ejection",
+            ConfigError::RetryRatioOutOfRange { .. } => "retry_budget.retry_ratio",
+            ConfigError::RetryWindowOutOfRange { .. } => "retry_budget.window",
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_defaults_are_valid() {
+        RouterConfig::default().validate().unwrap();
+    }
+
+    #[test]
+    fn each_invalid_setting_is_named_with_its_value() {
+        let cases: Vec<(RouterConfig, &str, &str)> = vec![
+            (
+                RouterConfig {
+                    max_message_bytes: 100,
+                    ..RouterConfig::default()
+                },
+                "max_message_bytes",
+                "router.max_message_bytes is 100 bytes; it must be at least 1024",
+            ),
+            (
+                RouterConfig {
+                    max_buffered_reply_bytes_per_instance: 1024 * 1024,
+                    ..RouterConfig::default()
+                },
+                "max_buffered_reply_bytes_per_instance",
+                "raise it to at least 4194304",
+            ),
+            (
+                RouterConfig {
+                    max_buffered_reply_bytes: 1024 * 1024,
+                    ..RouterConfig::default()
+                },
+                "max_buffered_reply_bytes",
+                "router.max_buffered_reply_bytes (1048576) is less than",
+            ),
+            (
+                RouterConfig {
+                    registry_endpoint: "127.0.0.1:7070".into(),
+                    ..RouterConfig::default()
+                },
+                "registry_endpoint",
+                "router.registry_endpoint \"127.0.0.1:7070\" must be an http(s) URL",
+            ),
+            (
+                RouterConfig {
+                    rtt_decay: Duration::ZERO,
+                    ..RouterConfig::default()
+                },
+                "rtt_decay",
+                "router.rtt_decay must be above zero",
+            ),
+            (
+                RouterConfig {
+                    ejection: EjectionConfig {
+                        base_ejection: Duration::from_secs(60),
+                        ..EjectionConfig::default()
+                    },
+                    ..RouterConfig::default()
+                },
+                "ejection.base_ejection",
+                "router.ejection.base_ejection (60s) must not exceed",
+            ),
+            (
+                RouterConfig {
+                    retry_budget: RetryBudgetConfig {
+                        retry_ratio: -1.0,
+                        ..RetryBudgetConfig::default()
+                    },
+                    ..RouterConfig::default()
+                },
+                "retry_budget.retry_ratio",
+                "router.retry_budget.retry_ratio is -1;",
+            ),
+            (
+                RouterConfig {
+                    retry_budget: RetryBudgetConfig {
+                        window: Duration::from_secs(120),
+                        ..RetryBudgetConfig::default()
+                    },
+                    ..RouterConfig::default()
+                },
+                "retry_budget.window",
+                "router.retry_budget.window is 120s;",
+            ),
+        ];
+        for (config, key, message) in cases {
+            let error = config.validate().unwrap_err();
+            assert_eq!(error.key(), key, "{error}");
+            let text = error.to_string();
+            assert!(text.contains(message), "{key}: {text}");
+            assert!(!text.ends_with('.'), "{key}: {text}");
+        }
     }
 }

@@ -12,24 +12,50 @@
 //! traffic again, and the first failure after a return ejects it again for twice as long,
 //! while a success clears its record.
 
-use reach_rpc::limits::MeteredChannel;
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicI32, AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicI32, AtomicU32, AtomicU64, Ordering};
 use std::time::Duration;
 
 use reach_proto::v1::agent_service_client::AgentServiceClient;
 use reach_proto::v1::{HandleMuxResponse, HandleRequest, InstanceState, ReachMessage};
+use reach_rpc::limits::MeteredChannel;
 use reach_rpc::mux::{MuxError, MuxLink, OutgoingCall};
 use reach_telemetry::grpc::GrpcClientTrace;
-use tokio::sync::Notify;
+use serde::{Deserialize, Serialize};
 use tokio::time::Instant;
 use tonic::metadata::{KeyAndValueRef, MetadataMap};
 use tonic::transport::Channel;
 use tonic::{Request, Status};
 
-use crate::config::EjectionConfig;
-use crate::load::LoadTracker;
+use crate::load::{InFlight, LoadTracker, Room};
+use crate::metrics::{self, InstanceMetrics};
+
+/// When an instance is taken out of rotation after failures (the router's `ejection`
+/// settings).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct EjectionConfig {
+    /// Consecutive failures (connect errors, UNAVAILABLE) that eject an instance. 0 disables
+    /// ejection. Default 5.
+    pub consecutive_failures: u32,
+    /// How long the first ejection lasts; each further ejection doubles it. Default 1 s.
+    #[serde(with = "humantime_serde")]
+    pub base_ejection: Duration,
+    /// The longest ejection. Default 30 s.
+    #[serde(with = "humantime_serde")]
+    pub max_ejection: Duration,
+}
+
+impl Default for EjectionConfig {
+    fn default() -> Self {
+        Self {
+            consecutive_failures: 5,
+            base_ejection: Duration::from_secs(1),
+            max_ejection: Duration::from_secs(30),
+        }
+    }
+}
 
 /// What the router knows about an instance besides its connection.
 #[derive(Debug)]
@@ -46,29 +72,6 @@ pub struct InstanceInfo {
     pub max_concurrency: u32,
     /// The protocol version it speaks.
     pub protocol_version: String,
-}
-
-/// Wakes calls waiting for room when any instance finishes a call. Shared by every endpoint
-/// of a routing table.
-#[derive(Debug, Default)]
-pub struct Room {
-    notify: Notify,
-    /// Calls waiting now; completions notify only when someone waits.
-    pub(crate) waiting: AtomicUsize,
-}
-
-impl Room {
-    /// Wakes every waiting call (cheap when none waits).
-    pub fn release(&self) {
-        if self.waiting.load(Ordering::Acquire) > 0 {
-            self.notify.notify_waiters();
-        }
-    }
-
-    /// A future that resolves at the next [`Room::release`].
-    pub fn notified(&self) -> tokio::sync::futures::Notified<'_> {
-        self.notify.notified()
-    }
 }
 
 /// A connection to one instance plus its shared load, state and health.
@@ -94,7 +97,7 @@ pub struct InstanceEndpoint {
     epoch: Instant,
     ejection: EjectionConfig,
     /// Its latency histogram (`reach_router_instance_duration_seconds`).
-    metrics: reach_telemetry::metrics::router::InstanceMetrics,
+    metrics: InstanceMetrics,
 }
 
 impl InstanceEndpoint {
@@ -118,10 +121,7 @@ impl InstanceEndpoint {
             metered,
             max_message_bytes,
         );
-        let metrics = reach_telemetry::metrics::router::InstanceMetrics::new(
-            &info.service,
-            &info.instance_id,
-        );
+        let metrics = InstanceMetrics::new(&info.service, &info.instance_id);
         Self {
             client,
             channel,
@@ -255,11 +255,14 @@ impl InstanceEndpoint {
     }
 
     /// Counts a call in flight if the instance has room; `None` when it is at its limit.
-    pub fn try_reserve(self: &Arc<Self>) -> Option<crate::load::InFlight> {
+    pub fn try_reserve(self: &Arc<Self>) -> Option<Reservation> {
         let limit = self.info.max_concurrency as usize;
         self.load
             .try_start(limit, self.room.clone())
-            .map(|in_flight| in_flight.with_endpoint(self.clone()))
+            .map(|in_flight| Reservation {
+                endpoint: self.clone(),
+                in_flight,
+            })
     }
 
     /// Whether the instance is ejected at `now`.
@@ -318,7 +321,7 @@ impl InstanceEndpoint {
         self.ejected_until_ns.store(until, Ordering::Relaxed);
         self.consecutive_failures.store(0, Ordering::Relaxed);
         tracing::warn!(instance = %self.info.instance_id, ejections, interval = ?interval, "instance ejected after consecutive failures");
-        reach_telemetry::metrics::router::ejection(&self.info.service, &self.info.instance_id);
+        metrics::ejection(&self.info.service, &self.info.instance_id);
         true
     }
 
@@ -329,11 +332,26 @@ impl InstanceEndpoint {
     }
 }
 
-impl tower::load::Load for InstanceEndpoint {
-    type Metric = f64;
+/// A slot reserved on one instance for one call or stream: the instance and the in-flight
+/// guard counting the call against its concurrency limit until this drops.
+#[derive(Debug)]
+pub struct Reservation {
+    endpoint: Arc<InstanceEndpoint>,
+    in_flight: InFlight,
+}
 
-    fn load(&self) -> f64 {
-        self.load.cost()
+impl Reservation {
+    /// The instance the slot is on.
+    pub fn endpoint(&self) -> &Arc<InstanceEndpoint> {
+        &self.endpoint
+    }
+
+    /// Marks the reservation as a stream's (see [`InFlight::for_stream`]).
+    pub fn for_stream(self) -> Self {
+        Self {
+            endpoint: self.endpoint,
+            in_flight: self.in_flight.for_stream(),
+        }
     }
 }
 
@@ -388,4 +406,138 @@ fn instance_unavailable(instance_id: &str, message: String) -> Status {
         reach_rpc::errors::reason::INSTANCE_UNAVAILABLE,
         [("instance_id".to_string(), instance_id.to_string())],
     )
+}
+
+/// Endpoints for unit tests: lazily connecting to a port nothing listens on (no call is made).
+#[cfg(test)]
+pub(crate) mod testing {
+    use super::*;
+
+    /// An endpoint `id` of service `svc` with `weight`, `max_concurrency` and `ejection`.
+    /// Must be called inside a tokio runtime.
+    pub(crate) fn endpoint(
+        id: &str,
+        weight: u32,
+        max_concurrency: u32,
+        ejection: EjectionConfig,
+    ) -> Arc<InstanceEndpoint> {
+        let channel = tonic::transport::Endpoint::from_static("http://127.0.0.1:1").connect_lazy();
+        let metered = reach_rpc::ReplyBudget::new(1 << 20, 1 << 20).meter(channel);
+        Arc::new(InstanceEndpoint::new(
+            metered,
+            InstanceInfo {
+                instance_id: id.into(),
+                service: "svc".into(),
+                endpoint: "http://127.0.0.1:1".into(),
+                weight,
+                max_concurrency,
+                protocol_version: "1.0".into(),
+            },
+            InstanceState::Ready,
+            Arc::new(LoadTracker::new(
+                Duration::from_millis(5),
+                Duration::from_secs(10),
+            )),
+            Arc::new(Room::default()),
+            ejection,
+            1 << 20,
+        ))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::testing::endpoint;
+    use super::*;
+
+    /// An endpoint whose clock has moved on from its creation (at its very first nanosecond
+    /// times read one nanosecond late: 0 means "not ejected").
+    async fn aged(ejection: EjectionConfig) -> Arc<InstanceEndpoint> {
+        let e = endpoint("a", 1, 0, ejection);
+        tokio::time::advance(Duration::from_millis(1)).await;
+        e
+    }
+
+    fn ejection(consecutive_failures: u32) -> EjectionConfig {
+        EjectionConfig {
+            consecutive_failures,
+            base_ejection: Duration::from_secs(1),
+            max_ejection: Duration::from_secs(5),
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn consecutive_failures_eject_for_the_base_interval_then_it_returns() {
+        let e = aged(ejection(3)).await;
+        assert!(!e.record_failure());
+        assert!(!e.record_failure());
+        assert!(
+            !e.is_ejected(Instant::now()),
+            "two failures are below the threshold"
+        );
+        assert!(e.record_failure(), "the third failure in a row ejects");
+        assert!(e.is_ejected(Instant::now()));
+        assert_eq!(e.ejections(), 1);
+        assert_eq!(e.ejected_for(Instant::now()), Duration::from_secs(1));
+        assert!(
+            !e.record_failure(),
+            "an ejected instance is not ejected again"
+        );
+
+        tokio::time::advance(Duration::from_millis(999)).await;
+        assert!(e.is_ejected(Instant::now()));
+        assert_eq!(e.ejected_for(Instant::now()), Duration::from_millis(1));
+        tokio::time::advance(Duration::from_millis(1)).await;
+        assert!(!e.is_ejected(Instant::now()), "back after the interval");
+        assert_eq!(e.ejected_for(Instant::now()), Duration::ZERO);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_failure_on_probation_ejects_again_for_twice_as_long_up_to_the_cap() {
+        let e = aged(ejection(2)).await;
+        e.record_failure();
+        assert!(e.record_failure());
+        let mut expected = Duration::from_secs(1);
+        for ejections in 1..=5 {
+            assert_eq!(e.ejections(), ejections);
+            assert_eq!(e.ejected_for(Instant::now()), expected);
+            tokio::time::advance(expected).await;
+            assert!(!e.is_ejected(Instant::now()));
+            assert!(e.record_failure(), "one failure on probation ejects");
+            expected = (expected * 2).min(Duration::from_secs(5));
+        }
+        // 1, 2, 4, then capped at 5 s.
+        assert_eq!(e.ejected_for(Instant::now()), Duration::from_secs(5));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_success_clears_the_record() {
+        let e = aged(ejection(2)).await;
+        e.record_failure();
+        e.record_success();
+        assert!(
+            !e.record_failure(),
+            "a success in between restarts the count"
+        );
+        assert!(e.record_failure());
+        tokio::time::advance(Duration::from_secs(1)).await;
+        e.record_success();
+        assert_eq!(e.ejections(), 0);
+        assert!(!e.is_ejected(Instant::now()));
+        // Off probation: one failure no longer ejects; the threshold applies again, and the
+        // interval starts over at the base.
+        assert!(!e.record_failure());
+        assert!(e.record_failure());
+        assert_eq!(e.ejected_for(Instant::now()), Duration::from_secs(1));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn zero_consecutive_failures_disables_ejection() {
+        let e = aged(ejection(0)).await;
+        for _ in 0..100 {
+            assert!(!e.record_failure());
+        }
+        assert!(!e.is_ejected(Instant::now()));
+        assert_eq!(e.ejections(), 0);
+    }
 }

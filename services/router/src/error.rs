@@ -1,4 +1,5 @@
-//! Routing errors and their gRPC statuses.
+//! Routing errors and their gRPC statuses ([`RouteError`]), and why a router could not be
+//! built ([`StartError`]).
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -6,7 +7,9 @@ use std::time::Duration;
 use reach_rpc::errors::{reason, status_with_reason, status_with_retry};
 use tonic::{Code, Status};
 
-use crate::table::RouteKey;
+use crate::config::ConfigError;
+use crate::key::RouteKey;
+use crate::ledger::LedgerError;
 
 /// Why the router refused or failed a message.
 #[derive(Debug, thiserror::Error)]
@@ -19,12 +22,16 @@ pub enum RouteError {
     /// The header names no service or capability.
     #[error("the message header has no target: set `header.service` or `header.capability`")]
     MissingTarget,
-    /// The target's name is over [`crate::service::MAX_TARGET_NAME_BYTES`].
+    /// The target's name is over the limit ([`crate::envelope::MAX_TARGET_NAME_BYTES`]).
     #[error(
-        "the message header's target name is {0} bytes, over the limit of {max} bytes; service, capability and topic names are short identifiers such as complaint.classify",
-        max = crate::service::MAX_TARGET_NAME_BYTES
+        "the message header's target name is {size} bytes, over the limit of {limit} bytes; service, capability and topic names are short identifiers such as complaint.classify"
     )]
-    TargetNameTooLong(usize),
+    TargetNameTooLong {
+        /// The name's length, in bytes.
+        size: usize,
+        /// The limit, in bytes.
+        limit: usize,
+    },
     /// The header targets a topic, which Call and Stream do not deliver.
     #[error(
         "topic {0:?} cannot be called: Call and Stream deliver to one instance; address a service or capability"
@@ -77,12 +84,14 @@ pub enum RouteError {
     )]
     DeadlineExceeded(Duration),
     /// The route had instances, but none became ready in time.
-    #[error("no instance of {key} became ready within {waited:?}; try again")]
+    #[error("no instance of {key} became ready within {waited:?}: {detail}; try again")]
     NoReadyInstance {
         /// What the message addressed.
         key: RouteKey,
         /// How long the router waited.
         waited: Duration,
+        /// Why the instance tried was not ready (its connection error).
+        detail: String,
     },
     /// Every instance of the route is at its concurrency limit and the call could not wait
     /// (too many waiting, or it waited `admission.max_wait`).
@@ -224,7 +233,7 @@ impl From<RouteError> for Status {
             }
             RouteError::MissingTarget
             | RouteError::TopicNotCallable(_)
-            | RouteError::TargetNameTooLong(_) => {
+            | RouteError::TargetNameTooLong { .. } => {
                 status_with_reason(Code::InvalidArgument, message, reason::INVALID_TARGET, [])
             }
             RouteError::InvalidTraceId(_) => {
@@ -358,6 +367,20 @@ impl From<RouteError> for Status {
             ),
         }
     }
+}
+
+/// Why a [`crate::Router`] could not be built.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    /// A setting cannot work.
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    /// `protocol_registry` names a file that cannot be read or is invalid.
+    #[error(transparent)]
+    ProtocolRegistry(#[from] reach_protocol::LoadError),
+    /// `ledger_endpoint` is not a URL.
+    #[error(transparent)]
+    Ledger(#[from] LedgerError),
 }
 
 /// A duration for people: milliseconds with one decimal below a second, else `humantime`'s

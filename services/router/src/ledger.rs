@@ -62,10 +62,13 @@ impl LedgerSink {
     /// (`http://HOST:PORT`, connected lazily). Must be called inside a tokio runtime.
     ///
     /// # Errors
-    /// A message when `endpoint` is not a valid URI.
-    pub fn spawn(endpoint: &str, config: LedgerSinkConfig) -> Result<Self, String> {
+    /// [`LedgerError::InvalidEndpoint`] when `endpoint` is not a valid URI.
+    pub fn spawn(endpoint: &str, config: LedgerSinkConfig) -> Result<Self, LedgerError> {
         let channel = tonic::transport::Endpoint::from_shared(endpoint.to_string())
-            .map_err(|e| format!("ledger endpoint {endpoint:?} is not a URI: {e}"))?
+            .map_err(|source| LedgerError::InvalidEndpoint {
+                endpoint: endpoint.to_string(),
+                source,
+            })?
             .connect_lazy();
         let (tx, rx) = mpsc::channel(config.capacity.max(1));
         let recorded_by = config.recorded_by.clone();
@@ -137,6 +140,21 @@ impl LedgerSink {
     pub fn sent(&self) -> u64 {
         self.sent.load(Ordering::Relaxed)
     }
+}
+
+/// Why a [`LedgerSink`] could not be started.
+#[derive(Debug, thiserror::Error)]
+pub enum LedgerError {
+    /// The orchestrator endpoint is not a URI.
+    #[error(
+        "ledger endpoint {endpoint:?} is not a URI: {source}; use the orchestrator's URL, such as http://127.0.0.1:7070"
+    )]
+    InvalidEndpoint {
+        /// The endpoint as given.
+        endpoint: String,
+        /// What is wrong with it.
+        source: tonic::transport::Error,
+    },
 }
 
 /// How a routed call went, for [`LedgerSink::record_call`].

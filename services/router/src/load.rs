@@ -2,14 +2,65 @@
 //! of requests in flight plus one, as in Finagle's `PeakEwma` balancer (and tower's
 //! `load::PeakEwma`). Unlike tower's type, one [`LoadTracker`] is shared by every route an
 //! instance is on, so a capability route and a service-name route see the same load.
+//!
+//! Also here: [`Room`], which wakes calls waiting for an instance with room when a call
+//! ends, and [`InFlight`], the guard that counts one call against its instance.
 
-use std::sync::Mutex;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use tokio::sync::Notify;
 use tokio::time::Instant;
 
-use crate::endpoint::{InstanceEndpoint, Room};
+/// Wakes calls waiting for room when any instance finishes a call. Shared by every endpoint
+/// of a routing table.
+#[derive(Debug, Default)]
+pub struct Room {
+    notify: Notify,
+    /// Calls waiting now; completions notify only when someone waits.
+    waiting: AtomicUsize,
+}
+
+impl Room {
+    /// Wakes every waiting call (cheap when none waits).
+    pub fn release(&self) {
+        if self.waiting.load(Ordering::Acquire) > 0 {
+            self.notify.notify_waiters();
+        }
+    }
+
+    /// A future that resolves at the next [`Room::release`].
+    pub fn notified(&self) -> tokio::sync::futures::Notified<'_> {
+        self.notify.notified()
+    }
+
+    /// How many calls wait for room now.
+    pub fn waiting(&self) -> usize {
+        self.waiting.load(Ordering::Acquire)
+    }
+
+    /// Counts a call as waiting if fewer than `max` wait already; the guard stops counting
+    /// it when dropped. `None` when `max` calls wait already.
+    pub fn try_wait(&self, max: usize) -> Option<Waiting<'_>> {
+        self.waiting
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                (n < max).then_some(n + 1)
+            })
+            .ok()
+            .map(|_| Waiting(self))
+    }
+}
+
+/// One call waiting for room (see [`Room::try_wait`]); dropping it ends the wait.
+#[derive(Debug)]
+pub struct Waiting<'a>(&'a Room);
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        self.0.waiting.fetch_sub(1, Ordering::AcqRel);
+    }
+}
 
 /// Per-instance load: requests in flight and a peak-sensitive latency estimate.
 #[derive(Debug)]
@@ -40,24 +91,19 @@ impl LoadTracker {
 
     /// Counts a request as in flight until the returned guard drops, then feeds its latency
     /// into the estimate.
-    pub fn start(self: &std::sync::Arc<Self>) -> InFlight {
+    pub fn start(self: &Arc<Self>) -> InFlight {
         self.pending.fetch_add(1, Ordering::Relaxed);
         InFlight {
             tracker: self.clone(),
             started: Instant::now(),
             room: None,
-            endpoint: None,
             observe_latency: true,
         }
     }
 
     /// Counts a request as in flight if fewer than `limit` are (0: no limit). The guard wakes
     /// `room` waiters when it drops.
-    pub fn try_start(
-        self: &std::sync::Arc<Self>,
-        limit: usize,
-        room: std::sync::Arc<Room>,
-    ) -> Option<InFlight> {
+    pub fn try_start(self: &Arc<Self>, limit: usize, room: Arc<Room>) -> Option<InFlight> {
         if limit == 0 {
             self.pending.fetch_add(1, Ordering::Relaxed);
         } else {
@@ -71,7 +117,6 @@ impl LoadTracker {
             tracker: self.clone(),
             started: Instant::now(),
             room: Some(room),
-            endpoint: None,
             observe_latency: true,
         })
     }
@@ -126,10 +171,9 @@ impl RttEstimate {
 /// A request in flight on one instance; dropping it ends the request.
 #[derive(Debug)]
 pub struct InFlight {
-    tracker: std::sync::Arc<LoadTracker>,
+    tracker: Arc<LoadTracker>,
     started: Instant,
-    room: Option<std::sync::Arc<Room>>,
-    endpoint: Option<std::sync::Arc<InstanceEndpoint>>,
+    room: Option<Arc<Room>>,
     /// Whether the request's duration feeds the latency estimate. A stream's lifetime is
     /// how long the caller keeps talking, not how fast the instance answers, so streams
     /// count as pending only.
@@ -142,16 +186,6 @@ impl InFlight {
     pub fn for_stream(mut self) -> Self {
         self.observe_latency = false;
         self
-    }
-
-    pub(crate) fn with_endpoint(mut self, endpoint: std::sync::Arc<InstanceEndpoint>) -> Self {
-        self.endpoint = Some(endpoint);
-        self
-    }
-
-    /// The instance the request runs on (set for reservations made by the balancer).
-    pub fn endpoint(&self) -> Option<&std::sync::Arc<InstanceEndpoint>> {
-        self.endpoint.as_ref()
     }
 }
 
@@ -169,8 +203,6 @@ impl Drop for InFlight {
 
 #[cfg(test)]
 mod tests {
-    use std::sync::Arc;
-
     use super::*;
 
     #[tokio::test(start_paused = true)]

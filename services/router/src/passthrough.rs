@@ -22,9 +22,10 @@ use tokio::time::Instant;
 use tonic::Status;
 use tower::{Service, ServiceExt};
 
+use crate::endpoint::Reservation;
 use crate::error::RouteError;
-use crate::load::InFlight;
-use crate::table::{RouteKey, RoutingTable};
+use crate::key::RouteKey;
+use crate::table::RoutingTable;
 
 /// The pass-through service: a fallback for paths the router's own services do not serve.
 #[derive(Clone)]
@@ -81,13 +82,8 @@ async fn forward(
         .and_then(|v| v.to_str().ok())
         .and_then(reach_rpc::deadline::parse_grpc_timeout)
         .map(|t| started + t);
-    let reserved = table
-        .reserve(&key, &[], None, deadline, started)
-        .await
-        .map_err(Status::from)?;
-    let Some(endpoint) = reserved.endpoint().cloned() else {
-        return Err(Status::internal("a reservation without an instance"));
-    };
+    let reserved = table.reserve(&key, &[], None, deadline, started).await?;
+    let endpoint = reserved.endpoint().clone();
     let (parts, body) = request.into_parts();
     let request = http::Request::from_parts(parts, tonic::body::Body::new(body));
     let mut channel = endpoint.channel();
@@ -113,8 +109,9 @@ async fn forward(
             Err(RouteError::NoReadyInstance {
                 key,
                 waited: started.elapsed(),
-            })
-            .map_err(|e| Status::unavailable(format!("{e}: {error}")))
+                detail: error.to_string(),
+            }
+            .into())
         }
     }
 }
@@ -122,7 +119,7 @@ async fn forward(
 /// A response body that keeps the call counted against its instance until it ends.
 struct GuardedBody {
     inner: tonic::body::Body,
-    _in_flight: InFlight,
+    _in_flight: Reservation,
 }
 
 impl http_body::Body for GuardedBody {

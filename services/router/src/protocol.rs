@@ -15,7 +15,7 @@ use reach_proto::v1::{Part, ReachMessage, part};
 use reach_protocol::{Adapter, ProtocolError};
 
 use crate::error::{AdapterDirection, RouteError};
-use crate::table::RoutingTable;
+use crate::table::Route;
 
 pub use reach_protocol::ProtocolRegistry;
 
@@ -34,13 +34,15 @@ impl VersionPlan {
         Self::default()
     }
 
-    /// Resolves the plan for a call to `capability` with the semver `requirement`.
+    /// Resolves the plan for a call to `capability` with the semver `requirement`, among the
+    /// members of the capability's `route` (`None`: nothing serves it, and the plan is
+    /// [`VersionPlan::any`] so that the route lookup reports ROUTE_NOT_FOUND).
     ///
     /// # Errors
     /// [`RouteError::InvalidVersionRequirement`] for a malformed requirement;
     /// [`RouteError::VersionNotSupported`] when neither an instance nor an adapter fits.
     pub fn resolve(
-        table: &RoutingTable,
+        route: Option<&Route>,
         protocols: Option<&ProtocolRegistry>,
         capability: &str,
         requirement: &str,
@@ -50,26 +52,21 @@ impl VersionPlan {
         }
         let req = semver::VersionReq::parse(requirement)
             .map_err(|_| RouteError::InvalidVersionRequirement(requirement.to_string()))?;
-        let versions: Vec<(String, semver::Version)> = table
-            .capability_versions(capability)
-            .into_iter()
-            .map(|(id, v)| {
-                let v = if v.is_empty() {
-                    semver::Version::new(0, 0, 0)
-                } else {
-                    semver::Version::parse(&v).unwrap_or(semver::Version::new(0, 0, 0))
-                };
-                (id, v)
+        let versions: Vec<(&str, &semver::Version)> = route
+            .map(|route| {
+                route
+                    .member_versions()
+                    .map(|(member, version)| (member.info().instance_id.as_str(), version))
+                    .collect()
             })
-            .collect();
+            .unwrap_or_default();
         if versions.is_empty() {
-            // Nothing serves the capability: the route lookup reports ROUTE_NOT_FOUND.
             return Ok(Self::any());
         }
         let compatible: HashSet<String> = versions
             .iter()
             .filter(|(_, v)| req.matches(v))
-            .map(|(id, _)| id.clone())
+            .map(|(id, _)| id.to_string())
             .collect();
         if !compatible.is_empty() {
             return Ok(Self {
@@ -82,7 +79,7 @@ impl VersionPlan {
                 let served: HashSet<String> = versions
                     .iter()
                     .filter(|(_, v)| adapter.serves(v))
-                    .map(|(id, _)| id.clone())
+                    .map(|(id, _)| id.to_string())
                     .collect();
                 if !served.is_empty() {
                     return Ok(Self {

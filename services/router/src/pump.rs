@@ -2,30 +2,29 @@
 
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use futures::StreamExt;
-use prost::Message as _;
 use reach_proto::v1::{
-    HandleStreamRequest, HandleStreamResponse, Header, ReachMessage, StreamRequest, StreamResponse,
+    HandleStreamRequest, HandleStreamResponse, ReachMessage, StreamRequest, StreamResponse,
 };
-use reach_rpc::trace::{self, TraceId};
+use reach_protocol::Adapter;
 use tokio::sync::oneshot;
 use tokio::time::Instant;
 use tonic::{Status, Streaming};
 
-use std::sync::Arc;
-
-use reach_protocol::Adapter;
-
+use crate::endpoint::Reservation;
+use crate::envelope::{EnvelopeRules, TraceOrigin};
 use crate::error::RouteError;
-use crate::load::InFlight;
+use crate::metrics;
 use crate::protocol::{AdapterExt, ProtocolRegistry};
 
 /// The caller-to-instance half of a routed stream: the first message, then the rest, each
-/// checked against the capability's input schema (when the router validates payloads),
-/// adapted to the instance's version (when the stream has an adapter), checked (size, trace
-/// id, TTL and `created_at` as a call's) and completed (trace id, message id, creation time).
+/// admitted by the envelope rules as a call's message is (header completed with the stream's
+/// trace id, size, target name, TTL and `created_at`; see [`crate::envelope`]), checked
+/// against the capability's input schema (when the router validates payloads) and adapted to
+/// the instance's version (when the stream has an adapter; then its size is checked again).
 /// A violation ends the inbound half and hands the error to the outbound half, which ends the
 /// call with it.
 pub struct InboundPump {
@@ -39,18 +38,17 @@ pub struct InboundPump {
 
 /// What every later message of a stream is checked against, as a call's message is.
 pub struct InboundChecks {
-    /// The size limit, bytes (encoded, after adapting).
-    pub max_message_bytes: usize,
-    /// How far ahead of the router's clock `created_at` may be on a message with a TTL.
-    pub max_clock_skew: std::time::Duration,
+    /// The envelope rules (size, TTL, clock skew).
+    pub rules: EnvelopeRules,
     /// The protocol registry and capability whose input schema each message must match.
     pub validation: Option<(Arc<ProtocolRegistry>, String)>,
 }
 
 impl InboundPump {
     /// A pump that sends `first` (already checked and adapted) and then, for each of `rest`,
-    /// validates it against `checks`' input schema, adapts it with `adapter`, checks its size
-    /// and TTL against `checks` and forwards it.
+    /// admits it with `checks`' envelope rules (completing its header with `trace_id`, the
+    /// stream's), validates it against `checks`' input schema, adapts it with `adapter`
+    /// and forwards it.
     pub fn new(
         first: ReachMessage,
         rest: Streaming<StreamRequest>,
@@ -69,34 +67,17 @@ impl InboundPump {
         }
     }
 
-    fn complete(&self, mut message: ReachMessage) -> Result<ReachMessage, Status> {
+    fn complete(&self, mut message: ReachMessage) -> Result<ReachMessage, RouteError> {
+        let rules = &self.checks.rules;
+        rules.admit(&mut message, TraceOrigin::Stream(&self.trace_id))?;
+        rules.deadline(&message, None)?;
         if let Some((protocols, capability)) = &self.checks.validation {
             crate::protocol::validate_input(protocols, capability, &message)?;
         }
         if let Some(adapter) = &self.adapter {
             adapter.adapt_request(&mut message)?;
+            rules.check_size(&message)?;
         }
-        let size = message.encoded_len();
-        if size > self.checks.max_message_bytes {
-            return Err(RouteError::PayloadTooLarge {
-                size,
-                limit: self.checks.max_message_bytes,
-            }
-            .into());
-        }
-        let header = message.header.get_or_insert_with(Header::default);
-        if header.trace_id.is_empty() {
-            header.trace_id = self.trace_id.clone();
-        } else {
-            TraceId::parse(&header.trace_id).map_err(RouteError::from)?;
-        }
-        if header.message_id.is_empty() {
-            header.message_id = trace::new_message_id();
-        }
-        if header.created_at.is_none() {
-            header.created_at = Some(reach_rpc::time::now());
-        }
-        crate::service::ttl_expiry(header, self.checks.max_clock_skew)?;
         Ok(message)
     }
 }
@@ -123,9 +104,9 @@ impl futures::Stream for InboundPump {
             Ok(message) => Poll::Ready(Some(HandleStreamRequest {
                 message: Some(message),
             })),
-            Err(status) => {
+            Err(error) => {
                 if let Some(abort) = self.abort.take() {
-                    let _ = abort.send(status);
+                    let _ = abort.send(error.into());
                 }
                 Poll::Ready(None)
             }
@@ -145,7 +126,7 @@ pub struct OutboundPump {
     abort: Option<oneshot::Receiver<Status>>,
     /// The reservation of the instance serving the stream (which it names when its
     /// connection breaks).
-    in_flight: InFlight,
+    reserved: Reservation,
     /// `reach_router_open_streams` for the route, until the pump drops.
     _open: reach_telemetry::metrics::GaugeGuard,
     deadline: Option<Pin<Box<tokio::time::Sleep>>>,
@@ -159,14 +140,14 @@ pub struct OutboundPump {
 }
 
 impl OutboundPump {
-    /// A pump over the stream of the instance `in_flight` reserved; `label` (the route) and
+    /// A pump over the stream of the instance `reserved` is on; `label` (the route) and
     /// `started` feed the stream metrics (`reach_router_streams_total`, `reach_router_stream_duration_seconds`), and
     /// `open` (raised when the stream took its instance) is held until the pump drops.
     #[allow(clippy::too_many_arguments)]
     pub fn new(
         agent: Streaming<HandleStreamResponse>,
         abort: oneshot::Receiver<Status>,
-        in_flight: InFlight,
+        reserved: Reservation,
         open: reach_telemetry::metrics::GaugeGuard,
         deadline: Option<Instant>,
         adapter: Option<Adapter>,
@@ -177,7 +158,7 @@ impl OutboundPump {
             agent,
             adapter,
             abort: Some(abort),
-            in_flight: in_flight.for_stream(),
+            reserved: reserved.for_stream(),
             _open: open,
             deadline: deadline.map(|d| Box::pin(tokio::time::sleep_until(d))),
             done: false,
@@ -195,7 +176,7 @@ impl OutboundPump {
 
 impl Drop for OutboundPump {
     fn drop(&mut self) {
-        reach_telemetry::metrics::router::stream(
+        metrics::stream(
             &self.label,
             self.code.unwrap_or(tonic::Code::Cancelled),
             self.started.elapsed(),
@@ -242,14 +223,13 @@ impl futures::Stream for OutboundPump {
             Poll::Ready(Some(Err(status))) => {
                 // A status with a local source is the connection failing (the instance went
                 // away), not one the instance sent: say so, as UNAVAILABLE.
-                let status = match self.in_flight.endpoint() {
-                    Some(endpoint) if std::error::Error::source(&status).is_some() => {
-                        crate::endpoint::lost_stream_instance(
-                            &endpoint.info().instance_id,
-                            status.message(),
-                        )
-                    }
-                    _ => status,
+                let status = if std::error::Error::source(&status).is_some() {
+                    crate::endpoint::lost_stream_instance(
+                        &self.reserved.endpoint().info().instance_id,
+                        status.message(),
+                    )
+                } else {
+                    status
                 };
                 self.finish(status.code());
                 Poll::Ready(Some(Err(status)))

@@ -19,11 +19,13 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 use tracing::{debug, info, warn};
 
-use crate::balance::{self, NoPick, Policy};
+use crate::balance::{self, NoPick, Policy, Random, ThreadRandom};
 use crate::config::RouterConfig;
-use crate::endpoint::{InstanceEndpoint, InstanceInfo, Room};
+use crate::endpoint::{InstanceEndpoint, InstanceInfo, Reservation};
 use crate::error::RouteError;
-use crate::load::{InFlight, LoadTracker};
+use crate::key::RouteKey;
+use crate::load::{LoadTracker, Room};
+use crate::metrics::{self, RouteMetrics};
 
 /// `reach_router_shed_total`'s `reason` when a call is shed at once because
 /// `admission.max_waiting` calls wait for room already.
@@ -31,50 +33,6 @@ pub const SHED_MAX_WAITING: &str = "max_waiting";
 /// `reach_router_shed_total`'s `reason` when a call waited `admission.max_wait` (before its
 /// own deadline) and no instance had room.
 pub const SHED_MAX_WAIT: &str = "max_wait";
-
-/// What a message addresses.
-#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum RouteKey {
-    /// Any instance of this service.
-    Service(String),
-    /// Any instance that serves this capability.
-    Capability(String),
-    /// Every instance subscribed to this topic (publish).
-    Topic(String),
-    /// Any instance that serves this gRPC service (typed pass-through), e.g.
-    /// `examples.complaints.v1.TriageService`.
-    GrpcService(String),
-}
-
-impl RouteKey {
-    /// The service, capability or topic name.
-    pub fn name(&self) -> &str {
-        match self {
-            RouteKey::Service(n)
-            | RouteKey::Capability(n)
-            | RouteKey::Topic(n)
-            | RouteKey::GrpcService(n) => n,
-        }
-    }
-}
-
-impl RouteKey {
-    /// The route's name, for metric labels: the capability, service, topic or gRPC service.
-    pub fn label(&self) -> &str {
-        self.name()
-    }
-}
-
-impl std::fmt::Display for RouteKey {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            RouteKey::Service(name) => write!(f, "service {name:?}"),
-            RouteKey::Capability(name) => write!(f, "capability {name:?}"),
-            RouteKey::Topic(name) => write!(f, "topic {name:?}"),
-            RouteKey::GrpcService(name) => write!(f, "gRPC service {name:?}"),
-        }
-    }
-}
 
 /// One route's members and policy at one moment.
 #[derive(Debug)]
@@ -85,18 +43,35 @@ pub struct Route {
     pub policy: Policy,
     /// Its members, in instance-id order.
     pub members: Arc<[Arc<InstanceEndpoint>]>,
+    /// For a capability route, the capability version each member declared, parsed once
+    /// when the route was built (in `members` order; an empty or malformed version is
+    /// `0.0.0`). Empty for other routes.
+    pub versions: Arc<[semver::Version]>,
     /// Its call metrics, labelled with its name.
-    pub metrics: Arc<reach_telemetry::metrics::router::RouteMetrics>,
+    pub metrics: Arc<RouteMetrics>,
     rr: AtomicUsize,
 }
 
 impl Route {
-    /// Picks a member with the route's policy, skipping `excluded` instance ids.
+    /// Picks a member with the route's policy, skipping `excluded` instance ids, drawing
+    /// from `random`.
     ///
     /// # Errors
     /// [`NoPick`] when no member can take a call now.
-    pub fn pick(&self, excluded: &[Arc<str>]) -> Result<&Arc<InstanceEndpoint>, NoPick> {
-        balance::pick(self.policy, &self.members, excluded, &self.rr)
+    pub fn pick(
+        &self,
+        excluded: &[Arc<str>],
+        random: &dyn Random,
+    ) -> Result<&Arc<InstanceEndpoint>, NoPick> {
+        balance::pick(self.policy, &self.members, excluded, &self.rr, random)
+    }
+
+    /// The members with their declared capability versions (a capability route's; empty
+    /// for other routes).
+    pub fn member_versions(
+        &self,
+    ) -> impl Iterator<Item = (&Arc<InstanceEndpoint>, &semver::Version)> {
+        self.members.iter().zip(self.versions.iter())
     }
 }
 
@@ -109,6 +84,8 @@ pub struct RoutingTable {
     room: Arc<Room>,
     /// What replies from instances may hold in partly received messages.
     replies: reach_rpc::ReplyBudget,
+    /// What the balancing policies draw from.
+    random: Arc<dyn Random>,
 }
 
 #[derive(Default)]
@@ -143,9 +120,17 @@ pub struct RoutableInstance {
 }
 
 impl RoutingTable {
-    /// An empty table; it becomes synced at the first registry snapshot.
+    /// An empty table; it becomes synced at the first registry snapshot. Balancing draws
+    /// from an OS-seeded generator ([`ThreadRandom`]).
     pub fn new(config: RouterConfig) -> Arc<Self> {
+        Self::with_random(config, Arc::new(ThreadRandom))
+    }
+
+    /// An empty table whose balancing draws from `random` (a [`crate::balance::SeededRandom`]
+    /// makes random and weighted picks reproducible).
+    pub fn with_random(config: RouterConfig, random: Arc<dyn Random>) -> Arc<Self> {
         Arc::new(Self {
+            random,
             state: RwLock::new(State::default()),
             synced: watch::Sender::new(false),
             room: Arc::new(Room::default()),
@@ -170,29 +155,13 @@ impl RoutingTable {
 
     /// How many calls wait for room now (bounded by `admission.max_waiting`).
     pub fn waiting(&self) -> usize {
-        self.room.waiting.load(Ordering::Acquire)
+        self.room.waiting()
     }
 
     /// The route's current snapshot, or `None` when no routable instance is on it.
     pub fn route(&self, key: &RouteKey) -> Option<Arc<Route>> {
         let state = self.state.read().unwrap_or_else(|p| p.into_inner());
         state.routes.get(key).cloned()
-    }
-
-    /// The capability versions the members of a capability route declared, by instance id.
-    pub fn capability_versions(&self, capability: &str) -> HashMap<String, String> {
-        let state = self.state.read().unwrap_or_else(|p| p.into_inner());
-        state
-            .members
-            .iter()
-            .filter_map(|(id, m)| {
-                m.spec
-                    .capabilities
-                    .iter()
-                    .find(|c| c.name == capability)
-                    .map(|c| (id.clone(), c.version.clone()))
-            })
-            .collect()
     }
 
     /// Reserves a slot on an instance of `key` for one call: picks with the route's policy,
@@ -211,16 +180,14 @@ impl RoutingTable {
         allowed: Option<&HashSet<String>>,
         deadline: Option<Instant>,
         started: Instant,
-    ) -> Result<InFlight, RouteError> {
+    ) -> Result<Reservation, RouteError> {
         if let Some(reserved) = self.try_reserve(key, excluded, allowed)? {
             return Ok(reserved);
         }
         let admission = &self.config.admission;
-        if self.room.waiting.fetch_add(1, Ordering::AcqRel) >= admission.max_waiting {
-            self.room.waiting.fetch_sub(1, Ordering::AcqRel);
+        let Some(_waiting) = self.room.try_wait(admission.max_waiting) else {
             return Err(self.overloaded(key, SHED_MAX_WAITING));
-        }
-        let _waiting = WaitingGuard(&self.room);
+        };
         let max_wait = Instant::now() + admission.max_wait;
         let limit = deadline.map_or(max_wait, |d| d.min(max_wait));
         loop {
@@ -244,7 +211,7 @@ impl RoutingTable {
         key: &RouteKey,
         excluded: &[Arc<str>],
         allowed: Option<&HashSet<String>>,
-    ) -> Result<Option<InFlight>, RouteError> {
+    ) -> Result<Option<Reservation>, RouteError> {
         let route = self.route(key).ok_or_else(|| self.not_found(key))?;
         let filtered;
         let route = match allowed {
@@ -259,6 +226,7 @@ impl RoutingTable {
                         .filter(|m| allowed.contains(&m.info().instance_id))
                         .cloned()
                         .collect(),
+                    versions: Arc::from([]),
                     rr: AtomicUsize::new(route.rr.fetch_add(1, Ordering::Relaxed)),
                 };
                 &filtered
@@ -267,7 +235,7 @@ impl RoutingTable {
         };
         // A pick can lose the race for the last slot; try a few times before waiting.
         for _ in 0..4 {
-            match route.pick(excluded) {
+            match route.pick(excluded, &*self.random) {
                 Ok(endpoint) => {
                     if let Some(reserved) = endpoint.try_reserve() {
                         return Ok(Some(reserved));
@@ -287,7 +255,7 @@ impl RoutingTable {
 
     /// The refusal of a shed call, counted in `reach_router_shed_total` with `reason`.
     fn overloaded(&self, key: &RouteKey, reason: &'static str) -> RouteError {
-        reach_telemetry::metrics::router::shed(key.label(), reason);
+        metrics::shed(key.label(), reason);
         RouteError::Overloaded {
             key: key.clone(),
             retry_after: self.config.admission.retry_after,
@@ -467,13 +435,16 @@ impl RoutingTable {
             let policy = self.config.policy_for(key.name());
             // A rebuilt route keeps its metric handles.
             let metrics = routes.get(&key).map_or_else(
-                || {
-                    Arc::new(reach_telemetry::metrics::router::RouteMetrics::new(
-                        key.label(),
-                    ))
-                },
+                || Arc::new(RouteMetrics::new(key.label())),
                 |old| old.metrics.clone(),
             );
+            let versions = match &key {
+                RouteKey::Capability(name) => list
+                    .iter()
+                    .map(|(id, _)| declared_version(&state.members[*id].spec, name))
+                    .collect(),
+                _ => Arc::from([]),
+            };
             routes.insert(
                 key.clone(),
                 Arc::new(Route {
@@ -481,6 +452,7 @@ impl RoutingTable {
                     key,
                     policy,
                     members: list.into_iter().map(|(_, e)| e).collect(),
+                    versions,
                     rr: AtomicUsize::new(0),
                 }),
             );
@@ -518,12 +490,14 @@ impl RoutingTable {
     }
 }
 
-struct WaitingGuard<'a>(&'a Room);
-
-impl Drop for WaitingGuard<'_> {
-    fn drop(&mut self) {
-        self.0.waiting.fetch_sub(1, Ordering::AcqRel);
-    }
+/// The version of `capability` that `spec` declared: `0.0.0` when it is empty or not semver
+/// (such an instance matches only requirements that accept `0.0.0`).
+fn declared_version(spec: &InstanceSpec, capability: &str) -> semver::Version {
+    spec.capabilities
+        .iter()
+        .find(|c| c.name == capability)
+        .and_then(|c| semver::Version::parse(&c.version).ok())
+        .unwrap_or(semver::Version::new(0, 0, 0))
 }
 
 fn remove_member(state: &mut State, id: &str, touched: &mut HashSet<RouteKey>) {

@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use common::*;
 use reach_proto::v1::{InstanceState, Payload, ReachMessage};
+use reach_router::balance::{Random, SeededRandom};
 use reach_router::config::{BalancingConfig, EjectionConfig};
 use reach_router::{Policy, RouterConfig};
 use reach_sdk::{AgentRuntime, CallOptions, HandlerContext};
@@ -86,34 +87,64 @@ async fn round_robin_visits_every_instance_in_turn() {
     assert!(counts.values().all(|&n| n == 10), "{counts:?}");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn random_reaches_every_instance() {
-    let registry = registry().await;
-    let _agents = three_echo_agents(&registry, [1, 1, 1]).await;
-    let router = router(&registry.url, with_policy(Policy::Random)).await;
-    router.wait_routable(3).await;
-    let counts = spread(&router, "echo", 300, 8).await;
-    // Expected 100 each; 40 is more than 7 standard deviations below.
-    assert!(counts.values().all(|&n| n >= 40), "{counts:?}");
+/// The seed of the routers whose random picks the tests replay.
+const SEED: u64 = 13;
+
+/// Replays `calls` draws of a source seeded with [`SEED`], mapping each onto an instance id
+/// with `instance`: what the router's picks must have been.
+fn replay(calls: usize, n: u64, instance: impl Fn(u64) -> &'static str) -> HashMap<String, usize> {
+    let random = SeededRandom::new(SEED);
+    let mut counts = HashMap::new();
+    for _ in 0..calls {
+        *counts
+            .entry(instance(random.below(n)).to_string())
+            .or_default() += 1;
+    }
+    counts
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn weighted_shares_follow_registration_weights() {
+async fn random_picks_are_the_seeded_draws() {
+    let registry = registry().await;
+    let _agents = three_echo_agents(&registry, [1, 1, 1]).await;
+    let router = router_with_random(
+        &registry.url,
+        with_policy(Policy::Random),
+        Arc::new(SeededRandom::new(SEED)),
+    )
+    .await;
+    router.wait_routable(3).await;
+    // One draw per call whichever worker makes it, so the counts do not depend on timing.
+    let counts = spread(&router, "echo", 300, 8).await;
+    let expected = replay(300, 3, |i| ["echo-0", "echo-1", "echo-2"][i as usize]);
+    assert_eq!(counts, expected);
+    assert_eq!(expected.len(), 3, "every instance was drawn: {expected:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn weighted_picks_follow_registration_weights() {
     let registry = registry().await;
     let _agents = three_echo_agents(&registry, [1, 1, 6]).await;
-    let router = router(&registry.url, with_policy(Policy::Weighted)).await;
+    let router = router_with_random(
+        &registry.url,
+        with_policy(Policy::Weighted),
+        Arc::new(SeededRandom::new(SEED)),
+    )
+    .await;
     router.wait_routable(3).await;
     let counts = spread(&router, "echo", 800, 8).await;
-    let heavy = counts.get("echo-2").copied().unwrap_or(0) as f64 / 800.0;
-    // Expected share 0.75 (σ ≈ 0.015).
-    assert!((0.68..=0.82).contains(&heavy), "share {heavy}: {counts:?}");
-    for light in ["echo-0", "echo-1"] {
-        let share = counts.get(light).copied().unwrap_or(0) as f64 / 800.0;
-        assert!(
-            (0.08..=0.18).contains(&share),
-            "{light} share {share}: {counts:?}"
-        );
-    }
+    // A draw below the total weight 8: 0 is echo-0's, 1 echo-1's, 2..=7 echo-2's.
+    let expected = replay(800, 8, |point| match point {
+        0 => "echo-0",
+        1 => "echo-1",
+        _ => "echo-2",
+    });
+    assert_eq!(counts, expected);
+    let heavy = expected["echo-2"] as f64 / 800.0;
+    assert!(
+        (0.68..=0.82).contains(&heavy),
+        "share {heavy}: {expected:?}"
+    );
 }
 
 /// A fast and a slowed instance of `echo`.
@@ -209,7 +240,7 @@ async fn failing_instances_are_ejected_and_return_after_recovery() {
     };
     let registry = registry().await;
     let (_real, _) = agent(echo_agent(
-        config("echo", "real", &registry.url),
+        config("echo", "steady", &registry.url),
         "echo",
         Arc::new(AtomicUsize::new(0)),
     ))
@@ -233,9 +264,9 @@ async fn failing_instances_are_ejected_and_return_after_recovery() {
     let router = router(&registry.url, config).await;
     router.wait_routable(2).await;
 
-    // Connect errors are provably undelivered: every call still succeeds on `real`.
+    // Connect errors are provably undelivered: every call still succeeds on `steady`.
     let counts = spread(&router, "echo", 10, 1).await;
-    assert_eq!(counts.get("real"), Some(&10), "{counts:?}");
+    assert_eq!(counts.get("steady"), Some(&10), "{counts:?}");
     let flaky = |router: &TestRouter| {
         router
             .router
@@ -253,7 +284,7 @@ async fn failing_instances_are_ejected_and_return_after_recovery() {
         metric(
             &metrics.render(),
             "reach_router_ejections_total",
-            &[("instance", "real")]
+            &[("service", "echo"), ("instance", "steady")]
         ),
         0.0,
         "the healthy instance was never ejected"

@@ -86,6 +86,9 @@ async fn publish_reaches_every_subscriber_and_counts_failures() {
         "{response:?}"
     );
     assert_eq!(response.failures[0].instance_id, "sub-3");
+    // The code is named as the proto documents it: the gRPC code name.
+    assert_eq!(response.failures[0].code, "INTERNAL");
+    assert_eq!(response.failures[0].message, "subscriber broke");
     assert_eq!(seen.load(Ordering::SeqCst), 3);
     assert_eq!(other.load(Ordering::SeqCst), 0);
     // No subscriber: nothing delivered, nothing failed.
@@ -322,6 +325,51 @@ fn json_of(reply: reach_proto::v1::StreamResponse) -> serde_json::Value {
         .unwrap()
         .first_json()
         .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_reply_of_a_routed_stream_names_the_message_it_answers() {
+    let registry = registry().await;
+    let echo = AgentRuntime::new(config("echoer", "echoer-stream", &registry.url)).handle_stream(
+        "stream.echo",
+        "1.0.0",
+        |_ctx: HandlerContext, first: ReachMessage, rest: reach_sdk::handler::InboundMessages| {
+            futures::stream::once(async move { Ok(first) })
+                .chain(rest)
+                .map(|message| Ok(message?.payload.unwrap_or_default()))
+        },
+    );
+    let (_echo, _) = agent(echo).await;
+    let router = router(&registry.url, RouterConfig::default()).await;
+    router.wait_routable(1).await;
+    let client = router.client().await;
+    let message = |id: &str| {
+        let mut message = client.message_to_capability(
+            "stream.echo",
+            Payload::text("t", id),
+            &CallOptions::default(),
+        );
+        message.header.as_mut().unwrap().message_id = id.to_string();
+        message
+    };
+    let rest = futures::stream::iter(vec![message("m-2"), message("m-3")]);
+    let mut replies = client
+        .stream(message("m-1"), rest, Some(Duration::from_secs(10)))
+        .await
+        .unwrap();
+    let mut answered = Vec::new();
+    while let Some(reply) = replies.message().await.unwrap() {
+        let message = reply.message.unwrap();
+        answered.push((
+            message.header.unwrap().correlation_id,
+            message.payload.unwrap().first_text().unwrap().to_string(),
+        ));
+    }
+    assert_eq!(
+        answered,
+        [("m-1", "m-1"), ("m-2", "m-2"), ("m-3", "m-3")]
+            .map(|(c, t)| (c.to_string(), t.to_string()))
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -23,7 +23,7 @@ async fn overload_is_shed_with_a_retry_hint_and_bounded_waiting() {
         metric(
             &metrics.render(),
             "reach_router_shed_total",
-            &[("capability", "slow"), ("reason", reason)],
+            &[("capability", "shed.slow"), ("reason", reason)],
         )
     };
     let shed_before = shed_count("max_waiting");
@@ -32,7 +32,7 @@ async fn overload_is_shed_with_a_retry_hint_and_bounded_waiting() {
     let handler_gate = gate.clone();
     let (_agent, _) = agent(
         AgentRuntime::new(config("slow", "slow-1", &registry.url).with_max_concurrency(1)).handle(
-            "slow",
+            "shed.slow",
             "1.0.0",
             move |_c: HandlerContext, _m: ReachMessage| {
                 let gate = handler_gate.clone();
@@ -62,13 +62,17 @@ async fn overload_is_shed_with_a_retry_hint_and_bounded_waiting() {
             let client = client.clone();
             tokio::spawn(async move {
                 client
-                    .call("slow", Payload::text("t", ""), CallOptions::default())
+                    .call("shed.slow", Payload::text("t", ""), CallOptions::default())
                     .await
             })
         })
         .collect();
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    assert!(router.router.table().waiting() <= 2);
+    // Until the gate opens: exactly two wait, and the other nine were shed.
+    eventually("two calls waiting and nine shed", || {
+        router.router.table().waiting() == 2 && shed_count("max_waiting") - shed_before == 9.0
+    })
+    .await;
+    assert_eq!(router.router.table().waiting(), 2);
     gate.add_permits(100);
     let mut ok = 0;
     let mut shed = 0;

@@ -519,12 +519,18 @@ async fn draining_an_instance_under_multiplexed_load_loses_no_call() {
             })
         })
         .collect();
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    eventually("both instances taking work before the drain", || {
+        served.iter().all(|n| n.load(Ordering::SeqCst) >= 10)
+    })
+    .await;
     let draining = agents.remove(0);
-    let before = served[0].load(Ordering::SeqCst);
-    assert!(before > 0, "both instances took work before the drain");
     draining.drain().await.expect("drain");
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    // The load goes on after the drain until the other instance has served 50 more calls.
+    let after_drain = served[1].load(Ordering::SeqCst);
+    eventually("the remaining instance serving the load", || {
+        served[1].load(Ordering::SeqCst) >= after_drain + 50
+    })
+    .await;
     stop.store(true, Ordering::Relaxed);
     let (mut ok, mut failed) = (0, Vec::new());
     for worker in workers {

@@ -86,6 +86,40 @@ async fn a_typed_service_is_forwarded_unary_and_streaming_and_balanced() {
     assert_eq!(status.code(), Code::Unimplemented, "{status:?}");
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unreachable_instance_of_a_typed_service_is_unavailable_with_error_info() {
+    let registry = registry().await;
+    let (dead, _) = dead_endpoint().await;
+    registry
+        .registry
+        .register(
+            reach_proto::v1::InstanceSpec {
+                service: "triage".into(),
+                instance_id: "triage-dead".into(),
+                endpoint: dead,
+                grpc_services: vec!["examples.complaints.v1.TriageService".into()],
+                weight: 1,
+                ..Default::default()
+            },
+            Some(Duration::from_secs(60)),
+        )
+        .expect("registration");
+    let router = router(&registry.url, RouterConfig::default()).await;
+    router.wait_routable(1).await;
+    let mut client = TriageServiceClient::connect(router.url.clone())
+        .await
+        .unwrap();
+    let status = client.triage(request("c0")).await.unwrap_err();
+    assert_eq!(status.code(), Code::Unavailable, "{status:?}");
+    assert_eq!(reason(&status), "INSTANCE_UNAVAILABLE", "{status:?}");
+    assert!(
+        status
+            .message()
+            .contains("no instance of gRPC service \"examples.complaints.v1.TriageService\""),
+        "{status:?}"
+    );
+}
+
 fn repo_root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
         .join("../..")

@@ -854,10 +854,23 @@ impl AgentService for AgentGrpc {
             .pick(&self.shared.stream_handlers, &first)?
             .clone();
         let ctx = self.shared.context(&first, deadline);
-        let first_header = first.header.clone().unwrap_or_default();
+        // Each reply answers the latest message the handler has read: the first, until it
+        // reads another.
+        let answering = Arc::new(std::sync::Mutex::new(
+            first.header.clone().unwrap_or_default(),
+        ));
         debug!(trace_id = %ctx.trace_id, capability = %ctx.capability, "stream opened");
+        let read = answering.clone();
         let rest = inbound
-            .map(|item| item.map(|m| m.message.unwrap_or_default()))
+            .map(move |item| {
+                item.map(|m| {
+                    let message = m.message.unwrap_or_default();
+                    if let Some(header) = &message.header {
+                        *read.lock().unwrap_or_else(|p| p.into_inner()) = header.clone();
+                    }
+                    message
+                })
+            })
             .boxed();
         let guard = self.shared.enter();
         let cancel_on_drop = ctx.cancellation.clone().drop_guard();
@@ -865,8 +878,11 @@ impl AgentService for AgentGrpc {
         let replies = handler.handle(ctx, first, rest).map(move |item| {
             // Keep the stream counted and its cancellation armed for as long as it lives.
             let _ = (&guard, &cancel_on_drop);
-            item.map(|payload| HandleStreamResponse {
-                message: Some(shared.reply(&first_header, payload)),
+            item.map(|payload| {
+                let answering = answering.lock().unwrap_or_else(|p| p.into_inner());
+                HandleStreamResponse {
+                    message: Some(shared.reply(&answering, payload)),
+                }
             })
         });
         Ok(Response::new(Box::pin(replies)))

@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use reach_proto::v1::{Capability, InstanceSpec, Payload, ReachMessage};
 use reach_registry::{Registry, RegistryConfig, RegistryGrpc};
+use reach_router::balance::{Random, ThreadRandom};
 use reach_router::{Router, RouterConfig};
 use reach_rpc::GrpcServer;
 use reach_sdk::runtime::RunningAgent;
@@ -121,12 +122,21 @@ impl TestRouter {
     }
 }
 
-pub async fn router(registry_url: &str, mut config: RouterConfig) -> TestRouter {
+pub async fn router(registry_url: &str, config: RouterConfig) -> TestRouter {
+    router_with_random(registry_url, config, Arc::new(ThreadRandom)).await
+}
+
+/// A router whose balancing draws from `random`.
+pub async fn router_with_random(
+    registry_url: &str,
+    mut config: RouterConfig,
+    random: Arc<dyn Random>,
+) -> TestRouter {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let url = format!("http://{}", listener.local_addr().unwrap());
     config.registry_endpoint = registry_url.to_string();
     config.advertise_endpoint = url.clone();
-    let router = Router::new(config).expect("router config");
+    let router = Router::with_random(config, random).expect("router config");
     router.spawn_registry_watch();
     router.table().wait_synced().await;
     let stop = CancellationToken::new();

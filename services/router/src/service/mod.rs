@@ -1,0 +1,224 @@
+//! `reach.v1.RouterService`: the [`Router`] and its RPCs, one module each:
+//! - `call` — Call and CallMux: the envelope, the route, the version plan, delivery with
+//!   retries (see [`crate::retry`]), the asynchronous reply wait, the ledger and metrics;
+//! - `stream` — Stream: the first message picks the instance, then the stream pump
+//!   ([`crate::pump`]) forwards the rest frame by frame;
+//! - `publish` — Publish: one delivery to every subscriber of a topic;
+//! - `reply` — Reply: asynchronous replies, completed here or forwarded to the replica whose
+//!   call waits for them.
+//!
+//! Every RPC holds its messages to the same envelope rules ([`crate::envelope`]).
+
+mod call;
+mod publish;
+mod reply;
+mod stream;
+
+use std::collections::HashMap;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+
+use futures::Stream;
+use reach_proto::v1::router_service_client::RouterServiceClient;
+use reach_proto::v1::router_service_server::{RouterService, RouterServiceServer};
+use reach_proto::v1::{
+    CallMuxRequest, CallMuxResponse, CallRequest, CallResponse, PublishRequest, PublishResponse,
+    ReachMessage, ReplyRequest, ReplyResponse, StreamRequest, StreamResponse,
+};
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+use tonic::transport::Channel;
+use tonic::{Request, Response, Status, Streaming};
+use tower::retry::budget::TpsBudget;
+
+use crate::balance::{Random, ThreadRandom};
+use crate::config::RouterConfig;
+use crate::envelope::EnvelopeRules;
+use crate::error::StartError;
+use crate::key::RouteKey;
+use crate::ledger::{LedgerSink, LedgerSinkConfig};
+use crate::metrics::RouteMetrics;
+use crate::protocol::ProtocolRegistry;
+use crate::table::RoutingTable;
+use crate::watch::follow_registry;
+
+pub use call::MAX_OPEN_CALLS_PER_STREAM;
+
+/// Response metadata key naming the trace id of a routed stream.
+pub const TRACE_ID_METADATA: &str = "x-reach-trace-id";
+/// Response metadata key naming the instance a stream was routed to.
+pub const INSTANCE_ID_METADATA: &str = "x-reach-instance-id";
+/// Request metadata set on a Reply forwarded between router replicas (never forwarded again).
+pub const FORWARDED_REPLY_METADATA: &str = "x-reach-forwarded-reply";
+
+/// The metrics label of calls to a name no instance serves: such names come from callers,
+/// unbounded, and would each make metric series of their own.
+pub const UNROUTED_LABEL: &str = "(unrouted)";
+
+/// The router: a routing table plus the RouterService that forwards through it. Cloning
+/// shares everything.
+#[derive(Clone)]
+pub struct Router {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    table: Arc<RoutingTable>,
+    budget: TpsBudget,
+    protocols: Option<Arc<ProtocolRegistry>>,
+    /// Calls waiting for an asynchronous reply, by request message id.
+    waiting_replies: Mutex<HashMap<String, oneshot::Sender<ReachMessage>>>,
+    /// Clients of other router replicas, by endpoint URL, for forwarding replies.
+    peers: Mutex<HashMap<String, RouterServiceClient<Channel>>>,
+    /// The message ledger sink, when one is configured.
+    ledger: Option<LedgerSink>,
+    /// Cancelled by [`Router::close_streams`]: CallMux streams stop reading calls.
+    closing: CancellationToken,
+    /// The call metrics of names no instance serves.
+    unrouted_metrics: Arc<RouteMetrics>,
+}
+
+impl Router {
+    /// A router with an empty table. Call [`Router::spawn_registry_watch`] to fill it.
+    /// Balancing draws from an OS-seeded generator. Must be called inside a tokio runtime
+    /// when a ledger is configured.
+    ///
+    /// # Errors
+    /// [`StartError::Config`] for an invalid setting, [`StartError::ProtocolRegistry`] when
+    /// the protocol registry cannot be loaded, [`StartError::Ledger`] for a malformed
+    /// `ledger_endpoint`.
+    pub fn new(config: RouterConfig) -> Result<Self, StartError> {
+        Self::with_random(config, Arc::new(ThreadRandom))
+    }
+
+    /// [`Router::new`] with balancing drawing from `random` (a
+    /// [`crate::balance::SeededRandom`] makes random and weighted picks reproducible).
+    ///
+    /// # Errors
+    /// As [`Router::new`].
+    pub fn with_random(config: RouterConfig, random: Arc<dyn Random>) -> Result<Self, StartError> {
+        config.validate()?;
+        let protocols = match &config.protocol_registry {
+            Some(path) => Some(Arc::new(ProtocolRegistry::load(path)?)),
+            None => None,
+        };
+        let budget = TpsBudget::new(
+            config.retry_budget.window,
+            config.retry_budget.min_per_second,
+            config.retry_budget.retry_ratio,
+        );
+        let ledger = if config.ledger_endpoint.is_empty() {
+            None
+        } else {
+            Some(LedgerSink::spawn(
+                &config.ledger_endpoint,
+                LedgerSinkConfig {
+                    recorded_by: "router".into(),
+                    sample_rate: config.ledger_sample_rate,
+                    ..LedgerSinkConfig::default()
+                },
+            )?)
+        };
+        Ok(Self {
+            inner: Arc::new(Inner {
+                table: RoutingTable::with_random(config, random),
+                budget,
+                protocols,
+                waiting_replies: Mutex::new(HashMap::new()),
+                peers: Mutex::new(HashMap::new()),
+                ledger,
+                closing: CancellationToken::new(),
+                unrouted_metrics: Arc::new(RouteMetrics::new(UNROUTED_LABEL)),
+            }),
+        })
+    }
+
+    /// Tells every open `CallMux` stream to stop reading calls, answer those it read and end
+    /// (UNAVAILABLE, `INSTANCE_DRAINING`, so clients send the rest to another replica). Call
+    /// it when shutdown begins, before the server's grace period, so open streams do not hold
+    /// the server up.
+    pub fn close_streams(&self) {
+        self.inner.closing.cancel();
+    }
+
+    /// The routing table.
+    pub fn table(&self) -> &Arc<RoutingTable> {
+        &self.inner.table
+    }
+
+    /// The protocol registry, when one is configured.
+    pub fn protocols(&self) -> Option<&Arc<ProtocolRegistry>> {
+        self.inner.protocols.as_ref()
+    }
+
+    /// Starts following the registry in the background.
+    pub fn spawn_registry_watch(&self) -> JoinHandle<()> {
+        tokio::spawn(follow_registry(self.inner.table.clone()))
+    }
+
+    /// The tonic service, with message size limits set from the config.
+    pub fn into_server(self) -> RouterServiceServer<Self> {
+        let limit = self.config().decoding_limit();
+        RouterServiceServer::new(self)
+            .max_decoding_message_size(limit)
+            .max_encoding_message_size(limit)
+    }
+
+    fn config(&self) -> &RouterConfig {
+        self.inner.table.config()
+    }
+
+    /// The envelope rules every message is held to.
+    fn rules(&self) -> EnvelopeRules {
+        EnvelopeRules::of(self.config())
+    }
+
+    /// The call metrics of a route: labelled with its name while the routing table has it
+    /// (names that instances registered, so bounded), else with [`UNROUTED_LABEL`].
+    fn route_metrics(&self, key: &RouteKey) -> Arc<RouteMetrics> {
+        match self.inner.table.route(key) {
+            Some(route) => route.metrics.clone(),
+            None => self.inner.unrouted_metrics.clone(),
+        }
+    }
+}
+
+#[tonic::async_trait]
+impl RouterService for Router {
+    async fn call(&self, request: Request<CallRequest>) -> Result<Response<CallResponse>, Status> {
+        self.serve_call(request).await
+    }
+
+    type CallMuxStream = Pin<Box<dyn Stream<Item = Result<CallMuxResponse, Status>> + Send>>;
+
+    async fn call_mux(
+        &self,
+        request: Request<Streaming<CallMuxRequest>>,
+    ) -> Result<Response<Self::CallMuxStream>, Status> {
+        Ok(self.serve_call_mux(request))
+    }
+
+    type StreamStream = Pin<Box<dyn Stream<Item = Result<StreamResponse, Status>> + Send>>;
+
+    async fn stream(
+        &self,
+        request: Request<Streaming<StreamRequest>>,
+    ) -> Result<Response<Self::StreamStream>, Status> {
+        self.serve_stream(request).await
+    }
+
+    async fn publish(
+        &self,
+        request: Request<PublishRequest>,
+    ) -> Result<Response<PublishResponse>, Status> {
+        self.serve_publish(request).await
+    }
+
+    async fn reply(
+        &self,
+        request: Request<ReplyRequest>,
+    ) -> Result<Response<ReplyResponse>, Status> {
+        self.serve_reply(request).await
+    }
+}

@@ -1,0 +1,149 @@
+//! Stream: the first message is admitted ([`crate::envelope`]) and picks the instance (and
+//! adapter), then the stream pump ([`crate::pump`]) forwards the rest frame by frame, each
+//! message held to the same rules, and the instance's replies back.
+
+use reach_proto::v1::StreamRequest;
+use tokio::sync::oneshot;
+use tokio::time::Instant;
+use tonic::metadata::MetadataValue;
+use tonic::{Code, Request, Response, Status, Streaming};
+
+use super::{INSTANCE_ID_METADATA, Router, RouterService, TRACE_ID_METADATA, UNROUTED_LABEL};
+use crate::envelope::{TraceOrigin, forwarded_metadata, ids_of, read_deadline, route_key};
+use crate::error::RouteError;
+use crate::key::RouteKey;
+use crate::metrics;
+use crate::protocol::{AdapterExt, VersionPlan};
+use crate::pump::{InboundChecks, InboundPump, OutboundPump};
+
+impl Router {
+    /// `RouterService.Stream`: opens the stream ([`Router::open_stream`]); a stream refused
+    /// before it opened is counted among the finished ones here.
+    pub(super) async fn serve_stream(
+        &self,
+        request: Request<Streaming<StreamRequest>>,
+    ) -> Result<Response<<Router as RouterService>::StreamStream>, Status> {
+        let started = Instant::now();
+        let mut route_label = None;
+        let opened = self.open_stream(request, started, &mut route_label).await;
+        if let Err(status) = &opened {
+            // A stream refused before it opened counts among the finished ones, with its code
+            // (an open stream is counted by its pump when it ends).
+            metrics::stream(
+                route_label.as_deref().unwrap_or(UNROUTED_LABEL),
+                status.code(),
+                started.elapsed(),
+            );
+        }
+        opened
+    }
+
+    /// `RouterService.Stream` up to the point where the stream is open: reads the first
+    /// message, picks the instance (and adapter) and opens the instance's stream. Sets
+    /// `route_label` to the route's metric label once the first message names the route.
+    async fn open_stream(
+        &self,
+        request: Request<Streaming<StreamRequest>>,
+        started: Instant,
+        route_label: &mut Option<String>,
+    ) -> Result<Response<<Router as RouterService>::StreamStream>, Status> {
+        let (metadata, _, mut inbound) = request.into_parts();
+        let deadline = read_deadline(&metadata, started)?;
+        let first = inbound.message().await?.ok_or_else(|| {
+            Status::invalid_argument(
+                "the stream closed before its first message; the first message picks the instance",
+            )
+        })?;
+        let mut message = first.message.ok_or(RouteError::MissingMessage)?;
+        let rules = self.rules();
+        rules.admit(&mut message, TraceOrigin::Caller(&metadata))?;
+        // The TTL bounds the delivery of each message, not how long the stream lives.
+        rules.deadline(&message, None)?;
+        let key = route_key(&message)?;
+        *route_label = Some(self.route_metrics(&key).label().to_string());
+        let plan = match &key {
+            RouteKey::Capability(name) => VersionPlan::resolve(
+                self.inner.table.route(&key).as_deref(),
+                self.inner.protocols.as_deref(),
+                name,
+                message
+                    .header
+                    .as_ref()
+                    .map_or("", |h| h.capability_version.as_str()),
+            )?,
+            _ => VersionPlan::any(),
+        };
+        // Every message of the caller's is checked against the capability's input schema (when
+        // the router validates payloads), as a call's is, before any adapter rewrites it.
+        let validation = match (&key, &self.inner.protocols) {
+            (RouteKey::Capability(name), Some(protocols)) if self.config().validate_payloads => {
+                crate::protocol::validate_input(protocols, name, &message)?;
+                Some((protocols.clone(), name.clone()))
+            }
+            _ => None,
+        };
+        // With an adapter, every message is rewritten: the caller's to the instance's version
+        // on the way in, the instance's back to the caller's on the way out.
+        if let Some(adapter) = &plan.adapter {
+            adapter.adapt_request(&mut message)?;
+            rules.check_size(&message)?;
+        }
+        let (trace_id, _) = ids_of(&message);
+
+        let reserved = self
+            .inner
+            .table
+            .reserve(&key, &[], plan.allowed.as_ref(), deadline, started)
+            .await?;
+        let endpoint = reserved.endpoint().clone();
+        // Counted open from here, while the instance has not answered yet as well.
+        let label = self.route_metrics(&key).label().to_string();
+        let open = metrics::open_stream(&label);
+        let (abort_tx, abort_rx) = oneshot::channel();
+        let inbound = InboundPump::new(
+            message,
+            inbound,
+            trace_id.clone(),
+            InboundChecks { rules, validation },
+            plan.adapter.clone(),
+            abort_tx,
+        );
+        let mut forward = Request::new(inbound);
+        *forward.metadata_mut() = forwarded_metadata(metadata);
+        if let Some(deadline) = deadline {
+            forward.set_timeout(deadline.saturating_duration_since(Instant::now()));
+        }
+        let opened = endpoint.client().handle_stream(forward).await;
+        let agent_stream = match opened {
+            Ok(response) => {
+                endpoint.record_success();
+                response.into_inner()
+            }
+            Err(status) => {
+                if status.code() == Code::Unavailable {
+                    endpoint.record_failure();
+                }
+                return Err(status);
+            }
+        };
+        let outbound = OutboundPump::new(
+            agent_stream,
+            abort_rx,
+            reserved,
+            open,
+            deadline,
+            plan.adapter,
+            label,
+            started,
+        );
+        let mut response =
+            Response::new(Box::pin(outbound) as <Router as RouterService>::StreamStream);
+        if let Ok(value) = MetadataValue::try_from(trace_id.as_str()) {
+            response.metadata_mut().insert(TRACE_ID_METADATA, value);
+        }
+        if let Ok(value) = MetadataValue::try_from(endpoint.info().instance_id.as_str()) {
+            response.metadata_mut().insert(INSTANCE_ID_METADATA, value);
+        }
+        Ok(response)
+    }
+}
