@@ -620,7 +620,6 @@ mod tests {
             capabilities: vec![Capability {
                 name: "complaint.servicing".into(),
                 version: "1.0.0".into(),
-                ..Default::default()
             }],
             max_concurrency: 8,
             ..Default::default()
