@@ -134,6 +134,17 @@ enum Command {
         #[arg(long)]
         once: bool,
     },
+    /// Run the example agents (coordinator, two executors per category, ingest) against a
+    /// running registry and router until Ctrl-C, then drain them.
+    ExampleAgents {
+        /// The registry the agents register with.
+        #[arg(long, default_value = "http://127.0.0.1:7070", value_parser = grpc_endpoint)]
+        registry: String,
+        /// The router the agents call other agents through; default: the registry's endpoint
+        /// (`reach dev` serves both on one port).
+        #[arg(long, value_parser = grpc_endpoint)]
+        router: Option<String>,
+    },
     /// List the registered agent instances and their state.
     Agents {
         /// The registry (or `reach dev`) endpoint.
@@ -162,6 +173,7 @@ impl Command {
             Command::Registry { .. } => "reach-registry",
             Command::Router { .. } => "reach-router",
             Command::Orchestrator { .. } => "reach-orchestrator",
+            Command::ExampleAgents { .. } => "reach-example-agents",
             Command::Agents { .. }
             | Command::Top { .. }
             | Command::Flow { .. }
@@ -235,6 +247,20 @@ async fn main() -> ExitCode {
         eprintln!("warning: spans not flushed: {error}");
     }
     code
+}
+
+/// One `agent  INSTANCE  ENDPOINT` line per started example agent.
+fn print_fleet(fleet: &reach_agents::fleet::Fleet) -> std::io::Result<()> {
+    let mut stdout = std::io::stdout();
+    for member in &fleet.members {
+        writeln!(
+            stdout,
+            "agent        {:<24} {}",
+            member.agent.instance_id(),
+            member.endpoint
+        )?;
+    }
+    Ok(())
 }
 
 /// Whether `error`, or an error it wraps, is a write to a pipe whose reader has gone.
@@ -397,6 +423,22 @@ async fn run(command: Command) -> anyhow::Result<ExitCode> {
             reach::top::run(options).await?;
             Ok(ExitCode::SUCCESS)
         }
+        Command::ExampleAgents { registry, router } => {
+            let router = router.unwrap_or_else(|| registry.clone());
+            let fleet =
+                reach_agents::fleet::Fleet::start(&registry, &router, &Default::default()).await?;
+            print_fleet(&fleet)?;
+            writeln!(std::io::stdout(), "registered with {registry}; calling through {router}")?;
+            reach_sdk::signal::terminate().await;
+            tokio::spawn(async {
+                reach_sdk::signal::terminate().await;
+                warn!("second signal: exiting without finishing the drain");
+                std::process::exit(EXIT_INTERRUPTED);
+            });
+            info!("shutting down: draining agents");
+            fleet.drain().await;
+            Ok(ExitCode::SUCCESS)
+        }
         Command::Agents { endpoint, json } => {
             reach::cli::agents(&endpoint, json, &mut std::io::stdout()).await?;
             Ok(ExitCode::SUCCESS)
@@ -515,14 +557,7 @@ async fn serve(
     let fleet = if with_agents {
         let fleet =
             reach_agents::fleet::Fleet::start(&endpoint, &endpoint, &Default::default()).await?;
-        for member in &fleet.members {
-            writeln!(
-                std::io::stdout(),
-                "agent        {:<24} {}",
-                member.agent.instance_id(),
-                member.endpoint
-            )?;
-        }
+        print_fleet(&fleet)?;
         Some(fleet)
     } else {
         None
