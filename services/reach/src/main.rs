@@ -428,7 +428,10 @@ async fn run(command: Command) -> anyhow::Result<ExitCode> {
             let fleet =
                 reach_agents::fleet::Fleet::start(&registry, &router, &Default::default()).await?;
             print_fleet(&fleet)?;
-            writeln!(std::io::stdout(), "registered with {registry}; calling through {router}")?;
+            writeln!(
+                std::io::stdout(),
+                "registered with {registry}; calling through {router}"
+            )?;
             reach_sdk::signal::terminate().await;
             tokio::spawn(async {
                 reach_sdk::signal::terminate().await;
