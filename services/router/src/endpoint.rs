@@ -578,7 +578,10 @@ mod tests {
         assert_eq!(e.ejected_for(Instant::now()), Duration::from_secs(1));
         assert!(!e.record_unreachable(), "already ejected");
         tokio::time::advance(Duration::from_secs(1)).await;
-        assert!(!e.is_ejected(Instant::now()), "probed back after the interval");
+        assert!(
+            !e.is_ejected(Instant::now()),
+            "probed back after the interval"
+        );
         assert!(e.record_unreachable());
         assert_eq!(e.ejected_for(Instant::now()), Duration::from_secs(2));
         tokio::time::advance(Duration::from_secs(2)).await;

@@ -428,7 +428,9 @@ async fn a_killed_instance_leaves_rotation_at_its_first_refused_connection() {
     assert_eq!(warm.get("refused-victim"), Some(&5), "{warm:?}");
 
     let before = attempts_on("refused-victim");
-    tokio::task::spawn_blocking(move || drop(host)).await.unwrap();
+    tokio::task::spawn_blocking(move || drop(host))
+        .await
+        .unwrap();
     drop(victim);
 
     // Every call succeeds (`spread` fails on an error): the refused attempt was retried on
