@@ -35,7 +35,7 @@
 //!
 //! // admin port: /metrics and /health, plus the service's own JSON routes
 //! let admin = reach_telemetry::admin_router(metrics).route("/v1/instances", get(list));
-//! reach_telemetry::serve_admin(admin_listener, admin, shutdown).await;
+//! reach_telemetry::serve_admin(admin_listener, admin, shutdown, grace).await;
 //!
 //! // on exit, after draining
 //! telemetry.shutdown().await?;

@@ -363,6 +363,7 @@ async fn metrics_are_served_and_counters_move() {
         listener,
         router,
         std::future::pending(),
+        reach_rpc::server::DEFAULT_GRACE,
     ));
 
     let health = http_get(addr, "/health").await.unwrap();
