@@ -539,6 +539,7 @@ async fn serve(
             admin_listener,
             routes,
             async move { token.cancelled().await },
+            config.server.shutdown_grace,
         )))
     } else {
         None
@@ -565,13 +566,17 @@ async fn serve(
     } else {
         None
     };
+    // Listen for the signal before saying so: a supervisor (or test) that signals as soon as
+    // it reads the `try:` line must not kill the process before its handler is installed.
+    let mut terminated = std::pin::pin!(reach_sdk::signal::terminate());
+    let _ = futures::FutureExt::now_or_never(&mut terminated);
     writeln!(
         std::io::stdout(),
         "try: grpcurl -plaintext {} list   |   reach agents --endpoint {endpoint}",
         plane.addr()
     )?;
 
-    reach_sdk::signal::terminate().await;
+    terminated.await;
     // A second signal ends the process at once, without waiting for drains and grace periods.
     tokio::spawn(async {
         reach_sdk::signal::terminate().await;

@@ -1039,3 +1039,65 @@ fn settings_layer_file_then_env_then_flags() {
         "{stderr}"
     );
 }
+
+/// `[server] shutdown_grace` bounds the exit: `reach registry` with peers that connected and
+/// never finished a request (on the admin port, HTTP/1.1 headers that never end, which a
+/// graceful shutdown waits for) exits within the grace it was given, not the 10 s default.
+#[tokio::test]
+async fn the_shutdown_grace_setting_bounds_the_exit() {
+    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_reach"))
+        .args([
+            "registry",
+            "--listen",
+            "127.0.0.1:0",
+            "--admin-listen",
+            "127.0.0.1:0",
+        ])
+        .env("REACH_SERVER__SHUTDOWN_GRACE", "200ms")
+        .current_dir(repo_root())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let mut addresses = Vec::new();
+    while let Ok(Some(line)) = tokio::time::timeout(Duration::from_secs(30), lines.next_line())
+        .await
+        .unwrap()
+    {
+        for prefix in ["grpc", "admin http"] {
+            if let Some(rest) = line.strip_prefix(prefix)
+                && let Some(url) = rest.split_whitespace().next()
+            {
+                addresses.push(url.trim_start_matches("http://").to_string());
+            }
+        }
+        if line.starts_with("try:") {
+            break;
+        }
+    }
+    assert_eq!(addresses.len(), 2, "reach registry printed both addresses");
+    let mut silent = Vec::new();
+    for address in &addresses {
+        let mut peer = tokio::net::TcpStream::connect(address).await.unwrap();
+        tokio::io::AsyncWriteExt::write_all(&mut peer, b"GET /metrics HTTP/1.1\r\nHost: x\r\n")
+            .await
+            .unwrap();
+        silent.push(peer);
+    }
+    let pid = child.id().unwrap().to_string();
+    assert!(
+        Command::new("kill")
+            .args(["-TERM", &pid])
+            .status()
+            .unwrap()
+            .success()
+    );
+    let status = tokio::time::timeout(Duration::from_secs(4), child.wait())
+        .await
+        .expect("reach registry did not exit within its 200 ms grace + 3.8 s")
+        .unwrap();
+    assert!(status.success(), "{status:?}");
+    drop(silent);
+}

@@ -92,6 +92,7 @@ async fn top_reads_a_live_registry_and_admin_port() {
         admin,
         reach_telemetry::admin_router(handle),
         std::future::pending(),
+        reach_rpc::server::DEFAULT_GRACE,
     ));
 
     let endpoint = format!("http://{grpc_addr}");

@@ -10,7 +10,9 @@
 //!
 //! Policies:
 //! - `p2c_peak_ewma` (default): power of two choices (Mitzenmacher) over the peak-EWMA
-//!   latency × (pending + 1) cost, as Finagle's and tower's `PeakEwma` balancers.
+//!   latency × (pending + 1) cost, as Finagle's and tower's `PeakEwma` balancers. An instance
+//!   that has not answered yet is assumed as fast as the route's median instance (see
+//!   [`crate::load`]), so a new or restarted one gets its share at once.
 //! - `p2c_pending`: power of two choices over requests in flight (tower's `PendingRequests`).
 //! - `round_robin`: each eligible instance in turn.
 //! - `random`: uniformly at random.
@@ -188,11 +190,19 @@ fn choose<'a>(
             if b >= a {
                 b += 1;
             }
-            let cost = |e: &InstanceEndpoint| match policy {
-                Policy::P2cPending => e.load_tracker().pending_cost(),
-                _ => e.load_tracker().cost(),
+            let (ta, tb) = (candidates[a].load_tracker(), candidates[b].load_tracker());
+            let (ca, cb) = match policy {
+                Policy::P2cPending => (ta.pending_cost(), tb.pending_cost()),
+                _ => {
+                    // Only a pick that drew an instance without samples needs the prior.
+                    let prior = if ta.is_sampled() && tb.is_sampled() {
+                        None
+                    } else {
+                        route_prior_ns(candidates)
+                    };
+                    (ta.cost_with_prior(prior), tb.cost_with_prior(prior))
+                }
             };
-            let (ca, cb) = (cost(candidates[a]), cost(candidates[b]));
             if cb < ca {
                 candidates[b]
             } else {
@@ -219,10 +229,31 @@ fn choose<'a>(
     }
 }
 
+/// The latency a route's instance that has not answered yet is assumed to have: the median
+/// of the decayed peak-EWMA estimates (ns) of the `candidates` that have answered; `None`
+/// when none has (then the configured `default_rtt` stands).
+fn route_prior_ns(candidates: &[&Arc<InstanceEndpoint>]) -> Option<f64> {
+    let mut measured: Vec<f64> = candidates
+        .iter()
+        .filter_map(|c| c.load_tracker().rtt_estimate_ns())
+        .collect();
+    if measured.is_empty() {
+        return None;
+    }
+    measured.sort_by(f64::total_cmp);
+    let mid = measured.len() / 2;
+    Some(if measured.len() % 2 == 1 {
+        measured[mid]
+    } else {
+        (measured[mid - 1] + measured[mid]) / 2.0
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use std::collections::HashMap;
     use std::sync::atomic::AtomicUsize;
+    use std::time::Duration;
 
     use super::*;
     use crate::endpoint::EjectionConfig;
@@ -326,6 +357,104 @@ mod tests {
             ["i0", "i1", "i2", "i0"]
         );
         assert_eq!(picks(Policy::Random, &members[..1], &none, 2), ["i0", "i0"]);
+    }
+
+    /// Sequential calls from one caller: each pick under p2c peak-EWMA is held for
+    /// `latency(instance)` of paused time. Returns the calls each instance took.
+    async fn sequential(
+        members: &[Arc<InstanceEndpoint>],
+        random: &dyn Random,
+        calls: usize,
+        latency: impl Fn(&str) -> Duration,
+    ) -> HashMap<String, usize> {
+        let rr = AtomicUsize::new(0);
+        let mut counts = HashMap::new();
+        for _ in 0..calls {
+            let picked = pick(Policy::P2cPeakEwma, members, &[], &rr, random).unwrap();
+            let reserved = picked.try_reserve().unwrap();
+            let id = picked.info().instance_id.clone();
+            tokio::time::advance(latency(&id)).await;
+            drop(reserved);
+            *counts.entry(id).or_default() += 1;
+        }
+        counts
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_new_instance_next_to_a_measured_fast_one_gets_a_fair_share_at_light_load() {
+        // `old` has answered in 1 ms many times; `new` just joined (no sample yet, and the
+        // configured default RTT, 5 ms, is slower than the route really is).
+        let members = members(&[1, 1]);
+        let millis = |_: &str| Duration::from_millis(1);
+        let warm = sequential(&members[..1], &SeededRandom::new(1), 50, millis).await;
+        assert_eq!(warm.get("i0"), Some(&50));
+
+        let counts = sequential(&members, &SeededRandom::new(13), 200, millis).await;
+        let share = counts.get("i1").copied().unwrap_or(0) as f64 / 200.0;
+        assert!(
+            (0.35..=0.65).contains(&share),
+            "the new instance took {share:.2} of the calls: {counts:?}"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn instances_that_start_together_share_light_load() {
+        // As in `reach demo`: neither has answered when the calls start.
+        let members = members(&[1, 1]);
+        let millis = |_: &str| Duration::from_millis(1);
+        let counts = sequential(&members, &SeededRandom::new(13), 200, millis).await;
+        let share = counts.get("i1").copied().unwrap_or(0) as f64 / 200.0;
+        assert!(
+            (0.35..=0.65).contains(&share),
+            "the second instance took {share:.2} of the calls: {counts:?}"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_new_slow_instance_gets_its_first_calls_then_little() {
+        let members = members(&[1, 1]);
+        let latency = |id: &str| Duration::from_millis(if id == "i1" { 10 } else { 1 });
+        sequential(&members[..1], &SeededRandom::new(1), 50, latency).await;
+        let counts = sequential(&members, &SeededRandom::new(13), 200, latency).await;
+        let slow = counts.get("i1").copied().unwrap_or(0);
+        assert!(
+            (1..=10).contains(&slow),
+            "the slow instance was tried, then left alone: {counts:?}"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_ten_times_slower_instance_gets_clearly_less_under_concurrent_load() {
+        // Eight closed-loop callers; `i1` takes 10 ms, `i0` 1 ms. Paused time on one thread
+        // and a seeded source make the run exact.
+        let members = Arc::new(members(&[1, 1]));
+        let random = Arc::new(SeededRandom::new(13));
+        let rr = Arc::new(AtomicUsize::new(0));
+        let workers = (0..8).map(|_| {
+            let (members, random, rr) = (members.clone(), random.clone(), rr.clone());
+            tokio::spawn(async move {
+                let mut slow = 0;
+                for _ in 0..50 {
+                    let picked = pick(Policy::P2cPeakEwma, &members, &[], &rr, &*random).unwrap();
+                    let reserved = picked.try_reserve().unwrap();
+                    let is_slow = *picked.info().instance_id == *"i1";
+                    slow += usize::from(is_slow);
+                    let latency = if is_slow { 10 } else { 1 };
+                    tokio::time::sleep(Duration::from_millis(latency)).await;
+                    drop(reserved);
+                }
+                slow
+            })
+        });
+        let mut slow = 0;
+        for worker in workers {
+            slow += worker.await.unwrap();
+        }
+        let share = slow as f64 / 400.0;
+        assert!(
+            share < 0.2,
+            "the slow instance took {share:.2} of 400 concurrent calls"
+        );
     }
 
     #[test]

@@ -18,7 +18,9 @@ pub struct RouterConfig {
     /// The largest message accepted, in bytes (encoded protobuf size), for calls and for every
     /// message of a stream. Default 4 MiB.
     pub max_message_bytes: usize,
-    /// The latency an instance is assumed to have before it has answered anything.
+    /// The latency an instance is assumed to have before it has answered anything, while no
+    /// instance of its route has either (otherwise it is assumed as fast as the route's
+    /// median instance, see [`crate::load`]).
     #[serde(with = "humantime_serde")]
     pub default_rtt: Duration,
     /// How fast the peak-EWMA latency estimate forgets a slow response.

@@ -10,7 +10,9 @@
 //! `consecutive_failures` connect errors or UNAVAILABLE answers in a row the instance is
 //! ejected for `base_ejection × 2^(ejections-1)` (capped); when the interval passes it gets
 //! traffic again, and the first failure after a return ejects it again for twice as long,
-//! while a success clears its record.
+//! while a success clears its record. An instance whose connection is refused (or cannot be
+//! made: nothing was delivered) is ejected on that first failure
+//! ([`InstanceEndpoint::record_unreachable`]), then probed back the same way.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -36,8 +38,9 @@ use crate::metrics::{self, InstanceMetrics};
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct EjectionConfig {
-    /// Consecutive failures (connect errors, UNAVAILABLE) that eject an instance. 0 disables
-    /// ejection. Default 5.
+    /// Consecutive failures (UNAVAILABLE answers, broken connections) that eject an instance;
+    /// a refused connection ejects at once ([`InstanceEndpoint::record_unreachable`]). 0
+    /// disables ejection. Default 5.
     pub consecutive_failures: u32,
     /// How long the first ejection lasts; each further ejection doubles it. Default 1 s.
     #[serde(with = "humantime_serde")]
@@ -310,6 +313,44 @@ impl InstanceEndpoint {
         if failures < threshold && !on_probation {
             return false;
         }
+        self.eject(now, "consecutive failures");
+        true
+    }
+
+    /// Records that the instance could not be reached at all (its connection was refused or
+    /// could not be made, so nothing was delivered): ejected at once, without waiting for
+    /// `consecutive_failures` (a refused connection is no passing blip: the next call would
+    /// be refused too). It is probed back as any ejected instance, after the interval, and
+    /// ejected again for twice as long if still unreachable. Returns whether this ejected it
+    /// (not when it already was, or ejection is disabled).
+    pub fn record_unreachable(&self) -> bool {
+        if self.ejection.consecutive_failures == 0 {
+            return false;
+        }
+        self.consecutive_failures.fetch_add(1, Ordering::Relaxed);
+        let now = Instant::now();
+        if self.is_ejected(now) {
+            return false;
+        }
+        self.eject(now, "unreachable");
+        true
+    }
+
+    /// Records a failed call's `status` that counts against the instance (UNAVAILABLE, or a
+    /// transport error): [`InstanceEndpoint::record_unreachable`] when the connection could
+    /// not be made ([`crate::retry::is_connect_error`]), else
+    /// [`InstanceEndpoint::record_failure`]. Returns whether this ejected it.
+    pub fn record_failed(&self, status: &Status) -> bool {
+        if std::error::Error::source(status).is_some() && crate::retry::is_connect_error(status) {
+            self.record_unreachable()
+        } else {
+            self.record_failure()
+        }
+    }
+
+    /// Ejects the instance from `now` for the interval its ejection count calls for
+    /// (`base_ejection × 2^(ejections-1)`, capped), logging `why` as the cause.
+    fn eject(&self, now: Instant, why: &'static str) {
         let ejections = self.ejections.fetch_add(1, Ordering::Relaxed) + 1;
         let factor = 1u32 << (ejections - 1).min(16);
         let interval = self
@@ -320,9 +361,8 @@ impl InstanceEndpoint {
         let until = self.nanos(now + interval);
         self.ejected_until_ns.store(until, Ordering::Relaxed);
         self.consecutive_failures.store(0, Ordering::Relaxed);
-        tracing::warn!(instance = %self.info.instance_id, ejections, interval = ?interval, "instance ejected after consecutive failures");
+        tracing::warn!(instance = %self.info.instance_id, ejections, interval = ?interval, cause = why, "instance ejected");
         metrics::ejection(&self.info.service, &self.info.instance_id);
-        true
     }
 
     /// How long until the ejection ends (zero when not ejected).
@@ -529,6 +569,25 @@ mod tests {
         assert!(!e.record_failure());
         assert!(e.record_failure());
         assert_eq!(e.ejected_for(Instant::now()), Duration::from_secs(1));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_unreachable_instance_is_ejected_at_once_and_probed_back_with_back_off() {
+        let e = aged(ejection(5)).await;
+        assert!(e.record_unreachable(), "one refused connection ejects");
+        assert_eq!(e.ejected_for(Instant::now()), Duration::from_secs(1));
+        assert!(!e.record_unreachable(), "already ejected");
+        tokio::time::advance(Duration::from_secs(1)).await;
+        assert!(
+            !e.is_ejected(Instant::now()),
+            "probed back after the interval"
+        );
+        assert!(e.record_unreachable());
+        assert_eq!(e.ejected_for(Instant::now()), Duration::from_secs(2));
+        tokio::time::advance(Duration::from_secs(2)).await;
+        e.record_success();
+        assert_eq!(e.ejections(), 0);
+        assert!(!aged(ejection(0)).await.record_unreachable(), "0 disables");
     }
 
     #[tokio::test(start_paused = true)]

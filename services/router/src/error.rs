@@ -148,6 +148,9 @@ pub enum RouteError {
         capability: String,
         /// The JSON pointer of the bad field, within the payload's first data part.
         pointer: String,
+        /// The schema keyword that failed (`type`, `required`, `format`, ...); empty when
+        /// there is no data part to validate.
+        keyword: String,
         /// What the schema says.
         detail: String,
     },
@@ -334,6 +337,7 @@ impl From<RouteError> for Status {
             RouteError::InvalidPayload {
                 capability,
                 pointer,
+                keyword,
                 detail,
             } => {
                 let mut details = tonic_types::ErrorDetails::with_error_info(
@@ -342,6 +346,7 @@ impl From<RouteError> for Status {
                     [
                         ("capability".to_string(), capability),
                         ("pointer".to_string(), pointer.clone()),
+                        ("keyword".to_string(), keyword),
                     ],
                 );
                 details.add_bad_request_violation(pointer, detail);

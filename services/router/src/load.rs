@@ -3,10 +3,22 @@
 //! `load::PeakEwma`). Unlike tower's type, one [`LoadTracker`] is shared by every route an
 //! instance is on, so a capability route and a service-name route see the same load.
 //!
+//! An instance that has answered nothing yet has no latency of its own. Rather than a fixed
+//! guess (which a route whose instances answer faster than the guess would never pick, so a
+//! new or restarted instance got no traffic at light load), the balancer hands its tracker a
+//! *prior* — the median estimate of the route's measured instances ([`LoadTracker::cost_with_prior`]);
+//! the configured `default_rtt` is the prior only when no instance of the route has answered.
+//! The prior stands until the first sample, which replaces it (as in Finagle's `PeakEwma`,
+//! whose first sample is a peak); from then on the estimate decays with the configured time
+//! constant (`rtt_decay`), as tower's and linkerd's `PeakEwma` do. Blending a first sample
+//! into a fixed guess instead (tower) leaves a new instance's estimate near the guess for
+//! about one time constant, and the instance used first looks cheaper than an idle one all
+//! that time, so it keeps every call.
+//!
 //! Also here: [`Room`], which wakes calls waiting for an instance with room when a call
 //! ends, and [`InFlight`], the guard that counts one call against its instance.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -67,17 +79,22 @@ impl Drop for Waiting<'_> {
 pub struct LoadTracker {
     pending: AtomicUsize,
     estimate: Mutex<RttEstimate>,
+    /// Whether a latency sample was taken yet; until then the estimate is a prior.
+    sampled: AtomicBool,
     decay_ns: f64,
 }
 
 #[derive(Debug)]
 struct RttEstimate {
+    /// The estimate in ns: the prior until the first sample, then the decayed peak-EWMA.
     rtt_ns: f64,
     updated_at: Instant,
 }
 
 impl LoadTracker {
-    /// A tracker that assumes `default_rtt` until it measures, forgetting peaks over `decay`.
+    /// A tracker that assumes `default_rtt` until it measures (unless a balancer hands it a
+    /// prior, see [`LoadTracker::cost_with_prior`]), forgetting peaks over `decay` (the
+    /// EWMA's time constant).
     pub fn new(default_rtt: Duration, decay: Duration) -> Self {
         Self {
             pending: AtomicUsize::new(0),
@@ -85,8 +102,26 @@ impl LoadTracker {
                 rtt_ns: default_rtt.as_nanos() as f64,
                 updated_at: Instant::now(),
             }),
+            sampled: AtomicBool::new(false),
             decay_ns: decay.as_nanos().max(1) as f64,
         }
+    }
+
+    /// Whether the instance has answered at least once (its estimate is measured, not a
+    /// prior).
+    pub fn is_sampled(&self) -> bool {
+        self.sampled.load(Ordering::Acquire)
+    }
+
+    /// The decayed latency estimate now, in ns, when the instance has answered at least
+    /// once; `None` while it has not (for the route's prior, see
+    /// [`LoadTracker::cost_with_prior`]).
+    pub fn rtt_estimate_ns(&self) -> Option<f64> {
+        if !self.is_sampled() {
+            return None;
+        }
+        let estimate = self.estimate.lock().unwrap_or_else(|p| p.into_inner());
+        Some(estimate.decay(Instant::now(), self.decay_ns))
     }
 
     /// Counts a request as in flight until the returned guard drops, then feeds its latency
@@ -131,10 +166,23 @@ impl LoadTracker {
         self.pending.load(Ordering::Relaxed)
     }
 
-    /// The cost the balancer compares: decayed RTT estimate (ns) × (pending + 1).
+    /// The cost the balancer compares: decayed RTT estimate (ns) × (pending + 1), with the
+    /// configured default RTT as the estimate of an instance that has not answered yet.
     pub fn cost(&self) -> f64 {
+        self.cost_with_prior(None)
+    }
+
+    /// [`LoadTracker::cost`], with `prior_ns` (ns; the route's typical estimate) as the
+    /// estimate of an instance that has not answered yet. A prior stands, undecayed, until
+    /// the first sample, which replaces it (Finagle's `PeakEwma` takes its first sample as a
+    /// peak, too); from then on the estimate is the tracker's own. `None` makes the
+    /// configured default RTT the prior.
+    pub fn cost_with_prior(&self, prior_ns: Option<f64>) -> f64 {
         let pending = self.pending() as f64;
         let mut estimate = self.estimate.lock().unwrap_or_else(|p| p.into_inner());
+        if !self.is_sampled() {
+            return prior_ns.unwrap_or(estimate.rtt_ns) * (pending + 1.0);
+        }
         let now = Instant::now();
         let rtt = estimate.decay(now, self.decay_ns);
         estimate.rtt_ns = rtt;
@@ -146,8 +194,9 @@ impl LoadTracker {
         let rtt_ns = rtt.as_nanos() as f64;
         let mut estimate = self.estimate.lock().unwrap_or_else(|p| p.into_inner());
         let now = Instant::now();
-        if rtt_ns > estimate.rtt_ns {
-            // A peak is taken at once; it decays only with time.
+        if !self.is_sampled() || rtt_ns > estimate.rtt_ns {
+            // The first sample replaces the prior; a peak is taken at once; either decays
+            // only with time.
             estimate.rtt_ns = rtt_ns;
         } else {
             let decayed = estimate.decay(now, self.decay_ns);
@@ -158,6 +207,7 @@ impl LoadTracker {
             estimate.rtt_ns = decayed * weight + rtt_ns * (1.0 - weight);
         }
         estimate.updated_at = now;
+        self.sampled.store(true, Ordering::Release);
     }
 }
 

@@ -174,7 +174,8 @@ impl AdapterExt for Adapter {
 /// Validates the first data part of `message` against the input schema of `capability`.
 ///
 /// # Errors
-/// [`RouteError::InvalidPayload`] with the JSON pointer of the bad value.
+/// [`RouteError::InvalidPayload`] with the JSON pointer of the bad property and the schema
+/// keyword that failed (`format` included: formats are asserted).
 pub fn validate_input(
     protocols: &ProtocolRegistry,
     capability: &str,
@@ -187,20 +188,27 @@ pub fn validate_input(
         return Err(RouteError::InvalidPayload {
             capability: capability.to_string(),
             pointer: String::new(),
+            keyword: String::new(),
             detail: "the payload has no data part; the capability's input schema needs one".into(),
         });
     };
     protocols
         .validate_input(capability, &value)
         .map_err(|e| match e {
-            ProtocolError::SchemaViolation { pointer, detail } => RouteError::InvalidPayload {
+            ProtocolError::SchemaViolation {
+                pointer,
+                keyword,
+                detail,
+            } => RouteError::InvalidPayload {
                 capability: capability.to_string(),
                 pointer,
+                keyword,
                 detail,
             },
             ProtocolError::Transform(detail) => RouteError::InvalidPayload {
                 capability: capability.to_string(),
                 pointer: String::new(),
+                keyword: String::new(),
                 detail,
             },
         })

@@ -376,3 +376,78 @@ async fn a_re_registered_instance_replaces_the_old_endpoint_at_once() {
         assert_eq!(text(reply), "new");
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_instance_leaves_rotation_at_its_first_refused_connection() {
+    let metrics = reach_telemetry::metrics::install().unwrap();
+    let attempts_on = |instance: &str| {
+        metric(
+            &metrics.render(),
+            "reach_router_instance_duration_seconds_count",
+            &[("service", "refused"), ("instance", instance)],
+        )
+    };
+    let registry = registry().await;
+    let (_survivor, _) = agent(echo_agent(
+        config("refused", "refused-survivor", &registry.url),
+        "refused",
+        Arc::new(AtomicUsize::new(0)),
+    ))
+    .await;
+    // The victim runs on a runtime of its own: dropping that runtime kills it as a crashed
+    // host would be (its sockets close, it never drains, and its lease stays live).
+    let host = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap();
+    let registry_url = registry.url.clone();
+    let (victim, _) = host
+        .spawn(async move {
+            agent(echo_agent(
+                config("refused", "refused-victim", &registry_url),
+                "refused",
+                Arc::new(AtomicUsize::new(0)),
+            ))
+            .await
+        })
+        .await
+        .unwrap();
+    let config = RouterConfig {
+        ejection: EjectionConfig {
+            // Well above the calls below, and an interval longer than they can take.
+            consecutive_failures: 5,
+            base_ejection: Duration::from_secs(60),
+            max_ejection: Duration::from_secs(60),
+        },
+        ..with_policy(Policy::RoundRobin)
+    };
+    let router = router(&registry.url, config).await;
+    router.wait_routable(2).await;
+    let warm = spread(&router, "refused", 10, 1).await;
+    assert_eq!(warm.get("refused-victim"), Some(&5), "{warm:?}");
+
+    let before = attempts_on("refused-victim");
+    tokio::task::spawn_blocking(move || drop(host))
+        .await
+        .unwrap();
+    drop(victim);
+
+    // Every call succeeds (`spread` fails on an error): the refused attempt was retried on
+    // the survivor, and the victim was tried once, not `consecutive_failures` times.
+    let counts = spread(&router, "refused", 40, 1).await;
+    assert_eq!(counts.get("refused-survivor"), Some(&40), "{counts:?}");
+    assert_eq!(
+        attempts_on("refused-victim") - before,
+        1.0,
+        "the dead instance was picked again after its connection was refused"
+    );
+    let victim = router
+        .router
+        .table()
+        .instances()
+        .into_iter()
+        .find(|i| i.instance_id == "refused-victim")
+        .expect("still registered: its lease is live");
+    assert!(victim.ejected, "the dead instance is ejected");
+}

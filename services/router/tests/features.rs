@@ -595,3 +595,99 @@ async fn a_payload_that_breaks_the_input_schema_is_refused_with_its_pointer() {
         .expect("a valid payload goes through");
     assert_eq!(runs.load(Ordering::SeqCst), 1);
 }
+
+/// A protocol registry with one capability, `contact.add`, whose input nests an object with
+/// a required `email` (format `email`).
+const CONTACT_REGISTRY: &str = r#"
+capabilities:
+  contact.add:
+    versions: ["1.0.0"]
+    input: contact.add_request
+message_types:
+  contact.add_request:
+    schema:
+      type: object
+      required: [customer]
+      properties:
+        customer:
+          type: object
+          required: [name, email]
+          properties:
+            name: {type: string}
+            email: {type: string, format: email}
+"#;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_payload_names_the_nested_property_and_the_keyword() {
+    let file = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(file.path(), CONTACT_REGISTRY).unwrap();
+    let registry = registry().await;
+    let runs = Arc::new(AtomicUsize::new(0));
+    let (_agent, _) = agent(echo_agent(
+        config("contacts", "contacts-1", &registry.url),
+        "contact.add",
+        runs.clone(),
+    ))
+    .await;
+    let config = RouterConfig {
+        protocol_registry: Some(file.path().to_path_buf()),
+        ..RouterConfig::default()
+    };
+    let router = router(&registry.url, config).await;
+    router.wait_routable(1).await;
+    let client = router.client().await;
+    let call = |customer: serde_json::Value| {
+        let client = client.clone();
+        async move {
+            client
+                .call(
+                    "contact.add",
+                    Payload::json(
+                        "contact.add_request",
+                        &serde_json::json!({ "customer": customer }),
+                    ),
+                    CallOptions::default(),
+                )
+                .await
+        }
+    };
+    let refusal = |status: tonic::Status| {
+        assert_eq!(status.code(), Code::InvalidArgument, "{status:?}");
+        assert_eq!(reason(&status), "INVALID_PAYLOAD");
+        let metadata = reach_rpc::errors::metadata_of(&status);
+        (metadata["pointer"].clone(), metadata["keyword"].clone())
+    };
+    for (customer, pointer, keyword) in [
+        (
+            serde_json::json!({"name": 7, "email": "a@example.com"}),
+            "/customer/name",
+            "type",
+        ),
+        (
+            serde_json::json!({"name": "Ann"}),
+            "/customer/email",
+            "required",
+        ),
+        (
+            serde_json::json!({"name": "Ann", "email": "not an email"}),
+            "/customer/email",
+            "format",
+        ),
+    ] {
+        let status = call(customer.clone()).await.unwrap_err();
+        assert_eq!(
+            refusal(status),
+            (pointer.to_string(), keyword.to_string()),
+            "{customer}"
+        );
+    }
+    assert_eq!(
+        runs.load(Ordering::SeqCst),
+        0,
+        "no refused payload was delivered"
+    );
+    call(serde_json::json!({"name": "Ann", "email": "ann@example.com"}))
+        .await
+        .expect("a valid payload goes through");
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+}

@@ -72,8 +72,12 @@ pub enum ProtocolError {
     /// The payload does not match the schema.
     #[error("{detail}")]
     SchemaViolation {
-        /// The JSON pointer of the offending value ("" for the root).
+        /// The JSON pointer of the offending property ("" for the root): for a missing
+        /// `required` property or an unexpected one (`additionalProperties`,
+        /// `unevaluatedProperties`) the property's own pointer, not its object's.
         pointer: String,
+        /// The schema keyword that failed (`type`, `required`, `format`, ...).
+        keyword: String,
         /// What the schema requires.
         detail: String,
     },
@@ -345,12 +349,16 @@ impl ProtocolRegistry {
         let mut validators = BTreeMap::new();
         for (name, message_type) in &file.message_types {
             if let Some(schema) = &message_type.schema {
-                let validator = jsonschema::validator_for(schema).map_err(|e| {
-                    invalid(
-                        format!("message_types.{name}.schema{}", e.instance_path()),
-                        format!("not a valid JSON Schema: {e}"),
-                    )
-                })?;
+                // `format` (date-time, email, uri, uuid, ...) is asserted, not only annotated.
+                let validator = jsonschema::options()
+                    .should_validate_formats(true)
+                    .build(schema)
+                    .map_err(|e| {
+                        invalid(
+                            format!("message_types.{name}.schema{}", e.instance_path()),
+                            format!("not a valid JSON Schema: {e}"),
+                        )
+                    })?;
                 validators.insert(name.clone(), validator);
             }
         }
@@ -471,7 +479,8 @@ impl ProtocolRegistry {
         match validator.iter_errors(value).next() {
             None => Ok(()),
             Some(error) => Err(ProtocolError::SchemaViolation {
-                pointer: error.instance_path().to_string(),
+                pointer: property_pointer(&error),
+                keyword: error.kind().keyword().to_string(),
                 detail: error.to_string(),
             }),
         }
@@ -495,6 +504,26 @@ impl ProtocolRegistry {
             .collect();
         found.sort_by(|a, b| b.to.cmp(&a.to));
         found
+    }
+}
+
+/// The JSON pointer of the property a validation error is about: the error's instance path,
+/// plus the property's name when the error is reported on its enclosing object (a missing
+/// `required` property, an unexpected one).
+fn property_pointer(error: &jsonschema::ValidationError<'_>) -> String {
+    use jsonschema::error::ValidationErrorKind as Kind;
+    let object = error.instance_path().to_string();
+    let property = match error.kind() {
+        Kind::Required { property } => property.as_str().map(str::to_string),
+        Kind::AdditionalProperties { unexpected } | Kind::UnevaluatedProperties { unexpected } => {
+            unexpected.first().cloned()
+        }
+        _ => None,
+    };
+    match property {
+        // RFC 6901: `~` is written `~0` and `/` is written `~1` in a reference token.
+        Some(name) => format!("{object}/{}", name.replace('~', "~0").replace('/', "~1")),
+        None => object,
     }
 }
 
@@ -549,6 +578,93 @@ adapters:
         match err {
             ProtocolError::SchemaViolation { pointer, .. } => assert_eq!(pointer, "/n"),
             other => panic!("{other:?}"),
+        }
+    }
+
+    const NESTED: &str = r#"
+capabilities:
+  demo.contact:
+    versions: ["1.0.0"]
+    input: demo.contact
+message_types:
+  demo.contact:
+    schema:
+      type: object
+      required: [customer]
+      properties:
+        customer:
+          type: object
+          required: [name, email]
+          additionalProperties: false
+          properties:
+            name: {type: string}
+            email: {type: string, format: email}
+            since: {type: string, format: date-time}
+            site: {type: string, format: uri}
+            id: {type: string, format: uuid}
+"#;
+
+    /// The pointer and keyword of `value`'s violation of demo.contact's schema.
+    fn violation(value: serde_json::Value) -> (String, String) {
+        let registry = ProtocolRegistry::parse(Path::new("t.yaml"), NESTED).unwrap();
+        match registry.validate_input("demo.contact", &value).unwrap_err() {
+            ProtocolError::SchemaViolation {
+                pointer, keyword, ..
+            } => (pointer, keyword),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_violation_names_the_property_and_the_keyword() {
+        let ok = serde_json::json!({"customer": {"name": "a", "email": "a@example.com"}});
+        let registry = ProtocolRegistry::parse(Path::new("t.yaml"), NESTED).unwrap();
+        registry.validate_input("demo.contact", &ok).unwrap();
+        assert_eq!(
+            violation(serde_json::json!({"customer": {"name": 7, "email": "a@example.com"}})),
+            ("/customer/name".into(), "type".into())
+        );
+        assert_eq!(
+            violation(serde_json::json!({"customer": {"name": "a"}})),
+            ("/customer/email".into(), "required".into())
+        );
+        assert_eq!(
+            violation(
+                serde_json::json!({"customer": {"name": "a", "email": "a@example.com", "a/b": 1}})
+            ),
+            ("/customer/a~1b".into(), "additionalProperties".into())
+        );
+    }
+
+    #[test]
+    fn formats_are_asserted() {
+        let with = |field: &str, value: &str| {
+            let mut customer = serde_json::json!({"name": "a", "email": "a@example.com"});
+            customer[field] = serde_json::json!(value);
+            serde_json::json!({ "customer": customer })
+        };
+        for (field, bad) in [
+            ("email", "not-an-email"),
+            ("since", "yesterday"),
+            ("site", "not a uri"),
+            ("id", "1234"),
+        ] {
+            assert_eq!(
+                violation(with(field, bad)),
+                (format!("/customer/{field}"), "format".into()),
+                "{field} = {bad:?}"
+            );
+        }
+        let registry = ProtocolRegistry::parse(Path::new("t.yaml"), NESTED).unwrap();
+        let good = [
+            ("since", "2024-05-01T12:00:00Z"),
+            ("site", "https://example.com/a"),
+            ("id", "0190b3a0-7c1e-7d2a-9f3b-6a1c2e4d5f60"),
+        ];
+        for (field, value) in good {
+            registry
+                .validate_input("demo.contact", &with(field, value))
+                .unwrap();
         }
     }
 

@@ -67,6 +67,12 @@ pub struct ConnectionLimits {
     /// The same budget across all of the listener's connections, which bounds the memory all
     /// peers together can pin. Default 1 GiB.
     pub max_buffered_bytes: usize,
+    /// How long in-flight calls and open streams may run once shutdown begins before their
+    /// connections are closed: what the listener adds to a process's exit, whatever its peers
+    /// do (idle, silent, streaming without end, or no longer reading). Default 10 s
+    /// ([`crate::server::DEFAULT_GRACE`]).
+    #[serde(with = "humantime_serde")]
+    pub shutdown_grace: Duration,
 }
 
 impl Default for ConnectionLimits {
@@ -76,6 +82,7 @@ impl Default for ConnectionLimits {
             handshake_timeout: Duration::from_secs(10),
             max_buffered_bytes_per_connection: 64 * 1024 * 1024,
             max_buffered_bytes: 1024 * 1024 * 1024,
+            shutdown_grace: crate::server::DEFAULT_GRACE,
         }
     }
 }

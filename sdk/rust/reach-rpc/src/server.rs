@@ -46,7 +46,8 @@ pub struct GrpcServer {
         tonic_health::pb::health_server::HealthServer<tonic_health::server::HealthService>,
     service_names: Vec<&'static str>,
     descriptor_sets: Vec<&'static [u8]>,
-    grace: Duration,
+    /// Set by [`GrpcServer::with_grace`]; otherwise the limits' `shutdown_grace`.
+    grace: Option<Duration>,
     limits: ConnectionLimits,
     fallback: Option<Fallback>,
 }
@@ -76,7 +77,7 @@ impl GrpcServer {
                 // so grpcurl can decode the details of a failed call.
                 tonic_types::pb::FILE_DESCRIPTOR_SET,
             ],
-            grace: DEFAULT_GRACE,
+            grace: None,
             limits: ConnectionLimits::default(),
             fallback: None,
         }
@@ -124,14 +125,16 @@ impl GrpcServer {
     }
 
     /// Sets how long in-flight calls (and open streams, such as registry watches) may run after
-    /// shutdown begins before their connections are closed. Default 10 s.
+    /// shutdown begins before their connections are closed, overriding the limits'
+    /// `shutdown_grace` (see [`GrpcServer::with_limits`]). Default 10 s.
     pub fn with_grace(mut self, grace: Duration) -> Self {
-        self.grace = grace;
+        self.grace = Some(grace);
         self
     }
 
     /// Sets the limits the listener holds its connections to (connections at once, handshake
-    /// time, buffered message bytes). Default [`ConnectionLimits::default`].
+    /// time, buffered message bytes) and its shutdown grace (`shutdown_grace`, unless
+    /// [`GrpcServer::with_grace`] set one). Default [`ConnectionLimits::default`].
     pub fn with_limits(mut self, limits: ConnectionLimits) -> Self {
         self.limits = limits;
         self
@@ -143,7 +146,8 @@ impl GrpcServer {
     }
 
     /// Serves until `shutdown` resolves, then stops accepting connections and waits for
-    /// in-flight calls to finish, at most the grace period (see [`GrpcServer::with_grace`]).
+    /// in-flight calls to finish, at most the grace period (see [`GrpcServer::with_grace`]);
+    /// returns at most a moment after it, whatever the peers do.
     ///
     /// # Errors
     /// Returns an error when a descriptor set cannot be decoded (a build bug). A failed
@@ -201,7 +205,8 @@ impl GrpcServer {
                     .await;
             }
         };
-        serve_http(listener, router, shutdown, self.grace, self.limits).await;
+        let grace = self.grace.unwrap_or(self.limits.shutdown_grace);
+        serve_http(listener, router, shutdown, grace, self.limits).await;
         Ok(())
     }
 }

@@ -45,23 +45,26 @@ async fn health() -> impl IntoResponse {
 pub const ADMIN_MAX_CONNECTIONS: usize = 256;
 
 /// Serves `router` on a listener the caller bound until `shutdown` resolves, then lets
-/// requests in progress finish for at most [`reach_rpc::server::DEFAULT_GRACE`] and returns
-/// (see [`reach_rpc::server::serve_http`]: a client that never finishes its request cannot
-/// hold the process up). A failed `accept` is logged and retried, never returned. At most
-/// [`ADMIN_MAX_CONNECTIONS`] connections at once, with the other default
-/// [`reach_rpc::ConnectionLimits`].
+/// requests in progress finish for at most `grace` (the service's `[server] shutdown_grace`;
+/// [`reach_rpc::server::DEFAULT_GRACE`] by default) and returns (see
+/// [`reach_rpc::server::serve_http`]: a client that never finishes its request, or stopped
+/// reading its response, cannot hold the process up). A failed `accept` is logged and
+/// retried, never returned. At most [`ADMIN_MAX_CONNECTIONS`] connections at once, with the
+/// other default [`reach_rpc::ConnectionLimits`].
 pub async fn serve_admin(
     listener: tokio::net::TcpListener,
     router: Router,
     shutdown: impl Future<Output = ()> + Send + 'static,
+    grace: std::time::Duration,
 ) {
     reach_rpc::server::serve_http(
         listener,
         router,
         shutdown,
-        reach_rpc::server::DEFAULT_GRACE,
+        grace,
         reach_rpc::ConnectionLimits {
             max_connections: ADMIN_MAX_CONNECTIONS,
+            shutdown_grace: grace,
             ..reach_rpc::ConnectionLimits::default()
         },
     )

@@ -9,7 +9,8 @@
 //! | `OTEL_RESOURCE_ATTRIBUTES` | `k=v,k2=v2` extra resource attributes | none |
 //! | `OTEL_TRACES_SAMPLER` | `always_on`, `always_off`, `traceidratio`, `parentbased_*` | `parentbased_always_on` |
 //! | `OTEL_TRACES_SAMPLER_ARG` | the ratio for the `*traceidratio` samplers | `1.0` |
-//! | `OTEL_EXPORTER_OTLP_TIMEOUT` | export timeout in milliseconds | `3000` |
+//! | `OTEL_EXPORTER_OTLP_TIMEOUT` | export timeout in milliseconds; also the most shutdown spends flushing | `3000` |
+//! | `OTEL_EXPORTER_OTLP_TRACES_TIMEOUT` | the same for traces; wins over `OTEL_EXPORTER_OTLP_TIMEOUT` | unset |
 //! | `OTEL_BSP_MAX_QUEUE_SIZE` | spans buffered before new ones are dropped | `2048` |
 
 use std::collections::HashMap;
@@ -75,12 +76,15 @@ pub struct TelemetryConfig {
     pub resource_attributes: Vec<(String, String)>,
     /// The sampler (`OTEL_TRACES_SAMPLER`, `OTEL_TRACES_SAMPLER_ARG`).
     pub sampler: SamplerConfig,
-    /// How long one export may take before it is abandoned (`OTEL_EXPORTER_OTLP_TIMEOUT`, ms).
+    /// How long one export may take before it is abandoned (`OTEL_EXPORTER_OTLP_TRACES_TIMEOUT`,
+    /// else `OTEL_EXPORTER_OTLP_TIMEOUT`, ms). Also bounds [`crate::TelemetryGuard::shutdown`]:
+    /// a collector that is down or never answers costs the exit at most this.
     pub export_timeout: Duration,
     /// How many finished spans wait for export before new ones are dropped
     /// (`OTEL_BSP_MAX_QUEUE_SIZE`).
     pub max_queue_size: usize,
-    /// How long [`crate::TelemetryGuard::shutdown`] may spend flushing.
+    /// How long [`crate::TelemetryGuard::shutdown`] may spend flushing, at most (the export
+    /// timeout, if shorter, is the limit).
     pub shutdown_timeout: Duration,
 }
 
@@ -171,11 +175,17 @@ impl TelemetryConfig {
         if let Some(sampler) = get("OTEL_TRACES_SAMPLER") {
             config.sampler = parse_sampler(&sampler, sampler_arg.as_deref())?;
         }
-        if let Some(ms) = get("OTEL_EXPORTER_OTLP_TIMEOUT") {
-            let ms: u64 = ms
-                .parse()
-                .map_err(|_| ConfigError::Number("OTEL_EXPORTER_OTLP_TIMEOUT", ms.clone()))?;
-            config.export_timeout = Duration::from_millis(ms);
+        // The signal-specific variable wins, as the OTLP exporter specification says.
+        for name in [
+            "OTEL_EXPORTER_OTLP_TIMEOUT",
+            "OTEL_EXPORTER_OTLP_TRACES_TIMEOUT",
+        ] {
+            if let Some(ms) = get(name) {
+                let ms: u64 = ms
+                    .parse()
+                    .map_err(|_| ConfigError::Number(name, ms.clone()))?;
+                config.export_timeout = Duration::from_millis(ms);
+            }
         }
         if let Some(size) = get("OTEL_BSP_MAX_QUEUE_SIZE") {
             config.max_queue_size = size
@@ -292,6 +302,19 @@ mod tests {
         );
         assert_eq!(config.sampler, SamplerConfig::ParentBasedTraceIdRatio(0.25));
         assert_eq!(config.export_timeout, Duration::from_millis(500));
+    }
+
+    #[test]
+    fn the_traces_timeout_wins_over_the_general_one() {
+        let config = TelemetryConfig::from_vars(
+            "x",
+            [
+                ("OTEL_EXPORTER_OTLP_TRACES_TIMEOUT", "250"),
+                ("OTEL_EXPORTER_OTLP_TIMEOUT", "500"),
+            ],
+        )
+        .unwrap();
+        assert_eq!(config.export_timeout, Duration::from_millis(250));
     }
 
     #[test]

@@ -1,13 +1,23 @@
 //! Process-wide `tracing` setup: log lines to stderr, spans to OpenTelemetry.
+//!
+//! Export is bounded and accounted for: finished spans wait in a bounded queue (a full queue
+//! drops new ones), each export has the configured timeout, shutdown spends at most that
+//! timeout (a collector that is down or never answers costs the exit no more), and every span
+//! that was never exported is counted by reason in `reach_telemetry_spans_dropped_total`
+//! ([`DroppedSpans`]) and reported in one log line at shutdown.
 
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use opentelemetry::KeyValue;
 use opentelemetry::trace::TracerProvider as _;
 use opentelemetry_otlp::WithExportConfig;
 use opentelemetry_sdk::Resource;
+use opentelemetry_sdk::error::OTelSdkResult;
 use opentelemetry_sdk::trace::{
-    BatchConfigBuilder, BatchSpanProcessor, Sampler, SdkTracerProvider,
+    BatchConfigBuilder, BatchSpanProcessor, Sampler, SdkTracerProvider, SpanData, SpanExporter,
+    SpanProcessor,
 };
 use tracing::Dispatch;
 use tracing_subscriber::fmt::MakeWriter;
@@ -15,6 +25,7 @@ use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::{EnvFilter, Layer, Registry};
 
 use crate::config::{LogFormat, SamplerConfig, TelemetryConfig};
+use crate::metrics::names::TELEMETRY_SPANS_DROPPED;
 use crate::propagation::ReachIdGenerator;
 
 /// The filter of the span pipeline (independent of `REACH_LOG`, so quieter logs never break
@@ -65,8 +76,150 @@ pub enum ShutdownError {
 #[derive(Debug, Clone)]
 pub struct TelemetryGuard {
     provider: SdkTracerProvider,
+    /// How long a flush or shutdown may take: the configured shutdown timeout, or the export
+    /// timeout when that is shorter.
     shutdown_timeout: Duration,
     exporting: bool,
+    /// The export pipeline's span accounts; `None` when nothing is exported.
+    accounts: Option<Arc<SpanAccounts>>,
+}
+
+/// Finished spans that were never exported, by reason (the `reason` label of
+/// `reach_telemetry_spans_dropped_total`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct DroppedSpans {
+    /// The export queue (`OTEL_BSP_MAX_QUEUE_SIZE`) was full when the span ended.
+    pub queue_full: u64,
+    /// Its batch failed to export: refused, collector unreachable, or no answer within the
+    /// export timeout.
+    pub export_failed: u64,
+    /// Still waiting (queued or being exported) when shutdown's time limit ran out.
+    pub shutdown: u64,
+}
+
+impl DroppedSpans {
+    /// Every dropped span.
+    pub fn total(&self) -> u64 {
+        self.queue_full + self.export_failed + self.shutdown
+    }
+}
+
+/// What happened to the spans handed to the export pipeline, shared by [`CountedProcessor`],
+/// [`CountedExporter`] and the guard.
+#[derive(Debug)]
+struct SpanAccounts {
+    /// The most spans that may wait: the queue size.
+    max_queued: usize,
+    /// Spans handed to the batch processor and not yet to the exporter.
+    queued: AtomicUsize,
+    /// Spans in exports that have not returned yet.
+    exporting: AtomicUsize,
+    queue_full: AtomicU64,
+    export_failed: AtomicU64,
+    shutdown: AtomicU64,
+}
+
+impl SpanAccounts {
+    fn new(max_queued: usize) -> Self {
+        Self {
+            max_queued,
+            queued: AtomicUsize::new(0),
+            exporting: AtomicUsize::new(0),
+            queue_full: AtomicU64::new(0),
+            export_failed: AtomicU64::new(0),
+            shutdown: AtomicU64::new(0),
+        }
+    }
+
+    fn drop_spans(&self, reason: &'static str, counter: &AtomicU64, n: usize) {
+        counter.fetch_add(n as u64, Ordering::Relaxed);
+        ::metrics::counter!(TELEMETRY_SPANS_DROPPED, "reason" => reason).increment(n as u64);
+    }
+
+    fn snapshot(&self) -> DroppedSpans {
+        DroppedSpans {
+            queue_full: self.queue_full.load(Ordering::Relaxed),
+            export_failed: self.export_failed.load(Ordering::Relaxed),
+            shutdown: self.shutdown.load(Ordering::Relaxed),
+        }
+    }
+}
+
+/// The batch processor behind a queue bound of its own, so that a span it would drop for a
+/// full queue is counted: the SDK keeps that count to itself. The bound counts spans from
+/// their end until the exporter takes them, which includes the SDK's queue, so the SDK's own
+/// queue never overflows.
+#[derive(Debug)]
+struct CountedProcessor {
+    inner: BatchSpanProcessor,
+    accounts: Arc<SpanAccounts>,
+}
+
+impl SpanProcessor for CountedProcessor {
+    fn on_start(&self, span: &mut opentelemetry_sdk::trace::Span, cx: &opentelemetry::Context) {
+        self.inner.on_start(span, cx);
+    }
+
+    fn on_end(&self, span: SpanData) {
+        let accounts = &self.accounts;
+        let admitted = accounts
+            .queued
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                (n < accounts.max_queued).then_some(n + 1)
+            })
+            .is_ok();
+        if admitted {
+            self.inner.on_end(span);
+        } else {
+            accounts.drop_spans("queue_full", &accounts.queue_full, 1);
+        }
+    }
+
+    fn force_flush(&self) -> OTelSdkResult {
+        self.inner.force_flush()
+    }
+
+    fn shutdown_with_timeout(&self, timeout: Duration) -> OTelSdkResult {
+        self.inner.shutdown_with_timeout(timeout)
+    }
+
+    fn set_resource(&mut self, resource: &Resource) {
+        self.inner.set_resource(resource);
+    }
+}
+
+/// The OTLP exporter, counting the spans of every batch it fails to export.
+#[derive(Debug)]
+struct CountedExporter<E> {
+    inner: E,
+    accounts: Arc<SpanAccounts>,
+}
+
+impl<E: SpanExporter> SpanExporter for CountedExporter<E> {
+    async fn export(&self, batch: Vec<SpanData>) -> OTelSdkResult {
+        let n = batch.len();
+        let accounts = &self.accounts;
+        accounts.queued.fetch_sub(n, Ordering::AcqRel);
+        accounts.exporting.fetch_add(n, Ordering::AcqRel);
+        let result = self.inner.export(batch).await;
+        accounts.exporting.fetch_sub(n, Ordering::AcqRel);
+        if result.is_err() {
+            accounts.drop_spans("export_failed", &accounts.export_failed, n);
+        }
+        result
+    }
+
+    fn shutdown_with_timeout(&self, timeout: Duration) -> OTelSdkResult {
+        self.inner.shutdown_with_timeout(timeout)
+    }
+
+    fn force_flush(&self) -> OTelSdkResult {
+        self.inner.force_flush()
+    }
+
+    fn set_resource(&mut self, resource: &Resource) {
+        self.inner.set_resource(resource);
+    }
 }
 
 impl TelemetryGuard {
@@ -89,17 +242,52 @@ impl TelemetryGuard {
         self.bounded(move || provider.force_flush()).await
     }
 
-    /// Flushes queued spans and stops the exporter, within the configured time limit
-    /// (`TelemetryConfig::shutdown_timeout`): returns at the latest shortly after it, even
-    /// when the collector is down or never answers.
+    /// Spans dropped so far, by reason (all zero when nothing is exported). Spans still
+    /// waiting when shutdown gives up are counted by [`TelemetryGuard::shutdown`].
+    pub fn dropped_spans(&self) -> DroppedSpans {
+        self.accounts
+            .as_ref()
+            .map(|a| a.snapshot())
+            .unwrap_or_default()
+    }
+
+    /// Flushes queued spans and stops the exporter, within the export timeout
+    /// (`OTEL_EXPORTER_OTLP_TRACES_TIMEOUT` / `OTEL_EXPORTER_OTLP_TIMEOUT`, or
+    /// `TelemetryConfig::shutdown_timeout` if shorter): returns at the latest shortly
+    /// (250 ms) after it, even when the collector is down or never answers. Spans that were
+    /// never exported are then counted (those still waiting as `shutdown`) and, if there are
+    /// any, reported in one warning: `N spans dropped: ...`.
     ///
     /// # Errors
     /// [`ShutdownError`] when the limit passes first or the collector refuses the spans.
     pub async fn shutdown(self) -> Result<(), ShutdownError> {
         let provider = self.provider.clone();
         let limit = self.shutdown_timeout;
-        self.bounded(move || provider.shutdown_with_timeout(limit))
-            .await
+        let result = self
+            .bounded(move || provider.shutdown_with_timeout(limit))
+            .await;
+        if let Some(accounts) = &self.accounts {
+            let waiting = accounts.queued.swap(0, Ordering::AcqRel)
+                + accounts.exporting.swap(0, Ordering::AcqRel);
+            if waiting > 0 {
+                accounts.drop_spans("shutdown", &accounts.shutdown, waiting);
+            }
+            let dropped = accounts.snapshot();
+            if dropped.total() > 0 {
+                tracing::warn!(
+                    dropped = dropped.total(),
+                    queue_full = dropped.queue_full,
+                    export_failed = dropped.export_failed,
+                    shutdown = dropped.shutdown,
+                    "{} spans dropped: {} at a full export queue, {} in failed exports, {} unexported at shutdown",
+                    dropped.total(),
+                    dropped.queue_full,
+                    dropped.export_failed,
+                    dropped.shutdown
+                );
+            }
+        }
+        result
     }
 
     async fn bounded(
@@ -157,7 +345,7 @@ where
             filter: config.log_filter.clone(),
             source,
         })?;
-    let provider = tracer_provider(config)?;
+    let (provider, accounts) = tracer_provider(config)?;
     let exporting = config.otlp_endpoint.is_some();
     let tracer = provider.tracer("reach");
 
@@ -196,13 +384,16 @@ where
         Dispatch::new(subscriber),
         TelemetryGuard {
             provider,
-            shutdown_timeout: config.shutdown_timeout,
+            shutdown_timeout: config.shutdown_timeout.min(config.export_timeout),
             exporting,
+            accounts,
         },
     ))
 }
 
-fn tracer_provider(config: &TelemetryConfig) -> Result<SdkTracerProvider, InitError> {
+fn tracer_provider(
+    config: &TelemetryConfig,
+) -> Result<(SdkTracerProvider, Option<Arc<SpanAccounts>>), InitError> {
     let resource = Resource::builder_empty()
         .with_service_name(config.service_name.clone())
         .with_attributes(
@@ -231,17 +422,25 @@ fn tracer_provider(config: &TelemetryConfig) -> Result<SdkTracerProvider, InitEr
                 source,
             })?;
         // Finished spans go to a bounded queue drained by a background thread: a slow or
-        // absent collector drops spans, it never blocks the code that ends them.
+        // absent collector drops spans (counted), it never blocks the code that ends them.
+        let max_queued = config.max_queue_size.max(1);
+        let accounts = Arc::new(SpanAccounts::new(max_queued));
         let batch = BatchConfigBuilder::default()
-            .with_max_queue_size(config.max_queue_size)
+            .with_max_queue_size(max_queued)
             .build();
-        builder = builder.with_span_processor(
-            BatchSpanProcessor::builder(exporter)
+        let exporter = CountedExporter {
+            inner: exporter,
+            accounts: accounts.clone(),
+        };
+        builder = builder.with_span_processor(CountedProcessor {
+            inner: BatchSpanProcessor::builder(exporter)
                 .with_batch_config(batch)
                 .build(),
-        );
+            accounts: accounts.clone(),
+        });
+        return Ok((builder.build(), Some(accounts)));
     }
-    Ok(builder.build())
+    Ok((builder.build(), None))
 }
 
 fn sampler(config: SamplerConfig) -> Sampler {

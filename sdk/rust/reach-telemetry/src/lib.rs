@@ -4,8 +4,9 @@
 //! - [`config`] — [`TelemetryConfig`], read from `REACH_LOG`, `REACH_LOG_FORMAT` and the
 //!   standard `OTEL_*` variables (or an injected map, for tests).
 //! - [`init`](mod@init): [`init()`] installs the process-wide `tracing` subscriber (log lines
-//!   plain or JSON, spans to OpenTelemetry, OTLP/gRPC export batched and bounded) and returns
-//!   the [`TelemetryGuard`] whose `shutdown` flushes with a time limit.
+//!   plain or JSON, spans to OpenTelemetry, OTLP/gRPC export batched and bounded, dropped spans
+//!   counted ([`DroppedSpans`])) and returns the [`TelemetryGuard`] whose `shutdown` flushes
+//!   within the export timeout.
 //! - [`propagation`] — W3C `traceparent` in gRPC metadata and HTTP headers, the envelope's
 //!   `trace_id` as the OpenTelemetry trace id ([`message_span`], [`current_trace_id`]).
 //! - [`grpc`] — tower middleware: [`traced`] / [`GrpcServerTraceLayer`] for servers,
@@ -35,7 +36,7 @@
 //!
 //! // admin port: /metrics and /health, plus the service's own JSON routes
 //! let admin = reach_telemetry::admin_router(metrics).route("/v1/instances", get(list));
-//! reach_telemetry::serve_admin(admin_listener, admin, shutdown).await;
+//! reach_telemetry::serve_admin(admin_listener, admin, shutdown, grace).await;
 //!
 //! // on exit, after draining
 //! telemetry.shutdown().await?;
@@ -51,7 +52,7 @@ pub mod propagation;
 pub use admin::{ADMIN_MAX_CONNECTIONS, ADMIN_PATHS, admin_router, serve_admin};
 pub use config::{DEFAULT_LOG_FILTER, LogFormat, TelemetryConfig};
 pub use grpc::{GrpcClientTraceLayer, GrpcServerTraceLayer, traced, traced_channel};
-pub use init::{InitError, ShutdownError, TelemetryGuard, dispatch, init};
+pub use init::{DroppedSpans, InitError, ShutdownError, TelemetryGuard, dispatch, init};
 /// An OpenTelemetry context (a remote parent extracted with [`extract_map`]).
 pub use opentelemetry::Context as OtelContext;
 pub use propagation::{

@@ -83,6 +83,11 @@ pub mod names {
     pub const SDK_QUEUE_DEPTH: &str = "reach_sdk_queue_depth";
     /// Gauge `{capability}`: messages being handled now.
     pub const SDK_IN_FLIGHT: &str = "reach_sdk_in_flight";
+    /// Counter `{reason}`: finished spans that were never exported: `queue_full` (the export
+    /// queue, `OTEL_BSP_MAX_QUEUE_SIZE`, was full when the span ended), `export_failed` (the
+    /// collector refused the batch, could not be reached, or did not answer within the export
+    /// timeout), `shutdown` (still queued when shutdown's time limit ran out).
+    pub const TELEMETRY_SPANS_DROPPED: &str = "reach_telemetry_spans_dropped_total";
 }
 
 /// Why the Prometheus recorder could not be installed.
@@ -179,6 +184,7 @@ fn describe() {
     describe_histogram!(SDK_HANDLER_DURATION, Unit::Seconds, "agent handler latency");
     describe_gauge!(SDK_QUEUE_DEPTH, "messages waiting for a handler slot");
     describe_gauge!(SDK_IN_FLIGHT, "messages being handled");
+    describe_counter!(TELEMETRY_SPANS_DROPPED, "finished spans never exported");
     describe_gauge!(
         reach_rpc::limits::OPEN_CONNECTIONS,
         "connections a listener is serving"

@@ -363,6 +363,7 @@ async fn metrics_are_served_and_counters_move() {
         listener,
         router,
         std::future::pending(),
+        reach_rpc::server::DEFAULT_GRACE,
     ));
 
     let health = http_get(addr, "/health").await.unwrap();
@@ -559,4 +560,147 @@ async fn without_an_exporter_spans_keep_the_envelope_trace_id_and_no_otel_contex
     let lines = capture.lines().join("\n");
     assert!(lines.contains(&format!("trace_id={trace_id}")), "{lines}");
     assert!(lines.contains("task_id=task-9"), "{lines}");
+}
+
+/// Export timeout of the bounded-shutdown tests.
+const EXPORT_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// Spans ended before a flush, after it, and how many the queue holds.
+const BEFORE_FLUSH: usize = 20;
+const AFTER_FLUSH: usize = 5;
+const QUEUE: usize = 8;
+
+/// With an export already stuck when shutdown begins (a flush), and more spans queued behind
+/// it, shutdown still returns within the export timeout (plus a small bound) — not one export
+/// timeout per batch, nor the 5 s shutdown timeout — and every span that was not exported is
+/// counted: in [`reach_telemetry::TelemetryGuard::dropped_spans`], in
+/// `reach_telemetry_spans_dropped_total` and in one log line.
+///
+/// `exporting` resolves once the flush's export has reached the collector (so the spans ended
+/// after it wait for a second export); `None` when that cannot be seen.
+async fn shutdown_is_bounded_and_counts_drops(
+    endpoint: &str,
+    exporting: Option<tokio::sync::oneshot::Receiver<()>>,
+) -> reach_telemetry::DroppedSpans {
+    let metrics = reach_telemetry::metrics::install().unwrap();
+    let logs = Capture::default();
+    let timeout_ms = EXPORT_TIMEOUT.as_millis().to_string();
+    let queue = QUEUE.to_string();
+    let config = config(
+        endpoint,
+        &[
+            ("OTEL_EXPORTER_OTLP_TRACES_TIMEOUT", &timeout_ms),
+            ("OTEL_BSP_MAX_QUEUE_SIZE", &queue),
+        ],
+    );
+    assert_eq!(config.shutdown_timeout, Duration::from_secs(5));
+    let (dispatch, guard) = reach_telemetry::dispatch(&config, logs.clone()).unwrap();
+    let _default = tracing::dispatcher::set_default(&dispatch);
+    let spans = |n: usize| {
+        for i in 0..n {
+            tracing::info_span!("test.dropped", i).in_scope(|| {});
+        }
+    };
+    // More than the queue holds: the rest are dropped at once.
+    spans(BEFORE_FLUSH);
+    let flushing = {
+        let guard = guard.clone();
+        tokio::spawn(async move { guard.flush().await })
+    };
+    if let Some(exporting) = exporting {
+        tokio::time::timeout(Duration::from_secs(5), exporting)
+            .await
+            .expect("the flush reached the collector")
+            .unwrap();
+    }
+    spans(AFTER_FLUSH);
+
+    let start = Instant::now();
+    let result = guard.clone().shutdown().await;
+    let took = start.elapsed();
+    let dropped = guard.dropped_spans();
+    eprintln!("collector {endpoint}: shutdown {took:?}: {result:?}, dropped {dropped:?}");
+    assert!(
+        took < EXPORT_TIMEOUT + Duration::from_millis(600),
+        "shutdown took {took:?} with an export timeout of {EXPORT_TIMEOUT:?}: {result:?}"
+    );
+    assert_eq!(
+        dropped.total(),
+        (BEFORE_FLUSH + AFTER_FLUSH) as u64,
+        "no span reached the collector, so every one is counted: {dropped:?}"
+    );
+    assert!(
+        dropped.queue_full >= (BEFORE_FLUSH - QUEUE) as u64,
+        "{dropped:?}"
+    );
+    let line = logs
+        .lines()
+        .into_iter()
+        .find(|l| l.contains("spans dropped"))
+        .expect("shutdown logs the dropped spans");
+    assert!(
+        line.contains(&format!("{} spans dropped:", dropped.total())),
+        "{line}"
+    );
+    let rendered = metrics.render();
+    for (reason, count) in [
+        ("queue_full", dropped.queue_full),
+        ("export_failed", dropped.export_failed),
+        ("shutdown", dropped.shutdown),
+    ] {
+        if count == 0 {
+            continue;
+        }
+        // Other tests of this binary drop spans too: at least this one's.
+        let counted: f64 = rendered
+            .lines()
+            .filter(|l| {
+                l.starts_with("reach_telemetry_spans_dropped_total{")
+                    && l.contains(&format!("reason=\"{reason}\""))
+            })
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum();
+        assert!(
+            counted >= count as f64,
+            "{reason}: {counted} < {count}\n{rendered}"
+        );
+    }
+    flushing.abort();
+    dropped
+}
+
+#[tokio::test]
+async fn a_blackholed_collector_costs_shutdown_one_export_timeout_and_drops_are_counted() {
+    // A TCP black hole: accepts connections, never sends a byte (not even the HTTP/2
+    // handshake), and says when the first connection came.
+    let hole = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let endpoint = format!("http://{}", hole.local_addr().unwrap());
+    let (accepted, exporting) = tokio::sync::oneshot::channel();
+    let holding = tokio::spawn(async move {
+        let mut accepted = Some(accepted);
+        let mut held = Vec::new();
+        while let Ok((connection, _)) = hole.accept().await {
+            held.push(connection);
+            if let Some(accepted) = accepted.take() {
+                let _ = accepted.send(());
+            }
+        }
+    });
+    let dropped = shutdown_is_bounded_and_counts_drops(&endpoint, Some(exporting)).await;
+    // The second batch was waiting behind the first (or being exported, unanswered) when
+    // shutdown gave up: one export timeout, not two.
+    assert!(dropped.shutdown >= AFTER_FLUSH as u64, "{dropped:?}");
+    holding.abort();
+}
+
+#[tokio::test]
+async fn a_collector_that_is_down_costs_shutdown_little_and_drops_are_counted() {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let dropped =
+        shutdown_is_bounded_and_counts_drops(&format!("http://127.0.0.1:{port}"), None).await;
+    assert!(dropped.export_failed > 0, "{dropped:?}");
 }

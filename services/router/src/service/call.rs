@@ -157,8 +157,9 @@ impl Router {
             let classified = classify(&status);
             match classified {
                 Classified::NotDelivered { instance_failed } => {
+                    // A refused connection: out of rotation at once (the call goes elsewhere).
                     if instance_failed {
-                        endpoint.record_failure();
+                        endpoint.record_unreachable();
                     }
                 }
                 Classified::MaybeDelivered { instance_failed } => {

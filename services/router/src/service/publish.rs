@@ -60,7 +60,7 @@ impl Router {
                 match &result {
                     Ok(()) => endpoint.record_success(),
                     Err(status) if status.code() == Code::Unavailable => {
-                        endpoint.record_failure();
+                        endpoint.record_failed(status);
                     }
                     Err(_) => endpoint.record_success(),
                 }

@@ -121,7 +121,7 @@ impl Router {
             }
             Err(status) => {
                 if status.code() == Code::Unavailable {
-                    endpoint.record_failure();
+                    endpoint.record_failed(&status);
                 }
                 return Err(status);
             }
