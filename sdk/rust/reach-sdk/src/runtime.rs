@@ -220,7 +220,12 @@ impl AgentRuntime {
         // breaks a stream other calls share.
         .max_decoding_message_size(config.max_message_bytes + mux::FRAME_OVERHEAD_BYTES)
         .max_encoding_message_size(config.max_message_bytes + mux::FRAME_OVERHEAD_BYTES);
-        let server = server.add_service(reach_telemetry::traced(agent_service));
+        let server = server
+            .with_message_limit(
+                <AgentServiceServer<AgentGrpc> as tonic::server::NamedService>::NAME,
+                config.max_message_bytes + mux::FRAME_OVERHEAD_BYTES,
+            )
+            .add_service(reach_telemetry::traced(agent_service));
         let serve = tokio::spawn(server.serve(listener, async move {
             let mut stopped = serving_stopped;
             let _ = stopped.wait_for(|stop| *stop).await;

@@ -165,6 +165,21 @@ impl Router {
             .max_encoding_message_size(limit)
     }
 
+    /// Adds the router to `server`: `RouterService` (traced), typed pass-through
+    /// ([`crate::passthrough`]) for every path no other service claims, and their message
+    /// limits, checked against each gRPC message's length prefix
+    /// ([`RouterConfig::request_message_limit`], [`RouterConfig::passthrough_message_limit`]).
+    pub fn add_to(&self, server: reach_rpc::GrpcServer) -> reach_rpc::GrpcServer {
+        server
+            .with_message_limit(
+                <RouterServiceServer<Self> as tonic::server::NamedService>::NAME,
+                self.config().request_message_limit(),
+            )
+            .add_service(reach_telemetry::traced(self.clone().into_server()))
+            .with_fallback(crate::passthrough::PassThrough::new(self.table().clone()))
+            .with_fallback_message_limit(self.config().passthrough_message_limit())
+    }
+
     fn config(&self) -> &RouterConfig {
         self.inner.table.config()
     }
