@@ -34,7 +34,10 @@ fn assert_too_large(what: &str, status: &tonic::Status, limit: usize) {
         limit_bytes <= limit + reach_rpc::mux::FRAME_OVERHEAD_BYTES && limit_bytes >= limit,
         "{what}: limit {limit_bytes}"
     );
-    assert!(size > limit_bytes, "{what}: size {size}, limit {limit_bytes}");
+    assert!(
+        size > limit_bytes,
+        "{what}: size {size}, limit {limit_bytes}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -79,6 +79,9 @@ pub struct InstanceInfo {
 pub struct InstanceEndpoint {
     /// Unary and streaming calls; replies count against the router's reply budget.
     client: AgentServiceClient<GrpcClientTrace<MeteredChannel>>,
+    /// The same transport for calls with a codec of the router's own (routed streams, see
+    /// [`crate::pump::StreamCodec`]).
+    grpc: tonic::client::Grpc<GrpcClientTrace<MeteredChannel>>,
     /// The raw channel, for typed pass-through (which forwards bytes without holding them).
     channel: Channel,
     /// The multiplexed `HandleMux` stream to the instance.
@@ -116,6 +119,9 @@ impl InstanceEndpoint {
         let client = AgentServiceClient::new(reach_telemetry::traced_channel(metered.clone()))
             .max_decoding_message_size(max_message_bytes)
             .max_encoding_message_size(max_message_bytes);
+        let grpc = tonic::client::Grpc::new(reach_telemetry::traced_channel(metered.clone()))
+            .max_decoding_message_size(max_message_bytes)
+            .max_encoding_message_size(max_message_bytes);
         let link = MuxLink::to_agent(
             format!("instance {} ({})", info.instance_id, info.endpoint),
             metered,
@@ -124,6 +130,7 @@ impl InstanceEndpoint {
         let metrics = InstanceMetrics::new(&info.service, &info.instance_id);
         Self {
             client,
+            grpc,
             channel,
             link,
             metrics,
@@ -158,6 +165,12 @@ impl InstanceEndpoint {
     /// A client of the instance's AgentService (cheap clone of a shared connection).
     pub fn client(&self) -> AgentServiceClient<GrpcClientTrace<MeteredChannel>> {
         self.client.clone()
+    }
+
+    /// The instance's transport for calls with a codec of the caller's choosing (cheap clone
+    /// of a shared connection).
+    pub fn grpc(&self) -> tonic::client::Grpc<GrpcClientTrace<MeteredChannel>> {
+        self.grpc.clone()
     }
 
     /// Delivers one message and returns the instance's reply: over the multiplexed stream, or

@@ -496,9 +496,9 @@ impl tower::Service<http::Request<tonic::body::Body>> for MeteredChannel {
         Box::pin(async move {
             // Every reply is metered, whatever its content-type says: the client will parse
             // it as gRPC messages.
-            Ok(response.await?.map(|inner| {
-                MeteredBody::new(inner, Some(budgets.new_meter(max_message_bytes)))
-            }))
+            Ok(response
+                .await?
+                .map(|inner| MeteredBody::new(inner, Some(budgets.new_meter(max_message_bytes)))))
         })
     }
 }

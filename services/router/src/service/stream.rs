@@ -14,7 +14,7 @@ use crate::error::RouteError;
 use crate::key::RouteKey;
 use crate::metrics;
 use crate::protocol::{AdapterExt, VersionPlan};
-use crate::pump::{InboundChecks, InboundPump, OutboundPump};
+use crate::pump::{CallerEnd, InboundChecks, InboundPump, OutboundPump, StreamCodec};
 
 impl Router {
     /// `RouterService.Stream`: opens the stream ([`Router::open_stream`]); a stream refused
@@ -47,7 +47,8 @@ impl Router {
         started: Instant,
         route_label: &mut Option<String>,
     ) -> Result<Response<<Router as RouterService>::StreamStream>, Status> {
-        let (metadata, _, mut inbound) = request.into_parts();
+        let (metadata, extensions, mut inbound) = request.into_parts();
+        let caller_end = extensions.get::<CallerEnd>().cloned().unwrap_or_default();
         let deadline = read_deadline(&metadata, started)?;
         let first = inbound.message().await?.ok_or_else(|| {
             Status::invalid_argument(
@@ -107,13 +108,32 @@ impl Router {
             InboundChecks { rules, validation },
             plan.adapter.clone(),
             abort_tx,
+            caller_end,
         );
         let mut forward = Request::new(inbound);
         *forward.metadata_mut() = forwarded_metadata(metadata);
         if let Some(deadline) = deadline {
             forward.set_timeout(deadline.saturating_duration_since(Instant::now()));
         }
-        let opened = endpoint.client().handle_stream(forward).await;
+        forward.extensions_mut().insert(tonic::GrpcMethod::new(
+            "reach.v1.AgentService",
+            "HandleStream",
+        ));
+        let mut grpc = endpoint.grpc();
+        let opened = match grpc.ready().await {
+            Ok(()) => {
+                grpc.streaming(
+                    forward,
+                    http::uri::PathAndQuery::from_static("/reach.v1.AgentService/HandleStream"),
+                    StreamCodec,
+                )
+                .await
+            }
+            Err(error) => Err(crate::endpoint::unreachable_instance(
+                &endpoint.info().instance_id,
+                &tonic::codegen::StdError::from(error).to_string(),
+            )),
+        };
         let agent_stream = match opened {
             Ok(response) => {
                 endpoint.record_success();
@@ -133,6 +153,7 @@ impl Router {
             open,
             deadline,
             plan.adapter,
+            self.config().max_message_bytes,
             label,
             started,
         );
