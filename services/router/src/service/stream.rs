@@ -100,7 +100,7 @@ impl Router {
         // Counted open from here, while the instance has not answered yet as well.
         let label = self.route_metrics(&key).label().to_string();
         let open = metrics::open_stream(&label);
-        let (abort_tx, abort_rx) = oneshot::channel();
+        let (abort_tx, mut abort_rx) = oneshot::channel();
         let inbound = InboundPump::new(
             message,
             inbound,
@@ -140,6 +140,11 @@ impl Router {
                 response.into_inner()
             }
             Err(status) => {
+                // A message refused before the instance answered resets its stream: the
+                // refusal is the stream's outcome, not the reset.
+                if let Ok(refusal) = abort_rx.try_recv() {
+                    return Err(refusal);
+                }
                 if status.code() == Code::Unavailable {
                     endpoint.record_failure();
                 }
