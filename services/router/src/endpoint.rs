@@ -178,6 +178,14 @@ impl InstanceEndpoint {
     /// (forwarded without `grpc-timeout`); `timeout` is the time the instance has. The span
     /// context of the current span travels as `traceparent`.
     ///
+    ///
+    /// `hold` (the call's slot on the instance, [`Reservation`] or [`InFlight`]) is kept until
+    /// the call has ended at the instance, not merely until this future ends: over the
+    /// multiplexed stream, a call dropped before its reply (its caller gave up) keeps its hold
+    /// until the instance acknowledges the cancel (see [`reach_rpc::mux`]), so the instance's
+    /// concurrency limit holds while its handler still runs. A unary `Handle` is reset when
+    /// dropped, which ends it at the instance at once.
+    ///
     /// # Errors
     /// The instance's status; a transport status (with its source) when nothing could be
     /// sent; UNAVAILABLE with reason `INSTANCE_UNAVAILABLE` when the connection broke while
@@ -187,6 +195,7 @@ impl InstanceEndpoint {
         message: ReachMessage,
         metadata: &MetadataMap,
         timeout: Option<Duration>,
+        hold: reach_rpc::mux::Hold,
     ) -> Result<ReachMessage, Status> {
         if !self.link.is_unsupported() {
             let mut call_metadata = HashMap::new();
@@ -203,12 +212,15 @@ impl InstanceEndpoint {
                 message,
                 timeout,
                 metadata: call_metadata,
+                hold: Some(hold),
             };
             match self.link.call(call).await {
                 Ok(reply) => return reach_rpc::mux::outcome_of(reply.frame),
                 // Not served: the call comes back and goes as a unary Handle.
                 Err(MuxError::Unsupported(call)) => {
-                    return Box::pin(self.handle_unary(call.message, metadata, timeout)).await;
+                    let OutgoingCall { message, hold, .. } = *call;
+                    let _hold = hold;
+                    return Box::pin(self.handle_unary(message, metadata, timeout)).await;
                 }
                 Err(MuxError::Failed(status)) => return Err(status),
                 Err(MuxError::Lost(status)) => {
@@ -218,6 +230,7 @@ impl InstanceEndpoint {
         }
         // Boxed: a unary call's future is several KiB, and every routed call's task would
         // otherwise carry (and copy on spawn) room for it.
+        let _hold = hold;
         Box::pin(self.handle_unary(message, metadata, timeout)).await
     }
 
