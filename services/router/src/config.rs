@@ -238,13 +238,14 @@ impl RouterConfig {
     }
 
     /// The largest gRPC message of a `RouterService` request (and of an instance's reply), in
-    /// bytes, checked against its length prefix before it is read: `max_message_bytes` plus
-    /// room for the request's own fields ([`reach_rpc::mux::FRAME_OVERHEAD_BYTES`]). Messages
-    /// between the two are read and refused with their envelope's size (see
-    /// [`crate::envelope`]); larger ones by the prefix, both `PAYLOAD_TOO_LARGE`.
+    /// bytes, checked against its length prefix before it is read: the decoding limit
+    /// ([`RouterConfig::decoding_limit`]). Messages between `max_message_bytes` and it are
+    /// read and refused one by one with their envelope's size (see [`crate::envelope`]), so
+    /// an oversized call on a shared `CallMux` stream fails alone; larger ones are refused by
+    /// the prefix, which ends their request (a whole stream, for a streaming RPC). Both are
+    /// `PAYLOAD_TOO_LARGE`.
     pub fn request_message_limit(&self) -> usize {
-        self.max_message_bytes
-            .saturating_add(reach_rpc::mux::FRAME_OVERHEAD_BYTES)
+        self.decoding_limit()
     }
 
     /// The decoding limit handed to tonic: above the routing limit, so that messages a little
