@@ -116,7 +116,13 @@ enum Answer {
 /// Serves `answer` for every request on 127.0.0.1:0 (a raw HTTP/2 server standing in for an
 /// agent's typed service) and registers it as instance `id` serving [`RAW_SERVICE`]. `go`
 /// tells a `ResetNoError` or `DropConnection` answer to go on after its message.
-async fn raw_agent(registry: &TestRegistry, id: &str, answer: Answer, go: Arc<Notify>) {
+async fn raw_agent(
+    registry: &TestRegistry,
+    id: &str,
+    service: &str,
+    answer: Answer,
+    go: Arc<Notify>,
+) {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let endpoint = format!("http://{}", listener.local_addr().unwrap());
     tokio::spawn(async move {
@@ -147,10 +153,10 @@ async fn raw_agent(registry: &TestRegistry, id: &str, answer: Answer, go: Arc<No
         }
     });
     let spec = InstanceSpec {
-        service: "raw".into(),
+        service: service.replace('.', "-"),
         instance_id: id.into(),
         endpoint,
-        grpc_services: vec![RAW_SERVICE.into()],
+        grpc_services: vec![service.into()],
         protocol_version: "1.0".into(),
         weight: 1,
         ..InstanceSpec::default()
@@ -221,9 +227,18 @@ async fn mesh_with_raw_agent(
     answer: Answer,
     config: RouterConfig,
 ) -> (TestRegistry, TestRouter, Arc<Notify>) {
+    mesh_with_raw_service(RAW_SERVICE, answer, config).await
+}
+
+/// [`mesh_with_raw_agent`] with the agent serving `service`.
+async fn mesh_with_raw_service(
+    service: &str,
+    answer: Answer,
+    config: RouterConfig,
+) -> (TestRegistry, TestRouter, Arc<Notify>) {
     let registry = registry().await;
     let go = Arc::new(Notify::new());
-    raw_agent(&registry, "raw-1", answer, go.clone()).await;
+    raw_agent(&registry, "raw-1", service, answer, go.clone()).await;
     let router = router(&registry.url, config).await;
     router.wait_routable(1).await;
     (registry, router, go)
@@ -301,6 +316,15 @@ async fn raw_call(
     channel: tonic::transport::Channel,
     size: usize,
 ) -> Result<prost::bytes::Bytes, tonic::Status> {
+    raw_call_to(channel, RAW_PATH, size).await
+}
+
+/// [`raw_call`] to `path`.
+async fn raw_call_to(
+    channel: tonic::transport::Channel,
+    path: &'static str,
+    size: usize,
+) -> Result<prost::bytes::Bytes, tonic::Status> {
     let mut grpc = tonic::client::Grpc::new(channel);
     grpc.ready().await.unwrap();
     let request = reach_proto::v1::part::Content::Raw(Bytes::from(vec![0u8; size]));
@@ -310,7 +334,7 @@ async fn raw_call(
     };
     grpc.unary(
         tonic::Request::new(part),
-        http::uri::PathAndQuery::from_static(RAW_PATH),
+        http::uri::PathAndQuery::from_static(path),
         tonic_prost::ProstCodec::<reach_proto::v1::Part, reach_proto::v1::Part>::default(),
     )
     .await
@@ -490,4 +514,51 @@ async fn a_call_whose_caller_abandons_the_request_part_way_is_counted_cancelled(
         cancelled() > before
     })
     .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pass_through_calls_are_counted_like_envelope_calls() {
+    let metrics = metrics();
+    // A service of its own: the metrics are the process's, other tests run alongside.
+    const SERVICE: &str = "test.v1.Counted";
+    const PATH: &str = "/test.v1.Counted/Echo";
+    let (_registry, router, go) =
+        mesh_with_raw_service(SERVICE, Answer::Ok, RouterConfig::default()).await;
+    let requests = |code: &str| {
+        metric(
+            &metrics.render(),
+            "reach_router_requests_total",
+            &[("capability", SERVICE), ("code", code)],
+        )
+    };
+    let latencies = || {
+        metric(
+            &metrics.render(),
+            "reach_router_instance_duration_seconds_count",
+            &[("service", "test-v1-Counted"), ("instance", "raw-1")],
+        )
+    };
+    let (ok_before, internal_before, latencies_before) =
+        (requests("OK"), requests("INTERNAL"), latencies());
+    let channel = tonic::transport::Endpoint::from_shared(router.url.clone())
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    for _ in 0..3 {
+        raw_call_to(channel.clone(), PATH, 10).await.unwrap();
+    }
+    assert_eq!(requests("OK") - ok_before, 3.0);
+    assert_eq!(latencies() - latencies_before, 3.0);
+    assert_eq!(requests("INTERNAL"), internal_before);
+
+    // A response without a status is counted with the status the caller got.
+    let (_registry, router, _) =
+        mesh_with_raw_service(SERVICE, Answer::DataEndStream, RouterConfig::default()).await;
+    let mut client = h2_connect(&router.url).await;
+    let (response, mut send) = start(&mut client, PATH);
+    send.send_data(framed(b""), true).unwrap();
+    let (_, status) = ending(response, &go).await;
+    assert_eq!(status, Some(tonic::Code::Internal as i32));
+    assert_eq!(requests("INTERNAL") - internal_before, 1.0);
 }
