@@ -174,6 +174,9 @@ impl futures::Stream for InboundPump {
 /// One item of the caller-to-instance half: a message to send, or the end of the instance's
 /// stream as a failure (it is reset, so the agent sees an error on its inbound stream).
 #[derive(Debug)]
+// A message is what almost every item is; boxing it would allocate per message for the rare
+// abort.
+#[allow(clippy::large_enum_variant)]
 pub enum Outgoing {
     /// The next message.
     Message(HandleStreamRequest),
