@@ -109,11 +109,7 @@ impl ControlPlane {
             }
             let router = Router::new(router_config)?;
             background.push(router.spawn_registry_watch());
-            server = server
-                .add_service(reach_telemetry::traced(router.clone().into_server()))
-                .with_fallback(reach_router::passthrough::PassThrough::new(
-                    router.table().clone(),
-                ));
+            server = router.add_to(server);
             Some(router)
         } else {
             None

@@ -18,6 +18,10 @@ pub struct RouterConfig {
     /// The largest message accepted, in bytes (encoded protobuf size), for calls and for every
     /// message of a stream. Default 4 MiB.
     pub max_message_bytes: usize,
+    /// The largest message of a typed pass-through call (an agent's own gRPC service, see
+    /// [`crate::passthrough`]), in bytes (the gRPC length prefix), in either direction.
+    /// Unset: `max_message_bytes`.
+    pub passthrough_max_message_bytes: Option<usize>,
     /// The latency an instance is assumed to have before it has answered anything, while no
     /// instance of its route has either (otherwise it is assumed as fast as the route's
     /// median instance, see [`crate::load`]).
@@ -120,6 +124,7 @@ impl Default for RouterConfig {
         Self {
             registry_endpoint: "http://127.0.0.1:7070".into(),
             max_message_bytes: 4 * 1024 * 1024,
+            passthrough_max_message_bytes: None,
             default_rtt: Duration::from_millis(5),
             rtt_decay: Duration::from_secs(10),
             connect_timeout: Duration::from_secs(1),
@@ -172,6 +177,11 @@ impl RouterConfig {
                 value: self.max_message_bytes,
             });
         }
+        if let Some(value) = self.passthrough_max_message_bytes
+            && value < MIN_MESSAGE_BYTES
+        {
+            return Err(ConfigError::PassthroughMessageLimitTooSmall { value });
+        }
         if self.max_buffered_reply_bytes_per_instance < self.max_message_bytes {
             return Err(ConfigError::InstanceReplyBudgetTooSmall {
                 value: self.max_buffered_reply_bytes_per_instance,
@@ -222,6 +232,24 @@ impl RouterConfig {
             .unwrap_or(self.balancing.default)
     }
 
+    /// The largest typed pass-through message, in bytes: `passthrough_max_message_bytes`, or
+    /// `max_message_bytes` when it is unset.
+    pub fn passthrough_message_limit(&self) -> usize {
+        self.passthrough_max_message_bytes
+            .unwrap_or(self.max_message_bytes)
+    }
+
+    /// The largest gRPC message of a `RouterService` request (and of an instance's reply), in
+    /// bytes, checked against its length prefix before it is read: the decoding limit
+    /// ([`RouterConfig::decoding_limit`]). Messages between `max_message_bytes` and it are
+    /// read and refused one by one with their envelope's size (see [`crate::envelope`]), so
+    /// an oversized call on a shared `CallMux` stream fails alone; larger ones are refused by
+    /// the prefix, which ends their request (a whole stream, for a streaming RPC). Both are
+    /// `PAYLOAD_TOO_LARGE`.
+    pub fn request_message_limit(&self) -> usize {
+        self.decoding_limit()
+    }
+
     /// The decoding limit handed to tonic: above the routing limit, so that messages a little
     /// over it reach the router and get an error naming both sizes.
     pub fn decoding_limit(&self) -> usize {
@@ -241,6 +269,14 @@ pub enum ConfigError {
     /// `max_message_bytes` is below [`MIN_MESSAGE_BYTES`].
     #[error("router.max_message_bytes is {value} bytes; it must be at least {MIN_MESSAGE_BYTES}")]
     MessageLimitTooSmall {
+        /// The configured value, in bytes.
+        value: usize,
+    },
+    /// `passthrough_max_message_bytes` is below [`MIN_MESSAGE_BYTES`].
+    #[error(
+        "router.passthrough_max_message_bytes is {value} bytes; it must be at least {MIN_MESSAGE_BYTES} (or unset, to use router.max_message_bytes)"
+    )]
+    PassthroughMessageLimitTooSmall {
         /// The configured value, in bytes.
         value: usize,
     },
@@ -307,6 +343,7 @@ impl ConfigError {
     pub fn key(&self) -> &'static str {
         match self {
             ConfigError::MessageLimitTooSmall { .. } => "max_message_bytes",
+            ConfigError::PassthroughMessageLimitTooSmall { .. } => "passthrough_max_message_bytes",
             ConfigError::InstanceReplyBudgetTooSmall { .. } => {
                 "max_buffered_reply_bytes_per_instance"
             }

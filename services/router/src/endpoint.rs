@@ -82,6 +82,9 @@ pub struct InstanceInfo {
 pub struct InstanceEndpoint {
     /// Unary and streaming calls; replies count against the router's reply budget.
     client: AgentServiceClient<GrpcClientTrace<MeteredChannel>>,
+    /// The same transport for calls with a codec of the router's own (routed streams, see
+    /// [`crate::pump::StreamCodec`]).
+    grpc: tonic::client::Grpc<GrpcClientTrace<MeteredChannel>>,
     /// The raw channel, for typed pass-through (which forwards bytes without holding them).
     channel: Channel,
     /// The multiplexed `HandleMux` stream to the instance.
@@ -119,6 +122,9 @@ impl InstanceEndpoint {
         let client = AgentServiceClient::new(reach_telemetry::traced_channel(metered.clone()))
             .max_decoding_message_size(max_message_bytes)
             .max_encoding_message_size(max_message_bytes);
+        let grpc = tonic::client::Grpc::new(reach_telemetry::traced_channel(metered.clone()))
+            .max_decoding_message_size(max_message_bytes)
+            .max_encoding_message_size(max_message_bytes);
         let link = MuxLink::to_agent(
             format!("instance {} ({})", info.instance_id, info.endpoint),
             metered,
@@ -127,6 +133,7 @@ impl InstanceEndpoint {
         let metrics = InstanceMetrics::new(&info.service, &info.instance_id);
         Self {
             client,
+            grpc,
             channel,
             link,
             metrics,
@@ -163,10 +170,24 @@ impl InstanceEndpoint {
         self.client.clone()
     }
 
+    /// The instance's transport for calls with a codec of the caller's choosing (cheap clone
+    /// of a shared connection).
+    pub fn grpc(&self) -> tonic::client::Grpc<GrpcClientTrace<MeteredChannel>> {
+        self.grpc.clone()
+    }
+
     /// Delivers one message and returns the instance's reply: over the multiplexed stream, or
     /// as a unary `Handle` when the instance does not serve it. `metadata` is the caller's
     /// (forwarded without `grpc-timeout`); `timeout` is the time the instance has. The span
     /// context of the current span travels as `traceparent`.
+    ///
+    ///
+    /// `hold` (the call's slot on the instance, [`Reservation`] or [`InFlight`]) is kept until
+    /// the call has ended at the instance, not merely until this future ends: over the
+    /// multiplexed stream, a call dropped before its reply (its caller gave up) keeps its hold
+    /// until the instance acknowledges the cancel (see [`reach_rpc::mux`]), so the instance's
+    /// concurrency limit holds while its handler still runs. A unary `Handle` is reset when
+    /// dropped, which ends it at the instance at once.
     ///
     /// # Errors
     /// The instance's status; a transport status (with its source) when nothing could be
@@ -177,6 +198,7 @@ impl InstanceEndpoint {
         message: ReachMessage,
         metadata: &MetadataMap,
         timeout: Option<Duration>,
+        hold: reach_rpc::mux::Hold,
     ) -> Result<ReachMessage, Status> {
         if !self.link.is_unsupported() {
             let mut call_metadata = HashMap::new();
@@ -193,12 +215,15 @@ impl InstanceEndpoint {
                 message,
                 timeout,
                 metadata: call_metadata,
+                hold: Some(hold),
             };
             match self.link.call(call).await {
                 Ok(reply) => return reach_rpc::mux::outcome_of(reply.frame),
                 // Not served: the call comes back and goes as a unary Handle.
                 Err(MuxError::Unsupported(call)) => {
-                    return Box::pin(self.handle_unary(call.message, metadata, timeout)).await;
+                    let OutgoingCall { message, hold, .. } = *call;
+                    let _hold = hold;
+                    return Box::pin(self.handle_unary(message, metadata, timeout)).await;
                 }
                 Err(MuxError::Failed(status)) => return Err(status),
                 Err(MuxError::Lost(status)) => {
@@ -208,6 +233,7 @@ impl InstanceEndpoint {
         }
         // Boxed: a unary call's future is several KiB, and every routed call's task would
         // otherwise carry (and copy on spawn) room for it.
+        let _hold = hold;
         Box::pin(self.handle_unary(message, metadata, timeout)).await
     }
 

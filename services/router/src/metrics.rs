@@ -3,11 +3,15 @@
 //!
 //! Durations are recorded in seconds; `code` labels are gRPC code names (`OK`,
 //! `UNAVAILABLE`, ...). Route labels are route names the registry knows (or
-//! [`crate::service::UNROUTED_LABEL`]), instance labels instance ids: both bounded.
+//! [`UNROUTED_LABEL`]), instance labels instance ids: both bounded.
 
 use std::time::Duration;
 
 use reach_telemetry::metrics::{GaugeGuard, code_label, names};
+
+/// The metrics label of calls to a name no instance serves: such names come from callers,
+/// unbounded, and would each make metric series of their own.
+pub const UNROUTED_LABEL: &str = "(unrouted)";
 
 /// Records one finished routed call: counter and latency histogram.
 pub fn request(capability: &str, code: tonic::Code, elapsed: Duration) {

@@ -1,11 +1,20 @@
-//! The two halves of a routed stream, as concrete `Stream`s.
+//! The two halves of a routed stream, as concrete `Stream`s, and the codec ([`StreamCodec`])
+//! through which the inbound half can end the instance's stream as a failure.
+//!
+//! A stream ends the way it really ended: when the caller resets or cancels its stream (or
+//! its connection breaks), or one of its messages is refused, the instance's inbound stream
+//! is reset (RST_STREAM), so the agent sees an error, never a clean end of input after the
+//! messages it got (which it could take for a complete upload). Only the caller's own
+//! half-close reaches the instance as a half-close.
 
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
+use bytes::{Buf, BufMut};
 use futures::StreamExt;
+use prost::Message as _;
 use reach_proto::v1::{
     HandleStreamRequest, HandleStreamResponse, ReachMessage, StreamRequest, StreamResponse,
 };
@@ -34,6 +43,29 @@ pub struct InboundPump {
     checks: InboundChecks,
     adapter: Option<Adapter>,
     abort: Option<oneshot::Sender<Status>>,
+    /// Whether the caller's request body failed rather than ended.
+    caller_end: CallerEnd,
+}
+
+/// Whether a caller's request body failed (the caller reset its stream, or its connection
+/// broke) rather than ended with a half-close. tonic's decoder reports a cancelled request
+/// body as a clean end of the stream, so the router watches the body itself (see
+/// [`crate::service::WatchCallers`]) and tells the two apart with this, found in the
+/// request's extensions. Clones share the record.
+#[derive(Debug, Clone, Default)]
+pub struct CallerEnd(Arc<std::sync::Mutex<Option<String>>>);
+
+impl CallerEnd {
+    /// Records that the body failed, and why.
+    pub fn fail(&self, why: String) {
+        let mut failure = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        failure.get_or_insert(why);
+    }
+
+    /// Why the body failed; `None` while it has not.
+    pub fn failure(&self) -> Option<String> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
 }
 
 /// What every later message of a stream is checked against, as a call's message is.
@@ -48,7 +80,7 @@ impl InboundPump {
     /// A pump that sends `first` (already checked and adapted) and then, for each of `rest`,
     /// admits it with `checks`' envelope rules (completing its header with `trace_id`, the
     /// stream's), validates it against `checks`' input schema, adapts it with `adapter`
-    /// and forwards it.
+    /// and forwards it. `caller_end` tells a caller's reset from its half-close.
     pub fn new(
         first: ReachMessage,
         rest: Streaming<StreamRequest>,
@@ -56,6 +88,7 @@ impl InboundPump {
         checks: InboundChecks,
         adapter: Option<Adapter>,
         abort: oneshot::Sender<Status>,
+        caller_end: CallerEnd,
     ) -> Self {
         Self {
             first: Some(first),
@@ -64,6 +97,7 @@ impl InboundPump {
             checks,
             adapter,
             abort: Some(abort),
+            caller_end,
         }
     }
 
@@ -83,13 +117,13 @@ impl InboundPump {
 }
 
 impl futures::Stream for InboundPump {
-    type Item = HandleStreamRequest;
+    type Item = Outgoing;
 
     fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
         if let Some(first) = self.first.take() {
-            return Poll::Ready(Some(HandleStreamRequest {
+            return Poll::Ready(Some(Outgoing::Message(HandleStreamRequest {
                 message: Some(first),
-            }));
+            })));
         }
         if self.abort.is_none() {
             return Poll::Ready(None);
@@ -97,30 +131,134 @@ impl futures::Stream for InboundPump {
         let next = match self.rest.poll_next_unpin(cx) {
             Poll::Pending => return Poll::Pending,
             Poll::Ready(Some(Ok(next))) => next,
-            // The caller half-closed, or its side broke: half-close towards the instance.
-            Poll::Ready(None | Some(Err(_))) => return Poll::Ready(None),
+            // The caller half-closed: half-close towards the instance.
+            Poll::Ready(None) => {
+                // tonic reports a cancelled request body as a clean end; the body's own
+                // watcher says whether it was one.
+                return match self.caller_end.failure() {
+                    None => Poll::Ready(None),
+                    Some(why) => {
+                        self.abort = None;
+                        Poll::Ready(Some(Outgoing::Abort(Status::cancelled(format!(
+                            "the caller's stream ended without a half-close ({why})"
+                        )))))
+                    }
+                };
+            }
+            // The caller reset its stream, or its connection broke: the instance's stream is
+            // reset too, never half-closed.
+            Poll::Ready(Some(Err(status))) => {
+                self.abort = None;
+                return Poll::Ready(Some(Outgoing::Abort(Status::cancelled(format!(
+                    "the caller's stream ended without a half-close ({}: {})",
+                    reach_rpc::errors::code_name(status.code()),
+                    status.message()
+                )))));
+            }
         };
         match self.complete(next.message.unwrap_or_default()) {
-            Ok(message) => Poll::Ready(Some(HandleStreamRequest {
+            Ok(message) => Poll::Ready(Some(Outgoing::Message(HandleStreamRequest {
                 message: Some(message),
-            })),
+            }))),
             Err(error) => {
+                let status = Status::from(error);
                 if let Some(abort) = self.abort.take() {
-                    let _ = abort.send(error.into());
+                    let _ = abort.send(status.clone());
                 }
-                Poll::Ready(None)
+                Poll::Ready(Some(Outgoing::Abort(status)))
             }
         }
     }
 }
 
+/// One item of the caller-to-instance half: a message to send, or the end of the instance's
+/// stream as a failure (it is reset, so the agent sees an error on its inbound stream).
+#[derive(Debug)]
+// A message is what almost every item is; boxing it would allocate per message for the rare
+// abort.
+#[allow(clippy::large_enum_variant)]
+pub enum Outgoing {
+    /// The next message.
+    Message(HandleStreamRequest),
+    /// The stream failed on the caller's side (why, for the router's logs; the instance
+    /// sees a reset).
+    Abort(Status),
+}
+
+/// The codec of a routed stream's call to `AgentService.HandleStream`: protobuf both ways,
+/// and an [`Outgoing::Abort`] fails the request body, which resets the instance's stream
+/// (tonic's client hands an encoding error to hyper, which answers it with RST_STREAM).
+#[derive(Debug, Default, Clone, Copy)]
+pub struct StreamCodec;
+
+/// The encoder of [`StreamCodec`].
+#[derive(Debug, Default, Clone, Copy)]
+pub struct OutgoingEncoder;
+
+/// The decoder of [`StreamCodec`].
+#[derive(Debug, Default, Clone, Copy)]
+pub struct ResponseDecoder;
+
+impl tonic::codec::Codec for StreamCodec {
+    type Encode = Outgoing;
+    type Decode = HandleStreamResponse;
+    type Encoder = OutgoingEncoder;
+    type Decoder = ResponseDecoder;
+
+    fn encoder(&mut self) -> OutgoingEncoder {
+        OutgoingEncoder
+    }
+
+    fn decoder(&mut self) -> ResponseDecoder {
+        ResponseDecoder
+    }
+}
+
+impl tonic::codec::Encoder for OutgoingEncoder {
+    type Item = Outgoing;
+    type Error = Status;
+
+    fn encode(
+        &mut self,
+        item: Outgoing,
+        dst: &mut tonic::codec::EncodeBuf<'_>,
+    ) -> Result<(), Status> {
+        match item {
+            Outgoing::Message(message) => {
+                dst.reserve(message.encoded_len());
+                message
+                    .encode(&mut dst.writer().into_inner())
+                    .map_err(|e| Status::internal(format!("encoding a stream message: {e}")))
+            }
+            Outgoing::Abort(status) => Err(status),
+        }
+    }
+}
+
+impl tonic::codec::Decoder for ResponseDecoder {
+    type Item = HandleStreamResponse;
+    type Error = Status;
+
+    fn decode(
+        &mut self,
+        src: &mut tonic::codec::DecodeBuf<'_>,
+    ) -> Result<Option<HandleStreamResponse>, Status> {
+        let len = src.remaining();
+        HandleStreamResponse::decode(src.copy_to_bytes(len))
+            .map(Some)
+            .map_err(|e| Status::internal(format!("decoding an instance's stream message: {e}")))
+    }
+}
+
 /// The instance-to-caller half of a routed stream: the instance's messages (adapted back to
-/// the caller's version when the stream has an adapter) and final status, unless the inbound
-/// half aborted or the deadline passed first. Holds the stream's in-flight load until it
-/// ends.
+/// the caller's version when the stream has an adapter, each held to the message size limit)
+/// and final status, unless the inbound half aborted or the deadline passed first. Holds the
+/// stream's in-flight load until it ends.
 pub struct OutboundPump {
     agent: Streaming<HandleStreamResponse>,
     adapter: Option<Adapter>,
+    /// The largest message forwarded to the caller (`router.max_message_bytes`), in bytes.
+    max_message_bytes: usize,
     /// Resolves with a status when the inbound half aborts; `None` once the inbound half has
     /// ended without aborting.
     abort: Option<oneshot::Receiver<Status>>,
@@ -142,7 +280,9 @@ pub struct OutboundPump {
 impl OutboundPump {
     /// A pump over the stream of the instance `reserved` is on; `label` (the route) and
     /// `started` feed the stream metrics (`reach_router_streams_total`, `reach_router_stream_duration_seconds`), and
-    /// `open` (raised when the stream took its instance) is held until the pump drops.
+    /// `open` (raised when the stream took its instance) is held until the pump drops. A
+    /// message of the instance's over `max_message_bytes` (after adapting) ends the stream
+    /// with RESOURCE_EXHAUSTED / `PAYLOAD_TOO_LARGE`.
     #[allow(clippy::too_many_arguments)]
     pub fn new(
         agent: Streaming<HandleStreamResponse>,
@@ -151,12 +291,14 @@ impl OutboundPump {
         open: reach_telemetry::metrics::GaugeGuard,
         deadline: Option<Instant>,
         adapter: Option<Adapter>,
+        max_message_bytes: usize,
         label: String,
         started: Instant,
     ) -> Self {
         Self {
             agent,
             adapter,
+            max_message_bytes,
             abort: Some(abort),
             reserved: reserved.for_stream(),
             _open: open,
@@ -215,6 +357,16 @@ impl futures::Stream for OutboundPump {
                     && let Err(error) = adapter.adapt_response(message)
                 {
                     let status = Status::from(error);
+                    self.finish(status.code());
+                    return Poll::Ready(Some(Err(status)));
+                }
+                let size = message.as_ref().map_or(0, prost::Message::encoded_len);
+                if size > self.max_message_bytes {
+                    let status = Status::from(RouteError::ReplyTooLarge {
+                        size,
+                        limit: self.max_message_bytes,
+                        instance: self.reserved.endpoint().info().instance_id.clone(),
+                    });
                     self.finish(status.code());
                     return Poll::Ready(Some(Err(status)));
                 }

@@ -137,7 +137,8 @@ impl RoutingTable {
             replies: reach_rpc::ReplyBudget::new(
                 config.max_buffered_reply_bytes_per_instance,
                 config.max_buffered_reply_bytes,
-            ),
+            )
+            .with_max_message_bytes(config.request_message_limit()),
             config,
         })
     }

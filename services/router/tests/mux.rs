@@ -240,18 +240,32 @@ async fn a_call_mux_stream_answers_in_completion_order_with_deadlines_errors_and
     order.sort_unstable();
     assert_eq!(order, vec![2, 3, 4]);
 
-    // Cancelling call 5 reaches the agent's handler and produces no reply.
+    // Cancelling call 5 reaches the agent's handler; once the call has stopped, the cancel is
+    // acknowledged with CANCELLED.
     frames.send(cancel_frame(5)).await.unwrap();
     tokio::time::timeout(Duration::from_secs(5), cancelled.notified())
         .await
         .expect("the handler of call 5 was cancelled");
 
-    let reply = next(&mut replies).await;
-    let frame = reply.frame.unwrap();
-    assert_eq!(frame.call_id, 1);
-    assert!(matches!(frame.result, Some(reply_frame::Result::Reply(_))));
+    let mut rest = Vec::new();
+    for _ in 0..2 {
+        let frame = next(&mut replies).await.frame.unwrap();
+        match frame.call_id {
+            1 => assert!(matches!(frame.result, Some(reply_frame::Result::Reply(_)))),
+            5 => {
+                let Some(reply_frame::Result::Error(error)) = frame.result else {
+                    panic!("call 5's cancel is acknowledged with an error: {frame:?}");
+                };
+                assert_eq!(error.code, Code::Cancelled as i32, "{error:?}");
+            }
+            other => panic!("unexpected reply to call {other}"),
+        }
+        rest.push(frame.call_id);
+    }
+    rest.sort_unstable();
+    assert_eq!(rest, vec![1, 5]);
 
-    // Half-close: the stream ends cleanly, without a reply for the cancelled call.
+    // Half-close: the stream ends cleanly.
     drop(frames);
     let end = tokio::time::timeout(Duration::from_secs(5), replies.message())
         .await

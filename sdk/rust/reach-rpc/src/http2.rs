@@ -20,6 +20,28 @@ pub const KEEPALIVE_INTERVAL: std::time::Duration = std::time::Duration::from_se
 /// How long a server waits for a ping's acknowledgement before it closes the connection.
 pub const KEEPALIVE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(20);
 
+/// Streams a client may reset before the server has accepted them, per connection, before the
+/// server ends the connection with `GOAWAY ENHANCE_YOUR_CALM` ("too_many_resets").
+///
+/// This is h2's defence against the rapid-reset attack (CVE-2023-44487). What h2 counts is
+/// narrow: a `RST_STREAM` from the client on a stream that is still in the server's accept
+/// queue (its HEADERS were read but the server has not taken it yet); the count goes down as
+/// soon as the server takes such a stream. h2's default, 20, is tripped by ordinary clients:
+/// when callers give up at their deadlines under load, a single read of the connection holds
+/// the HEADERS and the RST_STREAM of many streams at once, and the whole connection (every
+/// other call on it) was failed with no retry hint. Each counted stream holds only its
+/// request headers (bounded by the header list limit) until it is taken, so this bounds a
+/// flood to that many queued streams per connection while a client with up to this many
+/// calls giving up together on one connection (five times the 200 concurrent streams hyper
+/// lets a connection have open) never trips it.
+pub const MAX_PENDING_ACCEPT_RESET_STREAMS: usize = 1024;
+
+/// Streams a server may reset on one connection because the client broke the protocol on
+/// them (flow-control errors, malformed frames) before it ends the connection with `GOAWAY
+/// ENHANCE_YOUR_CALM`. Ordinary cancellations (resets either side asks for) are not counted;
+/// this is hyper's default, stated here so that the two reset limits sit side by side.
+pub const MAX_LOCAL_ERROR_RESET_STREAMS: usize = 1024;
+
 /// A channel endpoint for `url` (`http://HOST:PORT`) with the settings Reach's data path uses:
 /// `TCP_NODELAY` (small gRPC frames must not wait for Nagle's algorithm) and
 /// [`MAX_FRAME_BYTES`], so replies come back in large frames.

@@ -1,6 +1,7 @@
 //! What one listener lets its peers hold: connections, time to start speaking HTTP, and memory
 //! in partly received gRPC messages ([`ConnectionLimits`]), enforced by
-//! [`crate::server::serve_http`].
+//! [`crate::server::serve_http`]; and how large one gRPC message may be ([`MessageLimits`]),
+//! checked against each message's length prefix before any of it is buffered.
 //!
 //! Without them a peer that opens connections and stays silent keeps file descriptors until
 //! the process can accept nothing more (`EMFILE`), and a peer that starts many large messages
@@ -126,6 +127,89 @@ impl ConnectionLimits {
         }
         Ok(())
     }
+}
+
+/// The largest gRPC message a service accepts when it was given no limit of its own, in bytes:
+/// tonic's default decoding limit (4 MiB).
+pub const DEFAULT_MAX_MESSAGE_BYTES: usize = 4 * 1024 * 1024;
+
+/// The largest request message, in bytes (the gRPC length prefix's value), each service of a
+/// listener accepts. A message whose prefix declares more is refused as soon as its 5-byte
+/// prefix has arrived, before any of it is buffered, with `RESOURCE_EXHAUSTED` and ErrorInfo
+/// `PAYLOAD_TOO_LARGE` (`size_bytes`, `limit_bytes`), whatever its size; tonic's own decoder
+/// would answer `OUT_OF_RANGE` past its limit, so every service's tonic limit must be at
+/// least its limit here (which holds when neither is set: both are
+/// [`DEFAULT_MAX_MESSAGE_BYTES`]).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct MessageLimits {
+    /// Limits by full service name (`reach.v1.RouterService`).
+    by_service: std::collections::HashMap<String, usize>,
+    /// Services the server serves (with or without a limit of their own).
+    known: std::collections::HashSet<String>,
+    /// The limit of paths no known service claims (a fallback service's), when set.
+    fallback: Option<usize>,
+}
+
+impl MessageLimits {
+    /// Sets the limit of `service` (its full name), in bytes.
+    pub fn set(&mut self, service: &str, max_message_bytes: usize) {
+        self.by_service
+            .insert(service.to_string(), max_message_bytes);
+    }
+
+    /// Sets the limit of paths no known service claims (they go to a fallback service), in
+    /// bytes.
+    pub fn set_fallback(&mut self, max_message_bytes: usize) {
+        self.fallback = Some(max_message_bytes);
+    }
+
+    /// Records that the server serves `service`, so its paths are not the fallback's.
+    pub fn serve(&mut self, service: &str) {
+        self.known.insert(service.to_string());
+    }
+
+    /// The limit of a request to `path` (`/package.Service/Method`), in bytes: its service's,
+    /// else the fallback's for a service the server does not serve (when a fallback limit is
+    /// set), else [`DEFAULT_MAX_MESSAGE_BYTES`].
+    pub fn for_path(&self, path: &str) -> usize {
+        let service = path
+            .trim_start_matches('/')
+            .split_once('/')
+            .map_or("", |(service, _)| service);
+        if let Some(limit) = self.by_service.get(service) {
+            return *limit;
+        }
+        match self.fallback {
+            Some(limit) if !self.known.contains(service) => limit,
+            _ => DEFAULT_MAX_MESSAGE_BYTES,
+        }
+    }
+}
+
+/// The status of a message refused by its length prefix: `RESOURCE_EXHAUSTED`, ErrorInfo
+/// `PAYLOAD_TOO_LARGE` with `size_bytes` (what the prefix declares) and `limit_bytes`.
+fn message_too_large(metered: Metered, size: usize, limit: usize) -> tonic::Status {
+    let message = match metered {
+        Metered::Requests => format!(
+            "the message is {size} bytes, over the limit of {limit} bytes this service accepts; \
+             send large content by url (or in several smaller messages), or raise the service's \
+             message limit"
+        ),
+        Metered::Replies => format!(
+            "the instance's reply is {size} bytes, over the limit of {limit} bytes the router \
+             takes (router.max_message_bytes); have the agent return large content by url, or \
+             raise the limit"
+        ),
+    };
+    crate::errors::status_with_reason(
+        tonic::Code::ResourceExhausted,
+        message,
+        crate::errors::reason::PAYLOAD_TOO_LARGE,
+        [
+            ("size_bytes".to_string(), size.to_string()),
+            ("limit_bytes".to_string(), limit.to_string()),
+        ],
+    )
 }
 
 /// A connection's IO until it has sent [`PREFACE_BYTES`] bytes: a read that would wait past
@@ -267,6 +351,8 @@ pub(crate) struct ConnectionBudgets {
     /// The `listener` label of [`BUFFER_REFUSALS`].
     pub(crate) listener_name: Arc<str>,
     pub(crate) metered: Metered,
+    /// The largest message of each request's path.
+    pub(crate) message_limits: Arc<MessageLimits>,
 }
 
 /// Which messages a budget holds, for what a refusal says.
@@ -320,13 +406,15 @@ impl ConnectionBudgets {
     /// the budgets; requests that are not gRPC (see [`is_grpc`]) pass as they are, which is
     /// safe because a [`crate::GrpcServer`] refuses them before reading their body.
     pub(crate) fn meter<B>(&self, request: http::Request<B>) -> http::Request<MeteredBody<B>> {
-        let meter = is_grpc(request.headers()).then(|| self.new_meter());
+        let meter = is_grpc(request.headers())
+            .then(|| self.new_meter(self.message_limits.for_path(request.uri().path())));
         request.map(|inner| MeteredBody::new(inner, meter))
     }
 
-    fn new_meter(&self) -> MessageMeter {
+    fn new_meter(&self, max_message_bytes: usize) -> MessageMeter {
         MessageMeter {
             budgets: self.clone(),
+            max_message_bytes,
             header: [0; 5],
             header_len: 0,
             body_remaining: 0,
@@ -345,15 +433,26 @@ impl ConnectionBudgets {
 pub struct ReplyBudget {
     per_channel: usize,
     total: Arc<BufferBudget>,
+    max_message_bytes: usize,
 }
 
 impl ReplyBudget {
-    /// `per_channel` bytes for each metered channel, `total` across them all.
+    /// `per_channel` bytes for each metered channel, `total` across them all; replies of any
+    /// size (see [`ReplyBudget::with_max_message_bytes`]).
     pub fn new(per_channel: usize, total: usize) -> Self {
         Self {
             per_channel,
             total: BufferBudget::new(total),
+            max_message_bytes: usize::MAX,
         }
+    }
+
+    /// Refuses every reply message whose length prefix declares more than
+    /// `max_message_bytes` bytes as soon as its prefix arrives, with `RESOURCE_EXHAUSTED` and
+    /// `PAYLOAD_TOO_LARGE` (both sizes), instead of tonic's `OUT_OF_RANGE`.
+    pub fn with_max_message_bytes(mut self, max_message_bytes: usize) -> Self {
+        self.max_message_bytes = max_message_bytes;
+        self
     }
 
     /// `channel`, with the replies it receives counted against this budget.
@@ -365,7 +464,9 @@ impl ReplyBudget {
                 listener: self.total.clone(),
                 listener_name: "(replies)".into(),
                 metered: Metered::Replies,
+                message_limits: Arc::default(),
             },
+            max_message_bytes: self.max_message_bytes,
         }
     }
 }
@@ -376,6 +477,7 @@ impl ReplyBudget {
 pub struct MeteredChannel {
     inner: tonic::transport::Channel,
     budgets: ConnectionBudgets,
+    max_message_bytes: usize,
 }
 
 impl MeteredChannel {
@@ -397,12 +499,13 @@ impl tower::Service<http::Request<tonic::body::Body>> for MeteredChannel {
     fn call(&mut self, request: http::Request<tonic::body::Body>) -> Self::Future {
         let response = self.inner.call(request);
         let budgets = self.budgets.clone();
+        let max_message_bytes = self.max_message_bytes;
         Box::pin(async move {
             // Every reply is metered, whatever its content-type says: the client will parse
             // it as gRPC messages.
             Ok(response
                 .await?
-                .map(|inner| MeteredBody::new(inner, Some(budgets.new_meter()))))
+                .map(|inner| MeteredBody::new(inner, Some(budgets.new_meter(max_message_bytes)))))
         })
     }
 }
@@ -423,6 +526,8 @@ pub(crate) fn is_grpc(headers: &http::HeaderMap) -> bool {
 #[derive(Debug)]
 struct MessageMeter {
     budgets: ConnectionBudgets,
+    /// The largest message accepted, by its length prefix.
+    max_message_bytes: usize,
     header: [u8; 5],
     header_len: usize,
     /// Bytes of the current message's body still to come; 0 between messages.
@@ -435,7 +540,8 @@ impl MessageMeter {
     /// Accounts for `data`, the stream's next bytes.
     ///
     /// # Errors
-    /// `RESOURCE_EXHAUSTED` when the message in progress would take a budget past its limit.
+    /// `RESOURCE_EXHAUSTED` when the message in progress would take a budget past its limit,
+    /// and with `PAYLOAD_TOO_LARGE` when a length prefix declares more than the message limit.
     fn observe(&mut self, mut data: &[u8]) -> Result<(), tonic::Status> {
         let mut held = self.held;
         while !data.is_empty() {
@@ -454,6 +560,13 @@ impl MessageMeter {
                         self.header[4],
                     ]);
                     self.body_remaining = length as usize;
+                    if self.body_remaining > self.max_message_bytes {
+                        return Err(message_too_large(
+                            self.budgets.metered,
+                            self.body_remaining,
+                            self.max_message_bytes,
+                        ));
+                    }
                     if self.body_remaining == 0 {
                         held = 0;
                     }
@@ -572,6 +685,7 @@ mod tests {
             listener: BufferBudget::new(listener),
             listener_name: "test".into(),
             metered: Metered::Requests,
+            message_limits: Arc::default(),
         }
     }
 

@@ -10,13 +10,18 @@
 //! generated clients, grpcurl and agents that do not implement the stream.
 //!
 //! - [`MuxLink`] is the caller's side: it opens the stream lazily, matches replies to waiting
-//!   calls, sends a cancel frame when a waiting call is dropped (deadline, caller gone), fails
-//!   every waiting call with UNAVAILABLE when the stream breaks and opens a new stream for the
-//!   next call. A callee that answers the stream with UNIMPLEMENTED makes the link report
+//!   calls, sends a cancel frame when a waiting call is dropped (deadline, caller gone) and
+//!   keeps the call's [`OutgoingCall::hold`] (the caller's slot on the callee) until the
+//!   callee acknowledges the cancel, fails every waiting call with UNAVAILABLE when the stream
+//!   breaks and opens a new stream for the next call. A callee that answers the stream with UNIMPLEMENTED makes the link report
 //!   [`MuxError::Unsupported`] (for a while), so the caller falls back to the unary RPC.
-//! - [`serve`] is the callee's side: it runs every call of one stream as its own task, aborts
-//!   a call on its cancel frame, bounds the calls open at once and yields the outcomes in
-//!   completion order.
+//! - [`serve`] is the callee's side: it runs every call of one stream as its own task, stops
+//!   a call on its cancel frame ([`OnCancel`]) and acknowledges the cancel once the call has
+//!   stopped (a reply frame with CANCELLED), bounds the calls open at once and yields the
+//!   outcomes in completion order.
+//!
+//! A call counts against the callee until its reply or its cancel's acknowledgement arrives,
+//! not until the caller gave up: a callee whose handler is still running is still busy.
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -184,8 +189,12 @@ enum Opened {
     Failed(Status),
 }
 
+/// A guard the link keeps for a call until the callee's reply or cancel acknowledgement
+/// arrives, or the stream breaks (see [`OutgoingCall::hold`]).
+pub type Hold = Box<dyn std::any::Any + Send + Sync>;
+
 /// One call to send on a link.
-#[derive(Debug, Default)]
+#[derive(Default)]
 pub struct OutgoingCall {
     /// The request.
     pub message: ReachMessage,
@@ -194,6 +203,21 @@ pub struct OutgoingCall {
     pub timeout: Option<Duration>,
     /// Per-call metadata (`traceparent`, `tracestate`, `x-*`).
     pub metadata: HashMap<String, String>,
+    /// Kept until the callee has answered or acknowledged the call's cancel (or the stream
+    /// broke), even after the waiting future is dropped: the caller's slot on the callee,
+    /// which must not be given to another call while the callee still runs this one.
+    pub hold: Option<Hold>,
+}
+
+impl std::fmt::Debug for OutgoingCall {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("OutgoingCall")
+            .field("message", &self.message)
+            .field("timeout", &self.timeout)
+            .field("metadata", &self.metadata)
+            .field("hold", &self.hold.is_some())
+            .finish()
+    }
 }
 
 /// The caller's side of a multiplexed RPC to one peer (see the module docs). Cheap to share
@@ -232,9 +256,17 @@ struct Waiting<R> {
 }
 
 struct WaitingState<R> {
-    calls: HashMap<u64, oneshot::Sender<Result<R, MuxError>>>,
+    calls: HashMap<u64, Waiter<R>>,
+    /// Cancelled calls whose acknowledgement has not arrived, with their holds.
+    cancelled: HashMap<u64, Option<Hold>>,
     /// Why the stream ended; no call may wait on it any more.
     broken: Option<Status>,
+}
+
+/// A call waiting for its reply frame.
+struct Waiter<R> {
+    reply: oneshot::Sender<Result<R, MuxError>>,
+    hold: Option<Hold>,
 }
 
 impl<R> Waiting<R> {
@@ -336,12 +368,13 @@ impl<R: MuxReply> MuxLink<R> {
     /// Sends one call and waits for its reply frame.
     ///
     /// Dropping the returned future before the reply arrives sends a cancel frame for the
-    /// call, so the callee stops it.
+    /// call, so the callee stops it; the call's [`OutgoingCall::hold`] is kept until the callee
+    /// acknowledges the cancel (or the stream breaks).
     ///
     /// # Errors
     /// [`MuxError::Unsupported`] when the callee does not implement the stream (nothing was
     /// sent); [`MuxError::Failed`] as that variant describes.
-    pub async fn call(&self, call: OutgoingCall) -> Result<R, MuxError> {
+    pub async fn call(&self, mut call: OutgoingCall) -> Result<R, MuxError> {
         if self.is_unsupported() {
             return Err(MuxError::Unsupported(Box::new(call)));
         }
@@ -357,7 +390,13 @@ impl<R: MuxReply> MuxLink<R> {
             if let Some(broken) = &waiting.broken {
                 return Err(MuxError::Failed(not_sent(&self.peer, broken)));
             }
-            waiting.calls.insert(call_id, reply_tx);
+            waiting.calls.insert(
+                call_id,
+                Waiter {
+                    reply: reply_tx,
+                    hold: call.hold.take(),
+                },
+            );
         }
         let mut guard = CancelOnDrop {
             session: &session,
@@ -373,7 +412,8 @@ impl<R: MuxReply> MuxLink<R> {
         };
         if session.outbound.send(frame).await.is_err() {
             guard.armed = false;
-            session.waiting.lock().calls.remove(&call_id);
+            let waiter = session.waiting.lock().calls.remove(&call_id);
+            drop(waiter);
             self.forget(&session);
             return Err(MuxError::Failed(Status::unavailable(format!(
                 "the stream to {} closed before the call was sent; nothing was delivered",
@@ -431,6 +471,7 @@ impl<R: MuxReply> MuxLink<R> {
         let waiting = Arc::new(Waiting {
             state: Mutex::new(WaitingState {
                 calls: HashMap::new(),
+                cancelled: HashMap::new(),
                 broken: None,
             }),
         });
@@ -478,10 +519,21 @@ async fn read_replies<R: MuxReply>(
                 let Some(waiting) = waiting.upgrade() else {
                     return;
                 };
-                let waiter = waiting.lock().calls.remove(&reply.call_id());
-                // No waiter: the call was cancelled after the callee had answered.
+                let (waiter, acknowledged) = {
+                    let mut state = waiting.lock();
+                    let waiter = state.calls.remove(&reply.call_id());
+                    // No waiter: the call was cancelled; this is the callee's answer or its
+                    // acknowledgement of the cancel, and the call's hold goes now.
+                    let acknowledged = match waiter {
+                        Some(_) => None,
+                        None => state.cancelled.remove(&reply.call_id()),
+                    };
+                    (waiter, acknowledged)
+                };
+                drop(acknowledged);
                 if let Some(waiter) = waiter {
-                    let _ = waiter.send(Ok(reply));
+                    let _ = waiter.reply.send(Ok(reply));
+                    drop(waiter.hold);
                 }
             }
             Some(Err(status)) => break status,
@@ -491,17 +543,27 @@ async fn read_replies<R: MuxReply>(
     let Some(waiting) = waiting.upgrade() else {
         return;
     };
-    let calls = {
+    let (calls, cancelled) = {
         let mut state = waiting.lock();
         state.broken = Some(ended.clone());
-        std::mem::take(&mut state.calls)
+        (
+            std::mem::take(&mut state.calls),
+            std::mem::take(&mut state.cancelled),
+        )
     };
+    // No acknowledgement will come on a broken stream.
+    drop(cancelled);
     let drained = crate::errors::reason_of(&ended).as_deref()
         == Some(crate::errors::reason::INSTANCE_DRAINING);
     if !calls.is_empty() && !drained {
         tracing::warn!(peer = %peer, calls = calls.len(), code = ?ended.code(), error = %ended.message(), "multiplexed stream broke with calls in flight");
     }
     for (_, waiter) in calls {
+        let Waiter {
+            reply: waiter,
+            hold,
+        } = waiter;
+        drop(hold);
         if drained {
             // The callee answered every call it read before it ended the stream.
             let _ = waiter.send(Err(MuxError::Failed(ended.clone())));
@@ -539,16 +601,17 @@ impl<R> Drop for CancelOnDrop<'_, R> {
         if !self.armed {
             return;
         }
-        if self
-            .session
-            .waiting
-            .lock()
-            .calls
-            .remove(&self.call_id)
-            .is_none()
         {
-            // Already answered or failed.
-            return;
+            let mut state = self.session.waiting.lock();
+            let Some(waiter) = state.calls.remove(&self.call_id) else {
+                // Already answered or failed.
+                return;
+            };
+            if state.broken.is_some() {
+                return;
+            }
+            // The hold stays until the callee acknowledges the cancel.
+            state.cancelled.insert(self.call_id, waiter.hold);
         }
         let cancel = CallFrame {
             call_id: self.call_id,
@@ -580,14 +643,38 @@ pub struct IncomingCall {
     pub deadline: Option<Instant>,
     /// Per-call metadata (`traceparent`, `tracestate`, `x-*`).
     pub metadata: HashMap<String, String>,
+    /// Cancelled when the caller cancels the call (a cancel frame). With
+    /// [`OnCancel::Tell`] this is how the handler learns it; its outcome, whenever it comes,
+    /// is the cancel's acknowledgement.
+    pub cancelled: CancellationToken,
+}
+
+/// What [`serve`] does with a call when its cancel frame arrives.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OnCancel {
+    /// Drops the handler's future at once (the handler is stopped at its next `.await`), then
+    /// acknowledges the cancel with a reply frame (CANCELLED).
+    Drop,
+    /// Cancels [`IncomingCall::cancelled`] and lets the handler finish: its outcome, sent as
+    /// the call's reply, acknowledges the cancel. For handlers that do not stop at once (work
+    /// that must finish, or is shared), so the caller keeps counting the call until it ended.
+    Tell,
+}
+
+/// The status acknowledging a cancel frame (see [`serve`]).
+pub fn cancelled_status() -> Status {
+    Status::cancelled("the call was cancelled by its caller (a cancel frame) and has stopped")
 }
 
 /// Runs the calls of one multiplexed stream (the callee's side; see the module docs).
 ///
 /// Every call frame becomes a task running `handler`, which sends its own reply as it
-/// finishes (no hop through a collecting task); a cancel frame aborts that task (dropping the
-/// handler's future), and a call that finished before its cancel was read has already been
-/// answered. At most `max_open_calls` run at once: a call beyond that
+/// finishes (no hop through a collecting task); a cancel frame drops the handler's future
+/// ([`OnCancel::Drop`], see [`serve_with`] for the other way) and, once it is gone, answers
+/// the call with [`cancelled_status`]: that reply acknowledges the cancel, and until it is
+/// sent the call is open (its id in use, its slot taken). A call that finished before its
+/// cancel was read has already been answered. At most `max_open_calls` run at once: a call
+/// beyond that
 /// is answered at once with UNAVAILABLE, reason `OVERLOADED` and a retry hint (it was not
 /// handled). A call counts until its reply is queued, so a caller that stops reading replies
 /// is refused new calls instead of making finished ones pile up. The returned stream yields `(call_id, outcome)`
@@ -612,12 +699,30 @@ where
     F: Future<Output = Result<T, Status>> + Send + 'static,
     T: Send + 'static,
 {
+    serve_with(inbound, handler, max_open_calls, closing, OnCancel::Drop)
+}
+
+/// [`serve`], with cancel frames handled as `on_cancel` says.
+pub fn serve_with<S, H, F, T>(
+    inbound: S,
+    handler: H,
+    max_open_calls: usize,
+    closing: CancellationToken,
+    on_cancel: OnCancel,
+) -> impl Stream<Item = Outcome<T>> + Send + 'static
+where
+    S: Stream<Item = Result<CallFrame, Status>> + Send + 'static,
+    H: Fn(IncomingCall) -> F + Send + 'static,
+    F: Future<Output = Result<T, Status>> + Send + 'static,
+    T: Send + 'static,
+{
     let (replies, replies_rx) = mpsc::channel(OUTBOUND_QUEUE);
     tokio::spawn(run_calls(
         inbound,
         handler,
         max_open_calls,
         closing,
+        on_cancel,
         replies,
     ));
     ReceiverStream::new(replies_rx)
@@ -632,6 +737,8 @@ struct OpenCall {
     /// Tells a reused id's calls apart: only the call that opened the entry may close it.
     generation: u64,
     task: AbortHandle,
+    /// Cancelled by the call's cancel frame.
+    cancel: CancellationToken,
 }
 
 /// The open calls of one stream, shared by the reader and the call tasks.
@@ -652,6 +759,7 @@ async fn run_calls<S, H, F, T>(
     handler: H,
     max_open_calls: usize,
     closing: CancellationToken,
+    on_cancel: OnCancel,
     replies: mpsc::Sender<Outcome<T>>,
 ) where
     S: Stream<Item = Result<CallFrame, Status>> + Send + 'static,
@@ -679,8 +787,10 @@ async fn run_calls<S, H, F, T>(
             frame = inbound.next() => match frame {
                 Some(Ok(frame)) => {
                     if frame.cancel {
-                        if let Some(call) = lock_open(&open).remove(&frame.call_id) {
-                            call.task.abort();
+                        // The call stays open until it has stopped and the acknowledgement is
+                        // on its way.
+                        if let Some(call) = lock_open(&open).get(&frame.call_id) {
+                            call.cancel.cancel();
                         }
                         continue;
                     }
@@ -743,6 +853,7 @@ async fn run_calls<S, H, F, T>(
                         continue;
                     }
                     let received_at = Instant::now();
+                    let cancel = CancellationToken::new();
                     let call = IncomingCall {
                         call_id,
                         message: frame.message.unwrap_or_default(),
@@ -751,6 +862,7 @@ async fn run_calls<S, H, F, T>(
                             received_at + Duration::from_millis(u64::from(frame.timeout_ms))
                         }),
                         metadata: frame.metadata,
+                        cancelled: cancel.clone(),
                     };
                     // Boxed at once: a handler's future can be several KiB (the router's is),
                     // and each move on the way into the task would copy all of it.
@@ -762,14 +874,24 @@ async fn run_calls<S, H, F, T>(
                     // The entry is made under the lock the task needs to close it, so a call
                     // that finishes at once still finds it.
                     let mut open = lock_open(&open);
+                    let task_cancel = cancel.clone();
                     let task = tasks.spawn(async move {
-                        let outcome = run
-                            .await
-                            .unwrap_or_else(|_| Err(Status::internal("the handler panicked")));
-                        // The reply goes out only while this call still owns its id: a call
-                        // whose id was cancelled (and perhaps reused) ends silently. The id is
-                        // closed before the reply is sent, so the caller may reuse it as soon
-                        // as the reply arrives.
+                        let run = async move {
+                            run.await
+                                .unwrap_or_else(|_| Err(Status::internal("the handler panicked")))
+                        };
+                        let outcome = match on_cancel {
+                            OnCancel::Tell => run.await,
+                            // The handler's future is dropped before the acknowledgement goes.
+                            OnCancel::Drop => tokio::select! {
+                                biased;
+                                () = task_cancel.cancelled() => Err(cancelled_status()),
+                                outcome = run => outcome,
+                            },
+                        };
+                        // The reply (for a cancelled call, the acknowledgement) goes out only
+                        // while this call still owns its id. The id is closed before the reply
+                        // is sent, so the caller may reuse it as soon as the reply arrives.
                         let owner = {
                             let mut open = lock_open(&task_open);
                             let owns = open.get(&call_id).is_some_and(|c| c.generation == this);
@@ -788,6 +910,7 @@ async fn run_calls<S, H, F, T>(
                         OpenCall {
                             generation: this,
                             task: task.abort_handle(),
+                            cancel,
                         },
                     );
                 }
@@ -1062,7 +1185,7 @@ mod tests {
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn a_cancelled_call_gets_no_reply_and_its_id_is_reusable_at_once() {
+    async fn a_cancel_is_acknowledged_once_the_call_stopped_then_its_id_is_free() {
         // "hang" never finishes on its own; anything else is echoed.
         let handler = |call: IncomingCall| async move {
             if text(&call.message) == "hang" {
@@ -1085,10 +1208,16 @@ mod tests {
             })
             .await
             .unwrap();
+        let (call_id, outcome) = replies.next().await.unwrap().unwrap();
+        assert_eq!(call_id, 5);
+        assert_eq!(
+            outcome.unwrap_err().code(),
+            Code::Cancelled,
+            "the cancel is acknowledged"
+        );
         frames.send(start("second")).await.unwrap();
         drop(frames);
         let mut answered = Vec::new();
-        // The stream ends only once the cancelled call's task is gone too.
         tokio::time::timeout(Duration::from_secs(5), async {
             while let Some(item) = replies.next().await {
                 let (call_id, outcome) = item.unwrap();
@@ -1098,6 +1227,100 @@ mod tests {
         .await
         .expect("the stream ended: the cancelled call was stopped");
         assert_eq!(answered, vec![(5, "second".to_string())]);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn with_on_cancel_tell_the_handler_finishes_and_its_outcome_is_the_acknowledgement() {
+        let handler = |call: IncomingCall| async move {
+            call.cancelled.cancelled().await;
+            Err::<ReachMessage, _>(Status::aborted("stopped after cleaning up"))
+        };
+        let (frames, frames_rx) = mpsc::channel(4);
+        let mut replies = serve_with(
+            ReceiverStream::new(frames_rx).map(Ok),
+            handler,
+            16,
+            CancellationToken::new(),
+            OnCancel::Tell,
+        )
+        .boxed();
+        frames
+            .send(CallFrame {
+                call_id: 9,
+                message: Some(call("x").message),
+                ..CallFrame::default()
+            })
+            .await
+            .unwrap();
+        frames
+            .send(CallFrame {
+                call_id: 9,
+                cancel: true,
+                ..CallFrame::default()
+            })
+            .await
+            .unwrap();
+        let (call_id, outcome) = replies.next().await.unwrap().unwrap();
+        assert_eq!(call_id, 9);
+        assert_eq!(outcome.unwrap_err().code(), Code::Aborted);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_dropped_calls_hold_is_kept_until_the_callee_acknowledges_the_cancel() {
+        // The callee lets each handler finish (OnCancel::Tell) once `release` lets it.
+        let release = Arc::new(Semaphore::new(0));
+        let started = Arc::new(tokio::sync::Notify::new());
+        let handler = {
+            let (release, started) = (release.clone(), started.clone());
+            move |call: IncomingCall| {
+                let (release, started) = (release.clone(), started.clone());
+                async move {
+                    started.notify_one();
+                    let _permit = release.acquire().await;
+                    Ok(call.message)
+                }
+            }
+        };
+        let link = MuxLink::<HandleMuxResponse>::new(
+            "the test callee",
+            Arc::new(move |frames: ReceiverStream<CallFrame>| {
+                let replies = serve_with(
+                    frames.map(Ok),
+                    handler.clone(),
+                    16,
+                    CancellationToken::new(),
+                    OnCancel::Tell,
+                );
+                Box::pin(async move {
+                    Ok(replies
+                        .map(|item| {
+                            item.map(|(call_id, outcome)| HandleMuxResponse {
+                                frame: Some(reply_frame(call_id, outcome)),
+                            })
+                        })
+                        .boxed())
+                })
+            }),
+        );
+        let (held_tx, mut held_rx) = tokio::sync::mpsc::channel::<()>(1);
+        let mut outgoing = call("slow");
+        outgoing.hold = Some(Box::new(held_tx));
+        let waiting = link.call(outgoing);
+        tokio::select! {
+            _ = waiting => panic!("the handler waits for its release"),
+            () = started.notified() => {}
+        }
+        // The waiting future is gone (cancel frame sent), but the callee still runs the call:
+        // the hold is kept.
+        assert!(
+            held_rx.try_recv().is_err(),
+            "the hold is still kept while the callee runs the call"
+        );
+        release.add_permits(1);
+        // The handler's reply acknowledges the cancel: the hold is dropped (the channel closes).
+        tokio::time::timeout(Duration::from_secs(5), held_rx.recv())
+            .await
+            .expect("the hold went once the callee answered");
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -20,7 +20,7 @@ use tower::Service;
 
 use crate::limits::{
     BufferBudget, CONNECTIONS_REFUSED, ConnectionBudgets, ConnectionLimits, HandshakeDeadline,
-    Metered, OPEN_CONNECTIONS,
+    MessageLimits, Metered, OPEN_CONNECTIONS,
 };
 
 /// A service for requests no added service claims (see [`GrpcServer::with_fallback`]).
@@ -49,6 +49,7 @@ pub struct GrpcServer {
     /// Set by [`GrpcServer::with_grace`]; otherwise the limits' `shutdown_grace`.
     grace: Option<Duration>,
     limits: ConnectionLimits,
+    message_limits: MessageLimits,
     fallback: Option<Fallback>,
 }
 
@@ -79,6 +80,7 @@ impl GrpcServer {
             ],
             grace: None,
             limits: ConnectionLimits::default(),
+            message_limits: MessageLimits::default(),
             fallback: None,
         }
     }
@@ -140,6 +142,25 @@ impl GrpcServer {
         self
     }
 
+    /// Sets the largest request message `service` (its full name, such as
+    /// `reach.v1.RouterService`) accepts, in bytes: a message whose gRPC length prefix
+    /// declares more is refused `RESOURCE_EXHAUSTED` / `PAYLOAD_TOO_LARGE` before any of it is
+    /// buffered (see [`MessageLimits`]). Services given no limit accept
+    /// [`crate::limits::DEFAULT_MAX_MESSAGE_BYTES`] (tonic's default), so a service that raises
+    /// its tonic decoding limit must say so here too.
+    pub fn with_message_limit(mut self, service: &str, max_message_bytes: usize) -> Self {
+        self.message_limits.set(service, max_message_bytes);
+        self
+    }
+
+    /// Sets the largest request message of paths the fallback service serves (see
+    /// [`GrpcServer::with_fallback`]), in bytes; without it they get
+    /// [`crate::limits::DEFAULT_MAX_MESSAGE_BYTES`].
+    pub fn with_fallback_message_limit(mut self, max_message_bytes: usize) -> Self {
+        self.message_limits.set_fallback(max_message_bytes);
+        self
+    }
+
     /// A handle to change the health status of the served services.
     pub fn health_reporter(&self) -> HealthReporter {
         self.health.clone()
@@ -175,6 +196,14 @@ impl GrpcServer {
             v1 = v1.with_service_name(name);
             v1alpha = v1alpha.with_service_name(name);
         }
+        let mut message_limits = self.message_limits;
+        for name in self.service_names.iter().copied().chain([
+            "grpc.health.v1.Health",
+            "grpc.reflection.v1.ServerReflection",
+            "grpc.reflection.v1alpha.ServerReflection",
+        ]) {
+            message_limits.serve(name);
+        }
         let v1 = v1.build_v1().map_err(ServeError::Reflection)?;
         let v1alpha = v1alpha.build_v1alpha().map_err(ServeError::Reflection)?;
         for name in &self.service_names {
@@ -206,7 +235,15 @@ impl GrpcServer {
             }
         };
         let grace = self.grace.unwrap_or(self.limits.shutdown_grace);
-        serve_http(listener, router, shutdown, grace, self.limits).await;
+        serve_http_with_message_limits(
+            listener,
+            router,
+            shutdown,
+            grace,
+            self.limits,
+            message_limits,
+        )
+        .await;
         Ok(())
     }
 }
@@ -244,13 +281,35 @@ async fn refuse_what_is_not_grpc(
 /// one has to start speaking, and the bytes of partly received gRPC messages held per
 /// connection and in all (see [`ConnectionLimits`]); the listener's open connections are the
 /// gauge [`OPEN_CONNECTIONS`], and what the limits closed is counted in
-/// [`CONNECTIONS_REFUSED`].
+/// [`CONNECTIONS_REFUSED`]. Each gRPC request message is held to
+/// [`crate::limits::DEFAULT_MAX_MESSAGE_BYTES`] (see [`serve_http_with_message_limits`]).
 pub async fn serve_http(
     listener: tokio::net::TcpListener,
     router: axum::Router,
     shutdown: impl Future<Output = ()>,
     grace: Duration,
     limits: ConnectionLimits,
+) {
+    serve_http_with_message_limits(
+        listener,
+        router,
+        shutdown,
+        grace,
+        limits,
+        MessageLimits::default(),
+    )
+    .await;
+}
+
+/// [`serve_http`], with each gRPC request message held to its path's limit in
+/// `message_limits` (checked against its length prefix, see [`MessageLimits`]).
+pub async fn serve_http_with_message_limits(
+    listener: tokio::net::TcpListener,
+    router: axum::Router,
+    shutdown: impl Future<Output = ()>,
+    grace: Duration,
+    limits: ConnectionLimits,
+    message_limits: MessageLimits,
 ) {
     use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
     use hyper_util::server::conn::auto::Builder;
@@ -264,6 +323,8 @@ pub async fn serve_http(
         .http2()
         .timer(TokioTimer::new())
         .max_frame_size(crate::http2::MAX_FRAME_BYTES)
+        .max_pending_accept_reset_streams(crate::http2::MAX_PENDING_ACCEPT_RESET_STREAMS)
+        .max_local_error_reset_streams(crate::http2::MAX_LOCAL_ERROR_RESET_STREAMS)
         .keep_alive_interval(crate::http2::KEEPALIVE_INTERVAL)
         .keep_alive_timeout(crate::http2::KEEPALIVE_TIMEOUT);
     let listener_name: std::sync::Arc<str> = listener
@@ -273,6 +334,7 @@ pub async fn serve_http(
     // a handle taken before the process installs its recorder would stay a no-op for good.
     let mut over_limit = OverLimit::new(listener_name.clone(), limits.max_connections);
     let listener_budget = BufferBudget::new(limits.max_buffered_bytes);
+    let message_limits = std::sync::Arc::new(message_limits);
     let graceful = hyper_util::server::graceful::GracefulShutdown::new();
     let mut connections = tokio::task::JoinSet::new();
     let mut shutdown = std::pin::pin!(shutdown);
@@ -299,6 +361,7 @@ pub async fn serve_http(
                             listener: listener_budget.clone(),
                             listener_name: listener_name.clone(),
                             metered: Metered::Requests,
+                            message_limits: message_limits.clone(),
                         };
                         let service = router.clone().map_request(move |request| budgets.meter(request));
                         let connection = builder

@@ -203,6 +203,7 @@ impl MeshClient {
             message,
             timeout,
             metadata,
+            hold: None,
         });
         let reply = match timeout {
             Some(timeout) => tokio::time::timeout(timeout, call).await.map_err(|_| {

@@ -220,7 +220,12 @@ impl AgentRuntime {
         // breaks a stream other calls share.
         .max_decoding_message_size(config.max_message_bytes + mux::FRAME_OVERHEAD_BYTES)
         .max_encoding_message_size(config.max_message_bytes + mux::FRAME_OVERHEAD_BYTES);
-        let server = server.add_service(reach_telemetry::traced(agent_service));
+        let server = server
+            .with_message_limit(
+                <AgentServiceServer<AgentGrpc> as tonic::server::NamedService>::NAME,
+                config.max_message_bytes + mux::FRAME_OVERHEAD_BYTES,
+            )
+            .add_service(reach_telemetry::traced(agent_service));
         let serve = tokio::spawn(server.serve(listener, async move {
             let mut stopped = serving_stopped;
             let _ = stopped.wait_for(|stop| *stop).await;
@@ -654,10 +659,17 @@ fn remembered_bytes(outcome: &Result<HandleResponse, Status>) -> usize {
 /// Handles one message: dedupe slot, in-flight count, concurrency permit, the handler, the
 /// reply envelope, the deadline. Shared by Handle and HandleMux; `span` is the message's span
 /// (`agent.handle`), already parented.
+///
+/// `cancelled` is a multiplexed call's cancel (its caller gave up). When it fires, or the
+/// deadline passes, the handler is told (its context's cancellation) and this returns only
+/// once the handler has finished: the reply then acknowledges the cancel, so the caller (the
+/// router) counts the call against this instance while its handler still runs. A unary
+/// Handle (`None`) answers at the deadline at once (its caller resets the stream then).
 async fn handle_message(
     shared: &Arc<Shared>,
     message: ReachMessage,
     deadline: Option<Instant>,
+    cancelled: Option<CancellationToken>,
     span: tracing::Span,
 ) -> Result<HandleResponse, Status> {
     span.record("instance", &*shared.instance_id);
@@ -746,24 +758,46 @@ async fn handle_message(
     // a passed deadline, a cancel frame) the handler is told through its cancellation token,
     // may still finish, and its outcome is remembered, so a redelivery of the same message id
     // gets that outcome instead of running it again. A panicking handler fails only its call.
-    let task = tokio::spawn(run);
-    let run = async move {
-        task.await
-            .unwrap_or_else(|join| Err(Status::internal(format!("handler task failed: {join}"))))
+    let mut task = tokio::spawn(run);
+    let joined = |join: Result<Result<HandleResponse, Status>, tokio::task::JoinError>| {
+        join.unwrap_or_else(|join| Err(Status::internal(format!("handler task failed: {join}"))))
     };
-    let result = match deadline {
-        Some(deadline) => match tokio::time::timeout_at(deadline, run).await {
-            Ok(result) => result,
-            Err(_) => Err(status_with_reason(
-                Code::DeadlineExceeded,
-                "the caller's deadline passed before the handler finished",
-                reason::DEADLINE_EXCEEDED,
-                [],
-            )),
-        },
-        None => run.await,
+    let settle = cancelled.is_some();
+    let cancelled = async move {
+        match cancelled {
+            Some(token) => token.cancelled_owned().await,
+            None => std::future::pending().await,
+        }
     };
-    drop(cancel_on_drop);
+    let expired = async move {
+        match deadline {
+            Some(deadline) => tokio::time::sleep_until(deadline).await,
+            None => std::future::pending().await,
+        }
+    };
+    let result = tokio::select! {
+        join = &mut task => Ok(joined(join)),
+        () = expired => Err(status_with_reason(
+            Code::DeadlineExceeded,
+            "the caller's deadline passed before the handler finished",
+            reason::DEADLINE_EXCEEDED,
+            [],
+        )),
+        () = cancelled => Err(Status::cancelled(
+            "the caller cancelled the call; the handler was told and has finished",
+        )),
+    };
+    let result = match result {
+        Ok(result) => result,
+        Err(status) => {
+            // The handler is told; a multiplexed call answers once it has finished.
+            drop(cancel_on_drop);
+            if settle {
+                let _ = (&mut task).await;
+            }
+            Err(status)
+        }
+    };
     let code = result.as_ref().map_or_else(Status::code, |_| Code::Ok);
     let message = result.as_ref().err().map_or("", |s| s.message());
     reach_telemetry::record_status(&span, code, message);
@@ -788,7 +822,7 @@ impl AgentService for AgentGrpc {
             .message
             .ok_or_else(|| Status::invalid_argument("the request has no message"))?;
         let span = reach_telemetry::message_span("agent.handle", &message);
-        handle_message(&self.shared, message, deadline, span)
+        handle_message(&self.shared, message, deadline, None, span)
             .await
             .map(Response::new)
     }
@@ -804,7 +838,8 @@ impl AgentService for AgentGrpc {
             .into_inner()
             .map(|item| item.map(|request| request.frame.unwrap_or_default()));
         let shared = self.shared.clone();
-        let outcomes = mux::serve(
+        // A cancel frame tells the handler and waits for it (see `handle_message`).
+        let outcomes = mux::serve_with(
             inbound,
             move |call: mux::IncomingCall| {
                 let shared = shared.clone();
@@ -816,13 +851,20 @@ impl AgentService for AgentGrpc {
                         &call.message,
                         Some(parent),
                     );
-                    let response =
-                        handle_message(&shared, call.message, call.deadline, span).await?;
+                    let response = handle_message(
+                        &shared,
+                        call.message,
+                        call.deadline,
+                        Some(call.cancelled),
+                        span,
+                    )
+                    .await?;
                     Ok(response.message.unwrap_or_default())
                 }
             },
             MAX_OPEN_CALLS_PER_STREAM,
             self.shared.closing.clone(),
+            mux::OnCancel::Tell,
         );
         let replies = outcomes.map(|item| {
             item.map(|(call_id, outcome)| HandleMuxResponse {

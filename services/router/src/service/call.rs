@@ -131,7 +131,9 @@ impl Router {
                 }
                 timeout = Some(remaining);
             }
-            let call = endpoint.handle(message.clone(), metadata, timeout);
+            // The slot goes with the call: it is released when the call has ended at the
+            // instance (its reply, or its acknowledged cancel), not when this future ends.
+            let call = endpoint.handle(message.clone(), metadata, timeout, Box::new(reserved));
             let attempt = Instant::now();
             let result = match deadline {
                 Some(deadline) => tokio::time::timeout_at(deadline, call).await,
@@ -141,7 +143,6 @@ impl Router {
             // the instance's latency; one whose caller went away is not.
             endpoint.record_latency(attempt.elapsed());
             let result = result.map_err(|_| RouteError::DeadlineExceeded(started.elapsed()))?;
-            drop(reserved);
             let status = match result {
                 Ok(reply) => {
                     endpoint.record_success();

@@ -40,6 +40,7 @@ use crate::key::RouteKey;
 use crate::ledger::{LedgerSink, LedgerSinkConfig};
 use crate::metrics::RouteMetrics;
 use crate::protocol::ProtocolRegistry;
+use crate::pump::CallerEnd;
 use crate::table::RoutingTable;
 use crate::watch::follow_registry;
 
@@ -52,9 +53,7 @@ pub const INSTANCE_ID_METADATA: &str = "x-reach-instance-id";
 /// Request metadata set on a Reply forwarded between router replicas (never forwarded again).
 pub const FORWARDED_REPLY_METADATA: &str = "x-reach-forwarded-reply";
 
-/// The metrics label of calls to a name no instance serves: such names come from callers,
-/// unbounded, and would each make metric series of their own.
-pub const UNROUTED_LABEL: &str = "(unrouted)";
+pub use crate::metrics::UNROUTED_LABEL;
 
 /// The router: a routing table plus the RouterService that forwards through it. Cloning
 /// shares everything.
@@ -165,6 +164,24 @@ impl Router {
             .max_encoding_message_size(limit)
     }
 
+    /// Adds the router to `server`: `RouterService` (traced), typed pass-through
+    /// ([`crate::passthrough`]) for every path no other service claims, and their message
+    /// limits, checked against each gRPC message's length prefix
+    /// ([`RouterConfig::request_message_limit`], [`RouterConfig::passthrough_message_limit`]).
+    pub fn add_to(&self, server: reach_rpc::GrpcServer) -> reach_rpc::GrpcServer {
+        server
+            .with_message_limit(
+                <RouterServiceServer<Self> as tonic::server::NamedService>::NAME,
+                self.config().request_message_limit(),
+            )
+            .add_service(WatchCallers::new(
+                reach_telemetry::traced(self.clone().into_server()),
+                self.inner.unrouted_metrics.clone(),
+            ))
+            .with_fallback(crate::passthrough::PassThrough::new(self.table().clone()))
+            .with_fallback_message_limit(self.config().passthrough_message_limit())
+    }
+
     fn config(&self) -> &RouterConfig {
         self.inner.table.config()
     }
@@ -220,5 +237,108 @@ impl RouterService for Router {
         request: Request<ReplyRequest>,
     ) -> Result<Response<ReplyResponse>, Status> {
         self.serve_reply(request).await
+    }
+}
+
+/// The router's gRPC service as served (see [`Router::add_to`]): every request body is
+/// watched, so that a caller abandoning it part-way (resetting its stream, or its connection
+/// breaking, before it half-closed) is known, since tonic's decoder reports that as a clean
+/// end (request-side CANCELLED) or fails the request before the handler runs:
+/// - each request carries a [`CallerEnd`] in its extensions, which a routed stream's
+///   inbound half reads to reset the instance's stream instead of half-closing it;
+/// - a unary Call abandoned part-way is counted as CANCELLED in
+///   `reach_router_requests_total`, under [`UNROUTED_LABEL`] since its message never named a
+///   route.
+#[derive(Clone)]
+pub struct WatchCallers<S> {
+    inner: S,
+    unrouted: Arc<RouteMetrics>,
+}
+
+impl<S> WatchCallers<S> {
+    fn new(inner: S, unrouted: Arc<RouteMetrics>) -> Self {
+        Self { inner, unrouted }
+    }
+}
+
+impl<S: tonic::server::NamedService> tonic::server::NamedService for WatchCallers<S> {
+    const NAME: &'static str = S::NAME;
+}
+
+/// The path of `RouterService.Call`.
+const CALL_PATH: &str = "/reach.v1.RouterService/Call";
+
+impl<S> tower::Service<http::Request<tonic::body::Body>> for WatchCallers<S>
+where
+    S: tower::Service<http::Request<tonic::body::Body>>,
+{
+    type Response = S::Response;
+    type Error = S::Error;
+    type Future = S::Future;
+
+    fn poll_ready(
+        &mut self,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, mut request: http::Request<tonic::body::Body>) -> Self::Future {
+        let end = CallerEnd::default();
+        request.extensions_mut().insert(end.clone());
+        let unrouted = (request.uri().path() == CALL_PATH).then(|| self.unrouted.clone());
+        let started = tokio::time::Instant::now();
+        self.inner.call(request.map(|inner| {
+            tonic::body::Body::new(WatchedRequest {
+                inner,
+                end,
+                unrouted,
+                started,
+            })
+        }))
+    }
+}
+
+/// A request body whose failure is recorded (see [`WatchCallers`]). A failure that is the
+/// serving layer's own refusal (a `Status` with no transport error under it, such as an
+/// oversized message) is not the caller abandoning the request.
+struct WatchedRequest {
+    inner: tonic::body::Body,
+    end: CallerEnd,
+    /// A unary Call's metrics, where an abandoned one is counted.
+    unrouted: Option<Arc<RouteMetrics>>,
+    started: tokio::time::Instant,
+}
+
+impl http_body::Body for WatchedRequest {
+    type Data = bytes::Bytes;
+    type Error = Status;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<http_body::Frame<bytes::Bytes>, Status>>> {
+        let polled = Pin::new(&mut self.inner).poll_frame(cx);
+        if let std::task::Poll::Ready(Some(Err(status))) = &polled
+            && std::error::Error::source(status).is_some_and(|s| !s.is::<Status>())
+        {
+            self.end.fail(format!(
+                "{}: {}",
+                reach_rpc::errors::code_name(status.code()),
+                status.message()
+            ));
+            if let Some(unrouted) = self.unrouted.take() {
+                unrouted.request(tonic::Code::Cancelled, self.started.elapsed());
+            }
+        }
+        polled
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.inner.size_hint()
     }
 }

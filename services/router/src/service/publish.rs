@@ -44,8 +44,8 @@ impl Router {
             let endpoint = endpoint.clone();
             let (message, metadata) = (&message, &metadata);
             async move {
-                let _in_flight = endpoint.load_tracker().start();
-                let call = endpoint.handle(message.clone(), metadata, timeout);
+                let in_flight = endpoint.load_tracker().start();
+                let call = endpoint.handle(message.clone(), metadata, timeout, Box::new(in_flight));
                 let attempt = Instant::now();
                 let result = match deadline {
                     Some(deadline) => match tokio::time::timeout_at(deadline, call).await {

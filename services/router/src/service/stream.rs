@@ -14,7 +14,7 @@ use crate::error::RouteError;
 use crate::key::RouteKey;
 use crate::metrics;
 use crate::protocol::{AdapterExt, VersionPlan};
-use crate::pump::{InboundChecks, InboundPump, OutboundPump};
+use crate::pump::{CallerEnd, InboundChecks, InboundPump, OutboundPump, StreamCodec};
 
 impl Router {
     /// `RouterService.Stream`: opens the stream ([`Router::open_stream`]); a stream refused
@@ -47,7 +47,8 @@ impl Router {
         started: Instant,
         route_label: &mut Option<String>,
     ) -> Result<Response<<Router as RouterService>::StreamStream>, Status> {
-        let (metadata, _, mut inbound) = request.into_parts();
+        let (metadata, extensions, mut inbound) = request.into_parts();
+        let caller_end = extensions.get::<CallerEnd>().cloned().unwrap_or_default();
         let deadline = read_deadline(&metadata, started)?;
         let first = inbound.message().await?.ok_or_else(|| {
             Status::invalid_argument(
@@ -99,7 +100,7 @@ impl Router {
         // Counted open from here, while the instance has not answered yet as well.
         let label = self.route_metrics(&key).label().to_string();
         let open = metrics::open_stream(&label);
-        let (abort_tx, abort_rx) = oneshot::channel();
+        let (abort_tx, mut abort_rx) = oneshot::channel();
         let inbound = InboundPump::new(
             message,
             inbound,
@@ -107,19 +108,43 @@ impl Router {
             InboundChecks { rules, validation },
             plan.adapter.clone(),
             abort_tx,
+            caller_end,
         );
         let mut forward = Request::new(inbound);
         *forward.metadata_mut() = forwarded_metadata(metadata);
         if let Some(deadline) = deadline {
             forward.set_timeout(deadline.saturating_duration_since(Instant::now()));
         }
-        let opened = endpoint.client().handle_stream(forward).await;
+        forward.extensions_mut().insert(tonic::GrpcMethod::new(
+            "reach.v1.AgentService",
+            "HandleStream",
+        ));
+        let mut grpc = endpoint.grpc();
+        let opened = match grpc.ready().await {
+            Ok(()) => {
+                grpc.streaming(
+                    forward,
+                    http::uri::PathAndQuery::from_static("/reach.v1.AgentService/HandleStream"),
+                    StreamCodec,
+                )
+                .await
+            }
+            Err(error) => Err(crate::endpoint::unreachable_instance(
+                &endpoint.info().instance_id,
+                &tonic::codegen::StdError::from(error).to_string(),
+            )),
+        };
         let agent_stream = match opened {
             Ok(response) => {
                 endpoint.record_success();
                 response.into_inner()
             }
             Err(status) => {
+                // A message refused before the instance answered resets its stream: the
+                // refusal is the stream's outcome, not the reset.
+                if let Ok(refusal) = abort_rx.try_recv() {
+                    return Err(refusal);
+                }
                 if status.code() == Code::Unavailable {
                     endpoint.record_failed(&status);
                 }
@@ -133,6 +158,7 @@ impl Router {
             open,
             deadline,
             plan.adapter,
+            self.config().max_message_bytes,
             label,
             started,
         );

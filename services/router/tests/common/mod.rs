@@ -141,11 +141,7 @@ pub async fn router_with_random(
     router.table().wait_synced().await;
     let stop = CancellationToken::new();
     let token = stop.clone();
-    let server = GrpcServer::new()
-        .add_service(router.clone().into_server())
-        .with_fallback(reach_router::passthrough::PassThrough::new(
-            router.table().clone(),
-        ));
+    let server = router.add_to(GrpcServer::new());
     tokio::spawn(server.serve(listener, async move { token.cancelled().await }));
     TestRouter { router, url, stop }
 }

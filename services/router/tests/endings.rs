@@ -1,0 +1,564 @@
+//! Calls and streams end the way they really ended, and every message is held to the size
+//! limit, on every path: a caller's reset reaches the agent as a reset, an upstream response
+//! without a gRPC status reaches the caller as a failure, and typed pass-through checks both
+//! directions. The misbehaving peers are raw HTTP/2 (the `h2` crate), so they send exactly
+//! the frames under test.
+
+mod common;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use common::*;
+use prost::Message as _;
+use reach_proto::v1::{InstanceSpec, Payload, ReachMessage, StreamRequest};
+use reach_router::RouterConfig;
+use reach_sdk::{AgentRuntime, CallOptions, HandlerContext};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{Notify, mpsc};
+
+/// The typed service the raw agents below register.
+const RAW_SERVICE: &str = "test.v1.Raw";
+const RAW_PATH: &str = "/test.v1.Raw/Echo";
+
+/// `message` framed as one gRPC message (flag, 4-byte length, bytes).
+fn framed(message: &[u8]) -> Bytes {
+    let mut out = vec![0];
+    out.extend_from_slice(&(message.len() as u32).to_be_bytes());
+    out.extend_from_slice(message);
+    Bytes::from(out)
+}
+
+/// An HTTP/2 connection to `addr`, driven in the background.
+async fn h2_connect(addr: &str) -> h2::client::SendRequest<Bytes> {
+    let addr: SocketAddr = addr.trim_start_matches("http://").parse().unwrap();
+    let tcp = TcpStream::connect(addr).await.unwrap();
+    let (client, connection) = h2::client::handshake(tcp).await.unwrap();
+    tokio::spawn(async move {
+        let _ = connection.await;
+    });
+    client.ready().await.unwrap()
+}
+
+/// Starts a gRPC request to `path` (the body is left open).
+fn start(
+    client: &mut h2::client::SendRequest<Bytes>,
+    path: &str,
+) -> (h2::client::ResponseFuture, h2::SendStream<Bytes>) {
+    let request = http::Request::builder()
+        .method("POST")
+        .uri(format!("http://mesh{path}"))
+        .header("content-type", "application/grpc")
+        .header("te", "trailers")
+        .body(())
+        .unwrap();
+    client.send_request(request, false).unwrap()
+}
+
+/// How a response ended, as a raw caller sees it: its data, then its `grpc-status` (from the
+/// headers of a trailers-only response or from the trailers), or `None` when it ended
+/// without one (a clean end with no status, or a reset). `first_data` is told when the first
+/// data arrived.
+async fn ending(
+    response: h2::client::ResponseFuture,
+    first_data: &tokio::sync::Notify,
+) -> (Vec<u8>, Option<i32>) {
+    let response = tokio::time::timeout(Duration::from_secs(10), response)
+        .await
+        .expect("response headers within 10 s")
+        .unwrap();
+    let status_of = |headers: &http::HeaderMap| {
+        headers
+            .get("grpc-status")
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.parse().ok())
+    };
+    if let Some(code) = status_of(response.headers()) {
+        return (Vec::new(), Some(code));
+    }
+    let mut body = response.into_body();
+    let mut data = Vec::new();
+    loop {
+        match tokio::time::timeout(Duration::from_secs(10), body.data()).await {
+            Err(_) => panic!("the response neither ended nor sent data within 10 s"),
+            Ok(Some(Ok(chunk))) => {
+                let _ = body.flow_control().release_capacity(chunk.len());
+                data.extend_from_slice(&chunk);
+                first_data.notify_one();
+            }
+            Ok(Some(Err(_))) => return (data, None),
+            Ok(None) => break,
+        }
+    }
+    let trailers = tokio::time::timeout(Duration::from_secs(10), body.trailers())
+        .await
+        .expect("trailers within 10 s");
+    (data, trailers.ok().flatten().and_then(|t| status_of(&t)))
+}
+
+/// How a raw agent answers `RAW_PATH`.
+#[derive(Debug, Clone, Copy)]
+enum Answer {
+    /// One message, then END_STREAM on that DATA frame: no trailers, no status.
+    DataEndStream,
+    /// One message, then (once the caller has it) RST_STREAM(NO_ERROR).
+    ResetNoError,
+    /// One message, then (once the caller has it) the connection closes.
+    DropConnection,
+    /// A message of this many bytes, with an OK status.
+    Message(usize),
+    /// Reads the request to its end and answers OK with one empty message.
+    Ok,
+}
+
+/// Serves `answer` for every request on 127.0.0.1:0 (a raw HTTP/2 server standing in for an
+/// agent's typed service) and registers it as instance `id` serving [`RAW_SERVICE`]. `go`
+/// tells a `ResetNoError` or `DropConnection` answer to go on after its message.
+async fn raw_agent(
+    registry: &TestRegistry,
+    id: &str,
+    service: &str,
+    answer: Answer,
+    go: Arc<Notify>,
+) {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let endpoint = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(async move {
+        loop {
+            let (tcp, _) = listener.accept().await.unwrap();
+            let go = go.clone();
+            tokio::spawn(async move {
+                let mut connection = h2::server::handshake(tcp).await.unwrap();
+                let (close, mut closed) = mpsc::channel::<()>(1);
+                loop {
+                    let (request, respond) = tokio::select! {
+                        next = connection.accept() => match next {
+                            Some(Ok(next)) => next,
+                            _ => return,
+                        },
+                        // Drops the connection: the socket closes.
+                        _ = closed.recv() => return,
+                    };
+                    tokio::spawn(answer_one(
+                        request,
+                        respond,
+                        answer,
+                        go.clone(),
+                        close.clone(),
+                    ));
+                }
+            });
+        }
+    });
+    let spec = InstanceSpec {
+        service: service.replace('.', "-"),
+        instance_id: id.into(),
+        endpoint,
+        grpc_services: vec![service.into()],
+        protocol_version: "1.0".into(),
+        weight: 1,
+        ..InstanceSpec::default()
+    };
+    registry
+        .registry
+        .register(spec, Some(Duration::from_secs(60)))
+        .expect("registration");
+}
+
+async fn answer_one(
+    request: http::Request<h2::RecvStream>,
+    mut respond: h2::server::SendResponse<Bytes>,
+    answer: Answer,
+    go: Arc<Notify>,
+    close: mpsc::Sender<()>,
+) {
+    let mut body = request.into_body();
+    if matches!(answer, Answer::Ok) {
+        while let Some(chunk) = body.data().await {
+            match chunk {
+                Ok(chunk) => {
+                    let _ = body.flow_control().release_capacity(chunk.len());
+                }
+                Err(_) => return,
+            }
+        }
+    }
+    let response = http::Response::builder()
+        .header("content-type", "application/grpc")
+        .body(())
+        .unwrap();
+    let Ok(mut send) = respond.send_response(response, false) else {
+        return;
+    };
+    let ok = || {
+        let mut trailers = http::HeaderMap::new();
+        trailers.insert("grpc-status", "0".parse().unwrap());
+        trailers
+    };
+    let message = framed(b"");
+    let _ = match answer {
+        Answer::DataEndStream => send.send_data(message, true),
+        Answer::ResetNoError => {
+            let _ = send.send_data(message, false);
+            go.notified().await;
+            send.send_reset(h2::Reason::NO_ERROR);
+            Ok(())
+        }
+        Answer::DropConnection => {
+            let _ = send.send_data(message, false);
+            go.notified().await;
+            let _ = close.send(()).await;
+            Ok(())
+        }
+        Answer::Message(size) => {
+            let _ = send.send_data(framed(&vec![b'x'; size]), false);
+            send.send_trailers(ok())
+        }
+        Answer::Ok => {
+            let _ = send.send_data(message, false);
+            send.send_trailers(ok())
+        }
+    };
+}
+
+async fn mesh_with_raw_agent(
+    answer: Answer,
+    config: RouterConfig,
+) -> (TestRegistry, TestRouter, Arc<Notify>) {
+    mesh_with_raw_service(RAW_SERVICE, answer, config).await
+}
+
+/// [`mesh_with_raw_agent`] with the agent serving `service`.
+async fn mesh_with_raw_service(
+    service: &str,
+    answer: Answer,
+    config: RouterConfig,
+) -> (TestRegistry, TestRouter, Arc<Notify>) {
+    let registry = registry().await;
+    let go = Arc::new(Notify::new());
+    raw_agent(&registry, "raw-1", service, answer, go.clone()).await;
+    let router = router(&registry.url, config).await;
+    router.wait_routable(1).await;
+    (registry, router, go)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pass_through_response_without_a_status_reaches_the_caller_as_a_failure() {
+    for (answer, expected) in [
+        (Answer::DataEndStream, tonic::Code::Internal),
+        (Answer::ResetNoError, tonic::Code::Internal),
+        (Answer::DropConnection, tonic::Code::Unavailable),
+    ] {
+        let (_registry, router, go) = mesh_with_raw_agent(answer, RouterConfig::default()).await;
+        let mut client = h2_connect(&router.url).await;
+        let (response, mut send) = start(&mut client, RAW_PATH);
+        send.send_data(framed(b""), true).unwrap();
+        let (data, status) = ending(response, &go).await;
+        assert_eq!(
+            data,
+            framed(b""),
+            "{answer:?}: the instance's message arrives"
+        );
+        assert_eq!(
+            status,
+            Some(expected as i32),
+            "{answer:?}: the caller gets a status saying what happened, not a clean end"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pass_through_messages_over_the_limit_are_refused_both_ways() {
+    let limit = 16 * 1024;
+    let config = RouterConfig {
+        passthrough_max_message_bytes: Some(limit),
+        ..RouterConfig::default()
+    };
+    // The instance's reply is over the limit.
+    let (_registry, router, _) =
+        mesh_with_raw_agent(Answer::Message(limit + 1), config.clone()).await;
+    let channel = tonic::transport::Endpoint::from_shared(router.url.clone())
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let status = raw_call(channel.clone(), 10).await.unwrap_err();
+    assert_payload_too_large(&status, limit);
+
+    // The caller's message is over the limit (2.5 ×).
+    let (_registry, router, _) = mesh_with_raw_agent(Answer::Ok, config).await;
+    let channel = tonic::transport::Endpoint::from_shared(router.url.clone())
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let status = raw_call(channel.clone(), limit * 5 / 2).await.unwrap_err();
+    assert_payload_too_large(&status, limit);
+    raw_call(channel, 10).await.expect("a small message passes");
+}
+
+fn assert_payload_too_large(status: &tonic::Status, limit: usize) {
+    assert_eq!(status.code(), tonic::Code::ResourceExhausted, "{status:?}");
+    assert_eq!(reason(status), "PAYLOAD_TOO_LARGE", "{status:?}");
+    let meta = reach_rpc::errors::metadata_of(status);
+    assert_eq!(meta["limit_bytes"], limit.to_string(), "{status:?}");
+    assert!(
+        meta["size_bytes"].parse::<usize>().unwrap() > limit,
+        "{status:?}"
+    );
+}
+
+/// Calls `RAW_PATH` with a message of `size` bytes (a `bytes` field), decoding the reply as
+/// any bytes.
+async fn raw_call(
+    channel: tonic::transport::Channel,
+    size: usize,
+) -> Result<prost::bytes::Bytes, tonic::Status> {
+    raw_call_to(channel, RAW_PATH, size).await
+}
+
+/// [`raw_call`] to `path`.
+async fn raw_call_to(
+    channel: tonic::transport::Channel,
+    path: &'static str,
+    size: usize,
+) -> Result<prost::bytes::Bytes, tonic::Status> {
+    let mut grpc = tonic::client::Grpc::new(channel);
+    grpc.ready().await.unwrap();
+    let request = reach_proto::v1::part::Content::Raw(Bytes::from(vec![0u8; size]));
+    let part = reach_proto::v1::Part {
+        content: Some(request),
+        ..Default::default()
+    };
+    grpc.unary(
+        tonic::Request::new(part),
+        http::uri::PathAndQuery::from_static(path),
+        tonic_prost::ProstCodec::<reach_proto::v1::Part, reach_proto::v1::Part>::default(),
+    )
+    .await
+    .map(|r| r.into_inner().encode_to_vec().into())
+}
+
+/// How an agent's inbound stream ended.
+#[derive(Debug, PartialEq, Eq)]
+enum InboundEnd {
+    /// A clean end (the caller half-closed), after this many messages.
+    Clean(usize),
+    /// An error, after this many messages.
+    Failed(usize),
+}
+
+/// A `talk` stream agent that reports, on `ended`, how each inbound stream ended. The
+/// inbound stream is read by a task of its own, so it is followed to its end even when the
+/// stream's replies are dropped (a reset ends both directions).
+fn recording_agent(registry: &str, ended: mpsc::UnboundedSender<InboundEnd>) -> AgentRuntime {
+    AgentRuntime::new(config("talk", "talk-1", registry)).handle_stream(
+        "talk",
+        "1.0.0",
+        move |_c: HandlerContext,
+              _first: ReachMessage,
+              rest: reach_sdk::handler::InboundMessages| {
+            use futures::StreamExt;
+            let ended = ended.clone();
+            let (done_tx, done) = tokio::sync::oneshot::channel();
+            tokio::spawn(async move {
+                let mut rest = rest;
+                let mut seen = 1;
+                let end = loop {
+                    match rest.next().await {
+                        Some(Ok(_)) => seen += 1,
+                        Some(Err(_)) => break InboundEnd::Failed(seen),
+                        None => break InboundEnd::Clean(seen),
+                    }
+                };
+                let _ = ended.send(end);
+                let _ = done_tx.send(());
+            });
+            futures::stream::once(async move {
+                let _ = done.await;
+                Ok(Payload::text("done", "bye"))
+            })
+        },
+    )
+}
+
+/// One `StreamRequest` to capability `talk`, framed.
+fn talk(client: &reach_sdk::MeshClient, text: &str) -> Bytes {
+    let mut message =
+        client.message_to_capability("talk", Payload::text("t", text), &CallOptions::default());
+    // Later messages of a stream take the stream's trace id.
+    if let Some(header) = message.header.as_mut() {
+        header.trace_id.clear();
+    }
+    framed(
+        &StreamRequest {
+            message: Some(message),
+        }
+        .encode_to_vec(),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_caller_that_resets_its_stream_is_a_reset_for_the_agent_not_an_end_of_input() {
+    let registry = registry().await;
+    let (ended_tx, mut ended) = mpsc::unbounded_channel();
+    let (_agent, _) = agent(recording_agent(&registry.url, ended_tx)).await;
+    let router = router(&registry.url, RouterConfig::default()).await;
+    router.wait_routable(1).await;
+    let mesh = router.client().await;
+    let talk = |text: &str| talk(&mesh, text);
+
+    // A caller that sends two messages and half-closes: a clean end after two.
+    let mut client = h2_connect(&router.url).await;
+    let (response, mut send) = start(&mut client, "/reach.v1.RouterService/Stream");
+    send.send_data(talk("one"), false).unwrap();
+    send.send_data(talk("two"), true).unwrap();
+    let end = tokio::time::timeout(Duration::from_secs(10), ended.recv())
+        .await
+        .unwrap();
+    assert_eq!(end, Some(InboundEnd::Clean(2)));
+    drop(response);
+
+    // A caller that sends two messages and resets its stream (it gave up part-way).
+    let (response, mut send) = start(&mut client, "/reach.v1.RouterService/Stream");
+    send.send_data(talk("one"), false).unwrap();
+    send.send_data(talk("two"), false).unwrap();
+    let response = tokio::time::timeout(Duration::from_secs(10), response)
+        .await
+        .unwrap()
+        .unwrap();
+    send.send_reset(h2::Reason::CANCEL);
+    let end = tokio::time::timeout(Duration::from_secs(10), ended.recv())
+        .await
+        .unwrap();
+    assert_eq!(
+        end,
+        Some(InboundEnd::Failed(2)),
+        "the agent must not take a reset stream for a complete one"
+    );
+    drop(response);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agents_stream_message_over_the_limit_ends_the_stream_with_payload_too_large() {
+    let registry = registry().await;
+    let runtime = AgentRuntime::new(config("talk", "talk-1", &registry.url)).handle_stream(
+        "talk",
+        "1.0.0",
+        |_c: HandlerContext, _first: ReachMessage, _rest: reach_sdk::handler::InboundMessages| {
+            futures::stream::iter([
+                Ok(Payload::text("t", "small")),
+                Ok(Payload::text("t", "x".repeat(8 * 1024))),
+            ])
+        },
+    );
+    let (_agent, _) = agent(runtime).await;
+    let config = RouterConfig {
+        max_message_bytes: 4096,
+        ..RouterConfig::default()
+    };
+    let router = router(&registry.url, config).await;
+    router.wait_routable(1).await;
+    let client = router.client().await;
+    let first =
+        client.message_to_capability("talk", Payload::text("t", "hi"), &CallOptions::default());
+    let mut replies = client
+        .stream(
+            first,
+            futures::stream::pending(),
+            Some(Duration::from_secs(10)),
+        )
+        .await
+        .unwrap();
+    let small = replies.message().await.unwrap().unwrap();
+    assert_eq!(
+        small.message.unwrap().payload.unwrap().first_text(),
+        Some("small")
+    );
+    let status = replies.message().await.unwrap_err();
+    assert_payload_too_large(&status, 4096);
+}
+
+/// The process's metrics recorder (installed once per test binary).
+fn metrics() -> &'static reach_telemetry::metrics::PrometheusHandle {
+    static HANDLE: std::sync::OnceLock<reach_telemetry::metrics::PrometheusHandle> =
+        std::sync::OnceLock::new();
+    HANDLE.get_or_init(|| reach_telemetry::metrics::install().unwrap())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_whose_caller_abandons_the_request_part_way_is_counted_cancelled() {
+    let metrics = metrics();
+    let registry = registry().await;
+    let router = router(&registry.url, RouterConfig::default()).await;
+    let cancelled = || {
+        metric(
+            &metrics.render(),
+            "reach_router_requests_total",
+            &[("capability", "(unrouted)"), ("code", "CANCELLED")],
+        )
+    };
+    let before = cancelled();
+    let mesh = router.client().await;
+    let mut client = h2_connect(&router.url).await;
+    let (response, mut send) = start(&mut client, "/reach.v1.RouterService/Call");
+    // Half of a message's bytes, then the caller gives up.
+    let whole = talk(&mesh, "part");
+    send.send_data(whole.slice(..whole.len() / 2), false)
+        .unwrap();
+    send.send_reset(h2::Reason::CANCEL);
+    drop(response);
+    eventually("the abandoned call is counted as CANCELLED", || {
+        cancelled() > before
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pass_through_calls_are_counted_like_envelope_calls() {
+    let metrics = metrics();
+    // A service of its own: the metrics are the process's, other tests run alongside.
+    const SERVICE: &str = "test.v1.Counted";
+    const PATH: &str = "/test.v1.Counted/Echo";
+    let (_registry, router, go) =
+        mesh_with_raw_service(SERVICE, Answer::Ok, RouterConfig::default()).await;
+    let requests = |code: &str| {
+        metric(
+            &metrics.render(),
+            "reach_router_requests_total",
+            &[("capability", SERVICE), ("code", code)],
+        )
+    };
+    let latencies = || {
+        metric(
+            &metrics.render(),
+            "reach_router_instance_duration_seconds_count",
+            &[("service", "test-v1-Counted"), ("instance", "raw-1")],
+        )
+    };
+    let (ok_before, internal_before, latencies_before) =
+        (requests("OK"), requests("INTERNAL"), latencies());
+    let channel = tonic::transport::Endpoint::from_shared(router.url.clone())
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    for _ in 0..3 {
+        raw_call_to(channel.clone(), PATH, 10).await.unwrap();
+    }
+    assert_eq!(requests("OK") - ok_before, 3.0);
+    assert_eq!(latencies() - latencies_before, 3.0);
+    assert_eq!(requests("INTERNAL"), internal_before);
+
+    // A response without a status is counted with the status the caller got.
+    let (_registry, router, _) =
+        mesh_with_raw_service(SERVICE, Answer::DataEndStream, RouterConfig::default()).await;
+    let mut client = h2_connect(&router.url).await;
+    let (response, mut send) = start(&mut client, PATH);
+    send.send_data(framed(b""), true).unwrap();
+    let (_, status) = ending(response, &go).await;
+    assert_eq!(status, Some(tonic::Code::Internal as i32));
+    assert_eq!(requests("INTERNAL") - internal_before, 1.0);
+}
