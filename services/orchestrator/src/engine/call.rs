@@ -14,7 +14,7 @@ use tonic::transport::Channel;
 use crate::failure::NodeError;
 
 use super::clock::Clock;
-use super::step::{CallResult, CallSpec};
+use super::step::{CallResult, CallSpec, Delivery};
 
 /// The router client the engine calls through.
 pub(super) type Router = RouterServiceClient<GrpcClientTrace<Channel>>;
@@ -99,6 +99,7 @@ pub(super) async fn call(
         ))
     };
     let sent = tracing::Instrument::instrument(router.call(request), span.clone());
+    let mut delivery = Delivery::Maybe;
     let result = match tokio::time::timeout(timeout, sent).await {
         Err(_) => deadline_exceeded(),
         // tonic enforces the grpc-timeout it sends too, answering CANCELLED: that is the
@@ -106,7 +107,10 @@ pub(super) async fn call(
         Ok(Err(status)) if status.code() == Code::Cancelled && started.elapsed() >= timeout => {
             deadline_exceeded()
         }
-        Ok(Err(status)) => Err(NodeError::from(&status)),
+        Ok(Err(status)) => {
+            delivery = delivery_of(&status);
+            Err(NodeError::from(&status))
+        }
         Ok(Ok(reply)) => {
             let parts = reply
                 .into_inner()
@@ -138,5 +142,56 @@ pub(super) async fn call(
         slot: spec.slot,
         attempt: spec.attempt,
         result,
+        delivery,
     }
+}
+
+/// Whether a failed call provably reached no agent: the router answered that nothing
+/// routable took it (ROUTE_NOT_FOUND, INSTANCE_UNAVAILABLE, OVERLOADED, INSTANCE_DRAINING),
+/// or the router itself could not be connected to.
+fn delivery_of(status: &tonic::Status) -> Delivery {
+    use reach_rpc::errors::reason;
+    if matches!(
+        reach_rpc::errors::reason_of(status).as_deref(),
+        Some(
+            reason::ROUTE_NOT_FOUND
+                | reason::INSTANCE_UNAVAILABLE
+                | reason::OVERLOADED
+                | reason::INSTANCE_DRAINING
+        )
+    ) {
+        return Delivery::NotDelivered;
+    }
+    if is_connect_error(status) {
+        return Delivery::NotDelivered;
+    }
+    Delivery::Maybe
+}
+
+/// Whether the status came from failing to open a connection to the router (nothing was
+/// sent): an I/O error refusing the connection, or hyper's connect error, in its sources.
+fn is_connect_error(status: &tonic::Status) -> bool {
+    let mut source = std::error::Error::source(status);
+    while let Some(error) = source {
+        if let Some(io) = error.downcast_ref::<std::io::Error>()
+            && matches!(
+                io.kind(),
+                std::io::ErrorKind::ConnectionRefused
+                    | std::io::ErrorKind::AddrNotAvailable
+                    | std::io::ErrorKind::HostUnreachable
+                    | std::io::ErrorKind::NetworkUnreachable
+            )
+        {
+            return true;
+        }
+        let text = error.to_string();
+        if text.contains("tcp connect error")
+            || text.contains("error trying to connect")
+            || text.contains("client error (Connect)")
+        {
+            return true;
+        }
+        source = error.source();
+    }
+    false
 }

@@ -70,6 +70,10 @@ pub struct EngineSettings {
     pub poll_interval: Duration,
     /// Ended tasks are purged this long after they end.
     pub context_ttl: Duration,
+    /// Node visits a task may make between retries before it fails.
+    pub max_node_visits: usize,
+    /// Expression evaluations run at once on the blocking pool.
+    pub max_concurrent_evaluations: usize,
     /// The `source` written in message headers.
     pub source: String,
 }
@@ -90,8 +94,14 @@ pub(crate) struct Inner {
     router: call::Router,
     /// Tasks with a driver in this process.
     active: Mutex<HashMap<String, Active>>,
+    /// Commands waiting to append, per task: the task's driver pauses between steps while a
+    /// task has one, so a command always gets in (see [`Engine::hold`]).
+    held: Mutex<HashMap<String, usize>>,
     /// Bounds the drivers running at once (`max_concurrent_tasks`).
     permits: Arc<Semaphore>,
+    /// Bounds the decisions that evaluate expressions, run on the blocking pool
+    /// (`max_concurrent_evaluations`).
+    evaluations: Arc<Semaphore>,
     /// Wakes the timer loop when a new timer is scheduled.
     timer_wake: Notify,
     /// "Task X appended up to seq N", for WatchTask.
@@ -162,9 +172,11 @@ impl Engine {
                 flows,
                 clock,
                 permits: Arc::new(Semaphore::new(settings.max_concurrent_tasks.max(1))),
+                evaluations: Arc::new(Semaphore::new(settings.max_concurrent_evaluations.max(1))),
                 settings,
                 router,
                 active: Mutex::new(HashMap::new()),
+                held: Mutex::new(HashMap::new()),
                 timer_wake: Notify::new(),
                 events,
                 stop,
