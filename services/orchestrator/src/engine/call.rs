@@ -67,8 +67,8 @@ pub(super) async fn call(
     let message = ReachMessage {
         header: Some(Header {
             message_id: spec.message_id.clone(),
-            trace_id,
-            task_id,
+            trace_id: trace_id.clone(),
+            task_id: task_id.clone(),
             source,
             target: Some(header::Target::Capability(spec.capability.clone())),
             created_at: Some(reach_rpc::time::now()),
@@ -84,9 +84,13 @@ pub(super) async fn call(
             }],
         }),
     };
-    // The node's span belongs to the task's trace; the traced channel sends its context as
-    // `traceparent`, so the router and the agents join the trace under it.
-    let span = reach_telemetry::message_span("orchestrator.node", &message);
+    // The node's span is a child of the task's span (exported when the task ends, with the
+    // id derived from the task id, so it is the same across restarts); the traced channel
+    // sends its context as `traceparent`, so the router and the agents join the trace under it.
+    let parent = reach_rpc::trace::TraceId::parse(&trace_id)
+        .ok()
+        .map(|id| reach_telemetry::remote_parent(id, task_span_id(&task_id)));
+    let span = reach_telemetry::message_span_with_parent("orchestrator.node", &message, parent);
     let mut request = tonic::Request::new(CallRequest {
         message: Some(message),
     });
@@ -144,6 +148,21 @@ pub(super) async fn call(
         result,
         delivery,
     }
+}
+
+const TASK_SPAN_NAMESPACE: uuid::Uuid =
+    uuid::Uuid::from_u128(0x3b8e_52a1_9c4d_4e7f_a6b0_1d2e_8f90_c3a7);
+
+/// The span id of task `task_id`'s span, the root of its trace: derived from the task id (the
+/// first 8 bytes of a UUIDv5), so node spans made before and after a restart share it.
+pub fn task_span_id(task_id: &str) -> [u8; 8] {
+    let bytes = uuid::Uuid::new_v5(&TASK_SPAN_NAMESPACE, task_id.as_bytes()).into_bytes();
+    let mut id = [0u8; 8];
+    id.copy_from_slice(&bytes[..8]);
+    if id == [0; 8] {
+        id[7] = 1;
+    }
+    id
 }
 
 /// Whether a failed call provably reached no agent: the router answered that nothing

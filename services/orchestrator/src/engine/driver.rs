@@ -332,6 +332,7 @@ impl Engine {
                     crate::metrics::dead_letter();
                 }
                 if let Some(status) = ended {
+                    export_task_span(state, status, now);
                     tracing::info!(
                         task_id = %state.id,
                         trace_id = %state.trace_id,
@@ -359,4 +360,33 @@ fn evaluates(state: &TaskState, flow: &Flow) -> bool {
         NodeKind::Parallel { branches, .. } => branches.iter().any(|b| b.input.is_some()),
         _ => false,
     }
+}
+
+/// Exports the task's span, the root of its trace, now that it ended at `now_ms`: started
+/// when the task was created, with the id every node span names as its parent.
+fn export_task_span(state: &TaskState, status: TaskStatus, now_ms: i64) {
+    let Ok(trace_id) = reach_rpc::trace::TraceId::parse(&state.trace_id) else {
+        return;
+    };
+    let at =
+        |ms: i64| std::time::UNIX_EPOCH + Duration::from_millis(u64::try_from(ms).unwrap_or(0));
+    let error = (status == TaskStatus::Failed).then(|| {
+        state
+            .error
+            .clone()
+            .unwrap_or_else(|| status.as_str().to_string())
+    });
+    reach_telemetry::export_root_span(
+        "orchestrator.task",
+        trace_id,
+        super::call::task_span_id(&state.id),
+        (at(state.created_ms), at(now_ms)),
+        vec![
+            ("task_id", state.id.clone()),
+            ("flow_id", state.flow_id.clone()),
+            ("flow_version", state.flow_version.to_string()),
+            ("task.status", status.as_str().to_string()),
+        ],
+        error,
+    );
 }

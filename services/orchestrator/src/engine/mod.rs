@@ -52,6 +52,7 @@ mod task;
 mod testing;
 mod wait;
 
+pub use call::task_span_id;
 pub use clock::Clock;
 pub use decide::message_id;
 
