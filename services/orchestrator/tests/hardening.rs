@@ -164,9 +164,8 @@ async fn a_condition_over_its_budget_fails_its_node_and_rpcs_keep_answering() {
     for id in ids {
         let t = wait_for(&s.endpoint, &id, pb::TaskStatus::Failed).await;
         assert!(
-            t.error.contains(
-                "condition of node `route` exceeded its evaluation budget of 100000 steps"
-            ),
+            t.error
+                .contains("condition of node `route` exceeded its evaluation budget of "),
             "{}",
             t.error
         );
@@ -243,7 +242,7 @@ async fn tries_that_were_not_delivered_are_not_attempts() {
     let seen = calls.clone();
     s.router.handle("test.act", move |_| {
         if seen.fetch_add(1, Ordering::SeqCst) < 5 {
-            let refusal = if seen.load(Ordering::SeqCst) % 2 == 0 {
+            let refusal = if seen.load(Ordering::SeqCst).is_multiple_of(2) {
                 reason::ROUTE_NOT_FOUND
             } else {
                 reason::INSTANCE_UNAVAILABLE

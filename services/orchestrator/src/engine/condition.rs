@@ -121,6 +121,7 @@ mod tests {
         );
         let limits = crate::expr::ExprLimits {
             max_bytes: 1 << 16,
+            max_time: std::time::Duration::from_secs(60),
             ..Default::default()
         };
         let f = crate::flow::Flow::parse_with("f.yaml", &yaml, &limits).unwrap();
