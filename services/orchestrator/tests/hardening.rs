@@ -271,6 +271,33 @@ async fn tries_that_were_not_delivered_are_not_attempts() {
     );
 }
 
+/// With the router down (connection refused) and back 1 s later, the task succeeds on its
+/// first attempt instead of spending its attempts on connect errors.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_router_that_comes_back_costs_no_attempt() {
+    let port = {
+        let probe = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        probe.local_addr().unwrap().port()
+    };
+    let s = server(|c, _| c.router_endpoint = format!("http://127.0.0.1:{port}")).await;
+    let mut c = client(&s.endpoint).await;
+    apply(&mut c, &ACT.replace("timeout: 2s", "timeout: 20s"))
+        .await
+        .unwrap();
+    let id = start(&mut c, "act", json!({})).await;
+    // The outage: nothing listens on the router's port for a while.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let router = common::TestRouter::default();
+    router.handle("test.act", |_| Ok(json!({"done": true})));
+    let listener = tokio::net::TcpListener::bind(("127.0.0.1", port))
+        .await
+        .unwrap();
+    let (_url, _stop) = router.serve_on(listener);
+    let t = wait_for(&s.endpoint, &id, pb::TaskStatus::Succeeded).await;
+    assert_eq!(t.nodes[0].attempts, 1, "{:#?}", t.nodes[0]);
+    assert_eq!(router.deliveries().len(), 1);
+}
+
 /// While nothing is routable the attempt waits within its timeout, then fails with
 /// DEADLINE_EXCEEDED saying nothing was routable.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
