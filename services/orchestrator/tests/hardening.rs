@@ -257,7 +257,10 @@ async fn tries_that_were_not_delivered_are_not_attempts() {
         Ok(json!({"done": true}))
     });
     let mut c = client(&s.endpoint).await;
-    apply(&mut c, ACT).await.unwrap();
+    // Five pauses of 50 ms doubling take about 1.6 s: well within the timeout.
+    apply(&mut c, &ACT.replace("timeout: 2s", "timeout: 20s"))
+        .await
+        .unwrap();
     let id = start(&mut c, "act", json!({})).await;
     let t = wait_for(&s.endpoint, &id, pb::TaskStatus::Succeeded).await;
     assert_eq!(calls.load(Ordering::SeqCst), 6);
