@@ -14,9 +14,12 @@
 //!   dispatching to one module per node kind: `task`, `parallel` (both over the call slots of
 //!   `slots`), `condition`, `human`, `wait` and `end` (`succeed` and `fail`). `step` holds
 //!   what they share (the [`decide::Step`] they return, completing and failing a node).
-//! - `driver`: [`Engine::poke`] and the per-task driver loop (claim, decide, append, call).
-//! - `call`: the router call of one attempt.
-//! - `commands`: StartTask, ResumeTask, CancelTask and RetryTask.
+//! - `driver`: [`Engine::poke`] and the per-task driver loop (claim, decide — on the blocking
+//!   pool when expressions are evaluated — append, call), and the task's span at its end.
+//! - `call`: the router call of one attempt, whether a failure provably did not deliver, and
+//!   the task span's id ([`task_span_id`]).
+//! - `commands`: StartTask, ResumeTask, CancelTask and RetryTask, which hold the task's
+//!   driver while they append.
 //! - `loops`: the background loops — leases (renew; claim unowned or expired tasks, which is
 //!   how a restarted or surviving replica resumes work), timers (poke tasks whose durable
 //!   timers are due), purge (drop ended tasks after the context TTL), the tasks-by-status
