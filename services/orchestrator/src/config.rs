@@ -5,6 +5,8 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
+use crate::expr::ExprLimits;
+
 /// How the orchestrator runs. Every field has a default, so `{}` (or an empty TOML table)
 /// is a working embedded configuration.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -47,6 +49,14 @@ pub struct OrchestratorConfig {
     /// Longest wait for a pooled store connection before an operation fails. Default 30s.
     #[serde(with = "humantime_serde")]
     pub store_acquire_timeout: Duration,
+    /// Node visits a task may make (between retries) before it fails: a flow whose nodes
+    /// point at each other ends instead of looping forever. Default 1000.
+    pub max_node_visits: usize,
+    /// Expression evaluations (conditions, node inputs) run at once, on threads apart from
+    /// the ones serving RPCs. Default 4.
+    pub max_concurrent_evaluations: usize,
+    /// The limits on every flow expression (`[orchestrator.expressions]`).
+    pub expressions: ExprLimits,
 }
 
 impl Default for OrchestratorConfig {
@@ -65,6 +75,9 @@ impl Default for OrchestratorConfig {
             default_call_timeout: Duration::from_secs(300),
             max_concurrent_tasks: 1024,
             store_acquire_timeout: Duration::from_secs(30),
+            max_node_visits: 1000,
+            max_concurrent_evaluations: 4,
+            expressions: ExprLimits::default(),
         }
     }
 }
@@ -96,6 +109,29 @@ impl OrchestratorConfig {
         }
         if self.max_concurrent_tasks == 0 {
             return Err(ConfigError::NoConcurrentTasks);
+        }
+        for (field, value) in [
+            ("max_node_visits", self.max_node_visits),
+            (
+                "max_concurrent_evaluations",
+                self.max_concurrent_evaluations,
+            ),
+            ("expressions.max_bytes", self.expressions.max_bytes),
+            ("expressions.max_depth", self.expressions.max_depth),
+            ("expressions.max_value_len", self.expressions.max_value_len),
+        ] {
+            if value == 0 {
+                return Err(ConfigError::Zero { field });
+            }
+        }
+        if self.expressions.max_steps == 0 || self.expressions.max_time.is_zero() {
+            return Err(ConfigError::Zero {
+                field: if self.expressions.max_steps == 0 {
+                    "expressions.max_steps"
+                } else {
+                    "expressions.max_time"
+                },
+            });
         }
         Ok(())
     }
@@ -131,6 +167,12 @@ pub enum ConfigError {
     /// `max_concurrent_tasks` is 0.
     #[error("max_concurrent_tasks must be at least 1")]
     NoConcurrentTasks,
+    /// A count or duration that must be positive is 0.
+    #[error("{field} must be more than 0")]
+    Zero {
+        /// The field (`max_node_visits`, `expressions.max_steps`, ...).
+        field: &'static str,
+    },
     /// `flows_dir` is not a directory.
     #[error("flows_dir {} is not a directory; create it or point flows_dir at one", path.display())]
     FlowsDirNotADirectory {

@@ -193,8 +193,32 @@ fn version_suffix(version: u32) -> String {
     }
 }
 
+/// The longest status message sent, in bytes: `grpc-message` and the details travel in
+/// HTTP/2 headers, which clients cap (8 KiB is common), and percent-encoding can triple it.
+pub const MAX_MESSAGE_BYTES: usize = 1024;
+/// The most BadRequest violations sent (the rest are counted in a last one).
+pub const MAX_VIOLATIONS: usize = 10;
+/// The longest field path or description of a violation, in characters.
+const MAX_VIOLATION_CHARS: usize = 200;
+/// The longest ErrorInfo metadata value, in characters.
+const MAX_METADATA_CHARS: usize = 200;
+
+/// `text` cut to at most `max` bytes at a character boundary, with `…` when cut.
+fn cap_bytes(text: String, max: usize) -> String {
+    if text.len() <= max {
+        return text;
+    }
+    let mut end = max.saturating_sub('…'.len_utf8());
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}…", &text[..end])
+}
+
 /// A status with an ErrorInfo of `reason` carrying `metadata`, and a BadRequest of
-/// `violations` (`(field path, description)`) when there are any.
+/// `violations` (`(field path, description)`) when there are any. Message, metadata and
+/// violations are capped ([`MAX_MESSAGE_BYTES`], [`MAX_VIOLATIONS`]) so the status always
+/// fits in gRPC metadata, whatever the request echoed.
 fn status(
     code: Code,
     message: String,
@@ -202,15 +226,27 @@ fn status(
     metadata: impl IntoIterator<Item = (&'static str, String)>,
     violations: impl IntoIterator<Item = (String, String)>,
 ) -> Status {
+    use crate::expr::cut;
     let metadata: HashMap<String, String> = metadata
         .into_iter()
-        .map(|(k, v)| (k.to_string(), v))
+        .map(|(k, v)| (k.to_string(), cut(&v, MAX_METADATA_CHARS)))
         .collect();
     let mut details = ErrorDetails::with_error_info(reason, ERROR_DOMAIN, metadata);
-    for (field, description) in violations {
-        details.add_bad_request_violation(field, description);
+    let mut left_off = 0usize;
+    for (i, (field, description)) in violations.into_iter().enumerate() {
+        if i >= MAX_VIOLATIONS {
+            left_off += 1;
+            continue;
+        }
+        details.add_bad_request_violation(
+            cut(&field, MAX_VIOLATION_CHARS),
+            cut(&description, MAX_VIOLATION_CHARS),
+        );
     }
-    Status::with_error_details(code, message, details)
+    if left_off > 0 {
+        details.add_bad_request_violation("…", format!("{left_off} more not shown"));
+    }
+    Status::with_error_details(code, cap_bytes(message, MAX_MESSAGE_BYTES), details)
 }
 
 const NO_VIOLATIONS: [(String, String); 0] = [];
@@ -364,7 +400,11 @@ impl From<Error> for Status {
             Error::MissingField { field, .. } => {
                 let mut details = ErrorDetails::new();
                 details.add_bad_request_violation(field, "required");
-                Status::with_error_details(Code::InvalidArgument, message, details)
+                Status::with_error_details(
+                    Code::InvalidArgument,
+                    cap_bytes(message, MAX_MESSAGE_BYTES),
+                    details,
+                )
             }
             Error::InvalidPageToken { .. } => status(
                 Code::InvalidArgument,
@@ -398,9 +438,11 @@ impl From<Error> for Status {
                     [],
                     NO_VIOLATIONS,
                 ),
-                StoreErrorKind::Internal => Status::internal(message),
+                StoreErrorKind::Internal => Status::internal(cap_bytes(message, MAX_MESSAGE_BYTES)),
             },
-            Error::Io { .. } | Error::Config(_) | Error::Serve(_) => Status::internal(message),
+            Error::Io { .. } | Error::Config(_) | Error::Serve(_) => {
+                Status::internal(cap_bytes(message, MAX_MESSAGE_BYTES))
+            }
         }
     }
 }

@@ -101,6 +101,8 @@ pub enum TimerPurpose {
     Wait,
     /// The timeout of a `human` node.
     HumanTimeout,
+    /// The pause before an attempt that was not delivered (nothing routable) is sent again.
+    Redelivery,
 }
 
 /// How a node visit ended.
@@ -172,6 +174,25 @@ pub enum Event {
         /// The back-off timer when the attempt will be retried.
         retry_timer: Option<String>,
     },
+    /// An attempt provably never reached an agent (the router could not be reached, or it
+    /// had no routable instance: ROUTE_NOT_FOUND, INSTANCE_UNAVAILABLE, OVERLOADED,
+    /// INSTANCE_DRAINING). It stays in flight, is sent again (same attempt, same message
+    /// id) when `timer` fires, and does not count as an attempt.
+    AttemptDeferred {
+        /// The node.
+        node: String,
+        /// The slot.
+        slot: String,
+        /// The attempt.
+        attempt: u32,
+        /// The failure's gRPC code, stored by name.
+        #[serde(with = "crate::failure::code_serde")]
+        code: tonic::Code,
+        /// The failure's message.
+        error: String,
+        /// The redelivery timer.
+        timer: String,
+    },
     /// A slot finished (for good).
     SlotCompleted {
         /// The node.
@@ -207,6 +228,10 @@ pub enum Event {
     TimerCancelled {
         /// The timer id.
         timer: String,
+        /// Why the timer existed, when the cancelling code names it (a cancelled task lists
+        /// every timer it still had).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        purpose: Option<TimerPurpose>,
     },
     /// The task waits for a person.
     HumanWaiting {
@@ -273,6 +298,7 @@ impl Event {
             Event::NodeEntered { .. } => "node_entered",
             Event::AttemptStarted { .. } => "attempt_started",
             Event::AttemptFailed { .. } => "attempt_failed",
+            Event::AttemptDeferred { .. } => "attempt_deferred",
             Event::SlotCompleted { .. } => "slot_completed",
             Event::TimerScheduled { .. } => "timer_scheduled",
             Event::TimerFired { .. } => "timer_fired",
@@ -292,6 +318,7 @@ impl Event {
             Event::NodeEntered { node }
             | Event::AttemptStarted { node, .. }
             | Event::AttemptFailed { node, .. }
+            | Event::AttemptDeferred { node, .. }
             | Event::SlotCompleted { node, .. }
             | Event::TimerScheduled { node, .. }
             | Event::HumanWaiting { node, .. }
@@ -333,6 +360,14 @@ pub struct Inflight {
     pub timer: Option<String>,
     /// When it times out (unix ms).
     pub deadline_ms: Option<i64>,
+    /// When it was started (unix ms).
+    pub started_ms: i64,
+    /// The pending redelivery timer, after a try that was not delivered.
+    pub redelivery_timer: Option<String>,
+    /// Tries that were not delivered.
+    pub deferrals: u32,
+    /// The last try's failure, when it was not delivered.
+    pub undelivered: Option<NodeError>,
 }
 
 /// The state of one call slot in the current node visit.
@@ -439,6 +474,8 @@ pub struct TaskState {
     pub failed_node: Option<String>,
     /// A parallel node ended PARTIAL on the way.
     pub partial: bool,
+    /// `visits.len()` at the last retry: visits since then count towards the bound.
+    pub visits_base: usize,
 }
 
 impl TaskState {
@@ -467,6 +504,7 @@ impl TaskState {
             error: None,
             failed_node: None,
             partial: false,
+            visits_base: 0,
         }
     }
 
@@ -555,6 +593,10 @@ impl TaskState {
                     input: input.clone(),
                     timer: timer.clone(),
                     deadline_ms: *deadline_ms,
+                    started_ms: at_ms,
+                    redelivery_timer: None,
+                    deferrals: 0,
+                    undelivered: None,
                 });
                 self.attempts_total.insert(slot.clone(), *attempt);
                 let is_node = slot == node;
@@ -597,6 +639,25 @@ impl TaskState {
                     v.error = Some(error.clone());
                 }
                 self.refresh_running_status();
+            }
+            Event::AttemptDeferred {
+                slot,
+                attempt,
+                code,
+                error,
+                timer,
+                ..
+            } => {
+                if let Some(inf) = self
+                    .slots
+                    .get_mut(slot)
+                    .and_then(|s| s.inflight.as_mut())
+                    .filter(|inf| inf.attempt == *attempt)
+                {
+                    inf.redelivery_timer = Some(timer.clone());
+                    inf.deferrals += 1;
+                    inf.undelivered = Some(NodeError::new(*code, error.clone()));
+                }
             }
             Event::SlotCompleted {
                 slot,
@@ -641,7 +702,7 @@ impl TaskState {
                     t.fired = true;
                 }
             }
-            Event::TimerCancelled { timer } => {
+            Event::TimerCancelled { timer, .. } => {
                 if let Some(t) = self.timers.get_mut(timer) {
                     t.cancelled = true;
                 }
@@ -737,6 +798,7 @@ impl TaskState {
                 self.ended_ms = Some(at_ms);
             }
             Event::TaskRetried { .. } => {
+                self.visits_base = self.visits.len();
                 self.status = TaskStatus::Processing;
                 self.ended_ms = None;
                 self.error = None;
@@ -767,6 +829,11 @@ impl TaskState {
         self.timers
             .get(id)
             .is_some_and(|t| !t.fired && !t.cancelled)
+    }
+
+    /// Node visits since the task started or was last retried.
+    pub fn visits_since_retry(&self) -> usize {
+        self.visits.len().saturating_sub(self.visits_base)
     }
 
     /// Whether timer `id` fired.

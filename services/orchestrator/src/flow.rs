@@ -15,7 +15,9 @@ use reach_rpc::backoff::Exponential;
 use serde::Deserialize;
 use tonic::Code;
 
-use crate::expr::{Expr, InputTemplate};
+use crate::expr::{
+    Expr, ExprLimits, InputTemplate, check_limits, cut, snippet, template_limit_error,
+};
 use crate::failure::{code_from_name, code_name};
 
 /// gRPC codes a retry policy retries when it lists none.
@@ -198,6 +200,16 @@ impl Flow {
     /// # Errors
     /// [`FlowErrors`] lists every problem found, each located.
     pub fn parse(source: &str, yaml: &str) -> Result<Flow, FlowErrors> {
+        Self::parse_with(source, yaml, &ExprLimits::default())
+    }
+
+    /// [`Flow::parse`] with explicit expression limits: an expression longer or nested
+    /// deeper than `limits` allow is a located error (checked before the CEL parser runs),
+    /// and evaluations of the flow's expressions spend at most `limits`' budget.
+    ///
+    /// # Errors
+    /// [`FlowErrors`] lists every problem found, each located.
+    pub fn parse_with(source: &str, yaml: &str, limits: &ExprLimits) -> Result<Flow, FlowErrors> {
         let raw: RawFlow = match serde_norway::from_str(yaml) {
             Ok(raw) => raw,
             Err(err) => {
@@ -206,7 +218,7 @@ impl Flow {
                     .map(|l| (l.line(), l.column()))
                     .unwrap_or((1, 1));
                 let text = err.to_string();
-                let message = text.split(" at line ").next().unwrap_or(&text).to_string();
+                let message = snippet(text.split(" at line ").next().unwrap_or(&text));
                 let hint = if message.contains("did not find expected") {
                     "an inline map `{...}` or list `[...]` is not closed on this line or the one before it"
                 } else if message.contains("unknown field") {
@@ -229,6 +241,7 @@ impl Flow {
             source,
             text: yaml,
             errors: Vec::new(),
+            limits,
         }
         .build(raw, yaml)
     }
@@ -433,7 +446,11 @@ struct Validator<'a> {
     source: &'a str,
     text: &'a str,
     errors: Vec<FlowError>,
+    limits: &'a ExprLimits,
 }
+
+/// What to do about an expression over the limits.
+const LIMIT_HINT: &str = "split the expression, move the computation into a task node, or raise `orchestrator.expressions.max_bytes` / `max_depth`";
 
 const NODE_TYPES: &[&str] = &[
     "task",
@@ -454,12 +471,13 @@ impl Validator<'_> {
         hint: impl Into<String>,
     ) {
         let (line, column) = locate(self.text, state, field);
+        // Names and values are echoed from the file: a message stays small whatever it holds.
         self.errors.push(FlowError {
             source: self.source.to_string(),
             line,
             column,
-            message,
-            hint: hint.into(),
+            message: cut(&message, 600),
+            hint: cut(&hint.into(), 400),
         });
     }
 
@@ -471,7 +489,10 @@ impl Validator<'_> {
                 self.err(
                     Some(state),
                     Some(field),
-                    format!("node `{state}`: `{field}: {text}` is not a duration ({e})"),
+                    format!(
+                        "node `{state}`: `{field}: {}` is not a duration ({e})",
+                        snippet(text)
+                    ),
                     "write a number with a unit, for example `500ms`, `10s`, `5m` or `2h`",
                 );
                 None
@@ -486,7 +507,16 @@ impl Validator<'_> {
         value: Option<serde_json::Value>,
     ) -> Option<InputTemplate> {
         let value = value?;
-        match InputTemplate::compile(&value) {
+        if let Some(e) = template_limit_error(&value, self.limits) {
+            self.err(
+                Some(state),
+                Some(field),
+                format!("node `{state}`: {e}"),
+                LIMIT_HINT,
+            );
+            return None;
+        }
+        match InputTemplate::compile_with(&value, self.limits) {
             Ok(t) => Some(t),
             Err(e) => {
                 self.err(
@@ -816,7 +846,17 @@ impl Validator<'_> {
                 let mut ok = true;
                 for c in conditions {
                     let next = self.reference(name, "next", Some(c.next), names, true);
-                    match Expr::compile(&c.when) {
+                    if let Err(e) = check_limits(&c.when, self.limits) {
+                        ok = false;
+                        self.err(
+                            Some(name),
+                            Some("if"),
+                            format!("node `{name}`: {e}"),
+                            LIMIT_HINT,
+                        );
+                        continue;
+                    }
+                    match Expr::compile_with(&c.when, self.limits) {
                         Ok(e) => {
                             if let Some(next) = next {
                                 branches.push((e, next));
@@ -826,7 +866,7 @@ impl Validator<'_> {
                         }
                         Err(e) => {
                             ok = false;
-                            self.err(Some(name), Some("if"), format!("node `{name}`: `if: {}` does not compile: {e}", c.when), "write a CEL expression over `input`, `nodes` and `task`, for example `nodes.classify.output.confidence < 0.5`");
+                            self.err(Some(name), Some("if"), format!("node `{name}`: `if: {}` does not compile: {e}", snippet(&c.when)), "write a CEL expression over `input`, `nodes` and `task`, for example `nodes.classify.output.confidence < 0.5`");
                         }
                     }
                 }

@@ -11,6 +11,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, RwLock};
 
 use crate::error::Error;
+use crate::expr::ExprLimits;
 use crate::flow::Flow;
 use crate::store::Store;
 
@@ -28,20 +29,24 @@ pub struct FlowEntry {
 pub struct FlowRegistry {
     inner: Arc<RwLock<HashMap<String, BTreeMap<u32, FlowEntry>>>>,
     store: Store,
+    /// The limits every flow's expressions are compiled and evaluated with.
+    limits: ExprLimits,
 }
 
 impl FlowRegistry {
-    /// Loads every version stored in `store`.
+    /// Loads every version stored in `store`, compiling expressions within `limits`.
     ///
     /// # Errors
-    /// Store errors. A stored flow that no longer validates is skipped with an error log.
-    pub async fn load(store: Store) -> Result<Self, Error> {
+    /// Store errors. A stored flow that no longer validates (within `limits`, too) is
+    /// skipped with an error log.
+    pub async fn load(store: Store, limits: ExprLimits) -> Result<Self, Error> {
         let reg = Self {
             inner: Arc::default(),
             store,
+            limits,
         };
         for (id, version, yaml, source, applied_ms) in reg.store.flows().await? {
-            match Flow::parse(&source, &yaml) {
+            match Flow::parse_with(&source, &yaml, &reg.limits) {
                 Ok(flow) => reg.insert(Arc::new(flow), applied_ms),
                 Err(e) => {
                     tracing::error!(flow_id = %id, version, errors = %e, "stored flow no longer validates")
@@ -58,6 +63,11 @@ impl FlowRegistry {
             .entry(flow.id.clone())
             .or_default()
             .insert(flow.version, FlowEntry { flow, applied_ms });
+    }
+
+    /// The limits the flows' expressions are compiled and evaluated with.
+    pub fn limits(&self) -> &ExprLimits {
+        &self.limits
     }
 
     /// Flow `id` at `version`.
@@ -117,7 +127,7 @@ impl FlowRegistry {
         yaml: &str,
         now_ms: i64,
     ) -> Result<(Arc<Flow>, bool), Error> {
-        let flow = Flow::parse(source, yaml)?;
+        let flow = Flow::parse_with(source, yaml, &self.limits)?;
         if let Some(existing) = self.get(&flow.id, flow.version) {
             if existing.yaml == yaml {
                 return Ok((existing, false));
@@ -133,7 +143,7 @@ impl FlowRegistry {
             .await?
         {
             // Another replica stored this version meanwhile: use what is stored.
-            let reg = Self::load(self.store.clone()).await?;
+            let reg = Self::load(self.store.clone(), self.limits).await?;
             if let Some(stored) = reg.get(&flow.id, flow.version) {
                 if stored.yaml != yaml {
                     return Err(Error::FlowVersionConflict {

@@ -112,7 +112,7 @@ impl Orchestrator {
         let store =
             store::Store::open_with(&config.store_url, durability, config.store_acquire_timeout)
                 .await?;
-        let flows = flows::FlowRegistry::load(store.clone()).await?;
+        let flows = flows::FlowRegistry::load(store.clone(), config.expressions).await?;
         if let Some(dir) = &config.flows_dir {
             if !dir.is_dir() {
                 return Err(
@@ -131,6 +131,8 @@ impl Orchestrator {
             max_concurrent_tasks: config.max_concurrent_tasks,
             poll_interval: config.poll_interval,
             context_ttl: config.context_ttl,
+            max_node_visits: config.max_node_visits,
+            max_concurrent_evaluations: config.max_concurrent_evaluations,
             source: "orchestrator".into(),
         };
         let engine = Engine::new(store, flows, &config.router_endpoint, settings, clock)?;

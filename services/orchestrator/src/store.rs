@@ -964,7 +964,7 @@ macro_rules! write_batch {
                         .execute(&mut *tx)
                         .await?;
                 }
-                Event::TimerFired { timer } | Event::TimerCancelled { timer } => {
+                Event::TimerFired { timer } | Event::TimerCancelled { timer, .. } => {
                     let state = if matches!(event, Event::TimerFired { .. }) { "fired" } else { "cancelled" };
                     sqlx::query("UPDATE reach_timers SET state = $1 WHERE timer_id = $2")
                         .bind(state.to_string())

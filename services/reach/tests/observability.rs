@@ -127,8 +127,8 @@ fn one_complaint_task_is_one_trace_across_orchestrator_coordinator_and_executor(
         "coordinator and executor handle it: {names:?}"
     );
 
-    // Links: the node spans are the roots (the task starts the trace); every other span's
-    // parent is in the trace.
+    // One tree: the task's span (exported when the task ended) is the only root, and the
+    // parent of both node spans; every other span's parent is in the trace.
     let ids: HashSet<&str> = spans
         .iter()
         .map(|s| s["span_id"].as_str().unwrap())
@@ -138,9 +138,13 @@ fn one_complaint_task_is_one_trace_across_orchestrator_coordinator_and_executor(
         .filter(|s| s["parent_span_id"].as_str().is_none_or(|p| p.is_empty()))
         .collect();
     assert!(
-        !roots.is_empty() && roots.iter().all(|r| r["name"] == "orchestrator.node"),
-        "only the task's node spans are roots: {roots:#?}"
+        roots.len() == 1 && roots[0]["name"] == "orchestrator.task",
+        "only the task's span is a root: {roots:#?}"
     );
+    assert_eq!(attr(roots[0], "task_id").unwrap(), task_id.as_str());
+    for node in spans.iter().filter(|s| s["name"] == "orchestrator.node") {
+        assert_eq!(node["parent_span_id"], roots[0]["span_id"], "{node:#?}");
+    }
     for span in &spans {
         if let Some(parent) = span["parent_span_id"].as_str().filter(|p| !p.is_empty()) {
             assert!(

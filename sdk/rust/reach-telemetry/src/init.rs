@@ -323,6 +323,8 @@ impl TelemetryGuard {
 pub fn init(config: &TelemetryConfig) -> Result<TelemetryGuard, InitError> {
     let (dispatch, guard) = dispatch(config, std::io::stderr)?;
     tracing::dispatcher::set_global_default(dispatch).map_err(|_| InitError::AlreadyInstalled)?;
+    // Spans made with the OpenTelemetry API directly (`export_root_span`) use it too.
+    opentelemetry::global::set_tracer_provider(guard.provider.clone());
     Ok(guard)
 }
 

@@ -56,7 +56,7 @@ pub use init::{DroppedSpans, InitError, ShutdownError, TelemetryGuard, dispatch,
 /// An OpenTelemetry context (a remote parent extracted with [`extract_map`]).
 pub use opentelemetry::Context as OtelContext;
 pub use propagation::{
-    adopt_trace_id, current_trace_id, extract_map, inject_current, inject_span_map,
-    inject_trace_context, message_span, message_span_with_parent, record_status,
-    set_parent_from_metadata, span_trace_id,
+    adopt_trace_id, current_trace_id, export_root_span, extract_map, inject_current,
+    inject_span_map, inject_trace_context, message_span, message_span_with_parent, record_status,
+    remote_parent, set_parent_from_metadata, span_trace_id,
 };

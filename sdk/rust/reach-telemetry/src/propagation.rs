@@ -176,6 +176,7 @@ fn to_trace_id(sc: &SpanContext) -> TraceId {
 
 thread_local! {
     static NEXT_TRACE_ID: Cell<Option<opentelemetry::trace::TraceId>> = const { Cell::new(None) };
+    static NEXT_SPAN_ID: Cell<Option<opentelemetry::trace::SpanId>> = const { Cell::new(None) };
 }
 
 /// The id generator installed by [`crate::init()`]: random ids, except while
@@ -191,7 +192,9 @@ impl IdGenerator for ReachIdGenerator {
     }
 
     fn new_span_id(&self) -> opentelemetry::trace::SpanId {
-        RandomIdGenerator::default().new_span_id()
+        NEXT_SPAN_ID
+            .with(Cell::take)
+            .unwrap_or_else(|| RandomIdGenerator::default().new_span_id())
     }
 }
 
@@ -207,6 +210,61 @@ pub fn adopt_trace_id(span: &Span, trace_id: TraceId) -> bool {
     let got = span_trace_id(span);
     NEXT_TRACE_ID.with(|next| next.set(None));
     got == Some(trace_id)
+}
+
+// === spans that outlive a process ===
+
+/// The parent context of spans under a span that is exported later, possibly by another
+/// process ([`export_root_span`]): span `span_id` of trace `trace_id`, sampled. An
+/// orchestrator task's node spans hang under the task's span this way, across restarts.
+pub fn remote_parent(trace_id: TraceId, span_id: [u8; 8]) -> opentelemetry::Context {
+    use opentelemetry::trace::{TraceFlags, TraceState};
+    let sc = SpanContext::new(
+        opentelemetry::trace::TraceId::from_bytes(trace_id.to_bytes()),
+        opentelemetry::trace::SpanId::from_bytes(span_id),
+        TraceFlags::SAMPLED,
+        true,
+        TraceState::default(),
+    );
+    opentelemetry::Context::new().with_remote_span_context(sc)
+}
+
+/// Exports a finished root span of trace `trace_id` with id `span_id`, started at `start`
+/// and ended at `end` — a span whose work spanned restarts (an orchestrator task), whose
+/// children named it with [`remote_parent`]. `error` marks it failed. Does nothing unless
+/// [`crate::init()`] installed the pipeline with an exporter (it uses the global tracer
+/// provider and the [`ReachIdGenerator`]).
+pub fn export_root_span(
+    name: &'static str,
+    trace_id: TraceId,
+    span_id: [u8; 8],
+    (start, end): (std::time::SystemTime, std::time::SystemTime),
+    attributes: Vec<(&'static str, String)>,
+    error: Option<String>,
+) {
+    use opentelemetry::trace::{Span as _, Status, Tracer as _};
+    let tracer = opentelemetry::global::tracer("reach");
+    let builder = tracer
+        .span_builder(name)
+        .with_start_time(start)
+        .with_attributes(
+            attributes
+                .into_iter()
+                .map(|(k, v)| opentelemetry::KeyValue::new(k, v)),
+        );
+    NEXT_TRACE_ID.with(|next| {
+        next.set(Some(opentelemetry::trace::TraceId::from_bytes(
+            trace_id.to_bytes(),
+        )));
+    });
+    NEXT_SPAN_ID.with(|next| next.set(Some(opentelemetry::trace::SpanId::from_bytes(span_id))));
+    let mut span = tracer.build_with_context(builder, &opentelemetry::Context::new());
+    NEXT_TRACE_ID.with(|next| next.set(None));
+    NEXT_SPAN_ID.with(|next| next.set(None));
+    if let Some(message) = error {
+        span.set_status(Status::error(message));
+    }
+    span.end_with_timestamp(end);
 }
 
 // === message spans ===

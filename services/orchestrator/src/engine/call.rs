@@ -14,7 +14,7 @@ use tonic::transport::Channel;
 use crate::failure::NodeError;
 
 use super::clock::Clock;
-use super::step::{CallResult, CallSpec};
+use super::step::{CallResult, CallSpec, Delivery};
 
 /// The router client the engine calls through.
 pub(super) type Router = RouterServiceClient<GrpcClientTrace<Channel>>;
@@ -67,8 +67,8 @@ pub(super) async fn call(
     let message = ReachMessage {
         header: Some(Header {
             message_id: spec.message_id.clone(),
-            trace_id,
-            task_id,
+            trace_id: trace_id.clone(),
+            task_id: task_id.clone(),
             source,
             target: Some(header::Target::Capability(spec.capability.clone())),
             created_at: Some(reach_rpc::time::now()),
@@ -84,9 +84,13 @@ pub(super) async fn call(
             }],
         }),
     };
-    // The node's span belongs to the task's trace; the traced channel sends its context as
-    // `traceparent`, so the router and the agents join the trace under it.
-    let span = reach_telemetry::message_span("orchestrator.node", &message);
+    // The node's span is a child of the task's span (exported when the task ends, with the
+    // id derived from the task id, so it is the same across restarts); the traced channel
+    // sends its context as `traceparent`, so the router and the agents join the trace under it.
+    let parent = reach_rpc::trace::TraceId::parse(&trace_id)
+        .ok()
+        .map(|id| reach_telemetry::remote_parent(id, task_span_id(&task_id)));
+    let span = reach_telemetry::message_span_with_parent("orchestrator.node", &message, parent);
     let mut request = tonic::Request::new(CallRequest {
         message: Some(message),
     });
@@ -99,6 +103,7 @@ pub(super) async fn call(
         ))
     };
     let sent = tracing::Instrument::instrument(router.call(request), span.clone());
+    let mut delivery = Delivery::Maybe;
     let result = match tokio::time::timeout(timeout, sent).await {
         Err(_) => deadline_exceeded(),
         // tonic enforces the grpc-timeout it sends too, answering CANCELLED: that is the
@@ -106,7 +111,10 @@ pub(super) async fn call(
         Ok(Err(status)) if status.code() == Code::Cancelled && started.elapsed() >= timeout => {
             deadline_exceeded()
         }
-        Ok(Err(status)) => Err(NodeError::from(&status)),
+        Ok(Err(status)) => {
+            delivery = delivery_of(&status);
+            Err(NodeError::from(&status))
+        }
         Ok(Ok(reply)) => {
             let parts = reply
                 .into_inner()
@@ -138,5 +146,71 @@ pub(super) async fn call(
         slot: spec.slot,
         attempt: spec.attempt,
         result,
+        delivery,
     }
+}
+
+const TASK_SPAN_NAMESPACE: uuid::Uuid =
+    uuid::Uuid::from_u128(0x3b8e_52a1_9c4d_4e7f_a6b0_1d2e_8f90_c3a7);
+
+/// The span id of task `task_id`'s span, the root of its trace: derived from the task id (the
+/// first 8 bytes of a UUIDv5), so node spans made before and after a restart share it.
+pub fn task_span_id(task_id: &str) -> [u8; 8] {
+    let bytes = uuid::Uuid::new_v5(&TASK_SPAN_NAMESPACE, task_id.as_bytes()).into_bytes();
+    let mut id = [0u8; 8];
+    id.copy_from_slice(&bytes[..8]);
+    if id == [0; 8] {
+        id[7] = 1;
+    }
+    id
+}
+
+/// Whether a failed call provably reached no agent: the router answered that nothing
+/// routable took it (ROUTE_NOT_FOUND, INSTANCE_UNAVAILABLE, OVERLOADED, INSTANCE_DRAINING),
+/// or the router itself could not be connected to.
+fn delivery_of(status: &tonic::Status) -> Delivery {
+    use reach_rpc::errors::reason;
+    if matches!(
+        reach_rpc::errors::reason_of(status).as_deref(),
+        Some(
+            reason::ROUTE_NOT_FOUND
+                | reason::INSTANCE_UNAVAILABLE
+                | reason::OVERLOADED
+                | reason::INSTANCE_DRAINING
+        )
+    ) {
+        return Delivery::NotDelivered;
+    }
+    if is_connect_error(status) {
+        return Delivery::NotDelivered;
+    }
+    Delivery::Maybe
+}
+
+/// Whether the status came from failing to open a connection to the router (nothing was
+/// sent): an I/O error refusing the connection, or hyper's connect error, in its sources.
+fn is_connect_error(status: &tonic::Status) -> bool {
+    let mut source = std::error::Error::source(status);
+    while let Some(error) = source {
+        if let Some(io) = error.downcast_ref::<std::io::Error>()
+            && matches!(
+                io.kind(),
+                std::io::ErrorKind::ConnectionRefused
+                    | std::io::ErrorKind::AddrNotAvailable
+                    | std::io::ErrorKind::HostUnreachable
+                    | std::io::ErrorKind::NetworkUnreachable
+            )
+        {
+            return true;
+        }
+        let text = error.to_string();
+        if text.contains("tcp connect error")
+            || text.contains("error trying to connect")
+            || text.contains("client error (Connect)")
+        {
+            return true;
+        }
+        source = error.source();
+    }
+    false
 }

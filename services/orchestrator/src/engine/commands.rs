@@ -86,14 +86,50 @@ impl Engine {
         Ok(state)
     }
 
+    /// Holds the task's driver in this process between steps until the returned gate is
+    /// dropped (the driver then reads the log again): a task that moves on without pause —
+    /// a loop of condition nodes — cannot keep a command out.
+    pub(super) fn hold(&self, task_id: &str) -> HoldGate {
+        *self
+            .inner
+            .held
+            .lock()
+            .expect("held map lock")
+            .entry(task_id.to_string())
+            .or_insert(0) += 1;
+        HoldGate {
+            engine: self.clone(),
+            task_id: task_id.to_string(),
+        }
+    }
+
+    /// Whether a command holds the task's driver.
+    pub(super) fn held(&self, task_id: &str) -> bool {
+        self.inner
+            .held
+            .lock()
+            .expect("held map lock")
+            .contains_key(task_id)
+    }
+
     /// Appends the events `build` decides from the task's state and flow (`None` when its
     /// version is not loaded), retrying when the driver appended first; then pokes the driver.
+    /// The driver in this process is held meanwhile ([`Engine::hold`]); a driver in another
+    /// replica is waited out with a short back-off between tries.
     async fn command(
         &self,
         task_id: &str,
         build: impl Fn(&TaskState, Option<&Flow>) -> Result<Vec<Event>, Error>,
     ) -> Result<TaskState, Error> {
-        for _ in 0..COMMAND_TRIES {
+        let _gate = self.hold(task_id);
+        let backoff = reach_rpc::backoff::Exponential::doubling(
+            std::time::Duration::from_millis(5),
+            std::time::Duration::from_millis(200),
+        );
+        for tried in 0..COMMAND_TRIES {
+            if tried > 0 {
+                tokio::time::sleep(backoff.delay(u32::try_from(tried).unwrap_or(u32::MAX))).await;
+            }
             let mut state = self.load(task_id).await?;
             let flow = self.inner.flows.get(&state.flow_id, state.flow_version);
             let events = build(&state, flow.as_deref())?;
@@ -150,6 +186,32 @@ impl Engine {
     /// [`Error::TaskNotFound`]; [`Error::TaskContended`]; [`Error::Store`].
     pub async fn retry(&self, task_id: &str) -> Result<TaskState, Error> {
         self.command(task_id, |state, _| retry_events(state)).await
+    }
+}
+
+/// Holds a task's driver while a command appends ([`Engine::hold`]); dropping it lets the
+/// driver go on from the log.
+pub(super) struct HoldGate {
+    engine: Engine,
+    task_id: String,
+}
+
+impl Drop for HoldGate {
+    fn drop(&mut self) {
+        {
+            let mut held = self.engine.inner.held.lock().expect("held map lock");
+            if let Some(n) = held.get_mut(&self.task_id) {
+                *n -= 1;
+                if *n == 0 {
+                    held.remove(&self.task_id);
+                }
+            }
+        }
+        // Wake the held driver (a command that appended has poked it already).
+        let active = self.engine.inner.active.lock().expect("active map lock");
+        if let Some(a) = active.get(&self.task_id) {
+            a.notify.notify_one();
+        }
     }
 }
 
@@ -243,13 +305,24 @@ fn cancel_events(
         });
     }
     let current = state.current.clone().unwrap_or_default();
+    // Every timer the task still has is cancelled, in the log, with its purpose: a cancelled
+    // wait, human timeout or retry back-off shows in the task's history.
+    let mut events: Vec<Event> = state
+        .timers
+        .iter()
+        .filter(|(_, t)| !t.fired && !t.cancelled)
+        .map(|(id, t)| Event::TimerCancelled {
+            timer: id.clone(),
+            purpose: Some(t.purpose),
+        })
+        .collect();
     let on_cancel = flow.and_then(|f| match f.node(&current).map(|n| &n.kind) {
         Some(NodeKind::Human {
             on_cancel: Some(n), ..
         }) if state.human_waiting => Some(n.clone()),
         _ => None,
     });
-    Ok(match on_cancel {
+    events.extend(match on_cancel {
         Some(next) => complete(
             &current,
             NodeOutcome::Cancelled,
@@ -262,7 +335,8 @@ fn cancel_events(
             error: Some(reason.to_string()),
             failed_node: None,
         }],
-    })
+    });
+    Ok(events)
 }
 
 /// The events of retrying `state` from its failed (or partial) node.

@@ -11,7 +11,8 @@ use super::step::{Cx, Step, complete};
 
 /// Evaluates `branches` in order; the node's output is `{next, matched}` (`matched` is the
 /// index of the expression that held, null for `default`). An expression that cannot be
-/// evaluated fails the node with INVALID_ARGUMENT.
+/// evaluated fails the node with INVALID_ARGUMENT; one that exceeds its evaluation budget
+/// (steps, time or value size, see [`crate::expr::ExprLimits`]) with RESOURCE_EXHAUSTED.
 pub(super) fn decide(cx: &Cx<'_>, node: &str, branches: &[(Expr, String)], default: &str) -> Step {
     let scope = cx.scope();
     let mut chosen = None;
@@ -22,6 +23,18 @@ pub(super) fn decide(cx: &Cx<'_>, node: &str, branches: &[(Expr, String)], defau
                 break;
             }
             Ok(false) => {}
+            Err(e) if e.exhausted => {
+                return Step::Events(cx.fail_node(
+                    node,
+                    FailureCode::Grpc(Code::ResourceExhausted),
+                    format!(
+                        "condition of node `{node}` {} (`{}`)",
+                        e.message,
+                        crate::expr::snippet(e.source_text.as_str())
+                    ),
+                    None,
+                ));
+            }
             Err(e) => {
                 return Step::Events(cx.fail_node(
                     node,
@@ -95,6 +108,35 @@ mod tests {
                 assert_eq!(failed, "route");
             }
             other => panic!("{other:#?}"),
+        }
+    }
+
+    /// A condition that would take 10⁹ steps fails its node at the budget, with
+    /// RESOURCE_EXHAUSTED naming the node and the budget.
+    #[test]
+    fn a_condition_over_its_budget_fails_the_node() {
+        let list = format!("[{}]", vec!["1"; 500].join(","));
+        let yaml = format!(
+            "id: f\nversion: 1\ninitial: route\nstates:\n  route:\n    type: condition\n    conditions:\n      - {{if: \"{list}.all(x, {list}.all(y, {list}.all(z, true)))\", next: done}}\n    default: done\n  done: {{type: succeed}}\n"
+        );
+        let limits = crate::expr::ExprLimits {
+            max_bytes: 1 << 16,
+            max_time: std::time::Duration::from_secs(60),
+            ..Default::default()
+        };
+        let f = crate::flow::Flow::parse_with("f.yaml", &yaml, &limits).unwrap();
+        let s = started(&f, json!({}));
+        match &events(decide_at(&s, &f, T0))[0] {
+            Event::NodeFailed { code, error, .. } => {
+                assert_eq!(*code, FailureCode::Grpc(Code::ResourceExhausted));
+                assert!(
+                    error.starts_with(
+                        "condition of node `route` exceeded its evaluation budget of 100000 steps"
+                    ),
+                    "{error}"
+                );
+            }
+            other => panic!("{other:?}"),
         }
     }
 }

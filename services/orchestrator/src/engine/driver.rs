@@ -12,11 +12,12 @@ use tokio::task::JoinSet;
 
 use crate::error::Error;
 use crate::event::{Event, TaskState, TaskStatus};
+use crate::flow::{Flow, NodeKind};
 use crate::store::{Append, AppendOutcome, Guard};
 
 use super::call::{self, CallContext};
 use super::clock::ms;
-use super::decide::{self, CallResult, Step};
+use super::decide::{self, Bounds, CallResult, Step};
 use super::{Active, Engine, summary_of};
 
 impl Engine {
@@ -142,13 +143,36 @@ impl Engine {
         let mut rng = SmallRng::from_os_rng();
         let mut calls: JoinSet<CallResult> = JoinSet::new();
         let mut running: HashSet<String> = HashSet::new();
+        let bounds = self.bounds();
         loop {
             if state.status.is_terminal() || self.stopped() {
                 calls.abort_all();
                 return Ok(());
             }
+            if self.held(task_id) {
+                // A command (CancelTask, ...) waits to append: let it in, then read its
+                // result. Calls in flight keep running.
+                while self.held(task_id) && !self.stopped() {
+                    notify.notified().await;
+                }
+                if let Some(a) = self
+                    .inner
+                    .active
+                    .lock()
+                    .expect("active map lock")
+                    .get_mut(task_id)
+                {
+                    a.dirty = false;
+                }
+                state = self.load(task_id).await?;
+                unverified = false;
+                continue;
+            }
             let now = self.inner.clock.now_ms();
-            match decide::decide(&state, &flow, now, &running, &mut rng) {
+            match self
+                .decide_step(&state, &flow, now, &running, &bounds, &mut rng)
+                .await?
+            {
                 Step::Events(events) => {
                     if !self.append(&mut state, events, self.engine_guard()).await? {
                         if std::mem::take(&mut unverified) {
@@ -185,7 +209,8 @@ impl Engine {
                     let Ok(done) = done else { continue };
                     running.remove(&done.slot);
                     let now = self.inner.clock.now_ms();
-                    let events = decide::on_call_result(&state, &flow, now, done, &mut rng);
+                    let events =
+                        decide::on_call_result(&state, &flow, now, done, &bounds, &mut rng);
                     if !events.is_empty()
                         && !self.append(&mut state, events, self.engine_guard()).await?
                     {
@@ -205,6 +230,49 @@ impl Engine {
                     unverified = false;
                 }
             }
+        }
+    }
+
+    /// The bounds the decider keeps to.
+    fn bounds(&self) -> Bounds {
+        Bounds {
+            max_node_visits: self.inner.settings.max_node_visits,
+            default_call_timeout_ms: ms(self.inner.settings.default_call_timeout),
+        }
+    }
+
+    /// Decides the next step. A decision that evaluates expressions (a condition, a node
+    /// input to build) runs on the blocking pool, at most `max_concurrent_evaluations` at
+    /// once, so a slow expression never holds a thread that serves RPCs (each evaluation is
+    /// bounded by its own budget too).
+    async fn decide_step(
+        &self,
+        state: &TaskState,
+        flow: &Arc<Flow>,
+        now: i64,
+        running: &HashSet<String>,
+        bounds: &Bounds,
+        rng: &mut SmallRng,
+    ) -> Result<Step, Error> {
+        if !evaluates(state, flow) {
+            return Ok(decide::decide(state, flow, now, running, bounds, rng));
+        }
+        let Ok(permit) = self.inner.evaluations.clone().acquire_owned().await else {
+            return Ok(Step::Park);
+        };
+        let (state, flow, running, bounds) =
+            (state.clone(), flow.clone(), running.clone(), *bounds);
+        let mut rng = SmallRng::from_rng(rng);
+        let step = tokio::task::spawn_blocking(move || {
+            let _permit = permit;
+            decide::decide(&state, &flow, now, &running, &bounds, &mut rng)
+        })
+        .await;
+        match step {
+            Ok(step) => Ok(step),
+            Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+            // The runtime is shutting down.
+            Err(_) => Ok(Step::Park),
         }
     }
 
@@ -264,6 +332,7 @@ impl Engine {
                     crate::metrics::dead_letter();
                 }
                 if let Some(status) = ended {
+                    export_task_span(state, status, now);
                     tracing::info!(
                         task_id = %state.id,
                         trace_id = %state.trace_id,
@@ -277,4 +346,47 @@ impl Engine {
             AppendOutcome::Conflict => Ok(false),
         }
     }
+}
+
+/// Whether deciding at the task's current node may evaluate expressions: a condition, or a
+/// task or parallel node with an input template.
+fn evaluates(state: &TaskState, flow: &Flow) -> bool {
+    let Some(node) = state.current.as_deref().and_then(|c| flow.node(c)) else {
+        return false;
+    };
+    match &node.kind {
+        NodeKind::Condition { .. } => true,
+        NodeKind::Task { input, .. } => input.is_some(),
+        NodeKind::Parallel { branches, .. } => branches.iter().any(|b| b.input.is_some()),
+        _ => false,
+    }
+}
+
+/// Exports the task's span, the root of its trace, now that it ended at `now_ms`: started
+/// when the task was created, with the id every node span names as its parent.
+fn export_task_span(state: &TaskState, status: TaskStatus, now_ms: i64) {
+    let Ok(trace_id) = reach_rpc::trace::TraceId::parse(&state.trace_id) else {
+        return;
+    };
+    let at =
+        |ms: i64| std::time::UNIX_EPOCH + Duration::from_millis(u64::try_from(ms).unwrap_or(0));
+    let error = (status == TaskStatus::Failed).then(|| {
+        state
+            .error
+            .clone()
+            .unwrap_or_else(|| status.as_str().to_string())
+    });
+    reach_telemetry::export_root_span(
+        "orchestrator.task",
+        trace_id,
+        super::call::task_span_id(&state.id),
+        (at(state.created_ms), at(now_ms)),
+        vec![
+            ("task_id", state.id.clone()),
+            ("flow_id", state.flow_id.clone()),
+            ("flow_version", state.flow_version.to_string()),
+            ("task.status", status.as_str().to_string()),
+        ],
+        error,
+    );
 }

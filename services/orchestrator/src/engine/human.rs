@@ -19,7 +19,10 @@ pub(super) fn decide(cx: &Cx<'_>, node: &Node, next: &str, prompt: &Option<Strin
     if let Some(input) = &state.human_input {
         let mut events = Vec::new();
         if state.timer_pending(&timer) {
-            events.push(Event::TimerCancelled { timer });
+            events.push(Event::TimerCancelled {
+                timer,
+                purpose: Some(TimerPurpose::HumanTimeout),
+            });
         }
         events.extend(complete(id, NodeOutcome::Succeeded, input.clone(), next));
         return Step::Events(events);
@@ -100,6 +103,7 @@ mod tests {
         );
         let mut expected = vec![Event::TimerCancelled {
             timer: "t1:1:human:ask".into(),
+            purpose: Some(TimerPurpose::HumanTimeout),
         }];
         expected.extend(complete(
             "ask",

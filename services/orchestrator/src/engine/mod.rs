@@ -14,9 +14,12 @@
 //!   dispatching to one module per node kind: `task`, `parallel` (both over the call slots of
 //!   `slots`), `condition`, `human`, `wait` and `end` (`succeed` and `fail`). `step` holds
 //!   what they share (the [`decide::Step`] they return, completing and failing a node).
-//! - `driver`: [`Engine::poke`] and the per-task driver loop (claim, decide, append, call).
-//! - `call`: the router call of one attempt.
-//! - `commands`: StartTask, ResumeTask, CancelTask and RetryTask.
+//! - `driver`: [`Engine::poke`] and the per-task driver loop (claim, decide — on the blocking
+//!   pool when expressions are evaluated — append, call), and the task's span at its end.
+//! - `call`: the router call of one attempt, whether a failure provably did not deliver, and
+//!   the task span's id ([`task_span_id`]).
+//! - `commands`: StartTask, ResumeTask, CancelTask and RetryTask, which hold the task's
+//!   driver while they append.
 //! - `loops`: the background loops — leases (renew; claim unowned or expired tasks, which is
 //!   how a restarted or surviving replica resumes work), timers (poke tasks whose durable
 //!   timers are due), purge (drop ended tasks after the context TTL), the tasks-by-status
@@ -52,6 +55,7 @@ mod task;
 mod testing;
 mod wait;
 
+pub use call::task_span_id;
 pub use clock::Clock;
 pub use decide::message_id;
 
@@ -70,6 +74,10 @@ pub struct EngineSettings {
     pub poll_interval: Duration,
     /// Ended tasks are purged this long after they end.
     pub context_ttl: Duration,
+    /// Node visits a task may make between retries before it fails.
+    pub max_node_visits: usize,
+    /// Expression evaluations run at once on the blocking pool.
+    pub max_concurrent_evaluations: usize,
     /// The `source` written in message headers.
     pub source: String,
 }
@@ -90,8 +98,14 @@ pub(crate) struct Inner {
     router: call::Router,
     /// Tasks with a driver in this process.
     active: Mutex<HashMap<String, Active>>,
+    /// Commands waiting to append, per task: the task's driver pauses between steps while a
+    /// task has one, so a command always gets in (see [`Engine::hold`]).
+    held: Mutex<HashMap<String, usize>>,
     /// Bounds the drivers running at once (`max_concurrent_tasks`).
     permits: Arc<Semaphore>,
+    /// Bounds the decisions that evaluate expressions, run on the blocking pool
+    /// (`max_concurrent_evaluations`).
+    evaluations: Arc<Semaphore>,
     /// Wakes the timer loop when a new timer is scheduled.
     timer_wake: Notify,
     /// "Task X appended up to seq N", for WatchTask.
@@ -162,9 +176,11 @@ impl Engine {
                 flows,
                 clock,
                 permits: Arc::new(Semaphore::new(settings.max_concurrent_tasks.max(1))),
+                evaluations: Arc::new(Semaphore::new(settings.max_concurrent_evaluations.max(1))),
                 settings,
                 router,
                 active: Mutex::new(HashMap::new()),
+                held: Mutex::new(HashMap::new()),
                 timer_wake: Notify::new(),
                 events,
                 stop,

@@ -102,7 +102,7 @@ mod tests {
     use serde_json::json;
 
     use super::*;
-    use crate::engine::decide::{CallResult, on_call_result};
+    use crate::engine::decide::{Bounds, CallResult, Delivery, on_call_result};
     use crate::engine::testing::*;
     use crate::event::TaskStatus;
     use crate::failure::NodeError;
@@ -138,7 +138,9 @@ mod tests {
                     slot: call.slot,
                     attempt: call.attempt,
                     result: reply,
+                    delivery: Delivery::Maybe,
                 },
+                &Bounds::default(),
                 &mut rng(),
             );
             apply(&mut s, &events, T0 + 1);

@@ -7,13 +7,13 @@ use rand::{Rng, RngCore};
 use serde_json::Value;
 use tonic::Code;
 
-use crate::event::{Event, SlotState, TimerPurpose};
+use crate::event::{Event, Inflight, SlotState, TimerPurpose};
 use crate::expr::InputTemplate;
 use crate::failure::NodeError;
 use crate::flow::Node;
 
 use super::clock::ms;
-use super::step::{CallResult, CallSpec, Cx, Step, message_id, timer_id};
+use super::step::{CallResult, CallSpec, Cx, Delivery, Step, message_id, timer_id};
 
 /// One call slot of a node.
 pub(super) struct Slot<'a> {
@@ -51,25 +51,51 @@ pub(super) fn decide(
             if running.contains(&slot.id) {
                 continue;
             }
-            if let (Some(timer), Some(deadline)) = (&inf.timer, inf.deadline_ms)
-                && deadline <= now
-                && state.timer_pending(timer)
-            {
-                events.push(Event::TimerFired {
-                    timer: timer.clone(),
-                });
+            let window_end = delivery_window_end(cx, inf);
+            let timed_out = match (&inf.timer, inf.deadline_ms) {
+                (Some(timer), Some(deadline)) => deadline <= now && state.timer_pending(timer),
+                // Without a deadline, only a try that was not delivered has a window to miss.
+                _ => inf.undelivered.is_some() && window_end <= now,
+            };
+            if timed_out {
+                if let (Some(timer), Some(_)) = (&inf.timer, inf.deadline_ms) {
+                    events.push(Event::TimerFired {
+                        timer: timer.clone(),
+                    });
+                }
+                if let Some(t) = &inf.redelivery_timer
+                    && state.timer_pending(t)
+                {
+                    events.push(Event::TimerCancelled {
+                        timer: t.clone(),
+                        purpose: Some(TimerPurpose::Redelivery),
+                    });
+                }
+                let error = match &inf.undelivered {
+                    Some(last) => nothing_routable(inf, window_end, last),
+                    None => NodeError::new(
+                        Code::DeadlineExceeded,
+                        "the attempt timed out (its deadline passed while the orchestrator was down)",
+                    ),
+                };
                 events.extend(attempt_failed(
                     cx,
                     &node.id,
                     &slot.id,
                     &s,
                     inf.attempt,
-                    NodeError::new(
-                        Code::DeadlineExceeded,
-                        "the attempt timed out (its deadline passed while the orchestrator was down)",
-                    ),
+                    error,
                     rng,
                 ));
+                continue;
+            }
+            // Not delivered last time: send again once the redelivery timer fired.
+            if let Some(t) = &inf.redelivery_timer
+                && state.timer_pending(t)
+            {
+                if state.timers.get(t).is_some_and(|t| t.fire_at_ms <= now) {
+                    events.push(Event::TimerFired { timer: t.clone() });
+                }
                 continue;
             }
             calls.push(CallSpec {
@@ -98,15 +124,17 @@ pub(super) fn decide(
         let input = match input {
             Ok(v) => v,
             Err(e) => {
+                let code = if e.exhausted {
+                    Code::ResourceExhausted
+                } else {
+                    Code::InvalidArgument
+                };
                 events.push(Event::SlotCompleted {
                     node: node.id.clone(),
                     slot: slot.id.clone(),
                     ok: false,
                     output: Value::Null,
-                    error: Some(NodeError::new(
-                        Code::InvalidArgument,
-                        format!("cannot build the input: {e}"),
-                    )),
+                    error: Some(NodeError::new(code, format!("cannot build the input: {e}"))),
                 });
                 continue;
             }
@@ -154,6 +182,38 @@ pub(super) fn decide(
     } else {
         Step::Calls(calls)
     }
+}
+
+/// The back-off between tries of an attempt that was not delivered: 50 ms doubling to 1 s,
+/// ±20 % jitter.
+const REDELIVERY: reach_rpc::backoff::Exponential = reach_rpc::backoff::Exponential {
+    initial: std::time::Duration::from_millis(50),
+    multiplier: 2.0,
+    max: std::time::Duration::from_secs(1),
+};
+
+/// When an attempt stops waiting for a routable instance (unix ms): its deadline, else its
+/// start plus the default call timeout.
+fn delivery_window_end(cx: &Cx<'_>, inf: &Inflight) -> i64 {
+    inf.deadline_ms
+        .unwrap_or(inf.started_ms + cx.bounds.default_call_timeout_ms)
+}
+
+/// The failure of an attempt whose window passed while nothing was routable.
+fn nothing_routable(inf: &Inflight, window_end: i64, last: &NodeError) -> NodeError {
+    let waited =
+        std::time::Duration::from_millis(u64::try_from(window_end - inf.started_ms).unwrap_or(0));
+    NodeError::new(
+        Code::DeadlineExceeded,
+        format!(
+            "nothing routable took `{}` within {} ({} tries not delivered; the last: {}: {})",
+            inf.capability,
+            humantime::format_duration(waited),
+            inf.deferrals + 1,
+            reach_rpc::errors::code_name(last.code),
+            crate::expr::cut(&last.message, 300),
+        ),
+    )
 }
 
 /// The events of attempt `attempt` of `slot` failing with `error`: a back-off timer when the
@@ -238,7 +298,10 @@ pub(super) fn on_call_result(cx: &Cx<'_>, done: CallResult, rng: &mut dyn RngCor
             if let Some(t) = &inf.timer
                 && state.timer_pending(t)
             {
-                events.push(Event::TimerCancelled { timer: t.clone() });
+                events.push(Event::TimerCancelled {
+                    timer: t.clone(),
+                    purpose: Some(TimerPurpose::AttemptTimeout),
+                });
             }
             events.push(Event::SlotCompleted {
                 node,
@@ -248,6 +311,50 @@ pub(super) fn on_call_result(cx: &Cx<'_>, done: CallResult, rng: &mut dyn RngCor
                 error: None,
             });
         }
+        Err(error) if done.delivery == Delivery::NotDelivered => {
+            let window_end = delivery_window_end(cx, inf);
+            if cx.now_ms < window_end {
+                let unit: f64 = rng.random::<f64>() * 2.0 - 1.0;
+                let delay = REDELIVERY.delay_with_jitter(inf.deferrals + 1, 0.2, unit);
+                let timer = timer_id(
+                    &state.id,
+                    cx.visit(),
+                    "redeliver",
+                    &format!("{}#{}.{}", done.slot, inf.attempt, inf.deferrals + 1),
+                );
+                events.push(Event::TimerScheduled {
+                    timer: timer.clone(),
+                    node: node.clone(),
+                    slot: Some(done.slot.clone()),
+                    purpose: TimerPurpose::Redelivery,
+                    fire_at_ms: (cx.now_ms + ms(delay)).min(window_end),
+                });
+                events.push(Event::AttemptDeferred {
+                    node,
+                    slot: done.slot,
+                    attempt: inf.attempt,
+                    code: error.code,
+                    error: crate::expr::cut(&error.message, 500),
+                    timer,
+                });
+                return events;
+            }
+            if let Some(t) = &inf.timer
+                && state.timer_pending(t)
+            {
+                events.push(Event::TimerFired { timer: t.clone() });
+            }
+            let error = nothing_routable(inf, window_end, &error);
+            events.extend(attempt_failed(
+                cx,
+                &node,
+                &done.slot,
+                s,
+                inf.attempt,
+                error,
+                rng,
+            ));
+        }
         Err(error) => {
             if let Some(t) = &inf.timer
                 && state.timer_pending(t)
@@ -256,7 +363,10 @@ pub(super) fn on_call_result(cx: &Cx<'_>, done: CallResult, rng: &mut dyn RngCor
                 events.push(if error.code == Code::DeadlineExceeded && due {
                     Event::TimerFired { timer: t.clone() }
                 } else {
-                    Event::TimerCancelled { timer: t.clone() }
+                    Event::TimerCancelled {
+                        timer: t.clone(),
+                        purpose: Some(TimerPurpose::AttemptTimeout),
+                    }
                 });
             }
             events.extend(attempt_failed(

@@ -46,6 +46,39 @@ pub struct CallResult {
     pub attempt: u32,
     /// The reply's first data part (else its first text part, else null), or the failure.
     pub result: Result<Value, NodeError>,
+    /// Whether a failure provably never reached an agent.
+    pub delivery: Delivery,
+}
+
+/// What a failed call says about delivery.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Delivery {
+    /// The message may have reached an agent (or the call succeeded): the attempt counts.
+    Maybe,
+    /// The message provably reached no agent: the router could not be reached, or it had no
+    /// routable instance (ROUTE_NOT_FOUND, INSTANCE_UNAVAILABLE, OVERLOADED,
+    /// INSTANCE_DRAINING). The attempt is sent again after a pause, within its deadline,
+    /// without counting.
+    NotDelivered,
+}
+
+/// The bounds a decision keeps to (from the configuration).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Bounds {
+    /// Node visits a task may make between retries before it fails.
+    pub max_node_visits: usize,
+    /// How long an attempt without a deadline may wait for a routable instance (ms): the
+    /// default call timeout.
+    pub default_call_timeout_ms: i64,
+}
+
+impl Default for Bounds {
+    fn default() -> Self {
+        Self {
+            max_node_visits: 1000,
+            default_call_timeout_ms: 300_000,
+        }
+    }
 }
 
 /// What one decision sees: the task, its flow and the time.
@@ -56,6 +89,8 @@ pub(super) struct Cx<'a> {
     pub(super) flow: &'a Flow,
     /// Now, in unix ms.
     pub(super) now_ms: i64,
+    /// The configured bounds.
+    pub(super) bounds: &'a Bounds,
 }
 
 impl Cx<'_> {

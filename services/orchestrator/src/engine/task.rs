@@ -50,7 +50,9 @@ mod tests {
     use tonic::Code;
 
     use super::*;
-    use crate::engine::decide::{CallResult, CallSpec, message_id, on_call_result};
+    use crate::engine::decide::{
+        Bounds, CallResult, CallSpec, Delivery, message_id, on_call_result,
+    };
     use crate::engine::testing::*;
     use crate::event::{Event, TaskStatus, TimerPurpose};
     use crate::failure::NodeError;
@@ -62,6 +64,7 @@ mod tests {
             slot: "act".into(),
             attempt,
             result,
+            delivery: Delivery::Maybe,
         }
     }
 
@@ -107,7 +110,7 @@ mod tests {
         // A call this driver has in flight is not sent twice.
         let running = HashSet::from(["act".to_string()]);
         assert_eq!(
-            crate::engine::decide::decide(&s, &f, T0, &running, &mut rng()),
+            crate::engine::decide::decide(&s, &f, T0, &running, &Bounds::default(), &mut rng()),
             Step::Park
         );
     }
@@ -117,12 +120,20 @@ mod tests {
         let f = flow(FLOW);
         let mut s = started(&f, json!({"n": 1}));
         run(&mut s, &f, T0);
-        let events = on_call_result(&s, &f, T0 + 5, result(1, Ok(json!({"ok": 1}))), &mut rng());
+        let events = on_call_result(
+            &s,
+            &f,
+            T0 + 5,
+            result(1, Ok(json!({"ok": 1}))),
+            &Bounds::default(),
+            &mut rng(),
+        );
         assert_eq!(
             events,
             [
                 Event::TimerCancelled {
-                    timer: "t1:1:timeout:act#1".into()
+                    timer: "t1:1:timeout:act#1".into(),
+                    purpose: Some(TimerPurpose::AttemptTimeout),
                 },
                 Event::SlotCompleted {
                     node: "act".into(),
@@ -139,7 +150,14 @@ mod tests {
         assert_eq!(s.output, json!({"ok": 1}));
         // A stale result (an attempt that is no longer in flight) adds nothing.
         assert_eq!(
-            on_call_result(&s, &f, T0 + 6, result(1, Ok(json!(1))), &mut rng()),
+            on_call_result(
+                &s,
+                &f,
+                T0 + 6,
+                result(1, Ok(json!(1))),
+                &Bounds::default(),
+                &mut rng()
+            ),
             []
         );
     }
@@ -152,7 +170,14 @@ mod tests {
         let mut s = started(&f, json!({"n": 1}));
         run(&mut s, &f, T0);
         let failed = NodeError::new(Code::Unavailable, "down");
-        let events = on_call_result(&s, &f, T0 + 5, result(1, Err(failed)), &mut rng());
+        let events = on_call_result(
+            &s,
+            &f,
+            T0 + 5,
+            result(1, Err(failed)),
+            &Bounds::default(),
+            &mut rng(),
+        );
         // The same draw the decider makes: first delay 1s with jitter 0.5.
         let mut r = rng();
         let unit: f64 = rand::Rng::random::<f64>(&mut r) * 2.0 - 1.0;
@@ -163,7 +188,8 @@ mod tests {
             events,
             [
                 Event::TimerCancelled {
-                    timer: "t1:1:timeout:act#1".into()
+                    timer: "t1:1:timeout:act#1".into(),
+                    purpose: Some(TimerPurpose::AttemptTimeout),
                 },
                 Event::AttemptFailed {
                     node: "act".into(),
@@ -189,6 +215,7 @@ mod tests {
                 &f,
                 T0 + 5,
                 result(1, Err(NodeError::new(Code::Unavailable, "down"))),
+                &Bounds::default(),
                 &mut rng()
             ),
             events
@@ -216,7 +243,14 @@ mod tests {
         let mut s = started(&f, json!({"n": 1}));
         run(&mut s, &f, T0);
         let refused = NodeError::new(Code::InvalidArgument, "refused");
-        let events = on_call_result(&s, &f, T0 + 5, result(1, Err(refused.clone())), &mut rng());
+        let events = on_call_result(
+            &s,
+            &f,
+            T0 + 5,
+            result(1, Err(refused.clone())),
+            &Bounds::default(),
+            &mut rng(),
+        );
         assert_eq!(
             events[2],
             Event::SlotCompleted {
@@ -289,5 +323,81 @@ mod tests {
         }
         assert_eq!(s.failed_node, None, "caught by recover");
         assert_eq!(s.status, TaskStatus::Succeeded);
+    }
+
+    /// A try that provably reached no agent waits for its redelivery timer and is sent again
+    /// as the same attempt (same message id), not counted; once the attempt's deadline
+    /// passes with nothing routable, it fails with DEADLINE_EXCEEDED saying so.
+    #[test]
+    fn an_undelivered_try_is_sent_again_without_counting() {
+        let f = flow(FLOW);
+        let mut s = started(&f, json!({"n": 1}));
+        run(&mut s, &f, T0);
+        let undelivered = |at: u32| CallResult {
+            slot: "act".into(),
+            attempt: at,
+            result: Err(NodeError::new(Code::NotFound, "no routable instance")),
+            delivery: Delivery::NotDelivered,
+        };
+        let events = on_call_result(
+            &s,
+            &f,
+            T0 + 5,
+            undelivered(1),
+            &Bounds::default(),
+            &mut rng(),
+        );
+        let fire_at = match &events[..] {
+            [
+                Event::TimerScheduled {
+                    purpose: TimerPurpose::Redelivery,
+                    fire_at_ms,
+                    ..
+                },
+                Event::AttemptDeferred { attempt: 1, .. },
+            ] => *fire_at_ms,
+            other => panic!("{other:#?}"),
+        };
+        assert!((T0 + 45..=T0 + 65).contains(&fire_at), "{fire_at}");
+        apply(&mut s, &events, T0 + 5);
+        assert_eq!(decide_at(&s, &f, fire_at - 1), Step::Park);
+        let (appended, step) = run(&mut s, &f, fire_at);
+        assert!(
+            matches!(appended[..], [Event::TimerFired { .. }]),
+            "{appended:#?}"
+        );
+        match step {
+            Step::Calls(calls) => {
+                assert_eq!(calls[0].attempt, 1);
+                assert_eq!(calls[0].message_id, message_id("t1", "act", 1));
+            }
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(s.slots["act"].attempts, 1);
+        assert_eq!(s.visits[0].attempts, 1);
+        // The attempt's deadline passes with nothing routable: DEADLINE_EXCEEDED, said so.
+        let events = on_call_result(
+            &s,
+            &f,
+            T0 + 10_000,
+            undelivered(1),
+            &Bounds::default(),
+            &mut rng(),
+        );
+        match &events[..] {
+            [
+                Event::TimerFired { .. },
+                Event::AttemptFailed {
+                    code: Code::DeadlineExceeded,
+                    error,
+                    ..
+                },
+                ..,
+            ] => assert!(
+                error.starts_with("nothing routable took `test.act` within 10s (2 tries not delivered; the last: NOT_FOUND: no routable instance)"),
+                "{error}"
+            ),
+            other => panic!("{other:#?}"),
+        }
     }
 }

@@ -45,7 +45,14 @@ pub fn rng() -> SmallRng {
 
 /// Decides at `now` with no call in flight.
 pub fn decide_at(state: &TaskState, flow: &Flow, now: i64) -> Step {
-    super::decide::decide(state, flow, now, &HashSet::new(), &mut rng())
+    super::decide::decide(
+        state,
+        flow,
+        now,
+        &HashSet::new(),
+        &super::step::Bounds::default(),
+        &mut rng(),
+    )
 }
 
 /// The events of a step that must be `Step::Events`.

@@ -91,6 +91,7 @@ mod tests {
             &mut s,
             &[Event::TimerCancelled {
                 timer: "t1:1:wait:pause".into(),
+                purpose: Some(TimerPurpose::Wait),
             }],
             T0,
         );

@@ -73,6 +73,14 @@ impl TestRouter {
     /// Serves on 127.0.0.1:0; returns the endpoint URL and a shutdown sender.
     pub async fn serve(&self) -> (String, tokio::sync::oneshot::Sender<()>) {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        self.serve_on(listener)
+    }
+
+    /// Serves on `listener`; returns the endpoint URL and a shutdown sender.
+    pub fn serve_on(
+        &self,
+        listener: tokio::net::TcpListener,
+    ) -> (String, tokio::sync::oneshot::Sender<()>) {
         let addr = listener.local_addr().unwrap();
         let (tx, rx) = tokio::sync::oneshot::channel::<()>();
         let svc = RouterServiceServer::new(self.clone());
