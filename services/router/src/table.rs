@@ -469,6 +469,21 @@ impl RoutingTable {
         let channel = reach_rpc::http2::endpoint(spec.endpoint.clone())?
             .connect_timeout(self.config.connect_timeout)
             .connect_lazy();
+        // Connect now, in the background, so the instance's first call does not pay (and its
+        // first latency sample does not include) the TCP and HTTP/2 handshakes: peak-EWMA
+        // takes a first sample as a peak, and an inflated one would keep a new instance out
+        // of rotation for about `rtt_decay`. A failure here is only logged; calls reconnect.
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            let mut warm = channel.clone();
+            let instance = spec.instance_id.clone();
+            runtime.spawn(async move {
+                if let Err(error) =
+                    tower::ServiceExt::<http::Request<tonic::body::Body>>::ready(&mut warm).await
+                {
+                    debug!(%instance, %error, "could not connect ahead of the first call");
+                }
+            });
+        }
         Ok(InstanceEndpoint::new(
             self.replies.meter(channel),
             InstanceInfo {
