@@ -32,6 +32,8 @@
 //! - [`watch`] — the loop that follows the registry's Watch stream, reconnecting on failure.
 //! - [`pump`] — the inbound and outbound halves of a routed stream.
 //! - [`passthrough`] — typed pass-through of agents' own gRPC services (raw HTTP/2 proxy).
+//! - [`reflection`] — the agents' typed services' descriptors, fetched from their instances'
+//!   reflection and kept (bounded), for server reflection on the router's port.
 //! - [`service`] — [`Router`] and the `reach.v1.RouterService` RPCs, one submodule each:
 //!   `call` (Call, CallMux), `stream` (Stream), `publish` (Publish), `reply` (Reply).
 
@@ -47,6 +49,7 @@ pub mod metrics;
 pub mod passthrough;
 pub mod protocol;
 pub mod pump;
+pub mod reflection;
 pub mod retry;
 pub mod service;
 pub mod table;

@@ -159,6 +159,22 @@ impl RoutingTable {
         self.room.waiting()
     }
 
+    /// The gRPC services (typed pass-through) some routable instance serves, by full name,
+    /// sorted.
+    pub fn grpc_services(&self) -> Vec<String> {
+        let state = self.state.read().unwrap_or_else(|p| p.into_inner());
+        let mut names: Vec<String> = state
+            .routes
+            .keys()
+            .filter_map(|key| match key {
+                RouteKey::GrpcService(name) => Some(name.clone()),
+                _ => None,
+            })
+            .collect();
+        names.sort();
+        names
+    }
+
     /// The route's current snapshot, or `None` when no routable instance is on it.
     pub fn route(&self, key: &RouteKey) -> Option<Arc<Route>> {
         let state = self.state.read().unwrap_or_else(|p| p.into_inner());

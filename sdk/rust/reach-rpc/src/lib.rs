@@ -5,6 +5,8 @@
 //!   loop.
 //! - [`server`] — [`GrpcServer`] serves tonic services on a caller-bound listener, always with
 //!   `grpc.health.v1` and server reflection (v1 and v1alpha, so grpcurl 1.8 works).
+//! - [`reflection`] — server reflection over descriptor sets plus a [`reflection::ReflectionSource`]
+//!   asked at request time.
 //! - [`http2`] — the HTTP/2 settings servers and data-path channels advertise, and
 //!   [`http2::endpoint`] to build such a channel.
 //! - [`limits`] — [`limits::ConnectionLimits`]: connections at once, handshake time and
@@ -22,6 +24,7 @@ pub mod errors;
 pub mod http2;
 pub mod limits;
 pub mod mux;
+pub mod reflection;
 pub mod server;
 pub mod time;
 pub mod trace;

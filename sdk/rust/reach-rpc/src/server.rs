@@ -51,6 +51,7 @@ pub struct GrpcServer {
     limits: ConnectionLimits,
     message_limits: MessageLimits,
     fallback: Option<Fallback>,
+    reflection_source: Option<std::sync::Arc<dyn crate::reflection::ReflectionSource>>,
 }
 
 impl Default for GrpcServer {
@@ -82,6 +83,7 @@ impl GrpcServer {
             limits: ConnectionLimits::default(),
             message_limits: MessageLimits::default(),
             fallback: None,
+            reflection_source: None,
         }
     }
 
@@ -100,6 +102,17 @@ impl GrpcServer {
         S::Future: Send + 'static,
     {
         self.fallback = Some(tower::util::BoxCloneSyncService::new(fallback));
+        self
+    }
+
+    /// Makes reflection answer, after the server's own descriptor sets, from `source`: its
+    /// services are listed after the server's and its files served for symbols and file
+    /// names the sets do not hold (the router's agents' typed services).
+    pub fn with_reflection_source(
+        mut self,
+        source: std::sync::Arc<dyn crate::reflection::ReflectionSource>,
+    ) -> Self {
+        self.reflection_source = Some(source);
         self
     }
 
@@ -179,33 +192,36 @@ impl GrpcServer {
         listener: tokio::net::TcpListener,
         shutdown: impl Future<Output = ()> + Send + 'static,
     ) -> Result<(), ServeError> {
-        let mut v1 = tonic_reflection::server::Builder::configure();
-        let mut v1alpha = tonic_reflection::server::Builder::configure();
-        for set in &self.descriptor_sets {
-            v1 = v1.register_encoded_file_descriptor_set(set);
-            v1alpha = v1alpha.register_encoded_file_descriptor_set(set);
+        let mut index = crate::reflection::DescriptorIndex::default();
+        for set in self.descriptor_sets.iter().copied().chain([
+            tonic_reflection::pb::v1::FILE_DESCRIPTOR_SET,
+            tonic_reflection::pb::v1alpha::FILE_DESCRIPTOR_SET,
+        ]) {
+            index.add_encoded_set(set)?;
         }
         // List what this server serves (the descriptor sets also describe services it does
         // not, such as AgentService on a control plane); every type stays resolvable.
-        let advertised = self.service_names.iter().copied().chain([
-            "grpc.health.v1.Health",
-            "grpc.reflection.v1.ServerReflection",
-            "grpc.reflection.v1alpha.ServerReflection",
-        ]);
-        for name in advertised {
-            v1 = v1.with_service_name(name);
-            v1alpha = v1alpha.with_service_name(name);
-        }
+        let served: Vec<&'static str> = self
+            .service_names
+            .iter()
+            .copied()
+            .chain([
+                "grpc.health.v1.Health",
+                "grpc.reflection.v1.ServerReflection",
+                "grpc.reflection.v1alpha.ServerReflection",
+            ])
+            .collect();
         let mut message_limits = self.message_limits;
-        for name in self.service_names.iter().copied().chain([
-            "grpc.health.v1.Health",
-            "grpc.reflection.v1.ServerReflection",
-            "grpc.reflection.v1alpha.ServerReflection",
-        ]) {
+        for name in &served {
             message_limits.serve(name);
         }
-        let v1 = v1.build_v1().map_err(ServeError::Reflection)?;
-        let v1alpha = v1alpha.build_v1alpha().map_err(ServeError::Reflection)?;
+        let reflection = crate::reflection::Reflection::new(
+            index,
+            served.iter().map(|name| name.to_string()).collect(),
+            self.reflection_source,
+        );
+        let v1 = reflection.clone().v1();
+        let v1alpha = reflection.v1alpha();
         for name in &self.service_names {
             self.health
                 .set_service_status(*name, ServingStatus::Serving)
@@ -483,5 +499,5 @@ async fn wait_after_accept_error(error: std::io::Error) {
 pub enum ServeError {
     /// A file descriptor set could not be decoded.
     #[error("cannot build the reflection service: {0}")]
-    Reflection(#[from] tonic_reflection::server::Error),
+    Reflection(#[from] prost::DecodeError),
 }

@@ -165,7 +165,8 @@ impl Router {
     }
 
     /// Adds the router to `server`: `RouterService` (traced), typed pass-through
-    /// ([`crate::passthrough`]) for every path no other service claims, and their message
+    /// ([`crate::passthrough`]) for every path no other service claims, reflection of the
+    /// agents' typed services ([`crate::reflection`]), and their message
     /// limits, checked against each gRPC message's length prefix
     /// ([`RouterConfig::request_message_limit`], [`RouterConfig::passthrough_message_limit`]).
     pub fn add_to(&self, server: reach_rpc::GrpcServer) -> reach_rpc::GrpcServer {
@@ -179,6 +180,9 @@ impl Router {
                 self.inner.unrouted_metrics.clone(),
             ))
             .with_fallback(crate::passthrough::PassThrough::new(self.table().clone()))
+            .with_reflection_source(Arc::new(crate::reflection::AgentDescriptors::new(
+                self.table().clone(),
+            )))
             .with_fallback_message_limit(self.config().passthrough_message_limit())
     }
 
