@@ -124,18 +124,31 @@ impl OrchestratorConfig {
                 return Err(ConfigError::Zero { field });
             }
         }
-        if self.expressions.max_steps == 0 || self.expressions.max_time.is_zero() {
+        if self.expressions.max_steps == 0 {
             return Err(ConfigError::Zero {
-                field: if self.expressions.max_steps == 0 {
-                    "expressions.max_steps"
-                } else {
-                    "expressions.max_time"
-                },
+                field: "expressions.max_steps",
+            });
+        }
+        for (field, value) in [
+            ("expressions.max_time", self.expressions.max_time),
+            ("default_call_timeout", self.default_call_timeout),
+        ] {
+            if value.is_zero() {
+                return Err(ConfigError::Zero { field });
+            }
+        }
+        // A zero poll interval spins a core polling the store.
+        if self.poll_interval < MIN_POLL_INTERVAL {
+            return Err(ConfigError::PollIntervalTooShort {
+                interval: self.poll_interval,
             });
         }
         Ok(())
     }
 }
+
+/// The shortest `poll_interval` [`OrchestratorConfig::validate`] accepts.
+pub const MIN_POLL_INTERVAL: Duration = Duration::from_millis(10);
 
 /// The shortest task lease [`OrchestratorConfig::validate`] accepts.
 pub const MIN_LEASE: Duration = Duration::from_millis(300);
@@ -167,6 +180,12 @@ pub enum ConfigError {
     /// `max_concurrent_tasks` is 0.
     #[error("max_concurrent_tasks must be at least 1")]
     NoConcurrentTasks,
+    /// `poll_interval` is below [`MIN_POLL_INTERVAL`].
+    #[error("poll_interval is {interval:?}; it must be at least 10ms (the default is 500ms)")]
+    PollIntervalTooShort {
+        /// The configured interval.
+        interval: Duration,
+    },
     /// A count or duration that must be positive is 0.
     #[error("{field} must be more than 0")]
     Zero {

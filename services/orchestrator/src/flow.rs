@@ -210,6 +210,25 @@ impl Flow {
     /// # Errors
     /// [`FlowErrors`] lists every problem found, each located.
     pub fn parse_with(source: &str, yaml: &str, limits: &ExprLimits) -> Result<Flow, FlowErrors> {
+        let refuse = |line: usize, message: String, hint: &str| FlowErrors {
+            errors: vec![FlowError {
+                source: source.to_string(),
+                line,
+                column: 1,
+                message,
+                hint: hint.into(),
+            }],
+        };
+        if yaml.len() > MAX_FLOW_BYTES {
+            return Err(refuse(
+                1,
+                format!(
+                    "the flow file is {} bytes; the limit is {MAX_FLOW_BYTES}",
+                    yaml.len()
+                ),
+                "split it into smaller flows; large data belongs in the task input, not the flow",
+            ));
+        }
         let raw: RawFlow = match serde_norway::from_str(yaml) {
             Ok(raw) => raw,
             Err(err) => {
@@ -237,10 +256,25 @@ impl Flow {
                 });
             }
         };
+        if raw.states.0.len() > MAX_NODES {
+            let line = yaml
+                .lines()
+                .position(|l| l.starts_with("states:"))
+                .map_or(1, |i| i + 1);
+            return Err(refuse(
+                line,
+                format!(
+                    "the flow has {} nodes; the limit is {MAX_NODES}",
+                    raw.states.0.len()
+                ),
+                "split it into smaller flows that start one another through task nodes",
+            ));
+        }
         Validator {
             source,
             text: yaml,
             errors: Vec::new(),
+            unreported: 0,
             limits,
         }
         .build(raw, yaml)
@@ -446,8 +480,18 @@ struct Validator<'a> {
     source: &'a str,
     text: &'a str,
     errors: Vec<FlowError>,
+    /// Problems found past [`MAX_REPORTED_ERRORS`]: counted, not located.
+    unreported: usize,
     limits: &'a ExprLimits,
 }
+
+/// The most nodes a flow may have; more is refused before validation (whose location search
+/// and "did you mean" suggestions grow with nodes × errors).
+pub const MAX_NODES: usize = 1000;
+/// The largest flow file, in bytes; a larger one is refused before it is parsed.
+pub const MAX_FLOW_BYTES: usize = 256 << 10;
+/// The most problems reported for one flow, each located; the rest are counted in one more.
+pub const MAX_REPORTED_ERRORS: usize = 100;
 
 /// What to do about an expression over the limits.
 const LIMIT_HINT: &str = "split the expression, move the computation into a task node, or raise `orchestrator.expressions.max_bytes` / `max_depth`";
@@ -470,6 +514,10 @@ impl Validator<'_> {
         message: String,
         hint: impl Into<String>,
     ) {
+        if self.errors.len() >= MAX_REPORTED_ERRORS {
+            self.unreported += 1;
+            return;
+        }
         let (line, column) = locate(self.text, state, field);
         // Names and values are echoed from the file: a message stays small whatever it holds.
         self.errors.push(FlowError {
@@ -637,6 +685,19 @@ impl Validator<'_> {
 
         if !self.errors.is_empty() {
             self.errors.sort_by_key(|e| (e.line, e.column));
+            if self.unreported > 0 {
+                let last_line = self.errors.last().map_or(1, |e| e.line);
+                self.errors.push(FlowError {
+                    source: self.source.to_string(),
+                    line: last_line,
+                    column: 1,
+                    message: format!(
+                        "and {} more problems not shown (at most {MAX_REPORTED_ERRORS} are reported)",
+                        self.unreported
+                    ),
+                    hint: "fix the ones above and validate again".into(),
+                });
+            }
             return Err(FlowErrors {
                 errors: self.errors,
             });
@@ -1101,7 +1162,11 @@ fn locate(text: &str, state: Option<&str>, field: Option<&str>) -> (usize, usize
         return (si + 1, sindent + 1);
     };
     // Same line (flow style) first, then the block below the state.
-    if let Some(at) = key_at(&lines[si][sindent + state.len()..], field) {
+    // `get`: a quoted or non-ASCII key may not end where its unquoted length says.
+    if let Some(at) = lines[si]
+        .get(sindent + state.len()..)
+        .and_then(|rest| key_at(rest, field))
+    {
         return (si + 1, sindent + state.len() + at + 1);
     }
     for (i, l) in lines.iter().enumerate().skip(si + 1) {
@@ -1173,6 +1238,61 @@ mod tests {
         assert!(
             text.contains("f.yaml:3:1: the flow has no `initial` node; add `initial: classify`"),
             "{text}"
+        );
+    }
+
+    #[test]
+    fn a_quoted_non_ascii_node_name_is_located_not_a_panic() {
+        let yaml = "id: utf8\nversion: 1\ninitial: \"é\"\nstates:\n  \"é\": {type: task, capability: x, next: done, timeout: nonsense}\n  done: {type: succeed}\n";
+        let errors = Flow::parse("u.yaml", yaml).unwrap_err();
+        assert_eq!(errors.errors.len(), 1, "{errors}");
+        assert_eq!(errors.errors[0].line, 5, "{errors}");
+        assert!(
+            errors.errors[0].message.contains("is not a duration"),
+            "{errors}"
+        );
+    }
+
+    #[test]
+    fn many_problems_are_reported_up_to_the_cap_and_counted() {
+        let mut yaml = String::from("id: many\nversion: 1\ninitial: n0\nstates:\n");
+        for i in 0..MAX_NODES - 1 {
+            yaml.push_str(&format!(
+                "  n{i}: {{type: task, capability: x, next: missing{i}}}\n"
+            ));
+        }
+        yaml.push_str("  done: {type: succeed}\n");
+        let errors = Flow::parse("m.yaml", &yaml).unwrap_err();
+        assert_eq!(errors.errors.len(), MAX_REPORTED_ERRORS + 1);
+        let last = &errors.errors[MAX_REPORTED_ERRORS].message;
+        assert!(
+            last.contains(&format!(
+                "and {} more problems",
+                MAX_NODES - 1 - MAX_REPORTED_ERRORS
+            )),
+            "{last}"
+        );
+    }
+
+    #[test]
+    fn oversized_flows_are_refused_before_validation() {
+        let mut yaml = String::from("id: big\nversion: 1\ninitial: n0\nstates:\n");
+        for i in 0..=MAX_NODES {
+            yaml.push_str(&format!("  n{i}: {{type: succeed}}\n"));
+        }
+        let errors = Flow::parse("b.yaml", &yaml).unwrap_err();
+        assert_eq!(errors.errors.len(), 1);
+        assert_eq!(errors.errors[0].line, 4);
+        assert!(
+            errors.errors[0].message.contains("limit is 1000"),
+            "{errors}"
+        );
+
+        let huge = format!("id: big\nversion: 1\n# {}\n", "x".repeat(MAX_FLOW_BYTES));
+        let errors = Flow::parse("h.yaml", &huge).unwrap_err();
+        assert!(
+            errors.errors[0].message.contains("bytes; the limit is"),
+            "{errors}"
         );
     }
 

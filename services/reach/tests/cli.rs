@@ -189,6 +189,40 @@ fn a_bad_config_exits_64_naming_the_key() {
             && stderr.contains("/nonexistent/protocol-registry.yaml"),
         "{stderr}"
     );
+
+    // Values that would spin a core, never connect or never probe are refused too.
+    for (key, value, named) in [
+        ("REACH_ORCHESTRATOR__POLL_INTERVAL", "0s", "poll_interval"),
+        (
+            "REACH_ORCHESTRATOR__DEFAULT_CALL_TIMEOUT",
+            "0s",
+            "default_call_timeout",
+        ),
+        (
+            "REACH_ROUTER__CONNECT_TIMEOUT",
+            "0s",
+            "router.connect_timeout",
+        ),
+        (
+            "REACH_ROUTER__LEDGER_SAMPLE_RATE",
+            "7",
+            "router.ledger_sample_rate",
+        ),
+        (
+            "REACH_REGISTRY__PROBE_TIMEOUT",
+            "0s",
+            "registry.probe_timeout",
+        ),
+    ] {
+        let output = reach()
+            .args(["dev", "--dump-config"])
+            .env(key, value)
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(output.status.code(), Some(64), "{key}={value}: {stderr}");
+        assert!(stderr.contains(named), "{key}={value}: {stderr}");
+    }
 }
 
 /// A reader that goes away early (`reach ... | head -1`) ends `reach` quietly, whatever the

@@ -78,6 +78,9 @@ impl RegistryConfig {
         if self.sweep_interval.is_zero() {
             return Err(ConfigError::ZeroSweepInterval);
         }
+        if self.probe_timeout.is_zero() {
+            return Err(ConfigError::ZeroProbeTimeout);
+        }
         Ok(())
     }
 
@@ -124,4 +127,7 @@ pub enum ConfigError {
     /// `sweep_interval` is zero.
     #[error("registry.sweep_interval must be above zero")]
     ZeroSweepInterval,
+    /// `probe_timeout` is zero: every health probe would fail.
+    #[error("registry.probe_timeout must be above zero (for example \"1s\")")]
+    ZeroProbeTimeout,
 }

@@ -204,6 +204,14 @@ impl RouterConfig {
         if self.rtt_decay.is_zero() {
             return Err(ConfigError::ZeroRttDecay);
         }
+        if self.connect_timeout.is_zero() {
+            return Err(ConfigError::ZeroConnectTimeout);
+        }
+        if !(0.0..=1.0).contains(&self.ledger_sample_rate) {
+            return Err(ConfigError::LedgerSampleRateOutOfRange {
+                value: self.ledger_sample_rate,
+            });
+        }
         if self.ejection.base_ejection > self.ejection.max_ejection {
             return Err(ConfigError::EjectionBaseAboveMax {
                 base: self.ejection.base_ejection,
@@ -311,6 +319,17 @@ pub enum ConfigError {
     /// `rtt_decay` is zero.
     #[error("router.rtt_decay must be above zero")]
     ZeroRttDecay,
+    /// `connect_timeout` is zero: no connection could ever be made.
+    #[error("router.connect_timeout must be above zero (for example \"1s\")")]
+    ZeroConnectTimeout,
+    /// `ledger_sample_rate` is not a share.
+    #[error(
+        "router.ledger_sample_rate is {value}; it must lie between 0 (keep no messages) and 1 (keep all)"
+    )]
+    LedgerSampleRateOutOfRange {
+        /// The configured value.
+        value: f64,
+    },
     /// `ejection.base_ejection` is longer than `ejection.max_ejection`.
     #[error(
         "router.ejection.base_ejection ({base:?}) must not exceed router.ejection.max_ejection ({max:?})"
@@ -350,6 +369,8 @@ impl ConfigError {
             ConfigError::ReplyBudgetTooSmall { .. } => "max_buffered_reply_bytes",
             ConfigError::RegistryEndpointNotHttp { .. } => "registry_endpoint",
             ConfigError::ZeroRttDecay => "rtt_decay",
+            ConfigError::ZeroConnectTimeout => "connect_timeout",
+            ConfigError::LedgerSampleRateOutOfRange { .. } => "ledger_sample_rate",
             ConfigError::EjectionBaseAboveMax { .. } => "ejection.base_ejection",
             ConfigError::RetryRatioOutOfRange { .. } => "retry_budget.retry_ratio",
             ConfigError::RetryWindowOutOfRange { .. } => "retry_budget.window",
