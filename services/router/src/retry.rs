@@ -65,31 +65,7 @@ pub fn classify(status: &Status) -> Classified {
 }
 
 /// Whether the status came from failing to open a connection (nothing was sent).
-pub fn is_connect_error(status: &Status) -> bool {
-    let mut source = status.source();
-    while let Some(error) = source {
-        if let Some(io) = error.downcast_ref::<std::io::Error>()
-            && matches!(
-                io.kind(),
-                std::io::ErrorKind::ConnectionRefused
-                    | std::io::ErrorKind::AddrNotAvailable
-                    | std::io::ErrorKind::HostUnreachable
-                    | std::io::ErrorKind::NetworkUnreachable
-            )
-        {
-            return true;
-        }
-        let text = error.to_string();
-        if text.contains("tcp connect error")
-            || text.contains("error trying to connect")
-            || text.contains("client error (Connect)")
-        {
-            return true;
-        }
-        source = error.source();
-    }
-    false
-}
+pub use reach_rpc::errors::is_connect_error;
 
 #[cfg(test)]
 mod tests {

@@ -178,3 +178,32 @@ pub fn code_name(code: tonic::Code) -> &'static str {
         Code::Unauthenticated => "UNAUTHENTICATED",
     }
 }
+
+/// Whether `status` came from failing to open a connection (so nothing was sent): an I/O
+/// error refusing or unable to route the connection, or hyper's connect error, anywhere in
+/// its sources. A caller may resend such a call anywhere without risk of running it twice.
+pub fn is_connect_error(status: &Status) -> bool {
+    let mut source = std::error::Error::source(status);
+    while let Some(error) = source {
+        if let Some(io) = error.downcast_ref::<std::io::Error>()
+            && matches!(
+                io.kind(),
+                std::io::ErrorKind::ConnectionRefused
+                    | std::io::ErrorKind::AddrNotAvailable
+                    | std::io::ErrorKind::HostUnreachable
+                    | std::io::ErrorKind::NetworkUnreachable
+            )
+        {
+            return true;
+        }
+        let text = error.to_string();
+        if text.contains("tcp connect error")
+            || text.contains("error trying to connect")
+            || text.contains("client error (Connect)")
+        {
+            return true;
+        }
+        source = error.source();
+    }
+    false
+}

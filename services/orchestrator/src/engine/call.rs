@@ -181,36 +181,8 @@ fn delivery_of(status: &tonic::Status) -> Delivery {
     ) {
         return Delivery::NotDelivered;
     }
-    if is_connect_error(status) {
+    if reach_rpc::errors::is_connect_error(status) {
         return Delivery::NotDelivered;
     }
     Delivery::Maybe
-}
-
-/// Whether the status came from failing to open a connection to the router (nothing was
-/// sent): an I/O error refusing the connection, or hyper's connect error, in its sources.
-fn is_connect_error(status: &tonic::Status) -> bool {
-    let mut source = std::error::Error::source(status);
-    while let Some(error) = source {
-        if let Some(io) = error.downcast_ref::<std::io::Error>()
-            && matches!(
-                io.kind(),
-                std::io::ErrorKind::ConnectionRefused
-                    | std::io::ErrorKind::AddrNotAvailable
-                    | std::io::ErrorKind::HostUnreachable
-                    | std::io::ErrorKind::NetworkUnreachable
-            )
-        {
-            return true;
-        }
-        let text = error.to_string();
-        if text.contains("tcp connect error")
-            || text.contains("error trying to connect")
-            || text.contains("client error (Connect)")
-        {
-            return true;
-        }
-        source = error.source();
-    }
-    false
 }
