@@ -65,6 +65,13 @@ enum Bench {
 async fn main() -> ExitCode {
     let cli = Cli::parse();
     let telemetry = match reach_telemetry::TelemetryConfig::from_env("reach-bench")
+        .map(|mut config| {
+            // The report is the output: the services' per-task logs stay quiet unless asked.
+            if std::env::var_os("REACH_LOG").is_none() {
+                config.log_filter = "warn".into();
+            }
+            config
+        })
         .map_err(|e| e.to_string())
         .and_then(|config| reach_telemetry::init(&config).map_err(|e| e.to_string()))
     {

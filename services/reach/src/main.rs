@@ -570,9 +570,15 @@ async fn serve(
     // it reads the `try:` line must not kill the process before its handler is installed.
     let mut terminated = std::pin::pin!(reach_sdk::signal::terminate());
     let _ = futures::FutureExt::now_or_never(&mut terminated);
+    // `reach agents` asks a registry: suggest it only where this process runs one.
+    let agents_hint = if services.registry {
+        format!("   |   reach agents --endpoint {endpoint}")
+    } else {
+        String::new()
+    };
     writeln!(
         std::io::stdout(),
-        "try: grpcurl -plaintext {} list   |   reach agents --endpoint {endpoint}",
+        "try: grpcurl -plaintext {} list{agents_hint}",
         plane.addr()
     )?;
 
