@@ -203,7 +203,21 @@ fn choose<'a>(
                     (ta.cost_with_prior(prior), tb.cost_with_prior(prior))
                 }
             };
-            if cb < ca {
+            // An instance without samples costs the route's median by construction, which
+            // ties with a median instance; but the measured cost is read a moment later and
+            // has decayed a hair, so a strict comparison would always keep the measured one
+            // and the new instance would never get its first call. Ties (within 0.1 %) go
+            // to the instance that has not answered yet.
+            let unsampled_a = !ta.is_sampled() && tb.is_sampled();
+            let unsampled_b = !tb.is_sampled() && ta.is_sampled();
+            let prefer_b = if unsampled_b {
+                cb <= ca * (1.0 + TIE_TOLERANCE)
+            } else if unsampled_a {
+                ca > cb * (1.0 + TIE_TOLERANCE)
+            } else {
+                cb < ca
+            };
+            if prefer_b {
                 candidates[b]
             } else {
                 candidates[a]
@@ -228,6 +242,10 @@ fn choose<'a>(
         }
     }
 }
+
+/// The relative difference in cost under which p2c takes two candidates as tied (see
+/// [`pick`]).
+const TIE_TOLERANCE: f64 = 1e-3;
 
 /// The latency a route's instance that has not answered yet is assumed to have: the median
 /// of the decayed peak-EWMA estimates (ns) of the `candidates` that have answered; `None`
