@@ -3,80 +3,27 @@
 //! Python OTLP receiver of reach-telemetry's tests (`<repo>/.venv/bin/python`).
 
 mod common;
+/// The OTLP receiver harness, shared with the other crates' trace tests.
+#[path = "../../../sdk/rust/reach-telemetry/tests/support/otlp.rs"]
+mod otlp;
 
-use std::io::{BufRead, BufReader};
-use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use common::{server, wait_for};
+use otlp::OtlpReceiver;
 use reach_proto::v1 as pb;
 use reach_proto::v1::orchestrator_service_client::OrchestratorServiceClient;
 use serde_json::{Value, json};
-
-/// `tests/otlp_receiver.py` of reach-telemetry as a child process.
-struct Receiver {
-    child: Child,
-    port: u16,
-    out: PathBuf,
-}
-
-impl Receiver {
-    fn start() -> Self {
-        let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..");
-        let python = root.join(".venv/bin/python");
-        assert!(
-            python.exists(),
-            "{} is missing: run scripts/python-env.sh at the repository root",
-            python.display()
-        );
-        let out = std::env::temp_dir().join(format!(
-            "reach-orchestrator-trace-{}.jsonl",
-            std::process::id()
-        ));
-        let mut child = Command::new(python)
-            .arg(root.join("sdk/rust/reach-telemetry/tests/otlp_receiver.py"))
-            .args(["--port", "0", "--out"])
-            .arg(&out)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .expect("start otlp_receiver.py");
-        let mut line = String::new();
-        BufReader::new(child.stdout.take().unwrap())
-            .read_line(&mut line)
-            .unwrap();
-        let port = line
-            .trim()
-            .strip_prefix("PORT ")
-            .and_then(|p| p.parse().ok())
-            .unwrap_or_else(|| panic!("the receiver printed {line:?}"));
-        Self { child, port, out }
-    }
-
-    fn spans(&self) -> Vec<Value> {
-        std::fs::read_to_string(&self.out)
-            .unwrap_or_default()
-            .lines()
-            .map(|l| serde_json::from_str(l).unwrap())
-            .collect()
-    }
-}
-
-impl Drop for Receiver {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-        let _ = std::fs::remove_file(&self.out);
-    }
-}
 
 const TWO: &str = "id: two\nversion: 1\ninitial: first\nstates:\n  first: {type: task, capability: test.first, next: second}\n  second: {type: task, capability: test.second, next: done}\n  done: {type: succeed}\n";
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_two_node_task_is_one_trace_with_the_task_span_as_its_only_root() {
-    let receiver = Receiver::start();
-    let endpoint = format!("http://127.0.0.1:{}", receiver.port);
+    let receiver = OtlpReceiver::start(
+        &std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../.."),
+        false,
+    );
+    let endpoint = receiver.endpoint.clone();
     let config = reach_telemetry::TelemetryConfig::from_vars(
         "reach-orchestrator-test",
         [

@@ -1,71 +1,19 @@
 //! Traces, logs and metrics of a real run: `reach demo` exporting to the Python OTLP
 //! receiver (sdk/rust/reach-telemetry/tests/otlp_receiver.py).
 
+/// The OTLP receiver harness, shared with the other crates' trace tests.
+#[path = "../../../sdk/rust/reach-telemetry/tests/support/otlp.rs"]
+mod otlp;
+
 use std::collections::{HashMap, HashSet};
-use std::io::{BufRead, BufReader};
 use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
+
+use otlp::OtlpReceiver;
 
 fn repo_root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
-}
-
-struct Receiver {
-    child: Child,
-    endpoint: String,
-    out: PathBuf,
-}
-
-impl Receiver {
-    fn start(blackhole: bool) -> Self {
-        let python = repo_root().join(".venv/bin/python");
-        assert!(python.exists(), "run scripts/python-env.sh first");
-        let out = std::env::temp_dir().join(format!(
-            "reach-spans-{}-{blackhole}.jsonl",
-            std::process::id()
-        ));
-        let mut command = Command::new(python);
-        command
-            .arg(repo_root().join("sdk/rust/reach-telemetry/tests/otlp_receiver.py"))
-            .args(["--port", "0", "--out"])
-            .arg(&out)
-            .stdout(Stdio::piped());
-        if blackhole {
-            command.arg("--blackhole");
-        }
-        let mut child = command.spawn().expect("start the OTLP receiver");
-        let mut line = String::new();
-        BufReader::new(child.stdout.take().unwrap())
-            .read_line(&mut line)
-            .unwrap();
-        let port = line
-            .trim()
-            .strip_prefix("PORT ")
-            .expect("PORT <n>")
-            .to_string();
-        Self {
-            child,
-            endpoint: format!("http://127.0.0.1:{port}"),
-            out,
-        }
-    }
-
-    fn spans(&self) -> Vec<serde_json::Value> {
-        std::fs::read_to_string(&self.out)
-            .unwrap_or_default()
-            .lines()
-            .map(|l| serde_json::from_str(l).unwrap())
-            .collect()
-    }
-}
-
-impl Drop for Receiver {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-        let _ = std::fs::remove_file(&self.out);
-    }
 }
 
 fn demo(envs: &[(&str, &str)]) -> (serde_json::Value, String, Duration) {
@@ -94,7 +42,7 @@ fn attr<'a>(span: &'a serde_json::Value, key: &str) -> Option<&'a serde_json::Va
 
 #[test]
 fn one_complaint_task_is_one_trace_across_orchestrator_coordinator_and_executor() {
-    let receiver = Receiver::start(false);
+    let receiver = OtlpReceiver::start(&repo_root(), false);
     let (report, _, _) = demo(&[
         ("OTEL_EXPORTER_OTLP_ENDPOINT", &receiver.endpoint),
         ("OTEL_SERVICE_NAME", "reach-e2e"),
@@ -193,7 +141,7 @@ fn one_complaint_task_is_one_trace_across_orchestrator_coordinator_and_executor(
 
 #[test]
 fn a_black_holed_collector_slows_nothing_and_shutdown_is_bounded() {
-    let receiver = Receiver::start(true);
+    let receiver = OtlpReceiver::start(&repo_root(), true);
     let (report, _, elapsed) = demo(&[("OTEL_EXPORTER_OTLP_ENDPOINT", &receiver.endpoint)]);
     assert_eq!(report["failed"], 0);
     assert_eq!(report["total"], 87);

@@ -3,13 +3,15 @@
 //! receiver (`sdk/rust/reach-telemetry/tests/otlp_receiver.py`, run with `<repo>/.venv`).
 
 mod common;
+/// The OTLP receiver harness, shared with the other crates' trace tests.
+#[path = "../../../sdk/rust/reach-telemetry/tests/support/otlp.rs"]
+mod otlp;
 
-use std::io::{BufRead, BufReader};
 use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use common::*;
+use otlp::OtlpReceiver;
 use reach_agents::typed::pb::triage_service_client::TriageServiceClient;
 use reach_agents::typed::pb::triage_service_server::{TriageService, TriageServiceServer};
 use reach_agents::typed::pb::{TriageRequest, TriageResponse};
@@ -21,59 +23,6 @@ use tracing::Instrument;
 
 fn repo_root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
-}
-
-/// The OTLP receiver, writing every span it receives as a JSON line.
-struct Receiver {
-    child: Child,
-    endpoint: String,
-    out: PathBuf,
-}
-
-impl Receiver {
-    fn start() -> Self {
-        let python = repo_root().join(".venv/bin/python");
-        assert!(python.exists(), "run scripts/python-env.sh first");
-        let out =
-            std::env::temp_dir().join(format!("reach-router-spans-{}.jsonl", std::process::id()));
-        let mut child = Command::new(python)
-            .arg(repo_root().join("sdk/rust/reach-telemetry/tests/otlp_receiver.py"))
-            .args(["--port", "0", "--out"])
-            .arg(&out)
-            .stdout(Stdio::piped())
-            .spawn()
-            .expect("start the OTLP receiver");
-        let mut line = String::new();
-        BufReader::new(child.stdout.take().unwrap())
-            .read_line(&mut line)
-            .unwrap();
-        let port = line
-            .trim()
-            .strip_prefix("PORT ")
-            .expect("PORT <n>")
-            .to_string();
-        Self {
-            child,
-            endpoint: format!("http://127.0.0.1:{port}"),
-            out,
-        }
-    }
-
-    fn spans(&self) -> Vec<serde_json::Value> {
-        std::fs::read_to_string(&self.out)
-            .unwrap_or_default()
-            .lines()
-            .map(|l| serde_json::from_str(l).unwrap())
-            .collect()
-    }
-}
-
-impl Drop for Receiver {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-        let _ = std::fs::remove_file(&self.out);
-    }
 }
 
 /// A TriageService that answers at once.
@@ -105,7 +54,7 @@ impl TriageService for Triage {
 // Current-thread runtime: every task runs where the test's default dispatcher is set.
 #[tokio::test]
 async fn a_pass_through_call_has_a_router_span_between_the_callers_and_the_instances() {
-    let receiver = Receiver::start();
+    let receiver = OtlpReceiver::start(&repo_root(), false);
     let config = reach_telemetry::TelemetryConfig::from_vars(
         "reach-router-test",
         [(
