@@ -629,10 +629,6 @@ async fn shutdown_is_bounded_and_counts_drops(
         (BEFORE_FLUSH + AFTER_FLUSH) as u64,
         "no span reached the collector, so every one is counted: {dropped:?}"
     );
-    assert!(
-        dropped.queue_full >= (BEFORE_FLUSH - QUEUE) as u64,
-        "{dropped:?}"
-    );
     let line = logs
         .lines()
         .into_iter()
@@ -690,6 +686,13 @@ async fn a_blackholed_collector_costs_shutdown_one_export_timeout_and_drops_are_
     // The second batch was waiting behind the first (or being exported, unanswered) when
     // shutdown gave up: one export timeout, not two.
     assert!(dropped.shutdown >= AFTER_FLUSH as u64, "{dropped:?}");
+    // The queue bound counts a span until the exporter takes it, and the batch thread may
+    // take one full batch (the queue size) while the spans are still being ended; that
+    // export never returns, so at most two queues' worth were admitted.
+    assert!(
+        dropped.queue_full >= (BEFORE_FLUSH - 2 * QUEUE) as u64,
+        "{dropped:?}"
+    );
     holding.abort();
 }
 
