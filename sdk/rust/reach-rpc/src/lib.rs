@@ -17,6 +17,7 @@
 //! - [`mux`] — many concurrent request-reply calls over one bidirectional stream
 //!   (`CallFrame` / `ReplyFrame`): [`mux::MuxLink`] for callers, [`mux::serve`] for callees.
 //! - [`time`] — conversions between `std::time` and the protobuf well-known types.
+//! - [`usage`] — model token usage in reply metadata ([`usage::TokenUsage`]).
 
 pub mod backoff;
 pub mod deadline;
@@ -28,6 +29,7 @@ pub mod reflection;
 pub mod server;
 pub mod time;
 pub mod trace;
+pub mod usage;
 
 pub use limits::{ConnectionLimits, ReplyBudget};
 pub use server::GrpcServer;
