@@ -9,6 +9,8 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
+use reach_rpc::usage::TokenUsage;
+
 use crate::failure::{FailureCode, NodeError};
 
 /// Task status (the proto's `TaskStatus` without the unspecified value).
@@ -206,6 +208,22 @@ pub enum Event {
         /// The last error when it failed, stored as `"CODE: message"`.
         error: Option<NodeError>,
     },
+    /// A slot's reply reported what its model calls cost (the reply header's
+    /// `reach.gen_ai.*` metadata, [`reach_rpc::usage`]); summed into the task's usage.
+    ModelUsage {
+        /// The node.
+        node: String,
+        /// The slot.
+        slot: String,
+        /// The attempt whose reply reported it.
+        attempt: u32,
+        /// Input (prompt) tokens.
+        input_tokens: u64,
+        /// Output (completion) tokens.
+        output_tokens: u64,
+        /// Model calls.
+        model_calls: u64,
+    },
     /// A durable timer was scheduled.
     TimerScheduled {
         /// The timer id.
@@ -300,6 +318,7 @@ impl Event {
             Event::AttemptFailed { .. } => "attempt_failed",
             Event::AttemptDeferred { .. } => "attempt_deferred",
             Event::SlotCompleted { .. } => "slot_completed",
+            Event::ModelUsage { .. } => "model_usage",
             Event::TimerScheduled { .. } => "timer_scheduled",
             Event::TimerFired { .. } => "timer_fired",
             Event::TimerCancelled { .. } => "timer_cancelled",
@@ -320,6 +339,7 @@ impl Event {
             | Event::AttemptFailed { node, .. }
             | Event::AttemptDeferred { node, .. }
             | Event::SlotCompleted { node, .. }
+            | Event::ModelUsage { node, .. }
             | Event::TimerScheduled { node, .. }
             | Event::HumanWaiting { node, .. }
             | Event::HumanResumed { node, .. }
@@ -425,6 +445,8 @@ pub struct NodeVisit {
     pub ended_ms: Option<i64>,
     /// The next node.
     pub next: Option<String>,
+    /// What the visit's model calls cost, as its replies reported.
+    pub usage: TokenUsage,
 }
 
 /// The fold of a task's events.
@@ -476,6 +498,8 @@ pub struct TaskState {
     pub partial: bool,
     /// `visits.len()` at the last retry: visits since then count towards the bound.
     pub visits_base: usize,
+    /// What the task's model calls cost, summed over every node's replies.
+    pub usage: TokenUsage,
 }
 
 impl TaskState {
@@ -505,6 +529,7 @@ impl TaskState {
             failed_node: None,
             partial: false,
             visits_base: 0,
+            usage: TokenUsage::default(),
         }
     }
 
@@ -571,6 +596,7 @@ impl TaskState {
                     started_ms: at_ms,
                     ended_ms: None,
                     next: None,
+                    usage: TokenUsage::default(),
                 });
             }
             Event::AttemptStarted {
@@ -657,6 +683,22 @@ impl TaskState {
                     inf.redelivery_timer = Some(timer.clone());
                     inf.deferrals += 1;
                     inf.undelivered = Some(NodeError::new(*code, error.clone()));
+                }
+            }
+            Event::ModelUsage {
+                input_tokens,
+                output_tokens,
+                model_calls,
+                ..
+            } => {
+                let usage = TokenUsage {
+                    input_tokens: *input_tokens,
+                    output_tokens: *output_tokens,
+                    model_calls: *model_calls,
+                };
+                self.usage.add(usage);
+                if let Some(v) = self.visit() {
+                    v.usage.add(usage);
                 }
             }
             Event::SlotCompleted {

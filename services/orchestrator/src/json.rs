@@ -68,6 +68,17 @@ pub fn task_json(t: &pb::Task) -> Value {
             "started_at": ts(&n.started_at),
             "ended_at": ts(&n.ended_at),
             "next": n.next_node,
+            "usage": n.usage.as_ref().map(usage_json),
         })).collect::<Vec<_>>(),
+        "usage": t.usage.as_ref().map(usage_json),
+    })
+}
+
+/// Token usage as JSON: `{input_tokens, output_tokens, model_calls}`.
+pub fn usage_json(u: &pb::TokenUsage) -> Value {
+    json!({
+        "input_tokens": u.input_tokens,
+        "output_tokens": u.output_tokens,
+        "model_calls": u.model_calls,
     })
 }

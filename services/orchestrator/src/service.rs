@@ -117,6 +117,15 @@ pub fn status_from_proto(s: pb::TaskStatus) -> Option<TaskStatus> {
     })
 }
 
+/// Token usage as the API shows it: unset when nothing was reported.
+fn usage_view(usage: reach_rpc::usage::TokenUsage) -> Option<pb::TokenUsage> {
+    (!usage.is_zero()).then_some(pb::TokenUsage {
+        input_tokens: usage.input_tokens,
+        output_tokens: usage.output_tokens,
+        model_calls: usage.model_calls,
+    })
+}
+
 impl OrchestratorApi {
     fn masked(&self, v: &serde_json::Value) -> Option<prost_types::Value> {
         Some(json::to_proto(&self.masker.mask(v)))
@@ -181,8 +190,10 @@ impl OrchestratorApi {
                     started_at: Some(ts(v.started_ms)),
                     ended_at: v.ended_ms.map(ts),
                     next_node: v.next.clone().unwrap_or_default(),
+                    usage: usage_view(v.usage),
                 })
                 .collect(),
+            usage: usage_view(state.usage),
         }
     }
 

@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use reach_proto::v1::router_service_client::RouterServiceClient;
 use reach_proto::v1::{CallRequest, Header, Part, Payload, ReachMessage, header, part};
+use reach_rpc::usage::TokenUsage;
 use reach_telemetry::grpc::GrpcClientTrace;
 use serde_json::Value;
 use tonic::Code;
@@ -104,6 +105,7 @@ pub(super) async fn call(
     };
     let sent = tracing::Instrument::instrument(router.call(request), span.clone());
     let mut delivery = Delivery::Maybe;
+    let mut usage = TokenUsage::default();
     let result = match tokio::time::timeout(timeout, sent).await {
         Err(_) => deadline_exceeded(),
         // tonic enforces the grpc-timeout it sends too, answering CANCELLED: that is the
@@ -116,12 +118,15 @@ pub(super) async fn call(
             Err(NodeError::from(&status))
         }
         Ok(Ok(reply)) => {
-            let parts = reply
-                .into_inner()
-                .message
-                .and_then(|m| m.payload)
-                .map(|p| p.parts)
-                .unwrap_or_default();
+            let message = reply.into_inner().message.unwrap_or_default();
+            if let Some(reported) = message
+                .header
+                .as_ref()
+                .and_then(|h| TokenUsage::read(&h.metadata))
+            {
+                usage = reported;
+            }
+            let parts = message.payload.map(|p| p.parts).unwrap_or_default();
             let data = parts.iter().find_map(|p| match &p.content {
                 Some(part::Content::Data(v)) => Some(crate::json::from_proto(v)),
                 _ => None,
@@ -147,6 +152,7 @@ pub(super) async fn call(
         attempt: spec.attempt,
         result,
         delivery,
+        usage,
     }
 }
 

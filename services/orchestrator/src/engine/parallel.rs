@@ -139,6 +139,7 @@ mod tests {
                     attempt: call.attempt,
                     result: reply,
                     delivery: Delivery::Maybe,
+                    usage: Default::default(),
                 },
                 &Bounds::default(),
                 &mut rng(),

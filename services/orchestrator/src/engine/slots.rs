@@ -303,6 +303,16 @@ pub(super) fn on_call_result(cx: &Cx<'_>, done: CallResult, rng: &mut dyn RngCor
                     purpose: Some(TimerPurpose::AttemptTimeout),
                 });
             }
+            if !done.usage.is_zero() {
+                events.push(Event::ModelUsage {
+                    node: node.clone(),
+                    slot: done.slot.clone(),
+                    attempt: done.attempt,
+                    input_tokens: done.usage.input_tokens,
+                    output_tokens: done.usage.output_tokens,
+                    model_calls: done.usage.model_calls,
+                });
+            }
             events.push(Event::SlotCompleted {
                 node,
                 slot: done.slot,

@@ -48,6 +48,9 @@ pub struct CallResult {
     pub result: Result<Value, NodeError>,
     /// Whether a failure provably never reached an agent.
     pub delivery: Delivery,
+    /// What the reply's model calls cost, as its header metadata reported (zero when it
+    /// reported none, or failed).
+    pub usage: reach_rpc::usage::TokenUsage,
 }
 
 /// What a failed call says about delivery.

@@ -56,6 +56,7 @@ mod tests {
     use crate::engine::testing::*;
     use crate::event::{Event, TaskStatus, TimerPurpose};
     use crate::failure::NodeError;
+    use reach_rpc::usage::TokenUsage;
 
     const FLOW: &str = "id: f\nversion: 1\ninitial: act\nstates:\n  act:\n    type: task\n    capability: test.act\n    input: {n: \"input.n\", via: \"'orchestrator'\"}\n    timeout: 10s\n    retry: {max_attempts: 3, initial_interval: 1s, multiplier: 2, jitter: 0.5, retry_on: [UNAVAILABLE]}\n    catch: recover\n    next: done\n  recover: {type: succeed}\n  done: {type: succeed}\n";
 
@@ -65,6 +66,7 @@ mod tests {
             attempt,
             result,
             delivery: Delivery::Maybe,
+            usage: TokenUsage::default(),
         }
     }
 
@@ -112,6 +114,65 @@ mod tests {
         assert_eq!(
             crate::engine::decide::decide(&s, &f, T0, &running, &Bounds::default(), &mut rng()),
             Step::Park
+        );
+    }
+
+    /// What a reply reports its model calls cost is recorded before the slot completes,
+    /// and summed into the node visit and the task; a reply that reports none adds no event.
+    #[test]
+    fn a_replys_token_usage_is_recorded_and_summed() {
+        let f = flow(FLOW);
+        let mut s = started(&f, json!({"n": 1}));
+        run(&mut s, &f, T0);
+        let usage = TokenUsage {
+            input_tokens: 1200,
+            output_tokens: 300,
+            model_calls: 2,
+        };
+        let events = on_call_result(
+            &s,
+            &f,
+            T0 + 5,
+            CallResult {
+                usage,
+                ..result(1, Ok(json!({"ok": 1})))
+            },
+            &Bounds::default(),
+            &mut rng(),
+        );
+        assert_eq!(
+            events[1],
+            Event::ModelUsage {
+                node: "act".into(),
+                slot: "act".into(),
+                attempt: 1,
+                input_tokens: 1200,
+                output_tokens: 300,
+                model_calls: 2,
+            }
+        );
+        assert!(matches!(events[2], Event::SlotCompleted { ok: true, .. }));
+        apply(&mut s, &events, T0 + 5);
+        assert_eq!(s.usage, usage);
+        assert_eq!(s.visits[0].usage, usage);
+        // The stored form round-trips, so a restarted orchestrator folds the same sum.
+        let stored = serde_json::to_string(&events[1]).unwrap();
+        assert_eq!(serde_json::from_str::<Event>(&stored).unwrap(), events[1]);
+
+        let mut plain = started(&f, json!({"n": 1}));
+        run(&mut plain, &f, T0);
+        let events = on_call_result(
+            &plain,
+            &f,
+            T0 + 5,
+            result(1, Ok(json!({"ok": 1}))),
+            &Bounds::default(),
+            &mut rng(),
+        );
+        assert!(
+            !events
+                .iter()
+                .any(|e| matches!(e, Event::ModelUsage { .. }))
         );
     }
 
@@ -338,6 +399,7 @@ mod tests {
             attempt: at,
             result: Err(NodeError::new(Code::NotFound, "no routable instance")),
             delivery: Delivery::NotDelivered,
+            usage: TokenUsage::default(),
         };
         let events = on_call_result(
             &s,

@@ -43,6 +43,9 @@ pub async fn dump(endpoint: &str, args: DumpArgs, out: &mut dyn Write) -> Result
             status_name(task.status),
             task.trace_id
         )?;
+        if let Some(usage) = &task.usage {
+            writeln!(out, "tokens {}", super::task::usage_line(usage))?;
+        }
     }
     for rec in &r.records {
         let at = rec.at.as_ref().map(fmt_ts).unwrap_or_default();

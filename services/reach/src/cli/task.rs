@@ -272,6 +272,9 @@ pub async fn task_get(
         writeln!(out, "node      {}", task.current_node)?;
     }
     writeln!(out, "trace     {}", task.trace_id)?;
+    if let Some(usage) = &task.usage {
+        writeln!(out, "tokens    {}", usage_line(usage))?;
+    }
     if !task.error.is_empty() {
         writeln!(out, "error     {}", task.error)?;
     }
@@ -521,4 +524,16 @@ pub async fn dead_letters(
     }
     writeln!(out, "{table}")?;
     Ok(0)
+}
+
+/// `1200 in, 300 out (4 model calls)`.
+pub(crate) fn usage_line(usage: &pb::TokenUsage) -> String {
+    let calls = match usage.model_calls {
+        1 => "1 model call".to_string(),
+        n => format!("{n} model calls"),
+    };
+    format!(
+        "{} in, {} out ({calls})",
+        usage.input_tokens, usage.output_tokens
+    )
 }
