@@ -15,6 +15,8 @@
 //! - [`coordinator`] — the coordinator handlers (`complaint.triage`, `complaint.classify`).
 //! - [`ingest`] — sends complaints through the mesh and collects the outcomes.
 //! - [`fleet`] — starts the whole example fleet on ephemeral ports.
+//! - [`report`] — the complaint report's data work (read a CSV, aggregate, write Markdown),
+//!   inside a workspace directory a model cannot leave.
 //! - [`typed`] — the triage agent's own typed gRPC API (`examples.complaints.v1.TriageService`),
 //!   reached through the router by typed pass-through.
 
@@ -25,6 +27,7 @@ pub mod executor;
 pub mod extract;
 pub mod fleet;
 pub mod ingest;
+pub mod report;
 pub mod typed;
 
 /// The message type of a complaint as submitted to the coordinator.
