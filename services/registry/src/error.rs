@@ -20,6 +20,18 @@ pub enum RegistryError {
     /// The registration is malformed; the message names the field and the fix.
     #[error("invalid registration: {0}")]
     InvalidRegistration(String),
+    /// A capability's description or schema is out of bounds or not a JSON Schema.
+    #[error("invalid registration: instance.capabilities[{index}] ({name:?}) {field} {detail}")]
+    InvalidCapability {
+        /// The capability's index in `instance.capabilities`.
+        index: usize,
+        /// The capability's name.
+        name: String,
+        /// The field at fault: `description`, `input_schema` or `output_schema`.
+        field: &'static str,
+        /// What is wrong and how to fix it.
+        detail: String,
+    },
     /// Strict mode: a capability is not declared in the protocol registry.
     #[error("registration refused: {0}")]
     CapabilityNotDeclared(String),
@@ -42,6 +54,24 @@ impl From<RegistryError> for Status {
     fn from(err: RegistryError) -> Self {
         match &err {
             RegistryError::InvalidRegistration(_) => Status::invalid_argument(err.to_string()),
+            RegistryError::InvalidCapability {
+                index,
+                field,
+                detail,
+                ..
+            } => {
+                // A BadRequest names the field, as grpcurl and programs read it.
+                let mut details = tonic_types::ErrorDetails::new();
+                details.add_bad_request_violation(
+                    format!("instance.capabilities[{index}].{field}"),
+                    detail.clone(),
+                );
+                <Status as tonic_types::StatusExt>::with_error_details(
+                    Code::InvalidArgument,
+                    err.to_string(),
+                    details,
+                )
+            }
             RegistryError::CapabilityNotDeclared(_) => status_with_reason(
                 Code::FailedPrecondition,
                 err.to_string(),

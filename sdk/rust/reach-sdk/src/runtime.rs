@@ -130,6 +130,7 @@ impl AgentRuntime {
             self.capabilities.push(Capability {
                 name: capability.to_string(),
                 version: version.to_string(),
+                ..Default::default()
             });
         }
     }
@@ -331,6 +332,7 @@ impl RunningAgent {
                 lease_id: lease_id.clone(),
                 state: InstanceState::Draining as i32,
                 in_flight: self.shared.in_flight.load(Ordering::SeqCst),
+                ..Default::default()
             };
             if let Err(status) = registry.heartbeat(report).await {
                 warn!(instance = %instance, error = %status.message(), "could not report draining");
@@ -1076,6 +1078,13 @@ mod tests {
             &self,
             _: Request<WatchRequest>,
         ) -> Result<Response<Self::WatchStream>, Status> {
+            Err(Status::unimplemented("not used by the loop"))
+        }
+
+        async fn list_capabilities(
+            &self,
+            _: Request<reach_proto::v1::ListCapabilitiesRequest>,
+        ) -> Result<Response<reach_proto::v1::ListCapabilitiesResponse>, Status> {
             Err(Status::unimplemented("not used by the loop"))
         }
     }
