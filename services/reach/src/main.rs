@@ -145,6 +145,21 @@ enum Command {
         #[arg(long, value_parser = grpc_endpoint)]
         router: Option<String>,
     },
+    /// List the capabilities the mesh knows: versions, instances, descriptions, schemas.
+    Capabilities {
+        /// The registry (or `reach dev`) endpoint.
+        #[arg(long, alias = "registry", default_value = "http://127.0.0.1:7070", value_parser = grpc_endpoint)]
+        endpoint: String,
+        /// Only capabilities whose name starts with this (for example `complaint.`).
+        #[arg(long, default_value = "")]
+        prefix: String,
+        /// Print JSON (schemas included).
+        #[arg(long)]
+        json: bool,
+        /// Print each capability's input and output schemas under its row.
+        #[arg(long)]
+        schemas: bool,
+    },
     /// List the registered agent instances and their state.
     Agents {
         /// The registry (or `reach dev`) endpoint.
@@ -161,7 +176,10 @@ impl Command {
     fn is_client(&self) -> bool {
         matches!(
             self,
-            Command::Demo { .. } | Command::Agents { .. } | Command::Top { .. }
+            Command::Demo { .. }
+                | Command::Agents { .. }
+                | Command::Capabilities { .. }
+                | Command::Top { .. }
         )
     }
 
@@ -175,6 +193,7 @@ impl Command {
             Command::Orchestrator { .. } => "reach-orchestrator",
             Command::ExampleAgents { .. } => "reach-example-agents",
             Command::Agents { .. }
+            | Command::Capabilities { .. }
             | Command::Top { .. }
             | Command::Flow { .. }
             | Command::Task { .. }
@@ -440,6 +459,20 @@ async fn run(command: Command) -> anyhow::Result<ExitCode> {
             });
             info!("shutting down: draining agents");
             fleet.drain().await;
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Capabilities {
+            endpoint,
+            prefix,
+            json,
+            schemas,
+        } => {
+            let args = reach::cli::CapabilitiesArgs {
+                prefix,
+                json,
+                schemas,
+            };
+            reach::cli::capabilities(&endpoint, &args, &mut std::io::stdout()).await?;
             Ok(ExitCode::SUCCESS)
         }
         Command::Agents { endpoint, json } => {
