@@ -461,3 +461,57 @@ async fn an_agent_with_its_model_slots_full_is_busy_and_work_goes_to_the_other()
     })
     .await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_stream_reply_carries_the_metadata_set_since_the_previous_one() {
+    let registry = registry().await;
+    let runtime = AgentRuntime::new(config("kit.talk", "talk-1", &registry.url)).handle_stream(
+        "kit.talk",
+        "1.0.0",
+        |ctx: HandlerContext, first: ReachMessage, _rest: reach_sdk::handler::InboundMessages| {
+            assert_eq!(first.header.unwrap_or_default().turn, 7);
+            ctx.set_reply_metadata("opened", "yes");
+            futures::stream::unfold(0u32, move |step| {
+                let ctx = ctx.clone();
+                async move {
+                    (step < 2).then(|| {
+                        ctx.set_reply_metadata("step", step.to_string());
+                        (Ok(Payload::text("t", format!("part {step}"))), step + 1)
+                    })
+                }
+            })
+        },
+    );
+    let (_agent, _) = agent(runtime).await;
+    let router = router(&registry.url, RouterConfig::default()).await;
+    router.wait_routable(1).await;
+    let client = router.client().await;
+    let options = CallOptions {
+        turn: Some(7),
+        ..CallOptions::default()
+    };
+    let first = client.message_to_capability("kit.talk", Payload::text("t", "hi"), &options);
+    let mut replies = client
+        .stream(
+            first,
+            futures::stream::empty(),
+            Some(Duration::from_secs(5)),
+        )
+        .await
+        .unwrap();
+    let mut seen = Vec::new();
+    while let Some(reply) = replies.message().await.unwrap() {
+        let header = reply.message.unwrap().header.unwrap();
+        let mut metadata: Vec<(String, String)> = header.metadata.into_iter().collect();
+        metadata.sort();
+        seen.push(metadata);
+    }
+    let pair = |k: &str, v: &str| (k.to_string(), v.to_string());
+    assert_eq!(
+        seen,
+        [
+            vec![pair("opened", "yes"), pair("step", "0")],
+            vec![pair("step", "1")]
+        ]
+    );
+}
