@@ -355,7 +355,14 @@ async fn run(command: Command) -> anyhow::Result<ExitCode> {
                 orchestrator.insert("watch_flows".into(), json!(true));
             }
             overrides.insert("orchestrator".into(), Value::Object(orchestrator));
-            serve(&service, overrides, Services::ALL, !no_agents).await
+            // The example fleet's protocol registry describes its capabilities
+            // (`reach capabilities`), unless the file, the environment or a flag names another.
+            let mut defaults = ReachConfig::default();
+            let protocols = PathBuf::from("examples/protocol-registry.yaml");
+            if protocols.is_file() {
+                defaults.registry.protocol_registry = Some(protocols);
+            }
+            serve(&service, defaults, overrides, Services::ALL, !no_agents).await
         }
         Command::Registry { service } => {
             let services = Services {
@@ -363,7 +370,14 @@ async fn run(command: Command) -> anyhow::Result<ExitCode> {
                 router: false,
                 orchestrator: false,
             };
-            serve(&service, service.overrides(), services, false).await
+            serve(
+                &service,
+                ReachConfig::default(),
+                service.overrides(),
+                services,
+                false,
+            )
+            .await
         }
         Command::Orchestrator {
             service,
@@ -391,7 +405,7 @@ async fn run(command: Command) -> anyhow::Result<ExitCode> {
                 router: false,
                 orchestrator: true,
             };
-            serve(&service, overrides, services, false).await
+            serve(&service, ReachConfig::default(), overrides, services, false).await
         }
         Command::Flow { endpoint, args } => {
             let code = reach::cli::flow(&endpoint, args, &mut std::io::stdout()).await?;
@@ -426,7 +440,7 @@ async fn run(command: Command) -> anyhow::Result<ExitCode> {
                 router: true,
                 orchestrator: false,
             };
-            serve(&service, overrides, services, false).await
+            serve(&service, ReachConfig::default(), overrides, services, false).await
         }
         Command::Top {
             endpoint,
@@ -510,17 +524,19 @@ fn raise_open_file_limit(max_connections: usize, admin_connections: usize) {
 
 async fn serve(
     args: &ServiceArgs,
+    defaults: ReachConfig,
     overrides: Map<String, Value>,
     services: Services,
     with_agents: bool,
 ) -> anyhow::Result<ExitCode> {
-    let config = match ReachConfig::load(args.config.as_deref(), Value::Object(overrides)) {
-        Ok(config) => config,
-        Err(error) => {
-            eprintln!("error: {error}");
-            return Ok(ExitCode::from(EXIT_USAGE));
-        }
-    };
+    let config =
+        match ReachConfig::load_over(defaults, args.config.as_deref(), Value::Object(overrides)) {
+            Ok(config) => config,
+            Err(error) => {
+                eprintln!("error: {error}");
+                return Ok(ExitCode::from(EXIT_USAGE));
+            }
+        };
     if args.dump_config {
         let mut stdout = std::io::stdout().lock();
         write!(stdout, "{}", toml::to_string_pretty(&config)?)?;

@@ -529,6 +529,21 @@ async fn dev_serves_every_service_on_one_port_for_grpcurl_and_reach_agents() {
         table.contains("executor.servicing-2") && table.contains("READY"),
         "{table}"
     );
+    // `reach dev` describes the example fleet's capabilities from its protocol registry.
+    let capabilities = Command::new(env!("CARGO_BIN_EXE_reach"))
+        .args(["capabilities", "--endpoint", &format!("http://{grpc}")])
+        .output()
+        .unwrap();
+    let listed = String::from_utf8_lossy(&capabilities.stdout);
+    let classify = listed
+        .lines()
+        .find(|l| l.trim_start().starts_with("complaint.classify "))
+        .unwrap_or_else(|| panic!("no complaint.classify row:\n{listed}"));
+    assert!(
+        classify.contains("protocol_registry")
+            && classify.contains("classify a complaint narrative"),
+        "{classify}"
+    );
 
     let agents_json = Command::new("curl")
         .args(["-sf", &format!("http://{admin}/agents")])
