@@ -9,7 +9,8 @@ pub enum InitError {
     /// A setting is out of range.
     #[error(transparent)]
     Config(#[from] crate::config::ConfigError),
-    /// Strict mode's protocol registry could not be read or parsed (the error names the file).
+    /// The configured protocol registry could not be read or parsed (the error names the
+    /// file).
     #[error(transparent)]
     ProtocolRegistry(#[from] reach_protocol::LoadError),
 }
@@ -18,9 +19,11 @@ pub enum InitError {
 #[derive(Debug, thiserror::Error)]
 pub enum RegistryError {
     /// The registration is malformed; the message names the field and the fix.
+    /// INVALID_ARGUMENT, no ErrorInfo reason.
     #[error("invalid registration: {0}")]
     InvalidRegistration(String),
-    /// A capability's description or schema is out of bounds or not a JSON Schema.
+    /// A capability's description or schema is out of bounds or not a JSON Schema:
+    /// INVALID_ARGUMENT with a BadRequest naming `instance.capabilities[index].field`.
     #[error("invalid registration: instance.capabilities[{index}] ({name:?}) {field} {detail}")]
     InvalidCapability {
         /// The capability's index in `instance.capabilities`.
