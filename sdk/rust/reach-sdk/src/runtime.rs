@@ -66,6 +66,8 @@ pub struct AgentRuntime {
     grpc_services: Vec<(String, AddService)>,
     /// The model call slots (`config.model_slots` of them), shared with every handler.
     model_slots: ModelSlots,
+    /// What is wrong with the described capabilities; [`AgentRuntime::start`] refuses them.
+    problems: Vec<String>,
 }
 
 impl AgentRuntime {
@@ -78,6 +80,7 @@ impl AgentRuntime {
             stream_handlers: HashMap::new(),
             capabilities: Vec::new(),
             grpc_services: Vec::new(),
+            problems: Vec::new(),
         }
     }
 
@@ -163,6 +166,9 @@ impl AgentRuntime {
     /// first declaration's version stays, and a later one's non-empty description and
     /// schemas fill in.
     fn declare(&mut self, capability: DescribedCapability) {
+        if let Err(problem) = capability.check() {
+            self.problems.push(problem);
+        }
         let declared = capability.to_proto();
         match self
             .capabilities
@@ -206,13 +212,18 @@ impl AgentRuntime {
     /// instance's endpoint URL. [`AgentRuntime::run`] is `start` + wait + drain.
     ///
     /// # Errors
-    /// [`AgentError`] when the config is invalid or the listener address is unreadable.
+    /// [`AgentError`] when the config is invalid (also: a described capability over the
+    /// registry's bounds, see [`DescribedCapability::check`]) or the listener address is
+    /// unreadable.
     pub async fn start(
         self,
         listener: tokio::net::TcpListener,
     ) -> Result<(RunningAgent, String), AgentError> {
         let mut config = self.config;
         config.validate().map_err(AgentError::Config)?;
+        if let Some(problem) = self.problems.into_iter().next() {
+            return Err(AgentError::Config(problem));
+        }
         if config.instance_id.is_empty() {
             config.instance_id = format!(
                 "{}-{}",
