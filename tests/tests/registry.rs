@@ -44,6 +44,7 @@ fn spec(service: &str, id: &str, endpoint: &str) -> InstanceSpec {
         capabilities: vec![Capability {
             name: "echo".into(),
             version: "1.0.0".into(),
+            ..Default::default()
         }],
         protocol_version: "1.0".into(),
         weight: 1,
@@ -99,6 +100,7 @@ async fn a_lease_is_granted_renewed_by_heartbeats_and_expires_without_them() {
                 lease_id: granted.lease_id.clone(),
                 state: InstanceState::Busy as i32,
                 in_flight: 4,
+                ..Default::default()
             })
             .await
             .unwrap()
@@ -119,6 +121,7 @@ async fn a_lease_is_granted_renewed_by_heartbeats_and_expires_without_them() {
             lease_id: granted.lease_id.clone(),
             state: InstanceState::Ready as i32,
             in_flight: 0,
+            ..Default::default()
         })
         .await
         .unwrap_err();
@@ -320,6 +323,7 @@ async fn lease_ids_are_never_shown_to_others_and_reports_are_checked() {
             lease_id: granted.lease_id.clone(),
             state: InstanceState::Offline as i32,
             in_flight: 0,
+            ..Default::default()
         })
         .await
         .unwrap_err();

@@ -736,6 +736,7 @@ impl Mesh {
                 capabilities: vec![Capability {
                     name: CAPABILITY.into(),
                     version: "1.0.0".into(),
+                    ..Default::default()
                 }],
                 max_concurrency: 4096,
                 ..InstanceSpec::default()

@@ -63,6 +63,8 @@ async fn agents(State(registry): State<Option<Registry>>) -> impl IntoResponse {
                 "endpoint": spec.endpoint,
                 "state": i.state().as_str_name(),
                 "in_flight": i.in_flight,
+                "model_calls_in_flight": i.model_calls_in_flight,
+                "model_slots_free": i.model_slots_free,
                 "max_concurrency": spec.max_concurrency,
                 "capabilities": spec.capabilities.iter().map(|c| format!("{}@{}", c.name, c.version)).collect::<Vec<_>>(),
                 "revision": i.revision,

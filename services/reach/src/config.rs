@@ -72,7 +72,20 @@ impl ReachConfig {
     /// # Errors
     /// [`ConfigError`] naming the bad key and where it came from.
     pub fn load(file: Option<&Path>, overrides: impl Serialize) -> Result<Self, ConfigError> {
-        let mut figment = Figment::from(Serialized::defaults(ReachConfig::default()));
+        Self::load_over(ReachConfig::default(), file, overrides)
+    }
+
+    /// [`ReachConfig::load`] with other `defaults` (what a command such as `reach dev`
+    /// assumes unless the file, the environment or a flag says otherwise).
+    ///
+    /// # Errors
+    /// As [`ReachConfig::load`].
+    pub fn load_over(
+        defaults: ReachConfig,
+        file: Option<&Path>,
+        overrides: impl Serialize,
+    ) -> Result<Self, ConfigError> {
+        let mut figment = Figment::from(Serialized::defaults(defaults));
         if let Some(file) = file {
             if !file.is_file() {
                 return Err(ConfigError::Invalid(format!(

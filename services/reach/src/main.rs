@@ -145,6 +145,21 @@ enum Command {
         #[arg(long, value_parser = grpc_endpoint)]
         router: Option<String>,
     },
+    /// List the capabilities the mesh knows: versions, instances, descriptions, schemas.
+    Capabilities {
+        /// The registry (or `reach dev`) endpoint.
+        #[arg(long, alias = "registry", default_value = "http://127.0.0.1:7070", value_parser = grpc_endpoint)]
+        endpoint: String,
+        /// Only capabilities whose name starts with this (for example `complaint.`).
+        #[arg(long, default_value = "")]
+        prefix: String,
+        /// Print JSON (schemas included).
+        #[arg(long)]
+        json: bool,
+        /// Print each capability's input and output schemas under its row.
+        #[arg(long)]
+        schemas: bool,
+    },
     /// List the registered agent instances and their state.
     Agents {
         /// The registry (or `reach dev`) endpoint.
@@ -161,7 +176,10 @@ impl Command {
     fn is_client(&self) -> bool {
         matches!(
             self,
-            Command::Demo { .. } | Command::Agents { .. } | Command::Top { .. }
+            Command::Demo { .. }
+                | Command::Agents { .. }
+                | Command::Capabilities { .. }
+                | Command::Top { .. }
         )
     }
 
@@ -175,6 +193,7 @@ impl Command {
             Command::Orchestrator { .. } => "reach-orchestrator",
             Command::ExampleAgents { .. } => "reach-example-agents",
             Command::Agents { .. }
+            | Command::Capabilities { .. }
             | Command::Top { .. }
             | Command::Flow { .. }
             | Command::Task { .. }
@@ -336,7 +355,14 @@ async fn run(command: Command) -> anyhow::Result<ExitCode> {
                 orchestrator.insert("watch_flows".into(), json!(true));
             }
             overrides.insert("orchestrator".into(), Value::Object(orchestrator));
-            serve(&service, overrides, Services::ALL, !no_agents).await
+            // The example fleet's protocol registry describes its capabilities
+            // (`reach capabilities`), unless the file, the environment or a flag names another.
+            let mut defaults = ReachConfig::default();
+            let protocols = PathBuf::from("examples/protocol-registry.yaml");
+            if protocols.is_file() {
+                defaults.registry.protocol_registry = Some(protocols);
+            }
+            serve(&service, defaults, overrides, Services::ALL, !no_agents).await
         }
         Command::Registry { service } => {
             let services = Services {
@@ -344,7 +370,14 @@ async fn run(command: Command) -> anyhow::Result<ExitCode> {
                 router: false,
                 orchestrator: false,
             };
-            serve(&service, service.overrides(), services, false).await
+            serve(
+                &service,
+                ReachConfig::default(),
+                service.overrides(),
+                services,
+                false,
+            )
+            .await
         }
         Command::Orchestrator {
             service,
@@ -372,7 +405,7 @@ async fn run(command: Command) -> anyhow::Result<ExitCode> {
                 router: false,
                 orchestrator: true,
             };
-            serve(&service, overrides, services, false).await
+            serve(&service, ReachConfig::default(), overrides, services, false).await
         }
         Command::Flow { endpoint, args } => {
             let code = reach::cli::flow(&endpoint, args, &mut std::io::stdout()).await?;
@@ -407,7 +440,7 @@ async fn run(command: Command) -> anyhow::Result<ExitCode> {
                 router: true,
                 orchestrator: false,
             };
-            serve(&service, overrides, services, false).await
+            serve(&service, ReachConfig::default(), overrides, services, false).await
         }
         Command::Top {
             endpoint,
@@ -440,6 +473,20 @@ async fn run(command: Command) -> anyhow::Result<ExitCode> {
             });
             info!("shutting down: draining agents");
             fleet.drain().await;
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Capabilities {
+            endpoint,
+            prefix,
+            json,
+            schemas,
+        } => {
+            let args = reach::cli::CapabilitiesArgs {
+                prefix,
+                json,
+                schemas,
+            };
+            reach::cli::capabilities(&endpoint, &args, &mut std::io::stdout()).await?;
             Ok(ExitCode::SUCCESS)
         }
         Command::Agents { endpoint, json } => {
@@ -477,17 +524,19 @@ fn raise_open_file_limit(max_connections: usize, admin_connections: usize) {
 
 async fn serve(
     args: &ServiceArgs,
+    defaults: ReachConfig,
     overrides: Map<String, Value>,
     services: Services,
     with_agents: bool,
 ) -> anyhow::Result<ExitCode> {
-    let config = match ReachConfig::load(args.config.as_deref(), Value::Object(overrides)) {
-        Ok(config) => config,
-        Err(error) => {
-            eprintln!("error: {error}");
-            return Ok(ExitCode::from(EXIT_USAGE));
-        }
-    };
+    let config =
+        match ReachConfig::load_over(defaults, args.config.as_deref(), Value::Object(overrides)) {
+            Ok(config) => config,
+            Err(error) => {
+                eprintln!("error: {error}");
+                return Ok(ExitCode::from(EXIT_USAGE));
+            }
+        };
     if args.dump_config {
         let mut stdout = std::io::stdout().lock();
         write!(stdout, "{}", toml::to_string_pretty(&config)?)?;

@@ -529,6 +529,21 @@ async fn dev_serves_every_service_on_one_port_for_grpcurl_and_reach_agents() {
         table.contains("executor.servicing-2") && table.contains("READY"),
         "{table}"
     );
+    // `reach dev` describes the example fleet's capabilities from its protocol registry.
+    let capabilities = Command::new(env!("CARGO_BIN_EXE_reach"))
+        .args(["capabilities", "--endpoint", &format!("http://{grpc}")])
+        .output()
+        .unwrap();
+    let listed = String::from_utf8_lossy(&capabilities.stdout);
+    let classify = listed
+        .lines()
+        .find(|l| l.trim_start().starts_with("complaint.classify "))
+        .unwrap_or_else(|| panic!("no complaint.classify row:\n{listed}"));
+    assert!(
+        classify.contains("protocol_registry")
+            && classify.contains("classify a complaint narrative"),
+        "{classify}"
+    );
 
     let agents_json = Command::new("curl")
         .args(["-sf", &format!("http://{admin}/agents")])
@@ -1134,4 +1149,164 @@ async fn the_shutdown_grace_setting_bounds_the_exit() {
         .unwrap();
     assert!(status.success(), "{status:?}");
     drop(silent);
+}
+
+/// A registry on 127.0.0.1:0 in this process, loaded with the example protocol registry,
+/// with one instance registered by hand: it describes `kit.search` and reports model load.
+async fn registry_with_a_described_instance() -> (String, reach_registry::Registry) {
+    use reach_proto::v1::{Capability, InstanceSpec, InstanceState};
+    let registry = reach_registry::Registry::new(reach_registry::RegistryConfig {
+        health_probe: false,
+        protocol_registry: Some(repo_root().join("examples/protocol-registry.yaml")),
+        ..reach_registry::RegistryConfig::default()
+    })
+    .unwrap();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let server = reach_rpc::GrpcServer::new()
+        .add_service(reach_registry::RegistryGrpc::new(registry.clone()).into_server());
+    tokio::spawn(server.serve(listener, futures::future::pending()));
+    let spec = InstanceSpec {
+        service: "kit.search".into(),
+        instance_id: "search-1".into(),
+        endpoint: "http://127.0.0.1:9".into(),
+        capabilities: vec![
+            Capability {
+                name: "kit.search".into(),
+                version: "1.2.0".into(),
+                description: "search the knowledge base; not for live data".into(),
+                input_schema: r#"{"type":"object","required":["query"]}"#.into(),
+                output_schema: String::new(),
+            },
+            Capability {
+                name: "complaint.classify".into(),
+                version: "1.0.0".into(),
+                ..Default::default()
+            },
+        ],
+        max_concurrency: 8,
+        ..Default::default()
+    };
+    let lease = registry.register(spec, None).unwrap().lease_id;
+    let load = reach_registry::store::Load {
+        in_flight: 1,
+        model_calls_in_flight: 2,
+        model_slots_free: 0,
+    };
+    registry
+        .heartbeat_load("search-1", &lease, InstanceState::Ready, load)
+        .unwrap();
+    (url, registry)
+}
+
+/// Runs `reach ARGS` to completion off the runtime's threads; returns its stdout.
+async fn run_reach(args: Vec<String>) -> String {
+    let output = tokio::task::spawn_blocking(move || reach().args(&args).output().unwrap())
+        .await
+        .unwrap();
+    assert!(
+        output.status.success(),
+        "reach {:?}: {}",
+        output.status,
+        String::from_utf8_lossy(&output.stderr)
+    );
+    String::from_utf8(output.stdout).unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn capabilities_lists_the_merged_descriptors_as_a_table_and_json() {
+    let (url, _registry) = registry_with_a_described_instance().await;
+    let args = |extra: &[&str]| {
+        let mut args = vec!["capabilities".to_string(), "--endpoint".into(), url.clone()];
+        args.extend(extra.iter().map(ToString::to_string));
+        args
+    };
+
+    let table = run_reach(args(&[])).await;
+    let header = table.lines().next().unwrap();
+    for column in [
+        "CAPABILITY",
+        "VERSIONS",
+        "INSTANCES",
+        "SOURCE",
+        "DESCRIPTION",
+    ] {
+        assert!(header.contains(column), "{header}");
+    }
+    let row = |name: &str| {
+        table
+            .lines()
+            .find(|l| l.split_whitespace().next() == Some(name))
+            .unwrap_or_else(|| panic!("no row for {name}:\n{table}"))
+            .to_string()
+    };
+    let search = row("kit.search");
+    assert!(
+        search.contains("1.2.0")
+            && search.contains("1/1")
+            && search.contains("registration")
+            && search.contains("search the knowledge base; not for live data"),
+        "{search}"
+    );
+    // The instance is BUSY (its model slots are full), which is routable.
+    let classify = row("complaint.classify");
+    assert!(
+        classify.contains("1/1") && classify.contains("protocol_registry"),
+        "{classify}"
+    );
+    assert!(
+        row("complaint.ingest").contains("0/0"),
+        "declared, not served"
+    );
+    assert!(!table.contains("required"), "no schemas without --schemas");
+    assert!(
+        table.contains("capabilities at registry revision"),
+        "{table}"
+    );
+
+    let with_schemas = run_reach(args(&["--schemas", "--prefix", "kit."])).await;
+    assert!(
+        with_schemas.contains(r#"{"type":"object","required":["query"]}"#),
+        "{with_schemas}"
+    );
+    assert!(!with_schemas.contains("complaint."), "{with_schemas}");
+
+    let json: serde_json::Value =
+        serde_json::from_str(&run_reach(args(&["--json", "--prefix", "kit."])).await).unwrap();
+    assert_eq!(
+        json,
+        serde_json::json!([{
+            "name": "kit.search",
+            "description": "search the knowledge base; not for live data",
+            "versions": ["1.2.0"],
+            "idempotent": false,
+            "routable_instances": 1,
+            "instances": 1,
+            "source": "registration",
+            "input_schema": {"type": "object", "required": ["query"]},
+            "output_schema": null,
+        }])
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn agents_shows_the_model_load() {
+    let (url, _registry) = registry_with_a_described_instance().await;
+    let table = run_reach(vec!["agents".into(), "--endpoint".into(), url.clone()]).await;
+    let header = table.lines().next().unwrap();
+    assert!(header.contains("MODEL"), "{header}");
+    let row = table.lines().find(|l| l.contains("search-1")).unwrap();
+    assert!(row.contains("BUSY") && row.contains("2/2"), "{row}");
+    let json: serde_json::Value = serde_json::from_str(
+        &run_reach(vec![
+            "agents".into(),
+            "--json".into(),
+            "--endpoint".into(),
+            url,
+        ])
+        .await,
+    )
+    .unwrap();
+    assert_eq!(json[0]["model_calls_in_flight"], 2);
+    assert_eq!(json[0]["model_slots_free"], 0);
 }

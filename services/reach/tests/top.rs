@@ -66,6 +66,13 @@ impl RegistryService for FixedRegistry {
     async fn watch(&self, _: Request<WatchRequest>) -> Result<Response<Self::WatchStream>, Status> {
         Err(Status::unimplemented("fixed"))
     }
+
+    async fn list_capabilities(
+        &self,
+        _: Request<reach_proto::v1::ListCapabilitiesRequest>,
+    ) -> Result<Response<reach_proto::v1::ListCapabilitiesResponse>, Status> {
+        Err(Status::unimplemented("fixed"))
+    }
 }
 
 #[tokio::test]

@@ -27,6 +27,9 @@ pub struct RegistryConfig {
     #[serde(with = "humantime_serde")]
     pub probe_timeout: Duration,
     /// The protocol registry file (`protocol-registry.yaml`) that declares the capabilities.
+    /// Loaded whenever set: its descriptions, versions and input/output schemas are served by
+    /// ListCapabilities (winning over what instances register), and strict mode checks
+    /// registrations against it.
     pub protocol_registry: Option<std::path::PathBuf>,
     /// Strict mode: refuse a registration whose capability (or capability version) is not
     /// declared in `protocol_registry`. Needs `protocol_registry`.

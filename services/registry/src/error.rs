@@ -9,7 +9,8 @@ pub enum InitError {
     /// A setting is out of range.
     #[error(transparent)]
     Config(#[from] crate::config::ConfigError),
-    /// Strict mode's protocol registry could not be read or parsed (the error names the file).
+    /// The configured protocol registry could not be read or parsed (the error names the
+    /// file).
     #[error(transparent)]
     ProtocolRegistry(#[from] reach_protocol::LoadError),
 }
@@ -18,8 +19,22 @@ pub enum InitError {
 #[derive(Debug, thiserror::Error)]
 pub enum RegistryError {
     /// The registration is malformed; the message names the field and the fix.
+    /// INVALID_ARGUMENT, no ErrorInfo reason.
     #[error("invalid registration: {0}")]
     InvalidRegistration(String),
+    /// A capability's description or schema is out of bounds or not a JSON Schema:
+    /// INVALID_ARGUMENT with a BadRequest naming `instance.capabilities[index].field`.
+    #[error("invalid registration: instance.capabilities[{index}] ({name:?}) {field} {detail}")]
+    InvalidCapability {
+        /// The capability's index in `instance.capabilities`.
+        index: usize,
+        /// The capability's name.
+        name: String,
+        /// The field at fault: `description`, `input_schema` or `output_schema`.
+        field: &'static str,
+        /// What is wrong and how to fix it.
+        detail: String,
+    },
     /// Strict mode: a capability is not declared in the protocol registry.
     #[error("registration refused: {0}")]
     CapabilityNotDeclared(String),
@@ -42,6 +57,24 @@ impl From<RegistryError> for Status {
     fn from(err: RegistryError) -> Self {
         match &err {
             RegistryError::InvalidRegistration(_) => Status::invalid_argument(err.to_string()),
+            RegistryError::InvalidCapability {
+                index,
+                field,
+                detail,
+                ..
+            } => {
+                // A BadRequest names the field, as grpcurl and programs read it.
+                let mut details = tonic_types::ErrorDetails::new();
+                details.add_bad_request_violation(
+                    format!("instance.capabilities[{index}].{field}"),
+                    detail.clone(),
+                );
+                <Status as tonic_types::StatusExt>::with_error_details(
+                    Code::InvalidArgument,
+                    err.to_string(),
+                    details,
+                )
+            }
             RegistryError::CapabilityNotDeclared(_) => status_with_reason(
                 Code::FailedPrecondition,
                 err.to_string(),

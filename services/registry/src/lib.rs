@@ -7,11 +7,15 @@
 //! # Layout
 //! - [`config`] — [`RegistryConfig`], lease bounds and probing.
 //! - [`store`] — [`Registry`], the in-memory instance table, its revisions and its watchers.
+//! - [`capabilities`] — capability descriptors: checking what a registration declares
+//!   (description, input and output JSON Schemas) and merging them with the protocol
+//!   registry's for ListCapabilities.
 //! - [`service`] — the `reach.v1.RegistryService` gRPC implementation over a [`Registry`].
 //! - [`probe`] — the first health probe that moves an instance from REGISTERED to READY.
 //! - [`error`] — [`RegistryError`] and its mapping to gRPC statuses; [`InitError`].
 //! - [`metrics`] — instances per state, lease expiries and RPCs by code.
 
+pub mod capabilities;
 pub mod config;
 pub mod error;
 pub mod metrics;

@@ -6,8 +6,8 @@ use futures::Stream;
 use reach_proto::v1::registry_service_server::{RegistryService, RegistryServiceServer};
 use reach_proto::v1::{
     DeregisterRequest, DeregisterResponse, HeartbeatRequest, HeartbeatResponse, InstanceState,
-    ListInstancesRequest, ListInstancesResponse, RegisterRequest, RegisterResponse, WatchRequest,
-    WatchResponse,
+    ListCapabilitiesRequest, ListCapabilitiesResponse, ListInstancesRequest, ListInstancesResponse,
+    RegisterRequest, RegisterResponse, WatchRequest, WatchResponse,
 };
 use tokio::sync::{broadcast, mpsc};
 use tokio_stream::wrappers::ReceiverStream;
@@ -82,17 +82,26 @@ impl RegistryGrpc {
                     request.state
                 ))
             })?;
-        if request.in_flight > MAX_IN_FLIGHT {
-            return Err(Status::invalid_argument(format!(
-                "in_flight {} is implausible; the limit is {MAX_IN_FLIGHT}",
-                request.in_flight
-            )));
+        for (field, value) in [
+            ("in_flight", request.in_flight),
+            ("model_calls_in_flight", request.model_calls_in_flight),
+            ("model_slots_free", request.model_slots_free),
+        ] {
+            if value > MAX_IN_FLIGHT {
+                return Err(Status::invalid_argument(format!(
+                    "{field} {value} is implausible; the limit is {MAX_IN_FLIGHT}"
+                )));
+            }
         }
-        let (expires, state) = self.registry.heartbeat(
+        let (expires, state) = self.registry.heartbeat_load(
             &request.instance_id,
             &request.lease_id,
             reported,
-            request.in_flight,
+            crate::store::Load {
+                in_flight: request.in_flight,
+                model_calls_in_flight: request.model_calls_in_flight,
+                model_slots_free: request.model_slots_free,
+            },
         )?;
         Ok(HeartbeatResponse {
             lease_expires_at: Some(reach_rpc::time::timestamp(expires)),
@@ -101,8 +110,11 @@ impl RegistryGrpc {
     }
 }
 
-/// The largest in-flight count a heartbeat may report.
+/// The largest in-flight (or model slot) count a heartbeat may report.
 const MAX_IN_FLIGHT: u32 = 1_000_000;
+
+/// The longest `name_prefix` ListCapabilities takes (the longest capability name).
+const MAX_NAME_PREFIX_BYTES: usize = 256;
 
 /// Clears the lease id of an instance shown to others: the lease id is the instance's
 /// credential for Heartbeat and Deregister, returned only by Register.
@@ -167,6 +179,26 @@ impl RegistryService for RegistryGrpc {
         let mut list = self.registry.list(&request.service, &request.capability);
         list.instances.iter_mut().for_each(redact);
         Ok(Response::new(list))
+    }
+
+    async fn list_capabilities(
+        &self,
+        request: Request<ListCapabilitiesRequest>,
+    ) -> Result<Response<ListCapabilitiesResponse>, Status> {
+        let request = request.into_inner();
+        if request.name_prefix.len() > MAX_NAME_PREFIX_BYTES {
+            return observed(
+                "list_capabilities",
+                Err(Status::invalid_argument(format!(
+                    "name_prefix is {} bytes, over the limit of {MAX_NAME_PREFIX_BYTES} bytes; capability names are short dotted identifiers",
+                    request.name_prefix.len()
+                ))),
+            );
+        }
+        observed(
+            "list_capabilities",
+            Ok(self.registry.list_capabilities(&request.name_prefix)),
+        )
     }
 
     type WatchStream = Pin<Box<dyn Stream<Item = Result<WatchResponse, Status>> + Send>>;

@@ -5,8 +5,8 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, SystemTime};
 
 use reach_proto::v1::{
-    Instance, InstanceSpec, InstanceState, ListInstancesResponse, WatchResponse, WatchSnapshot,
-    watch_response,
+    Instance, InstanceSpec, InstanceState, ListCapabilitiesResponse, ListInstancesResponse,
+    WatchResponse, WatchSnapshot, watch_response,
 };
 use tokio::sync::broadcast;
 use tokio::time::Instant;
@@ -27,7 +27,8 @@ pub struct Registry {
 
 struct Inner {
     config: RegistryConfig,
-    /// The protocol registry, loaded when strict mode is on.
+    /// The protocol registry, loaded whenever `protocol_registry` is set: its descriptors
+    /// are served by ListCapabilities, and strict mode checks registrations against it.
     protocols: Option<reach_protocol::ProtocolRegistry>,
     table: Mutex<Table>,
     /// Cancelled when the registry shuts down: open watch streams end.
@@ -66,6 +67,27 @@ struct Entry {
     lease_ttl: Duration,
     /// Whether the first health probe passed (or probing is off).
     probed: bool,
+    /// The registry revision of the registration: orders registrations by recency (the
+    /// latest one's capability descriptors win in ListCapabilities).
+    registered: u64,
+}
+
+/// The load an instance reports with a heartbeat.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Load {
+    /// Messages in flight.
+    pub in_flight: u32,
+    /// Model (LLM) calls in flight.
+    pub model_calls_in_flight: u32,
+    /// Model calls it could start at once now.
+    pub model_slots_free: u32,
+}
+
+impl Load {
+    /// Whether every model slot is taken while model calls run: the instance is model-bound.
+    pub fn model_bound(&self) -> bool {
+        self.model_calls_in_flight > 0 && self.model_slots_free == 0
+    }
 }
 
 /// An accepted registration.
@@ -84,12 +106,12 @@ impl Registry {
     ///
     /// # Errors
     /// [`InitError::Config`] for a setting out of range, [`InitError::ProtocolRegistry`]
-    /// when strict mode's protocol registry cannot be loaded.
+    /// when the configured protocol registry cannot be loaded.
     pub fn new(config: RegistryConfig) -> Result<Self, InitError> {
         config.validate()?;
-        let protocols = match (&config.protocol_registry, config.strict) {
-            (Some(path), true) => Some(reach_protocol::ProtocolRegistry::load(path)?),
-            _ => None,
+        let protocols = match &config.protocol_registry {
+            Some(path) => Some(reach_protocol::ProtocolRegistry::load(path)?),
+            None => None,
         };
         let (events, _) = broadcast::channel(WATCH_BUFFER);
         Ok(Self {
@@ -131,14 +153,21 @@ impl Registry {
     /// READY at once when probing is off.
     ///
     /// # Errors
-    /// [`RegistryError::InvalidRegistration`] naming the bad field.
+    /// [`RegistryError::InvalidRegistration`] naming the bad field,
+    /// [`RegistryError::InvalidCapability`] for a capability's bad description or schema,
+    /// [`RegistryError::CapabilityNotDeclared`] in strict mode.
     pub fn register(
         &self,
         spec: InstanceSpec,
         requested_ttl: Option<Duration>,
     ) -> Result<Registration, RegistryError> {
         validate_spec(&spec)?;
-        if let Some(protocols) = &self.inner.protocols {
+        if let Some(protocols) = self
+            .inner
+            .protocols
+            .as_ref()
+            .filter(|_| self.inner.config.strict)
+        {
             for capability in &spec.capabilities {
                 protocols
                     .check_declared(&capability.name, &capability.version)
@@ -158,6 +187,8 @@ impl Registry {
                 InstanceState::Registered
             } as i32,
             in_flight: 0,
+            model_calls_in_flight: 0,
+            model_slots_free: 0,
             lease_id: lease_id.clone(),
             lease_expires_at: Some(reach_rpc::time::timestamp(now + ttl)),
             registered_at: Some(reach_rpc::time::timestamp(now)),
@@ -165,6 +196,7 @@ impl Registry {
             spec: Some(spec),
         };
         let id = instance_id(&instance).to_string();
+        let revision = table.revision;
         info!(instance = %id, service = %service_of(&instance), lease_ttl = ?ttl, "instance registered");
         table.instances.insert(
             id,
@@ -173,6 +205,7 @@ impl Registry {
                 lease_deadline: Instant::now() + ttl,
                 lease_ttl: ttl,
                 probed,
+                registered: revision,
             },
         );
         self.publish(&table, watch_response::Event::Upserted(instance.clone()));
@@ -209,12 +242,11 @@ impl Registry {
             .is_some_and(|e| e.instance.lease_id == lease_id)
     }
 
-    /// Renews the lease and records the state and load the instance reports.
-    ///
-    /// DRAINING is final: an instance that reported it never becomes READY again on this lease.
+    /// Renews the lease and records the state and messages in flight the instance reports
+    /// ([`Registry::heartbeat_load`] with no model calls).
     ///
     /// # Errors
-    /// [`RegistryError::LeaseNotFound`] when the instance or lease is unknown or expired.
+    /// As [`Registry::heartbeat_load`].
     pub fn heartbeat(
         &self,
         instance_id: &str,
@@ -222,6 +254,34 @@ impl Registry {
         reported: InstanceState,
         in_flight: u32,
     ) -> Result<(SystemTime, InstanceState), RegistryError> {
+        let load = Load {
+            in_flight,
+            ..Load::default()
+        };
+        self.heartbeat_load(instance_id, lease_id, reported, load)
+    }
+
+    /// Renews the lease and records the state and load the instance reports. A READY report
+    /// of a model-bound instance ([`Load::model_bound`]) is recorded as BUSY.
+    ///
+    /// DRAINING is final: an instance that reported it never becomes READY again on this lease.
+    ///
+    /// # Errors
+    /// [`RegistryError::LeaseNotFound`] when the instance or lease is unknown or expired,
+    /// [`RegistryError::Drained`] when an operator drained it.
+    pub fn heartbeat_load(
+        &self,
+        instance_id: &str,
+        lease_id: &str,
+        reported: InstanceState,
+        load: Load,
+    ) -> Result<(SystemTime, InstanceState), RegistryError> {
+        let reported = if reported == InstanceState::Ready && load.model_bound() {
+            InstanceState::Busy
+        } else {
+            reported
+        };
+        let in_flight = load.in_flight;
         let mut table = self.table();
         if table.drained_leases.contains_key(lease_id) {
             return Err(RegistryError::Drained(instance_id.to_string()));
@@ -240,9 +300,14 @@ impl Registry {
         entry.instance.lease_expires_at = Some(reach_rpc::time::timestamp(expires));
         let current = entry.instance.state();
         let next = next_state(current, reported, entry.probed);
-        let changed = next != current || entry.instance.in_flight != in_flight;
+        let changed = next != current
+            || entry.instance.in_flight != in_flight
+            || entry.instance.model_calls_in_flight != load.model_calls_in_flight
+            || entry.instance.model_slots_free != load.model_slots_free;
         entry.instance.state = next as i32;
         entry.instance.in_flight = in_flight;
+        entry.instance.model_calls_in_flight = load.model_calls_in_flight;
+        entry.instance.model_slots_free = load.model_slots_free;
         if changed {
             if next != current {
                 info!(instance = %instance_id, from = ?current, to = ?next, "instance state changed");
@@ -395,6 +460,28 @@ impl Registry {
         }
     }
 
+    /// The merged capability descriptors whose name starts with `name_prefix` ("" for all),
+    /// sorted by name, and the current revision; see [`crate::capabilities`] for the rules.
+    pub fn list_capabilities(&self, name_prefix: &str) -> ListCapabilitiesResponse {
+        let table = self.table();
+        let registered: Vec<crate::capabilities::Registered<'_>> = table
+            .instances
+            .values()
+            .map(|e| crate::capabilities::Registered {
+                instance: &e.instance,
+                registered: e.registered,
+            })
+            .collect();
+        ListCapabilitiesResponse {
+            capabilities: crate::capabilities::merge(
+                self.inner.protocols.as_ref(),
+                &registered,
+                name_prefix,
+            ),
+            revision: table.revision,
+        }
+    }
+
     /// Starts a watch: the snapshot at the current revision and a receiver of every later
     /// change, with no gap and no overlap between the two.
     pub fn watch(&self) -> (WatchResponse, broadcast::Receiver<WatchResponse>) {
@@ -541,6 +628,14 @@ fn validate_spec(spec: &InstanceSpec) -> Result<(), RegistryError> {
             ));
         }
     }
+    if spec.capabilities.len() > MAX_LIST
+        || spec.topics.len() > MAX_LIST
+        || spec.labels.len() > MAX_LIST
+    {
+        return bad(format!(
+            "an instance may declare at most {MAX_LIST} capabilities, topics and labels each"
+        ));
+    }
     for (i, capability) in spec.capabilities.iter().enumerate() {
         if !is_name(&capability.name) {
             return bad(format!(
@@ -554,14 +649,14 @@ fn validate_spec(spec: &InstanceSpec) -> Result<(), RegistryError> {
                 capability.version
             ));
         }
-    }
-    if spec.capabilities.len() > MAX_LIST
-        || spec.topics.len() > MAX_LIST
-        || spec.labels.len() > MAX_LIST
-    {
-        return bad(format!(
-            "an instance may declare at most {MAX_LIST} capabilities, topics and labels each"
-        ));
+        crate::capabilities::check_descriptor(capability).map_err(|problem| {
+            RegistryError::InvalidCapability {
+                index: i,
+                name: capability.name.clone(),
+                field: problem.field,
+                detail: problem.detail,
+            }
+        })?;
     }
     let label_bytes: usize = spec.labels.iter().map(|(k, v)| k.len() + v.len()).sum();
     if label_bytes > MAX_LABEL_BYTES {
@@ -620,6 +715,7 @@ mod tests {
             capabilities: vec![Capability {
                 name: "complaint.servicing".into(),
                 version: "1.0.0".into(),
+                ..Default::default()
             }],
             max_concurrency: 8,
             ..Default::default()
@@ -793,6 +889,112 @@ mod tests {
         tokio::time::sleep(Duration::from_secs(5)).await;
         tokio::time::sleep(Duration::from_millis(200)).await;
         assert_eq!(state_of(&registry, "busy"), None);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_bad_descriptor_is_refused_naming_the_capability_and_the_field() {
+        let registry = registry(false);
+        let mut bad = spec("a");
+        bad.capabilities.push(Capability {
+            name: "x.tool".into(),
+            input_schema: "{\"type\": \"object\"".into(),
+            ..Default::default()
+        });
+        let error = registry.register(bad, None).unwrap_err();
+        assert!(
+            matches!(
+                &error,
+                RegistryError::InvalidCapability {
+                    index: 1,
+                    field: "input_schema",
+                    ..
+                }
+            ),
+            "{error:?}"
+        );
+        let status = tonic::Status::from(error);
+        assert_eq!(status.code(), tonic::Code::InvalidArgument);
+        assert!(
+            status
+                .message()
+                .contains("instance.capabilities[1] (\"x.tool\") input_schema is not JSON"),
+            "{}",
+            status.message()
+        );
+        let mut many = spec("b");
+        many.capabilities = (0..257)
+            .map(|i| Capability {
+                name: format!("c{i}"),
+                ..Default::default()
+            })
+            .collect();
+        assert!(matches!(
+            registry.register(many, None),
+            Err(RegistryError::InvalidRegistration(_))
+        ));
+        assert!(registry.list("", "").instances.is_empty());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn list_capabilities_merges_live_registrations_and_forgets_gone_ones() {
+        let registry = registry(false);
+        let described = |id: &str, words: &str| {
+            let mut s = spec(id);
+            s.capabilities[0].description = words.into();
+            s.capabilities[0].input_schema = r#"{"type":"object"}"#.into();
+            s
+        };
+        let first = registry.register(described("a", "first"), None).unwrap();
+        registry.register(described("b", "second"), None).unwrap();
+        let list = registry.list_capabilities("");
+        assert_eq!(list.capabilities.len(), 1);
+        assert_eq!(list.capabilities[0].description, "second");
+        assert_eq!(list.capabilities[0].instances, 2);
+        assert_eq!(list.revision, 2);
+        // Re-registering makes "a" the latest registration: its words win.
+        let again = registry
+            .register(described("a", "first, again"), None)
+            .unwrap();
+        assert_ne!(again.lease_id, first.lease_id);
+        assert_eq!(
+            registry.list_capabilities("complaint.").capabilities[0].description,
+            "first, again"
+        );
+        registry.deregister("a", &again.lease_id).unwrap();
+        assert_eq!(
+            registry.list_capabilities("").capabilities[0].description,
+            "second"
+        );
+        assert!(registry.list_capabilities("other.").capabilities.is_empty());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_model_bound_instance_reporting_ready_is_recorded_busy() {
+        let registry = registry(false);
+        let lease = registry.register(spec("a"), None).unwrap().lease_id;
+        let load = |calls, free| Load {
+            in_flight: 2,
+            model_calls_in_flight: calls,
+            model_slots_free: free,
+        };
+        let (_, state) = registry
+            .heartbeat_load("a", &lease, S::Ready, load(4, 0))
+            .unwrap();
+        assert_eq!(state, S::Busy);
+        let listed = registry.list("", "").instances.remove(0);
+        assert_eq!(
+            (listed.model_calls_in_flight, listed.model_slots_free),
+            (4, 0)
+        );
+        let (_, state) = registry
+            .heartbeat_load("a", &lease, S::Ready, load(3, 1))
+            .unwrap();
+        assert_eq!(state, S::Ready);
+        // No model calls at all (an agent without a model): READY stays READY.
+        let (_, state) = registry
+            .heartbeat_load("a", &lease, S::Ready, load(0, 0))
+            .unwrap();
+        assert_eq!(state, S::Ready);
     }
 
     #[test]

@@ -77,6 +77,10 @@ pub struct RouterConfig {
     pub max_buffered_reply_bytes_per_instance: usize,
     /// The same across all instances, in bytes. Default 1 GiB.
     pub max_buffered_reply_bytes: usize,
+    /// The highest `header.turn` (agent hops of one conversation) a message may carry; one
+    /// above it is refused FAILED_PRECONDITION (`TURN_LIMIT_EXCEEDED`) on Call, CallMux,
+    /// Stream and Publish — a loop guard across agents. At least 1. Default 64.
+    pub max_turn: u32,
 }
 
 /// Which balancing policy each route uses.
@@ -142,6 +146,7 @@ impl Default for RouterConfig {
             max_clock_skew: Duration::from_secs(60),
             max_buffered_reply_bytes_per_instance: 64 * 1024 * 1024,
             max_buffered_reply_bytes: 1024 * 1024 * 1024,
+            max_turn: 64,
         }
     }
 }
@@ -203,6 +208,9 @@ impl RouterConfig {
         }
         if self.rtt_decay.is_zero() {
             return Err(ConfigError::ZeroRttDecay);
+        }
+        if self.max_turn == 0 {
+            return Err(ConfigError::ZeroMaxTurn);
         }
         if self.connect_timeout.is_zero() {
             return Err(ConfigError::ZeroConnectTimeout);
@@ -319,6 +327,11 @@ pub enum ConfigError {
     /// `rtt_decay` is zero.
     #[error("router.rtt_decay must be above zero")]
     ZeroRttDecay,
+    /// `max_turn` is zero: every message an agent sends on would be refused.
+    #[error(
+        "router.max_turn must be at least 1 (the default, 64, allows 64 agent hops per conversation)"
+    )]
+    ZeroMaxTurn,
     /// `connect_timeout` is zero: no connection could ever be made.
     #[error("router.connect_timeout must be above zero (for example \"1s\")")]
     ZeroConnectTimeout,
@@ -369,6 +382,7 @@ impl ConfigError {
             ConfigError::ReplyBudgetTooSmall { .. } => "max_buffered_reply_bytes",
             ConfigError::RegistryEndpointNotHttp { .. } => "registry_endpoint",
             ConfigError::ZeroRttDecay => "rtt_decay",
+            ConfigError::ZeroMaxTurn => "max_turn",
             ConfigError::ZeroConnectTimeout => "connect_timeout",
             ConfigError::LedgerSampleRateOutOfRange { .. } => "ledger_sample_rate",
             ConfigError::EjectionBaseAboveMax { .. } => "ejection.base_ejection",
@@ -429,6 +443,14 @@ mod tests {
                 },
                 "rtt_decay",
                 "router.rtt_decay must be above zero",
+            ),
+            (
+                RouterConfig {
+                    max_turn: 0,
+                    ..RouterConfig::default()
+                },
+                "max_turn",
+                "router.max_turn must be at least 1",
             ),
             (
                 RouterConfig {

@@ -2,7 +2,8 @@
 //! applied the same way by Call, Stream (its first and every later message), Publish and Reply.
 //!
 //! Every path calls, in this order:
-//! 1. [`EnvelopeRules::admit`], on the message as it arrived: completes its header (validates
+//! 1. [`EnvelopeRules::admit`], on the message as it arrived: refuses a `header.turn` above
+//!    `max_turn` (the loop guard across agents), completes its header (validates
 //!    the trace id or assigns one from its [`TraceOrigin`], assigns a message id and a
 //!    creation time), checks its size (encoded, with the completed header: the size the
 //!    instance receives) and the target name's length ([`MAX_TARGET_NAME_BYTES`]);
@@ -40,6 +41,8 @@ pub struct EnvelopeRules {
     pub max_message_bytes: usize,
     /// How far ahead of the router's clock `created_at` may be on a message with a TTL.
     pub max_clock_skew: Duration,
+    /// The highest `header.turn` admitted (the loop guard across agents).
+    pub max_turn: u32,
 }
 
 /// Where a message without a trace id gets one.
@@ -53,18 +56,20 @@ pub enum TraceOrigin<'a> {
 }
 
 impl EnvelopeRules {
-    /// The rules of `config` (`max_message_bytes`, `max_clock_skew`).
+    /// The rules of `config` (`max_message_bytes`, `max_clock_skew`, `max_turn`).
     pub fn of(config: &RouterConfig) -> Self {
         Self {
             max_message_bytes: config.max_message_bytes,
             max_clock_skew: config.max_clock_skew,
+            max_turn: config.max_turn,
         }
     }
 
-    /// Completes `message`'s header and checks its size and target name (see the module
-    /// docs).
+    /// Checks `message`'s turn, completes its header and checks its size and target name
+    /// (see the module docs).
     ///
     /// # Errors
+    /// [`RouteError::TurnLimitExceeded`] when `header.turn` is above `max_turn`;
     /// [`RouteError::InvalidTraceId`] for a malformed trace id;
     /// [`RouteError::PayloadTooLarge`] over `max_message_bytes`;
     /// [`RouteError::TargetNameTooLong`] for a target name over [`MAX_TARGET_NAME_BYTES`].
@@ -73,6 +78,13 @@ impl EnvelopeRules {
         message: &mut ReachMessage,
         origin: TraceOrigin<'_>,
     ) -> Result<(), RouteError> {
+        let turn = message.header.as_ref().map_or(0, |h| h.turn);
+        if turn > self.max_turn {
+            return Err(RouteError::TurnLimitExceeded {
+                turn,
+                limit: self.max_turn,
+            });
+        }
         complete_header(message, origin)?;
         self.check_size(message)?;
         check_target_name(message.header.as_ref())

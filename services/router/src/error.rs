@@ -55,6 +55,17 @@ pub enum RouteError {
         /// Routable services with instance counts, rendered.
         services: String,
     },
+    /// The message's `header.turn` is above the router's `max_turn`: the conversation has
+    /// taken more agent hops than allowed (agents calling each other in a loop).
+    #[error(
+        "message is at turn {turn}, over the router's limit of {limit} agent hops (router max_turn); an agent is probably calling others in a loop: stop the conversation, or raise max_turn if it is really this long"
+    )]
+    TurnLimitExceeded {
+        /// The message's `header.turn`.
+        turn: u32,
+        /// The router's `max_turn`.
+        limit: u32,
+    },
     /// The message is over the size limit.
     #[error(
         "message is {size} bytes, over the limit of {limit} bytes (router max_message_bytes); send large content by url, or raise the limit"
@@ -280,6 +291,17 @@ impl From<RouteError> for Status {
                 [
                     ("size_bytes".to_string(), size.to_string()),
                     ("limit_bytes".to_string(), limit.to_string()),
+                ],
+            ),
+            // FAILED_PRECONDITION, not RESOURCE_EXHAUSTED: no quota frees up with time, so
+            // sending the same message again can never succeed; the conversation must end.
+            RouteError::TurnLimitExceeded { turn, limit } => status_with_reason(
+                Code::FailedPrecondition,
+                message,
+                reason::TURN_LIMIT_EXCEEDED,
+                [
+                    ("turn".to_string(), turn.to_string()),
+                    ("limit".to_string(), limit.to_string()),
                 ],
             ),
             RouteError::DeadlineExceeded(_) => status_with_reason(

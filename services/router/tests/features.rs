@@ -512,6 +512,7 @@ async fn strict_registry_refuses_undeclared_capabilities() {
         capabilities: vec![reach_proto::v1::Capability {
             name: capability.into(),
             version: version.into(),
+            ..Default::default()
         }],
         ..Default::default()
     };

@@ -152,6 +152,7 @@ async fn many_callers_giving_up_at_their_deadlines_are_refused_or_timed_out_neve
                 capabilities: vec![reach_proto::v1::Capability {
                     name: "slow.work".into(),
                     version: "1.0.0".into(),
+                    ..Default::default()
                 }],
                 protocol_version: "1.0".into(),
                 weight: 1,

@@ -349,16 +349,12 @@ impl ProtocolRegistry {
         let mut validators = BTreeMap::new();
         for (name, message_type) in &file.message_types {
             if let Some(schema) = &message_type.schema {
-                // `format` (date-time, email, uri, uuid, ...) is asserted, not only annotated.
-                let validator = jsonschema::options()
-                    .should_validate_formats(true)
-                    .build(schema)
-                    .map_err(|e| {
-                        invalid(
-                            format!("message_types.{name}.schema{}", e.instance_path()),
-                            format!("not a valid JSON Schema: {e}"),
-                        )
-                    })?;
+                let validator = compile_schema(schema).map_err(|e| {
+                    invalid(
+                        format!("message_types.{name}.schema{}", e.instance_path()),
+                        format!("not a valid JSON Schema: {e}"),
+                    )
+                })?;
                 validators.insert(name.clone(), validator);
             }
         }
@@ -486,6 +482,20 @@ impl ProtocolRegistry {
         }
     }
 
+    /// The JSON Schema of capability `name`'s requests: the schema of its `input` message
+    /// type, when both are declared.
+    pub fn input_schema(&self, name: &str) -> Option<&serde_json::Value> {
+        let input = self.capabilities.get(name)?.input.as_ref()?;
+        self.message_types.get(input)?.schema.as_ref()
+    }
+
+    /// The JSON Schema of capability `name`'s replies: the schema of its `output` message
+    /// type, when both are declared.
+    pub fn output_schema(&self, name: &str) -> Option<&serde_json::Value> {
+        let output = self.capabilities.get(name)?.output.as_ref()?;
+        self.message_types.get(output)?.schema.as_ref()
+    }
+
     /// Whether capability `name` has an input schema.
     pub fn has_input_schema(&self, name: &str) -> bool {
         self.capabilities
@@ -505,6 +515,21 @@ impl ProtocolRegistry {
         found.sort_by(|a, b| b.to.cmp(&a.to));
         found
     }
+}
+
+/// Compiles `schema` as a JSON Schema the way the protocol registry does (the draft its
+/// `$schema` names, else the latest; `format` asserted, not only annotated). Used for the
+/// file's message types and for the schemas agents declare when they register.
+///
+/// # Errors
+/// The compiler's error: the offending keyword's location (`instance_path`) and what is wrong.
+pub fn compile_schema(
+    schema: &serde_json::Value,
+) -> Result<jsonschema::Validator, jsonschema::ValidationError<'static>> {
+    // `format` (date-time, email, uri, uuid, ...) is asserted, not only annotated.
+    jsonschema::options()
+        .should_validate_formats(true)
+        .build(schema)
 }
 
 /// The JSON pointer of the property a validation error is about: the error's instance path,

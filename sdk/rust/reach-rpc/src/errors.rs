@@ -49,6 +49,9 @@ pub mod reason {
     /// A message header field is malformed or out of range (`field` in the metadata:
     /// `header.ttl`, `header.created_at`, `header.topic`).
     pub const INVALID_HEADER: &str = "INVALID_HEADER";
+    /// The message's `header.turn` is above the router's `max_turn` (`turn` and `limit` in
+    /// the metadata): agents are calling each other in a loop. FAILED_PRECONDITION.
+    pub const TURN_LIMIT_EXCEEDED: &str = "TURN_LIMIT_EXCEEDED";
     /// A version adapter's transform failed (`adapter` and `direction` in the metadata):
     /// INVALID_ARGUMENT when it was rewriting the caller's request, INTERNAL when it was
     /// rewriting the instance's reply.

@@ -37,6 +37,28 @@ pub struct CallOptions {
     /// The message id; `None` lets the client assign a fresh UUIDv7. Set it to make retries
     /// of the same logical message deduplicated by the receiving agent.
     pub message_id: Option<String>,
+    /// The message's `header.turn` (agent hops so far); `None` sends 0, a conversation's
+    /// start. The router refuses turns above its `max_turn` (FAILED_PRECONDITION,
+    /// `TURN_LIMIT_EXCEEDED`).
+    pub turn: Option<u32>,
+}
+
+impl CallOptions {
+    /// Options for a call a handler makes on behalf of the message `ctx` describes: the same
+    /// trace id and task id, `turn` = `ctx.turn + 1`, and a timeout of what is left of
+    /// `ctx`'s deadline (zero once it has passed; none when `ctx` has no deadline). Other
+    /// fields are unset; set them on the result.
+    pub fn within(ctx: &HandlerContext) -> Self {
+        Self {
+            timeout: ctx
+                .deadline
+                .map(|deadline| deadline.saturating_duration_since(tokio::time::Instant::now())),
+            trace_id: Some(ctx.trace_id.clone()).filter(|t| !t.is_empty()),
+            task_id: Some(ctx.task_id.clone()).filter(|t| !t.is_empty()),
+            turn: Some(ctx.turn.saturating_add(1)),
+            ..Self::default()
+        }
+    }
 }
 
 /// A client of the mesh: every call goes through a router, addressed by capability or
@@ -136,6 +158,7 @@ impl MeshClient {
                 capability_version: options.capability_version.clone().unwrap_or_default(),
                 protocol_version: "1.0".into(),
                 created_at: Some(reach_rpc::time::now()),
+                turn: options.turn.unwrap_or(0),
                 ..Header::default()
             }),
             payload: Some(payload),

@@ -44,6 +44,10 @@ pub struct AgentConfig {
     pub labels: HashMap<String, String>,
     /// The largest message accepted or sent, in bytes.
     pub max_message_bytes: usize,
+    /// How many model (LLM) calls this agent makes at once ([`crate::ModelSlots`]); heartbeats
+    /// report the model's load and the instance reports BUSY while every slot is taken.
+    /// 0 (the default): unlimited and unreported.
+    pub model_slots: u32,
     /// Limits on the agent's own listener: connections at once, handshake time, bytes of
     /// partly received messages (see [`reach_rpc::ConnectionLimits`]).
     pub server: reach_rpc::ConnectionLimits,
@@ -67,6 +71,7 @@ impl Default for AgentConfig {
             topics: Vec::new(),
             labels: HashMap::new(),
             max_message_bytes: 4 * 1024 * 1024,
+            model_slots: 0,
             server: reach_rpc::ConnectionLimits::default(),
         }
     }
@@ -97,6 +102,12 @@ impl AgentConfig {
     /// Sets the maximum drain time.
     pub fn with_max_drain(mut self, d: Duration) -> Self {
         self.max_drain = d;
+        self
+    }
+
+    /// Sets how many model calls run at once ([`AgentConfig::model_slots`]).
+    pub fn with_model_slots(mut self, n: u32) -> Self {
+        self.model_slots = n;
         self
     }
 

@@ -21,8 +21,12 @@
 //!
 //! # Layout
 //! - [`config`] — the agent settings, [`AgentConfig`].
+//! - [`capability`] — [`DescribedCapability`]: a capability with the description and
+//!   input/output JSON Schemas it registers.
 //! - [`handler`] — the [`Handler`] and [`StreamHandler`] traits and the [`HandlerContext`]
-//!   a handler gets (trace id, deadline, cancellation).
+//!   a handler gets (trace id, turn, deadline, cancellation, reply metadata).
+//! - [`models`] — [`ModelSlots`]: model calls in flight and free slots, reported in
+//!   heartbeats.
 //! - [`runtime`] — [`AgentRuntime`] — serve, register, heartbeat, bounded concurrency,
 //!   duplicate suppression, drain.
 //! - [`dedupe`] — the window of recently handled message ids.
@@ -30,15 +34,19 @@
 //! - [`signal`] — SIGTERM / Ctrl-C as a future.
 //! - [`metrics`] — handler latency, messages waiting for a slot and in flight.
 
+pub mod capability;
 pub mod client;
 pub mod config;
 pub mod dedupe;
 pub mod handler;
 pub mod metrics;
+pub mod models;
 pub mod runtime;
 pub mod signal;
 
+pub use capability::DescribedCapability;
 pub use client::{CallOptions, MeshClient};
 pub use config::AgentConfig;
-pub use handler::{Handler, HandlerContext, StreamHandler};
+pub use handler::{Handler, HandlerContext, ReplyMetadata, StreamHandler};
+pub use models::{ModelCallGuard, ModelLoad, ModelSlots};
 pub use runtime::{AgentError, AgentRuntime};

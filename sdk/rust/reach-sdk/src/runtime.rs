@@ -34,9 +34,11 @@ use tonic::transport::Channel;
 use tonic::{Code, Request, Response, Status, Streaming};
 use tracing::{Instrument, debug, info, info_span, warn};
 
+use crate::capability::DescribedCapability;
 use crate::config::AgentConfig;
 use crate::dedupe::DedupeCache;
-use crate::handler::{Handler, HandlerContext, StreamHandler};
+use crate::handler::{Handler, HandlerContext, ReplyMetadata, StreamHandler};
+use crate::models::ModelSlots;
 
 /// Why an agent could not run.
 #[derive(Debug, thiserror::Error)]
@@ -62,18 +64,31 @@ pub struct AgentRuntime {
     stream_handlers: HashMap<String, Arc<dyn StreamHandler>>,
     capabilities: Vec<Capability>,
     grpc_services: Vec<(String, AddService)>,
+    /// The model call slots (`config.model_slots` of them), shared with every handler.
+    model_slots: ModelSlots,
+    /// What is wrong with the described capabilities; [`AgentRuntime::start`] refuses them.
+    problems: Vec<String>,
 }
 
 impl AgentRuntime {
     /// A runtime with no handlers yet.
     pub fn new(config: AgentConfig) -> Self {
         Self {
+            model_slots: ModelSlots::new(config.model_slots),
             config,
             handlers: HashMap::new(),
             stream_handlers: HashMap::new(),
             capabilities: Vec::new(),
             grpc_services: Vec::new(),
+            problems: Vec::new(),
         }
+    }
+
+    /// This agent's model call slots (`AgentConfig::model_slots` of them; every
+    /// [`HandlerContext::model_slots`] is a clone): wrap each model call in
+    /// [`ModelSlots::acquire`], and heartbeats report the model's load.
+    pub fn model_slots(&self) -> ModelSlots {
+        self.model_slots.clone()
     }
 
     /// Serves one of the agent's own tonic services (for example
@@ -105,32 +120,73 @@ impl AgentRuntime {
     }
 
     /// Serves unary messages for `capability` (semver `version`) with `handler`.
-    pub fn handle(mut self, capability: &str, version: &str, handler: impl Handler) -> Self {
-        self.declare(capability, version);
+    pub fn handle(self, capability: &str, version: &str, handler: impl Handler) -> Self {
+        self.handle_described(DescribedCapability::new(capability, version), handler)
+    }
+
+    /// Serves unary messages for `capability` with `handler`, registering its description
+    /// and JSON Schemas (served by the registry's ListCapabilities). The registry refuses a
+    /// registration whose description or schemas are out of bounds (see
+    /// [`DescribedCapability`]).
+    pub fn handle_described(
+        mut self,
+        capability: DescribedCapability,
+        handler: impl Handler,
+    ) -> Self {
         self.handlers
-            .insert(capability.to_string(), Arc::new(handler));
+            .insert(capability.name.clone(), Arc::new(handler));
+        self.declare(capability);
+        self
+    }
+
+    /// Serves streams for `capability` with `handler`, registering its description and
+    /// schemas (as [`AgentRuntime::handle_described`]).
+    pub fn handle_stream_described(
+        mut self,
+        capability: DescribedCapability,
+        handler: impl StreamHandler,
+    ) -> Self {
+        self.stream_handlers
+            .insert(capability.name.clone(), Arc::new(handler));
+        self.declare(capability);
         self
     }
 
     /// Serves streams for `capability` (semver `version`) with `handler`.
     pub fn handle_stream(
-        mut self,
+        self,
         capability: &str,
         version: &str,
         handler: impl StreamHandler,
     ) -> Self {
-        self.declare(capability, version);
-        self.stream_handlers
-            .insert(capability.to_string(), Arc::new(handler));
-        self
+        self.handle_stream_described(DescribedCapability::new(capability, version), handler)
     }
 
-    fn declare(&mut self, capability: &str, version: &str) {
-        if !self.capabilities.iter().any(|c| c.name == capability) {
-            self.capabilities.push(Capability {
-                name: capability.to_string(),
-                version: version.to_string(),
-            });
+    /// Declares `capability` once: a unary and a stream handler of one name share it, the
+    /// first declaration's version stays, and a later one's non-empty description and
+    /// schemas fill in.
+    fn declare(&mut self, capability: DescribedCapability) {
+        if let Err(problem) = capability.check() {
+            self.problems.push(problem);
+        }
+        let declared = capability.to_proto();
+        match self
+            .capabilities
+            .iter_mut()
+            .find(|c| c.name == declared.name)
+        {
+            None => self.capabilities.push(declared),
+            Some(existing) => {
+                for (field, new) in [
+                    (&mut existing.description, declared.description),
+                    (&mut existing.input_schema, declared.input_schema),
+                    (&mut existing.output_schema, declared.output_schema),
+                ] {
+                    if !new.is_empty() {
+                        *field = new;
+                    }
+                }
+            }
         }
     }
 
@@ -156,13 +212,18 @@ impl AgentRuntime {
     /// instance's endpoint URL. [`AgentRuntime::run`] is `start` + wait + drain.
     ///
     /// # Errors
-    /// [`AgentError`] when the config is invalid or the listener address is unreadable.
+    /// [`AgentError`] when the config is invalid (also: a described capability over the
+    /// registry's bounds, see [`DescribedCapability::check`]) or the listener address is
+    /// unreadable.
     pub async fn start(
         self,
         listener: tokio::net::TcpListener,
     ) -> Result<(RunningAgent, String), AgentError> {
         let mut config = self.config;
         config.validate().map_err(AgentError::Config)?;
+        if let Some(problem) = self.problems.into_iter().next() {
+            return Err(AgentError::Config(problem));
+        }
         if config.instance_id.is_empty() {
             config.instance_id = format!(
                 "{}-{}",
@@ -191,6 +252,7 @@ impl AgentRuntime {
             permits: Semaphore::new(config.max_concurrency),
             max_message_bytes: config.max_message_bytes,
             in_flight: AtomicU32::new(0),
+            model_slots: self.model_slots.clone(),
             idle: Notify::new(),
             draining: AtomicBool::new(false),
             closing: CancellationToken::new(),
@@ -265,6 +327,7 @@ impl AgentRuntime {
                     (
                         move || shared.in_flight.load(Ordering::SeqCst),
                         config.max_concurrency,
+                        self.model_slots.clone(),
                     )
                 },
                 lease.clone(),
@@ -312,6 +375,11 @@ impl RunningAgent {
         self.shared.in_flight.load(Ordering::SeqCst)
     }
 
+    /// This instance's model call slots (see [`AgentRuntime::model_slots`]).
+    pub fn model_slots(&self) -> ModelSlots {
+        self.shared.model_slots.clone()
+    }
+
     /// Drains: reports DRAINING, refuses new messages, waits up to `max_drain` for in-flight
     /// work, deregisters and stops serving.
     ///
@@ -326,11 +394,14 @@ impl RunningAgent {
         let lease = self.lease.lock().await.clone();
         let mut registry = self.registry;
         if let Some(lease_id) = &lease {
+            let models = self.shared.model_slots.load();
             let report = HeartbeatRequest {
                 instance_id: instance.to_string(),
                 lease_id: lease_id.clone(),
                 state: InstanceState::Draining as i32,
                 in_flight: self.shared.in_flight.load(Ordering::SeqCst),
+                model_calls_in_flight: models.in_flight,
+                model_slots_free: models.free,
             };
             if let Err(status) = registry.heartbeat(report).await {
                 warn!(instance = %instance, error = %status.message(), "could not report draining");
@@ -381,12 +452,13 @@ const SERVER_GRACE_AFTER_DRAIN: Duration = Duration::from_secs(1);
 ///
 /// `registry` is any gRPC transport (a [`Channel`] in production, the registry service itself
 /// in tests); `in_flight` reads the messages being handled now, reported in each heartbeat
-/// (BUSY at `max_concurrency`).
+/// (BUSY at `max_concurrency`), with the model load of `models` (BUSY while every model slot
+/// is taken; a change into or out of that sends a heartbeat at once).
 async fn keep_registered<T>(
     mut registry: RegistryServiceClient<T>,
     spec: InstanceSpec,
     lease_ttl: Duration,
-    (in_flight, max_concurrency): (impl Fn() -> u32, usize),
+    (in_flight, max_concurrency, models): (impl Fn() -> u32, usize, ModelSlots),
     lease: Arc<tokio::sync::Mutex<Option<String>>>,
     stop: CancellationToken,
 ) where
@@ -429,9 +501,11 @@ async fn keep_registered<T>(
             tokio::select! {
                 _ = stop.cancelled() => return,
                 _ = tokio::time::sleep(period) => {}
+                () = models.changed() => {}
             }
             let in_flight = in_flight();
-            let state = if in_flight as usize >= max_concurrency {
+            let model_load = models.load();
+            let state = if in_flight as usize >= max_concurrency || model_load.saturated() {
                 InstanceState::Busy
             } else {
                 InstanceState::Ready
@@ -441,6 +515,8 @@ async fn keep_registered<T>(
                 lease_id: response.lease_id.clone(),
                 state: state as i32,
                 in_flight,
+                model_calls_in_flight: model_load.in_flight,
+                model_slots_free: model_load.free,
             };
             match registry.heartbeat(beat).await {
                 Ok(response) if response.get_ref().state() == InstanceState::Draining => {
@@ -482,6 +558,8 @@ struct Shared {
     /// The largest message taken or sent (bytes), per call on every RPC.
     max_message_bytes: usize,
     in_flight: AtomicU32,
+    /// The model call slots, reported with each heartbeat and handed to every handler.
+    model_slots: ModelSlots,
     idle: Notify,
     draining: AtomicBool,
     /// Cancelled when draining begins: multiplexed streams stop reading calls, answer what
@@ -527,6 +605,9 @@ impl Shared {
             trace_id: header.trace_id,
             task_id: header.task_id,
             message_id: header.message_id,
+            turn: header.turn,
+            reply_metadata: ReplyMetadata::default(),
+            model_slots: self.model_slots.clone(),
             capability,
             deadline,
             cancellation: CancellationToken::new(),
@@ -575,8 +656,14 @@ impl Shared {
         })
     }
 
-    /// The reply envelope for `payload`, answering `request`.
-    fn reply(&self, request_header: &Header, payload: Payload) -> ReachMessage {
+    /// The reply envelope for `payload`, answering `request`, with the handler's reply
+    /// header `metadata`.
+    fn reply(
+        &self,
+        request_header: &Header,
+        payload: Payload,
+        metadata: HashMap<String, String>,
+    ) -> ReachMessage {
         ReachMessage {
             header: Some(Header {
                 message_id: trace::new_message_id(),
@@ -587,6 +674,7 @@ impl Shared {
                 created_at: Some(reach_rpc::time::now()),
                 correlation_id: request_header.message_id.clone(),
                 turn: request_header.turn.saturating_add(1),
+                metadata,
                 ..Header::default()
             }),
             payload: Some(payload),
@@ -732,8 +820,9 @@ async fn handle_message(
                 };
                 let outcome = async {
                     let request_header = message.header.clone().unwrap_or_default();
+                    let reply_metadata = ctx.reply_metadata.clone();
                     let payload = handler.handle(ctx, message).await?;
-                    let reply = shared.reply(&request_header, payload);
+                    let reply = shared.reply(&request_header, payload, reply_metadata.take());
                     let size = reply.encoded_len();
                     if size > shared.max_message_bytes {
                         return Err(too_large("reply", size, shared.max_message_bytes));
@@ -917,13 +1006,14 @@ impl AgentService for AgentGrpc {
         let guard = self.shared.enter();
         let cancel_on_drop = ctx.cancellation.clone().drop_guard();
         let shared = self.shared.clone();
+        let reply_metadata = ctx.reply_metadata.clone();
         let replies = handler.handle(ctx, first, rest).map(move |item| {
             // Keep the stream counted and its cancellation armed for as long as it lives.
             let _ = (&guard, &cancel_on_drop);
             item.map(|payload| {
                 let answering = answering.lock().unwrap_or_else(|p| p.into_inner());
                 HandleStreamResponse {
-                    message: Some(shared.reply(&answering, payload)),
+                    message: Some(shared.reply(&answering, payload, reply_metadata.take())),
                 }
             })
         });
@@ -1078,6 +1168,13 @@ mod tests {
         ) -> Result<Response<Self::WatchStream>, Status> {
             Err(Status::unimplemented("not used by the loop"))
         }
+
+        async fn list_capabilities(
+            &self,
+            _: Request<reach_proto::v1::ListCapabilitiesRequest>,
+        ) -> Result<Response<reach_proto::v1::ListCapabilitiesResponse>, Status> {
+            Err(Status::unimplemented("not used by the loop"))
+        }
     }
 
     /// Runs the loop against `registry` for `run_for` of paused time with `in_flight` messages
@@ -1093,7 +1190,7 @@ mod tests {
             RegistryServiceClient::new(RegistryServiceServer::new(registry.clone())),
             spec,
             Duration::from_secs(10),
-            (move || in_flight, 4),
+            (move || in_flight, 4, ModelSlots::default()),
             Arc::default(),
             stop.clone(),
         ));
@@ -1127,6 +1224,42 @@ mod tests {
         assert_eq!(
             registry.seen()[1],
             Seen::Heartbeat(100, InstanceState::Busy, 4)
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn full_model_slots_report_busy_at_once_and_free_ones_ready() {
+        let registry = FakeRegistry::new(&[]);
+        let spec = InstanceSpec {
+            service: "a".into(),
+            instance_id: "a-1".into(),
+            ..Default::default()
+        };
+        let slots = ModelSlots::new(1);
+        let stop = CancellationToken::new();
+        let task = tokio::spawn(keep_registered(
+            RegistryServiceClient::new(RegistryServiceServer::new(registry.clone())),
+            spec,
+            Duration::from_secs(10),
+            (|| 1, 4, slots.clone()),
+            Arc::default(),
+            stop.clone(),
+        ));
+        tokio::time::sleep(Duration::from_millis(30)).await;
+        // The only slot is taken at 30 ms: a heartbeat goes at once, not at 100 ms.
+        let guard = slots.acquire().await;
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        drop(guard);
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        stop.cancel();
+        task.await.unwrap();
+        assert_eq!(
+            registry.seen(),
+            [
+                Seen::Register(0),
+                Seen::Heartbeat(30, InstanceState::Busy, 1),
+                Seen::Heartbeat(40, InstanceState::Ready, 1),
+            ]
         );
     }
 

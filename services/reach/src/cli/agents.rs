@@ -35,6 +35,8 @@ pub async fn agents(endpoint: &str, json: bool, out: &mut impl Write) -> anyhow:
                     "instance_id": spec.instance_id,
                     "state": i.state().as_str_name().trim_start_matches("INSTANCE_STATE_"),
                     "in_flight": i.in_flight,
+                    "model_calls_in_flight": i.model_calls_in_flight,
+                    "model_slots_free": i.model_slots_free,
                     "max_concurrency": spec.max_concurrency,
                     "endpoint": spec.endpoint,
                     "capabilities": spec.capabilities.iter().map(|c| format!("{}@{}", c.name, c.version)).collect::<Vec<_>>(),
@@ -52,6 +54,7 @@ pub async fn agents(endpoint: &str, json: bool, out: &mut impl Write) -> anyhow:
             "INSTANCE",
             "STATE",
             "LOAD",
+            "MODEL",
             "ENDPOINT",
             "CAPABILITIES",
             "LEASE",
@@ -76,6 +79,7 @@ pub async fn agents(endpoint: &str, json: bool, out: &mut impl Write) -> anyhow:
                 .trim_start_matches("INSTANCE_STATE_")
                 .to_string(),
             format!("{}/{}", i.in_flight, spec.max_concurrency),
+            model_load(i),
             spec.endpoint,
             spec.capabilities
                 .iter()
@@ -93,4 +97,20 @@ pub async fn agents(endpoint: &str, json: bool, out: &mut impl Write) -> anyhow:
         list.revision
     )?;
     Ok(())
+}
+
+/// Model calls in flight / in flight + free (`2/4`), or `-` for an instance that reports no
+/// model load.
+fn model_load(instance: &reach_proto::v1::Instance) -> String {
+    if instance.model_calls_in_flight == 0 && instance.model_slots_free == 0 {
+        "-".to_string()
+    } else {
+        format!(
+            "{}/{}",
+            instance.model_calls_in_flight,
+            instance
+                .model_calls_in_flight
+                .saturating_add(instance.model_slots_free)
+        )
+    }
 }

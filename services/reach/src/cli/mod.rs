@@ -3,6 +3,7 @@
 //!
 //! # Layout
 //! - [`agents`] — `reach agents`: the registered instances.
+//! - [`capabilities`] — `reach capabilities`: the capability descriptors the registry serves.
 //! - [`flow`] — `reach flow validate | apply | list`.
 //! - [`task`] — `reach task start | get | list | resume | cancel | retry | watch | dead-letters`.
 //! - [`dump`] — `reach dump --task ID`: a task's messages and events in time order.
@@ -11,6 +12,7 @@
 //! invalid flow); [`CliError`] is for transport problems (unreachable endpoint, gRPC errors).
 
 pub mod agents;
+pub mod capabilities;
 pub mod dump;
 pub mod flow;
 pub mod task;
@@ -21,6 +23,7 @@ use serde_json::Value;
 pub(crate) use reach_orchestrator::json::{status_name, timestamp as fmt_ts};
 
 pub use agents::agents;
+pub use capabilities::{CapabilitiesArgs, capabilities};
 pub use dump::{DumpArgs, dump};
 pub use flow::{FlowArgs, FlowCommand, flow};
 pub use task::{TaskArgs, TaskCommand, task};

@@ -336,6 +336,7 @@ mod tests {
         let capability = |name: String| reach_proto::v1::Capability {
             name,
             version: "1.0.0".to_string(),
+            ..Default::default()
         };
         Instance {
             spec: Some(InstanceSpec {

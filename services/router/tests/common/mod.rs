@@ -197,6 +197,7 @@ pub fn register(
             .map(|(name, version)| Capability {
                 name: (*name).into(),
                 version: (*version).into(),
+                ..Default::default()
             })
             .collect(),
         protocol_version: "1.0".into(),
