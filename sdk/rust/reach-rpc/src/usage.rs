@@ -45,14 +45,21 @@ impl TokenUsage {
             return;
         }
         metadata.insert(INPUT_TOKENS_KEY.to_string(), self.input_tokens.to_string());
-        metadata.insert(OUTPUT_TOKENS_KEY.to_string(), self.output_tokens.to_string());
+        metadata.insert(
+            OUTPUT_TOKENS_KEY.to_string(),
+            self.output_tokens.to_string(),
+        );
         metadata.insert(MODEL_CALLS_KEY.to_string(), self.model_calls.to_string());
     }
 
     /// Reads the usage from header metadata: `None` when no key is present. A value that is
     /// not a decimal `u64` counts as 0 (it is an agent's report, not an order).
     pub fn read(metadata: &HashMap<String, String>) -> Option<TokenUsage> {
-        let field = |key: &str| metadata.get(key).map(|v| v.trim().parse::<u64>().unwrap_or(0));
+        let field = |key: &str| {
+            metadata
+                .get(key)
+                .map(|v| v.trim().parse::<u64>().unwrap_or(0))
+        };
         let (input, output, calls) = (
             field(INPUT_TOKENS_KEY),
             field(OUTPUT_TOKENS_KEY),
