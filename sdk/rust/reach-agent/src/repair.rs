@@ -12,8 +12,8 @@
 //!      required (double-encoded arguments); a number or boolean where a string is required;
 //!    - `enum`: a string matching exactly one enum value after trimming or ignoring ASCII
 //!      case (`"CELSIUS"` → `"celsius"`); none or several matches: no repair;
-//!    - `format`, `pattern`, `minLength`, `maxLength`, `const`: surrounding whitespace
-//!      trimmed;
+//!    - `const`: as `enum` with one value;
+//!    - `format`, `pattern`, `minLength`, `maxLength`: surrounding whitespace trimmed;
 //!    - `anyOf` / `oneOf`: the repairs above against each branch, kept when exactly one
 //!      branch then accepts the value;
 //!
@@ -234,9 +234,11 @@ impl ArgumentSchema {
     pub fn repair(&self, mut value: Value) -> Result<Prepared, InvalidArguments> {
         let mut repairs = Vec::new();
         let root = self.schema.as_ref();
-        fill_defaults(root, root, &mut value, "", &mut repairs, 0);
         let mut round = 0;
         loop {
+            // Again after each round: a repaired value (a decoded JSON string) may lack
+            // defaulted properties.
+            fill_defaults(root, root, &mut value, "", &mut repairs, 0);
             let failures: Vec<Failure> = self
                 .validator
                 .iter_errors(&value)
@@ -465,13 +467,14 @@ fn coerce(root: &Value, node: &Value, value: &Value, keyword: &str) -> Option<(V
     match keyword {
         "type" => coerce_type(node.get("type")?, value),
         "enum" => match_enum(node.get("enum")?.as_array()?, value),
-        "format" | "pattern" | "minLength" | "maxLength" | "const" => trim(value),
+        "const" => match_enum(std::slice::from_ref(node.get("const")?), value),
+        "format" | "pattern" | "minLength" | "maxLength" => trim(value),
         "anyOf" | "oneOf" => {
             let branches = node.get(keyword)?.as_array()?;
             let mut accepted: Vec<(Value, RepairKind)> = Vec::new();
             for branch in branches {
                 let branch = follow_ref(root, branch);
-                let candidate = ["type", "enum", "format"]
+                let candidate = ["type", "enum", "const", "format"]
                     .into_iter()
                     .filter(|k| branch.get(*k).is_some())
                     .find_map(|k| coerce(root, branch, value, k));

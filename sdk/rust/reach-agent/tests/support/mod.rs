@@ -1,0 +1,7 @@
+//! Test support: a local server speaking the OpenAI chat-completions wire format, and a
+//! tracing layer that records spans.
+
+#![allow(dead_code)]
+
+pub mod openai_server;
+pub mod spans;
