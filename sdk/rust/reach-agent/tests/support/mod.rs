@@ -3,5 +3,6 @@
 
 #![allow(dead_code)]
 
+pub mod mesh;
 pub mod openai_server;
 pub mod spans;
