@@ -32,7 +32,8 @@ pub struct ModelConfig {
     /// The API base URL; requests go to `{base_url}/chat/completions`.
     pub base_url: String,
     /// The bearer token (`Authorization: Bearer ...`); empty sends none. Write
-    /// `"${OPENAI_API_KEY}"` in files.
+    /// `"${OPENAI_API_KEY}"` in files. Never serialised (a dumped config leaves it out).
+    #[serde(skip_serializing)]
     pub api_key: String,
     /// The model to ask for (`gen_ai.request.model`).
     pub model: String,

@@ -552,7 +552,15 @@ impl ModelProvider for OpenAiProvider {
                 .is_some_and(|v| v.starts_with("text/event-stream"));
             if !is_sse {
                 // Some servers ignore `stream` and answer with one completion.
-                let bytes = read_body(response, deadline, self.config.max_response_bytes).await?;
+                let bytes = read_body(response, deadline, self.config.max_response_bytes)
+                    .await
+                    .map_err(|e| match e {
+                        ModelError::Timeout { .. } => ModelError::Timeout {
+                            timeout,
+                            attempts: 1,
+                        },
+                        other => other,
+                    })?;
                 let deltas = crate::provider::response_deltas(parse_completion(&bytes)?);
                 return Ok(futures::stream::iter(deltas.into_iter().map(Ok)).boxed());
             }

@@ -291,3 +291,28 @@ async fn repeated_system_text_is_sent_once() {
     let sent = &model.requests()[0].messages;
     assert_eq!(sent.iter().filter(|m| m.role == Role::System).count(), 1);
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_tool_past_the_runs_deadline_is_a_timeout_for_the_model() {
+    #[derive(serde::Deserialize, schemars::JsonSchema)]
+    struct Args {}
+    let slow = Tool::from_fn::<Args, Value, _, _>(
+        "slow.op",
+        "Takes a minute.",
+        |_: Args, _ctx: ToolContext| async move {
+            tokio::time::sleep(std::time::Duration::from_secs(60)).await;
+            Ok(json!("late"))
+        },
+    )
+    .unwrap();
+    let model = ScriptedProvider::new([Step::tool_call("slow.op", "{}"), Step::reply("gave up")]);
+    let agent = Agent::new(model.shared(), ToolRegistry::new().with(slow).unwrap());
+    let ctx = RunContext {
+        deadline: Some(tokio::time::Instant::now() + std::time::Duration::from_secs(5)),
+        ..RunContext::default()
+    };
+    let outcome = agent.run(ctx, "do the slow thing").await.unwrap();
+    let error = outcome.tool_calls[0].result.error.as_ref().unwrap();
+    assert_eq!(error.code, ToolErrorCode::Timeout);
+    assert_eq!(outcome.answer, "gave up");
+}

@@ -322,3 +322,49 @@ async fn an_oversized_or_malformed_response_is_a_bad_response() {
         Some("MODEL_BAD_RESPONSE")
     );
 }
+
+#[tokio::test]
+async fn a_streaming_agent_repairs_arguments_split_across_chunks() {
+    let chunk = |delta: Value, finish: Value| json!({"model": "test-model-2026", "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]});
+    let tool_events = vec![
+        chunk(
+            json!({"tool_calls": [{"index": 0, "id": "call_s", "type": "function",
+                   "function": {"name": "weather__forecast", "arguments": "{'city': 'Ro"}}]}),
+            Value::Null,
+        ),
+        chunk(
+            json!({"tool_calls": [{"index": 0, "function": {"arguments": "me', 'days': 1.0}"}}]}),
+            Value::Null,
+        ),
+        chunk(json!({}), json!("tool_calls")),
+        json!({"choices": [], "usage": {"prompt_tokens": 9, "completion_tokens": 4}}),
+    ];
+    let text_events = vec![
+        chunk(json!({"content": "Sunny "}), Value::Null),
+        chunk(json!({"content": "in Rome."}), json!("stop")),
+        json!({"choices": [], "usage": {"prompt_tokens": 20, "completion_tokens": 3}}),
+    ];
+    let server =
+        FakeOpenAi::start(vec![Reply::Sse(tool_events, 5), Reply::Sse(text_events, 3)]).await;
+    let provider = OpenAiProvider::new(config(&server)).unwrap();
+    let agent = Agent::new(
+        std::sync::Arc::new(provider),
+        ToolRegistry::new().with(weather_tool()).unwrap(),
+    )
+    .streaming(true);
+    let outcome = agent
+        .run(RunContext::default(), "Rome tomorrow?")
+        .await
+        .unwrap();
+    assert_eq!(outcome.answer, "Sunny in Rome.");
+    let result = &outcome.tool_calls[0].result;
+    assert_eq!(
+        result.data.as_ref().unwrap()["days"],
+        json!(1),
+        "{result:?}"
+    );
+    assert_eq!(
+        (outcome.usage.input_tokens, outcome.usage.output_tokens),
+        (29, 7)
+    );
+}
