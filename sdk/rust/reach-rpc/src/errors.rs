@@ -57,6 +57,24 @@ pub mod reason {
     /// rewriting the instance's reply.
     pub const ADAPTER_FAILED: &str = "ADAPTER_FAILED";
 
+    // === agent kit (reach-agent): model calls ===
+    // Metadata keys, where present: `http_status`, `attempts`, `timeout_ms`.
+
+    /// The model server answered 429 on every attempt (retries honour `Retry-After`):
+    /// RESOURCE_EXHAUSTED, with a RetryInfo when the server sent `Retry-After`.
+    pub const MODEL_RATE_LIMITED: &str = "MODEL_RATE_LIMITED";
+    /// The model did not answer within the configured timeout: DEADLINE_EXCEEDED.
+    pub const MODEL_TIMEOUT: &str = "MODEL_TIMEOUT";
+    /// The model server answered something that is not a usable chat completion (malformed
+    /// JSON, no choices, over the response size limit): UNAVAILABLE.
+    pub const MODEL_BAD_RESPONSE: &str = "MODEL_BAD_RESPONSE";
+    /// The model server could not be reached or answered 5xx on every attempt: UNAVAILABLE.
+    pub const MODEL_UNAVAILABLE: &str = "MODEL_UNAVAILABLE";
+    /// The model server refused the request with a 4xx other than 429 (not retried):
+    /// INVALID_ARGUMENT (400, 413, 422), UNAUTHENTICATED (401), PERMISSION_DENIED (403),
+    /// NOT_FOUND (404), FAILED_PRECONDITION otherwise.
+    pub const MODEL_REFUSED: &str = "MODEL_REFUSED";
+
     // === orchestrator (reach-orchestrator) ===
     // Metadata keys, where present: `task_id`, `flow_id`, `flow_version`, `node_id`, `status`.
 

@@ -83,6 +83,22 @@ pub mod names {
     pub const SDK_QUEUE_DEPTH: &str = "reach_sdk_queue_depth";
     /// Gauge `{capability}`: messages being handled now.
     pub const SDK_IN_FLIGHT: &str = "reach_sdk_in_flight";
+    /// Counter `{model, type}`: tokens model calls spent (`type`: `input` or `output`), from
+    /// the agent kit (OpenTelemetry GenAI `gen_ai.client.token.usage`, as a counter).
+    pub const GEN_AI_TOKEN_USAGE: &str = "reach_gen_ai_client_token_usage_total";
+    /// Histogram `{model}`: model call latency, seconds, with [`super::HANDLER_BUCKETS`]
+    /// (OpenTelemetry GenAI `gen_ai.client.operation.duration`).
+    pub const GEN_AI_OPERATION_DURATION: &str = "reach_gen_ai_client_operation_duration_seconds";
+    /// Counter `{model}`: model calls made (each may take several HTTP attempts).
+    pub const GEN_AI_CALLS: &str = "reach_gen_ai_client_calls_total";
+    /// Counter `{model, error_type}`: model calls that failed, by ErrorInfo reason in lower
+    /// case (`model_timeout`, `model_rate_limited`, ...).
+    pub const GEN_AI_ERRORS: &str = "reach_gen_ai_client_errors_total";
+    /// Counter `{model, reason}`: HTTP attempts to a model server that were retried
+    /// (`reason`: `rate_limited`, `server_error`, `connect`).
+    pub const GEN_AI_RETRIES: &str = "reach_gen_ai_client_retries_total";
+    /// Counter `{tool, status}`: tool calls the agent kit ran (`status`: `ok` or `error`).
+    pub const AGENT_TOOL_CALLS: &str = "reach_agent_tool_calls_total";
     /// Counter `{reason}`: finished spans that were never exported: `queue_full` (the export
     /// queue, `OTEL_BSP_MAX_QUEUE_SIZE`, was full when the span ended), `export_failed` (the
     /// collector refused the batch, could not be reached, or did not answer within the export
@@ -119,6 +135,12 @@ pub fn install() -> Result<PrometheusHandle, MetricsError> {
                 .and_then(|b| {
                     b.set_buckets_for_metric(
                         Matcher::Full(names::SDK_HANDLER_DURATION.to_string()),
+                        HANDLER_BUCKETS,
+                    )
+                })
+                .and_then(|b| {
+                    b.set_buckets_for_metric(
+                        Matcher::Full(names::GEN_AI_OPERATION_DURATION.to_string()),
                         HANDLER_BUCKETS,
                     )
                 })
@@ -184,6 +206,16 @@ fn describe() {
     describe_histogram!(SDK_HANDLER_DURATION, Unit::Seconds, "agent handler latency");
     describe_gauge!(SDK_QUEUE_DEPTH, "messages waiting for a handler slot");
     describe_gauge!(SDK_IN_FLIGHT, "messages being handled");
+    describe_counter!(GEN_AI_TOKEN_USAGE, "tokens model calls spent");
+    describe_histogram!(
+        GEN_AI_OPERATION_DURATION,
+        Unit::Seconds,
+        "model call latency"
+    );
+    describe_counter!(GEN_AI_CALLS, "model calls made");
+    describe_counter!(GEN_AI_ERRORS, "model calls that failed");
+    describe_counter!(GEN_AI_RETRIES, "model server attempts retried");
+    describe_counter!(AGENT_TOOL_CALLS, "tool calls the agent kit ran");
     describe_counter!(TELEMETRY_SPANS_DROPPED, "finished spans never exported");
     describe_gauge!(
         reach_rpc::limits::OPEN_CONNECTIONS,

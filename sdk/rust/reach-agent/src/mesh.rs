@@ -1,0 +1,221 @@
+//! Tools are capabilities: mesh tools call a capability through the router
+//! ([`mesh_tool`]), and [`serve_tools`] serves a registry's tools as capabilities.
+//!
+//! **Wire shapes.** A mesh tool sends a payload of type [`TOOL_CALL_TYPE`] with one `data`
+//! part holding the (validated, repaired) arguments object. A capability served by
+//! [`serve_tools`] answers with a payload of type [`TOOL_RESULT_TYPE`] whose data part is the
+//! normalised [`ToolResult`] — `ok` or `error` (invalid arguments with their pointers, the
+//! tool's own failure) — so a model sees the same structure whether a tool ran here or on
+//! another agent. A reply of any other type is read as data: its first data part (else its
+//! first text part as a string, else `null`). A failed call's status becomes a tool error
+//! ([`ToolError::from_status`]).
+//!
+//! **Traces.** The tool context carries the agent's trace id, task id and deadline; the
+//! call is made inside the `tool.call` span, so the client's `mesh.call` span (and the
+//! router's and the serving agent's after it) are its children, in the task's trace.
+//!
+//! **Discovery hook.** [`MeshToolSpec`] is what capability discovery will produce (a
+//! registration's description and schemas, served by the registry's `ListCapabilities`):
+//! [`mesh_tools`] turns a list of them into tools.
+
+use std::time::Duration;
+
+use reach_proto::v1::{Payload, ReachMessage};
+use reach_sdk::{AgentRuntime, CallOptions, HandlerContext, MeshClient};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use crate::result::{ToolError, ToolResult};
+use crate::tool::{Tool, ToolContext, ToolDefinitionError, ToolRegistry};
+
+/// The payload type of a tool call sent to a capability.
+pub const TOOL_CALL_TYPE: &str = "reach.tool_call";
+/// The payload type of a normalised tool result.
+pub const TOOL_RESULT_TYPE: &str = "reach.tool_result";
+
+/// A capability offered to a model as a tool.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct MeshToolSpec {
+    /// The capability (dotted; the tool's function name maps dots to `__`).
+    pub capability: String,
+    /// What it does, when to use it and when not.
+    pub description: String,
+    /// The JSON Schema of its arguments.
+    pub input_schema: Value,
+    /// The JSON Schema of its result, when declared.
+    #[serde(default)]
+    pub output_schema: Option<Value>,
+    /// A semver requirement on the capability version, when set.
+    #[serde(default)]
+    pub version: Option<String>,
+    /// The longest one call may take (the agent's deadline applies too).
+    #[serde(default, with = "humantime_serde")]
+    pub timeout: Option<Duration>,
+}
+
+impl MeshToolSpec {
+    /// A spec with no version requirement and no timeout of its own.
+    pub fn new(
+        capability: impl Into<String>,
+        description: impl Into<String>,
+        input_schema: Value,
+        output_schema: Option<Value>,
+    ) -> Self {
+        Self {
+            capability: capability.into(),
+            description: description.into(),
+            input_schema,
+            output_schema,
+            version: None,
+            timeout: None,
+        }
+    }
+}
+
+/// A tool calling `capability` through the router with `client`.
+///
+/// # Errors
+/// [`ToolDefinitionError`] for a capability name that cannot be a function name, or an
+/// invalid schema.
+pub fn mesh_tool(
+    client: MeshClient,
+    capability: &str,
+    description: &str,
+    input_schema: Value,
+    output_schema: Option<Value>,
+) -> Result<Tool, ToolDefinitionError> {
+    mesh_tool_from_spec(
+        client,
+        MeshToolSpec::new(capability, description, input_schema, output_schema),
+    )
+}
+
+/// A tool from a [`MeshToolSpec`].
+///
+/// # Errors
+/// As [`mesh_tool`].
+pub fn mesh_tool_from_spec(
+    client: MeshClient,
+    spec: MeshToolSpec,
+) -> Result<Tool, ToolDefinitionError> {
+    let capability = spec.capability.clone();
+    let version = spec.version.clone();
+    let own_timeout = spec.timeout;
+    Tool::dynamic(
+        spec.capability,
+        spec.description,
+        spec.input_schema,
+        spec.output_schema,
+        move |arguments: Value, ctx: ToolContext| {
+            let client = client.clone();
+            let capability = capability.clone();
+            let version = version.clone();
+            async move {
+                let timeout = match (ctx.remaining(), own_timeout) {
+                    (Some(a), Some(b)) => Some(a.min(b)),
+                    (a, b) => a.or(b),
+                };
+                let options = CallOptions {
+                    timeout,
+                    trace_id: (!ctx.trace_id.is_empty()).then(|| ctx.trace_id.clone()),
+                    task_id: (!ctx.task_id.is_empty()).then(|| ctx.task_id.clone()),
+                    capability_version: version,
+                    message_id: None,
+                };
+                let payload = Payload::json(TOOL_CALL_TYPE, &arguments);
+                let response = client
+                    .call(&capability, payload, options)
+                    .await
+                    .map_err(|status| ToolError::from_status(&status))?;
+                reply_data(response.message.and_then(|m| m.payload))
+            }
+        },
+    )
+}
+
+/// Tools for every spec (what discovery produces), into `registry`.
+///
+/// # Errors
+/// The first spec that cannot be a tool, or a duplicate name.
+pub fn mesh_tools(
+    client: &MeshClient,
+    specs: impl IntoIterator<Item = MeshToolSpec>,
+    registry: &mut ToolRegistry,
+) -> Result<(), ToolDefinitionError> {
+    for spec in specs {
+        registry.add(mesh_tool_from_spec(client.clone(), spec)?)?;
+    }
+    Ok(())
+}
+
+/// The data of a capability's reply (see the module docs).
+fn reply_data(payload: Option<Payload>) -> Result<Value, ToolError> {
+    let Some(payload) = payload else {
+        return Ok(Value::Null);
+    };
+    if payload.r#type == TOOL_RESULT_TYPE {
+        let value = payload.first_json().unwrap_or(Value::Null);
+        let result: ToolResult = serde_json::from_value(value).map_err(|e| {
+            ToolError::failed(format!("the capability's tool result is malformed: {e}"))
+        })?;
+        return match (result.data, result.error) {
+            (_, Some(error)) => Err(error),
+            (Some(data), None) => Ok(data),
+            (None, None) => Ok(Value::Null),
+        };
+    }
+    if let Some(value) = payload.first_json() {
+        return Ok(value);
+    }
+    Ok(payload
+        .first_text()
+        .map_or(Value::Null, |t| Value::String(t.to_string())))
+}
+
+/// Serves every tool of `registry` as a capability of version `1.0.0` on `runtime`.
+///
+/// Each handler reads the request's first data part (or its first text part, read
+/// leniently as argument text), validates and repairs it against the tool's schema, runs
+/// the tool with the message's trace, task and deadline, and answers with the normalised
+/// result ([`TOOL_RESULT_TYPE`]).
+pub fn serve_tools(runtime: AgentRuntime, registry: &ToolRegistry) -> AgentRuntime {
+    serve_tools_as(runtime, registry, "1.0.0")
+}
+
+/// [`serve_tools`] with capability version `version`.
+pub fn serve_tools_as(
+    mut runtime: AgentRuntime,
+    registry: &ToolRegistry,
+    version: &str,
+) -> AgentRuntime {
+    for tool in registry.iter() {
+        let tool = tool.clone();
+        let capability = tool.name().to_string();
+        runtime = runtime.handle(
+            &capability,
+            version,
+            move |ctx: HandlerContext, message: ReachMessage| {
+                let tool = tool.clone();
+                async move {
+                    let tool_ctx = ToolContext {
+                        trace_id: ctx.trace_id.clone(),
+                        task_id: ctx.task_id.clone(),
+                        deadline: ctx.deadline,
+                        call_id: ctx.message_id.clone(),
+                        tool: tool.name().to_string(),
+                    };
+                    let payload = message.payload.unwrap_or_default();
+                    let result = match payload.first_json() {
+                        Some(value) => tool.call_value(value, tool_ctx).await,
+                        None => {
+                            let text = payload.first_text().unwrap_or_default().to_string();
+                            tool.call(&text, tool_ctx).await
+                        }
+                    };
+                    Ok(Payload::json(TOOL_RESULT_TYPE, &result.to_json()))
+                }
+            },
+        );
+    }
+    runtime
+}
