@@ -393,6 +393,31 @@ pub fn markdown_table(heading: &str, key: &str, value: &str, groups: &[Group]) -
     out
 }
 
+/// The complaint report as Markdown: the total, the date range, and complaints by issue,
+/// by company and by state (each group list as [`aggregate`] returns it).
+pub fn complaint_report(
+    source: &str,
+    total: usize,
+    first: &str,
+    last: &str,
+    by_issue: &[Group],
+    by_company: &[Group],
+    by_state: &[Group],
+) -> String {
+    let mut out = format!(
+        "# Complaint report\n\n{total} complaints from `{source}`, received {first} to {last}.\n\n"
+    );
+    out.push_str(&markdown_table("By issue", "Issue", "Complaints", by_issue));
+    out.push_str(&markdown_table(
+        "By company",
+        "Company",
+        "Complaints",
+        by_company,
+    ));
+    out.push_str(&markdown_table("By state", "State", "Complaints", by_state));
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
