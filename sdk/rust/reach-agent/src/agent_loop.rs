@@ -52,6 +52,15 @@ pub struct RunContext {
     pub task_id: String,
     /// When the run must end.
     pub deadline: Option<Instant>,
+    /// The envelope `turn` of the message that started the run (0 for a run that no
+    /// message started). A mesh call made in loop turn `n` carries `turn + n`, so a
+    /// conversation that passes from agent to agent keeps counting, and the router's
+    /// `max_turn` stops one that loops ([`reach_rpc::errors::reason::TURN_LIMIT_EXCEEDED`]).
+    pub turn: u32,
+    /// The agent's model slots: each model call holds one, so the registry (and the
+    /// router's balancing) sees how many model calls run and how many more could start.
+    /// `None`: calls are not counted.
+    pub model_slots: Option<reach_sdk::ModelSlots>,
 }
 
 impl RunContext {
@@ -70,6 +79,8 @@ impl From<&reach_sdk::HandlerContext> for RunContext {
             trace_id: ctx.trace_id.clone(),
             task_id: ctx.task_id.clone(),
             deadline: ctx.deadline,
+            turn: ctx.turn,
+            model_slots: Some(ctx.model_slots.clone()),
         }
     }
 }
@@ -349,8 +360,14 @@ impl Agent {
                 parallel_tool_calls: (self.one_tool_per_step && !specs.is_empty()).then_some(false),
                 ..ChatRequest::default()
             };
-            let call =
-                crate::gen_ai::observed_chat(self.provider.as_ref(), request, self.streaming);
+            let call = async {
+                // Waiting for a free slot is part of the call (and of its deadline).
+                let _slot = match &ctx.model_slots {
+                    Some(slots) => Some(slots.acquire().await),
+                    None => None,
+                };
+                crate::gen_ai::observed_chat(self.provider.as_ref(), request, self.streaming).await
+            };
             let response = match ctx.deadline {
                 Some(deadline) => tokio::time::timeout_at(deadline, call)
                     .await
@@ -378,7 +395,7 @@ impl Agent {
             }
             let calls = message.tool_calls.clone();
             messages.push(message);
-            let results = self.run_tools(&ctx, &trace_id, &calls).await;
+            let results = self.run_tools(&ctx, &trace_id, turns, &calls).await;
             for (call, result) in calls.into_iter().zip(results) {
                 messages.push(ChatMessage::tool(
                     call.id.clone(),
@@ -441,6 +458,7 @@ impl Agent {
         &self,
         ctx: &RunContext,
         trace_id: &str,
+        turn: u32,
         calls: &[ToolCall],
     ) -> Vec<ToolResult> {
         let run_one = |call: &ToolCall| {
@@ -448,6 +466,7 @@ impl Agent {
                 trace_id: trace_id.to_string(),
                 task_id: ctx.task_id.clone(),
                 deadline: ctx.deadline,
+                turn: ctx.turn.saturating_add(turn),
                 call_id: call.id.clone(),
                 tool: crate::tool::capability_name(&call.name),
             };

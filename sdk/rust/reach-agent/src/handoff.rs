@@ -154,6 +154,7 @@ pub fn handoff_worker(
                 .run_messages(RunContext::from(&ctx), messages)
                 .await
                 .map_err(Status::from)?;
+            crate::serve::report_usage(&ctx, outcome.usage);
             let answer = HandoffAnswer {
                 completed: outcome.stopped == Stopped::Final,
                 answer: outcome.answer,
@@ -339,6 +340,7 @@ impl Supervisor {
                 timeout: Some(timeout),
                 trace_id: (!ctx.trace_id.is_empty()).then(|| ctx.trace_id.clone()),
                 task_id: (!ctx.task_id.is_empty()).then(|| ctx.task_id.clone()),
+                turn: Some(ctx.turn.saturating_add(1)),
                 ..CallOptions::default()
             };
             let message =

@@ -53,6 +53,8 @@
 //!   capabilities.
 //! - [`handoff`] — `reach.handoff` messages, the [`handoff::Supervisor`] and
 //!   [`handoff::handoff_worker`].
+//! - [`serve`] — an agent as a capability ([`serve::agent_handler`]), its token usage
+//!   reported in the reply header.
 
 pub mod agent_loop;
 pub mod arguments;
@@ -66,6 +68,7 @@ pub mod provider;
 pub mod repair;
 pub mod result;
 pub mod scripted;
+pub mod serve;
 pub mod tool;
 
 pub use agent_loop::{Agent, AgentError, AgentOutcome, RunContext, Stopped};

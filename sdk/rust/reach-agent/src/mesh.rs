@@ -14,16 +14,21 @@
 //! call is made inside the `tool.call` span, so the client's `mesh.call` span (and the
 //! router's and the serving agent's after it) are its children, in the task's trace.
 //!
-//! **Discovery hook.** [`MeshToolSpec`] is what capability discovery will produce (a
-//! registration's description and schemas, served by the registry's `ListCapabilities`):
-//! [`mesh_tools`] turns a list of them into tools.
+//! **Discovery.** [`discover`] asks the registry's `ListCapabilities` for the capabilities
+//! that declare an input schema (from `protocol-registry.yaml` or from registrations, such
+//! as [`serve_tools`] makes) and turns each into a [`MeshToolSpec`]; [`mesh_tools`] turns
+//! them into tools. The same tool may then run in this process or on another machine, in
+//! another language.
 
 use std::time::Duration;
 
-use reach_proto::v1::{Payload, ReachMessage};
-use reach_sdk::{AgentRuntime, CallOptions, HandlerContext, MeshClient};
+use reach_proto::v1::registry_service_client::RegistryServiceClient;
+use reach_proto::v1::{CapabilityDescriptor, ListCapabilitiesRequest, Payload, ReachMessage};
+use reach_sdk::{AgentRuntime, CallOptions, DescribedCapability, HandlerContext, MeshClient};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
+use tonic::Status;
+use tonic::transport::Channel;
 
 use crate::result::{ToolError, ToolResult};
 use crate::tool::{Tool, ToolContext, ToolDefinitionError, ToolRegistry};
@@ -121,6 +126,7 @@ pub fn mesh_tool_from_spec(
                     task_id: (!ctx.task_id.is_empty()).then(|| ctx.task_id.clone()),
                     capability_version: version,
                     message_id: None,
+                    turn: Some(ctx.turn),
                 };
                 let payload = Payload::json(TOOL_CALL_TYPE, &arguments);
                 let response = client
@@ -131,6 +137,58 @@ pub fn mesh_tool_from_spec(
             }
         },
     )
+}
+
+impl MeshToolSpec {
+    /// The spec of a capability the registry describes (`ListCapabilities`), when it can be
+    /// a tool: it declares an input schema (a capability without one takes arguments no
+    /// model could be told about) and some instance serves it. Unparseable schemas (the
+    /// registry checks them at registration, so only a foreign registry sends them) make it
+    /// no tool either.
+    pub fn from_descriptor(descriptor: &CapabilityDescriptor) -> Option<Self> {
+        if descriptor.input_schema.trim().is_empty() || descriptor.instances == 0 {
+            return None;
+        }
+        let input_schema = serde_json::from_str(&descriptor.input_schema).ok()?;
+        let output_schema = match descriptor.output_schema.trim() {
+            "" => None,
+            text => Some(serde_json::from_str(text).ok()?),
+        };
+        Some(Self {
+            capability: descriptor.name.clone(),
+            description: descriptor.description.clone(),
+            input_schema,
+            output_schema,
+            version: None,
+            timeout: None,
+        })
+    }
+}
+
+/// The mesh tools on offer: every capability the registry at `registry` describes whose
+/// name starts with `prefix` ("" for all) and that can be a tool
+/// ([`MeshToolSpec::from_descriptor`]), sorted by name. Give them to [`mesh_tools`].
+///
+/// # Errors
+/// The registry's status (UNAVAILABLE when it cannot be reached).
+pub async fn discover(registry: Channel, prefix: &str) -> Result<Vec<MeshToolSpec>, Status> {
+    let response = RegistryServiceClient::new(registry)
+        .list_capabilities(ListCapabilitiesRequest {
+            name_prefix: prefix.to_string(),
+        })
+        .await?
+        .into_inner();
+    let mut specs = Vec::new();
+    for descriptor in &response.capabilities {
+        match MeshToolSpec::from_descriptor(descriptor) {
+            Some(spec) => specs.push(spec),
+            None => tracing::debug!(
+                capability = %descriptor.name,
+                "not a mesh tool: no input schema, or no instance serves it"
+            ),
+        }
+    }
+    Ok(specs)
 }
 
 /// Tools for every spec (what discovery produces), into `registry`.
@@ -191,9 +249,14 @@ pub fn serve_tools_as(
     for tool in registry.iter() {
         let tool = tool.clone();
         let capability = tool.name().to_string();
-        runtime = runtime.handle(
-            &capability,
-            version,
+        let mut described = DescribedCapability::new(&capability, version)
+            .description(tool.description())
+            .input_schema(tool.input_schema().clone());
+        if let Some(output) = tool.output_schema() {
+            described = described.output_schema(output.clone());
+        }
+        runtime = runtime.handle_described(
+            described,
             move |ctx: HandlerContext, message: ReachMessage| {
                 let tool = tool.clone();
                 async move {
@@ -201,6 +264,7 @@ pub fn serve_tools_as(
                         trace_id: ctx.trace_id.clone(),
                         task_id: ctx.task_id.clone(),
                         deadline: ctx.deadline,
+                        turn: ctx.turn.saturating_add(1),
                         call_id: ctx.message_id.clone(),
                         tool: tool.name().to_string(),
                     };

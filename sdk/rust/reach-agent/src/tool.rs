@@ -60,6 +60,9 @@ pub struct ToolContext {
     pub task_id: String,
     /// When the call must be done by (the agent's deadline); `None`: no deadline.
     pub deadline: Option<Instant>,
+    /// The envelope `turn` a mesh call made by the tool carries: the run's incoming turn
+    /// plus the loop turn that asked for the call (see [`crate::RunContext::turn`]).
+    pub turn: u32,
     /// The model's tool call id ("" outside a model loop).
     pub call_id: String,
     /// The tool's name (dotted capability form).

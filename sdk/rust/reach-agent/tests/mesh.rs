@@ -8,7 +8,11 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use reach_agent::handoff::{Assignment, HANDOFF_TYPE, Handoff, Supervisor, handoff_worker};
-use reach_agent::mesh::{MeshToolSpec, TOOL_RESULT_TYPE, mesh_tool, mesh_tools, serve_tools};
+use reach_agent::mesh::{
+    MeshToolSpec, TOOL_RESULT_TYPE, discover, mesh_tool, mesh_tools, serve_tools,
+};
+use reach_agent::serve::{AGENT_ANSWER_TYPE, AgentAnswer, agent_handler};
+use reach_rpc::usage::TokenUsage;
 use reach_agent::result::ToolResult;
 use reach_agent::scripted::{ScriptedProvider, Step};
 use reach_agent::tool::{Tool, ToolContext, ToolRegistry, schema_for};
@@ -76,6 +80,24 @@ async fn a_mesh_tool_calls_the_capability_through_the_router_in_the_tasks_trace(
         )
         .await;
 
+    // Served tools are described capabilities: discovery finds them with the tool's
+    // description and schemas, ready to be a model's mesh tools.
+    let specs = discover(mesh.registry_channel().await, "weather.")
+        .await
+        .unwrap();
+    let forecast = served.get("weather.forecast").unwrap();
+    assert_eq!(specs.len(), 1, "{specs:?}");
+    assert_eq!(specs[0].capability, "weather.forecast");
+    assert_eq!(specs[0].description, forecast.description());
+    assert_eq!(&specs[0].input_schema, forecast.input_schema());
+    assert_eq!(specs[0].output_schema.as_ref(), forecast.output_schema());
+    assert!(
+        discover(mesh.registry_channel().await, "nothing.")
+            .await
+            .unwrap()
+            .is_empty()
+    );
+
     let client = mesh.client("planner.main").await;
     let tool = mesh_tool(
         client.clone(),
@@ -96,6 +118,7 @@ async fn a_mesh_tool_calls_the_capability_through_the_router_in_the_tasks_trace(
         trace_id: TRACE.into(),
         task_id: "task-9".into(),
         deadline: Some(tokio::time::Instant::now() + Duration::from_secs(10)),
+        ..RunContext::default()
     };
     let outcome = planner
         .run(ctx, "weather in Paris in 2 days?")
@@ -225,6 +248,7 @@ async fn a_supervisor_hands_questions_to_workers_and_synthesises_their_answers()
                 trace_id: TRACE.into(),
                 task_id: "case-7".into(),
                 deadline: None,
+                ..RunContext::default()
             },
             "A customer asks about their refund and their parcel.",
             &["worker.billing", "worker.shipping"],
@@ -302,4 +326,131 @@ async fn a_supervisor_hands_questions_to_workers_and_synthesises_their_answers()
     };
     assert_eq!(handoff.to_payload().r#type, HANDOFF_TYPE);
     workers.drain().await.unwrap();
+}
+
+#[tokio::test]
+async fn an_agent_served_as_a_capability_reports_its_tokens_in_the_reply() {
+    let mesh = Mesh::start().await;
+    let add = Tool::from_fn::<AddArgs, i64, _, _>(
+        "math.add",
+        "Adds two integers. Use it for exact sums; not for estimates.",
+        |args: AddArgs, _ctx: ToolContext| async move { Ok(args.a + args.b) },
+    )
+    .unwrap();
+    let model = ScriptedProvider::new([
+        Step::tool_call("math.add", "{a: 2, b: '3'}"),
+        Step::reply("5"),
+    ])
+    .with_usage(100, 20);
+    let agent = Agent::new(model.shared(), ToolRegistry::new().with(add).unwrap());
+    let running = mesh
+        .start_agent(
+            AgentRuntime::new(mesh.config("assistant", "assistant-1"))
+                .handle("assistant.answer", "1.0.0", agent_handler(agent)),
+            "assistant-1",
+        )
+        .await;
+    let client = mesh.client("test.client").await;
+    let reply = client
+        .call(
+            "assistant.answer",
+            Payload::json("question", &json!({"question": "what is 2 + 3?"})),
+            CallOptions::default(),
+        )
+        .await
+        .unwrap()
+        .message
+        .unwrap();
+    let usage = TokenUsage::read(&reply.header.unwrap().metadata);
+    assert_eq!(
+        usage,
+        Some(TokenUsage {
+            input_tokens: 200,
+            output_tokens: 40,
+            model_calls: 2,
+        })
+    );
+    let payload = reply.payload.unwrap();
+    assert_eq!(payload.r#type, AGENT_ANSWER_TYPE);
+    let answer: AgentAnswer = serde_json::from_value(payload.first_json().unwrap()).unwrap();
+    assert_eq!(answer.answer, "5");
+    assert!(answer.completed);
+    assert_eq!((answer.turns, answer.input_tokens), (2, 200));
+    assert_eq!(payload.first_text(), Some("5"));
+    running.drain().await.unwrap();
+}
+
+#[derive(Debug, serde::Deserialize, schemars::JsonSchema)]
+struct AddArgs {
+    a: i64,
+    b: i64,
+}
+
+/// An agent whose model always asks the agent itself (a mesh tool to its own capability):
+/// every hop carries the envelope turn further, and the router refuses the hop past its
+/// `max_turn`, so the loop ends with a tool error instead of running forever.
+#[tokio::test]
+async fn agents_that_call_each_other_in_a_loop_are_stopped_by_the_routers_turn_limit() {
+    const MAX_TURN: u32 = 5;
+    let mesh = Mesh::start_with(|router| router.max_turn = MAX_TURN).await;
+    let client = mesh.client("looper.main").await;
+    let ask_myself = mesh_tool(
+        client.clone(),
+        "looper.ask",
+        "Asks the looper agent. Use it always.",
+        json!({"type": "object", "properties": {"question": {"type": "string"}}}),
+        None,
+    )
+    .unwrap();
+    let seen = Arc::new(Mutex::new(Vec::<String>::new()));
+    let model = {
+        let seen = seen.clone();
+        ScriptedProvider::from_fn(move |request| {
+            let tool_results: Vec<String> = request
+                .messages
+                .iter()
+                .filter(|m| m.role == reach_agent::provider::Role::Tool)
+                .map(|m| m.text().to_string())
+                .collect();
+            seen.lock().unwrap().extend(tool_results.clone());
+            Ok(if tool_results.is_empty() {
+                Step::tool_call("looper.ask", "{\"question\": \"again\"}")
+            } else {
+                Step::reply("stopped")
+            })
+        })
+    };
+    let looper = Agent::new(model.shared(), ToolRegistry::new().with(ask_myself).unwrap())
+        .max_turns(2);
+    let running = mesh
+        .start_agent(
+            AgentRuntime::new(mesh.config("looper", "looper-1"))
+                .handle("looper.ask", "1.0.0", agent_handler(looper)),
+            "looper-1",
+        )
+        .await;
+    let reply = client
+        .call(
+            "looper.ask",
+            Payload::json("question", &json!({"question": "start"})),
+            CallOptions {
+                timeout: Some(Duration::from_secs(20)),
+                ..CallOptions::default()
+            },
+        )
+        .await
+        .unwrap();
+    let answer: AgentAnswer =
+        serde_json::from_value(reply.message.unwrap().payload.unwrap().first_json().unwrap())
+            .unwrap();
+    assert_eq!(answer.answer, "stopped");
+    let seen = seen.lock().unwrap().clone();
+    // Hops 0..=MAX_TURN ran (each asked once); the next hop was refused.
+    assert_eq!(seen.len(), MAX_TURN as usize + 1, "{seen:#?}");
+    let refused: Vec<&String> = seen
+        .iter()
+        .filter(|t| t.contains("TURN_LIMIT_EXCEEDED"))
+        .collect();
+    assert_eq!(refused.len(), 1, "{seen:#?}");
+    running.drain().await.unwrap();
 }

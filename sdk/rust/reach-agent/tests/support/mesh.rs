@@ -28,6 +28,11 @@ impl Drop for Mesh {
 
 impl Mesh {
     pub async fn start() -> Self {
+        Self::start_with(|_| {}).await
+    }
+
+    /// A mesh whose router configuration `tweak` adjusts.
+    pub async fn start_with(tweak: impl FnOnce(&mut RouterConfig)) -> Self {
         let stop = CancellationToken::new();
         let registry = Registry::new(RegistryConfig {
             health_probe: false,
@@ -44,11 +49,12 @@ impl Mesh {
 
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let router_url = format!("http://{}", listener.local_addr().unwrap());
-        let config = RouterConfig {
+        let mut config = RouterConfig {
             registry_endpoint: registry_url.clone(),
             advertise_endpoint: router_url.clone(),
             ..RouterConfig::default()
         };
+        tweak(&mut config);
         let router = Router::new(config).unwrap();
         router.spawn_registry_watch();
         router.table().wait_synced().await;
@@ -88,6 +94,15 @@ impl Mesh {
         AgentConfig::new(service, self.registry_url.clone())
             .with_instance_id(id)
             .with_max_drain(Duration::from_secs(1))
+    }
+
+    /// A channel to the registry (for discovery).
+    pub async fn registry_channel(&self) -> tonic::transport::Channel {
+        tonic::transport::Endpoint::from_shared(self.registry_url.clone())
+            .unwrap()
+            .connect()
+            .await
+            .unwrap()
     }
 
     pub async fn client(&self, source: &str) -> MeshClient {
