@@ -118,6 +118,7 @@ async fn a_mesh_tools_router_call_is_a_child_of_its_tool_span_in_the_tasks_trace
         trace_id: trace.into(),
         task_id: "task-3".into(),
         deadline: Some(tokio::time::Instant::now() + Duration::from_secs(10)),
+        ..RunContext::default()
     };
     let outcome = planner.run(ctx, "echo hi").await.unwrap();
     assert!(
