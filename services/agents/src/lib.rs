@@ -17,6 +17,8 @@
 //! - [`fleet`] — starts the whole example fleet on ephemeral ports.
 //! - [`report`] — the complaint report's data work (read a CSV, aggregate, write Markdown),
 //!   inside a workspace directory a model cannot leave.
+//! - [`report_agent`] — the report agent's tools (`report.read_csv`, `report.aggregate`,
+//!   `report.write_report`) and its scripted analyst.
 //! - [`typed`] — the triage agent's own typed gRPC API (`examples.complaints.v1.TriageService`),
 //!   reached through the router by typed pass-through.
 
@@ -28,6 +30,7 @@ pub mod extract;
 pub mod fleet;
 pub mod ingest;
 pub mod report;
+pub mod report_agent;
 pub mod typed;
 
 /// The message type of a complaint as submitted to the coordinator.

@@ -223,7 +223,7 @@ pub fn read_csv(workspace: &Workspace, path: &str, max_rows: usize) -> Result<Ta
 }
 
 /// What [`aggregate`] computes per group.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum Aggregation {
     /// Rows per group.

@@ -11,6 +11,8 @@
 //!   `/agents` and `DELETE /agents/{service}` (the orchestrator adds its `/tasks` routes), and
 //!   the list of paths the startup banner prints.
 //! - [`demo`] — `reach demo`, the main job: the example fleet triaging the CFPB complaints.
+//! - [`demo_report`] — `reach demo report`: an LLM agent with mesh and local tools writes a
+//!   complaint report from the CSV.
 //! - [`cli`] — client commands against a running mesh: `reach agents`, `reach flow`,
 //!   `reach task`, `reach dump`.
 //! - [`top`] — `reach top`, the live terminal board (registry instances and the admin port's
@@ -25,4 +27,5 @@ pub mod cli;
 pub mod config;
 pub mod control_plane;
 pub mod demo;
+pub mod demo_report;
 pub mod top;

@@ -40,10 +40,80 @@ struct Cli {
     command: Command,
 }
 
+/// The demos besides the triage.
+#[derive(Subcommand)]
+enum DemoJob {
+    /// An LLM agent writes a Markdown report of the complaints CSV (by issue, company and
+    /// state, with the date range), reading and aggregating it through mesh tools served by
+    /// another agent. Uses a scripted model unless --model-base-url is given.
+    Report {
+        /// The complaints CSV (CFPB export columns).
+        #[arg(long, default_value = DEFAULT_INPUT)]
+        input: PathBuf,
+        /// Where to write the report.
+        #[arg(long, default_value = "report.md")]
+        output: PathBuf,
+        /// Print one JSON object instead of text.
+        #[arg(long)]
+        json: bool,
+        /// The most model calls the agent makes.
+        #[arg(long, default_value_t = 12)]
+        max_turns: u32,
+        #[command(flatten)]
+        model: ModelArgs,
+    },
+}
+
+/// An OpenAI-compatible model endpoint, from flags; the key from an environment variable.
+#[derive(Args, Clone, Debug)]
+struct ModelArgs {
+    /// An OpenAI-compatible API base URL (e.g. https://api.openai.com/v1); requests go to
+    /// {base}/chat/completions. Without it a scripted model is used.
+    #[arg(long, value_name = "URL")]
+    model_base_url: Option<String>,
+    /// The model to ask for (needed with --model-base-url).
+    #[arg(long, value_name = "NAME")]
+    model: Option<String>,
+    /// The environment variable that holds the API key; '' for an endpoint without one.
+    #[arg(long, value_name = "VAR", default_value = "OPENAI_API_KEY")]
+    model_api_key_env: String,
+}
+
+impl ModelArgs {
+    /// The endpoint's settings, or `None` without --model-base-url.
+    fn config(&self) -> anyhow::Result<Option<reach_agent::ModelConfig>> {
+        let Some(base_url) = &self.model_base_url else {
+            if self.model.is_some() {
+                anyhow::bail!("--model needs --model-base-url (the endpoint that serves it)");
+            }
+            return Ok(None);
+        };
+        let model = self
+            .model
+            .clone()
+            .filter(|m| !m.trim().is_empty())
+            .ok_or_else(|| anyhow::anyhow!("--model-base-url needs --model (the model to ask for, e.g. gpt-4o-mini)"))?;
+        let mut config = reach_agent::ModelConfig::new(base_url.clone(), model);
+        let var = self.model_api_key_env.trim();
+        if !var.is_empty() {
+            config.api_key = std::env::var(var).map_err(|_| {
+                anyhow::anyhow!(
+                    "the model's API key is read from ${var}, which is not set: export it, name another variable with --model-api-key-env, or pass --model-api-key-env '' for an endpoint without a key"
+                )
+            })?;
+        }
+        Ok(Some(config))
+    }
+}
+
 #[derive(Subcommand)]
 enum Command {
     /// Run the main job: the example agents triage the CFPB complaints through an embedded mesh, then exit.
+    #[command(args_conflicts_with_subcommands = true)]
     Demo {
+        /// Another demo instead of the triage.
+        #[command(subcommand)]
+        job: Option<DemoJob>,
         /// The complaints CSV (CFPB export columns).
         #[arg(long, default_value = DEFAULT_INPUT)]
         input: PathBuf,
@@ -310,6 +380,41 @@ fn exit_code(code: i32) -> ExitCode {
 async fn run(command: Command) -> anyhow::Result<ExitCode> {
     match command {
         Command::Demo {
+            job:
+                Some(DemoJob::Report {
+                    input,
+                    output,
+                    json,
+                    max_turns,
+                    model,
+                }),
+            ..
+        } => {
+            let model = match model.config() {
+                Ok(model) => model,
+                Err(error) => {
+                    eprintln!("error: {error}");
+                    return Ok(ExitCode::from(EXIT_USAGE));
+                }
+            };
+            let options = reach::demo_report::ReportOptions {
+                input,
+                output,
+                model,
+                max_turns,
+            };
+            let run = reach::demo_report::run(&options).await?;
+            let mut stdout = std::io::stdout().lock();
+            if json {
+                writeln!(stdout, "{}", serde_json::to_string_pretty(&run)?)?;
+            } else {
+                write!(stdout, "{}", reach::demo_report::render_text(&run))?;
+            }
+            stdout.flush()?;
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Demo {
+            job: None,
             input,
             json,
             concurrency,
