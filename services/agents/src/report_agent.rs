@@ -313,10 +313,8 @@ fn tool_results(request: &ChatRequest) -> Vec<(String, Value, Value)> {
             );
         }
         if message.role == Role::Tool
-            && let Some((name, arguments)) = message
-                .tool_call_id
-                .as_deref()
-                .and_then(|id| calls.get(id))
+            && let Some((name, arguments)) =
+                message.tool_call_id.as_deref().and_then(|id| calls.get(id))
         {
             let result = serde_json::from_str(message.text()).unwrap_or(Value::Null);
             out.push((name.clone(), arguments.clone(), result));

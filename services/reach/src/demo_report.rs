@@ -5,7 +5,8 @@
 //! those two — discovered from the registry and called through the router, as mesh tools —
 //! plus its own `report.write_report`. The model is the scripted analyst
 //! ([`reach_agents::report_agent::scripted_analyst`]) unless an OpenAI-compatible endpoint
-//! is given, so the demo runs with no network.
+//! is given, so the demo runs with no network. The report runs as a task of [`REPORT_FLOW`]
+//! on the embedded orchestrator, so its record sums the tokens the agent spent.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -13,15 +14,21 @@ use std::time::Duration;
 
 use anyhow::{Context, bail};
 use reach_agent::mesh::{discover, mesh_tools};
+use reach_agent::serve::{AgentAnswer, agent_handler};
 use reach_agent::tool::ToolRegistry;
-use reach_agent::{Agent, AgentOutcome, ModelConfig, ModelProvider, OpenAiProvider, RunContext};
+use reach_agent::{Agent, ModelConfig, ModelProvider, OpenAiProvider};
 use reach_agents::report::Workspace;
 use reach_agents::report_agent::{
     AGGREGATE, READ_CSV, SYSTEM_PROMPT, data_tools, scripted_analyst, write_report_tool,
 };
-use reach_sdk::{AgentConfig, AgentRuntime};
+use reach_proto::v1::orchestrator_service_client::OrchestratorServiceClient;
+use reach_proto::v1::{
+    ApplyFlowRequest, GetTaskRequest, StartTaskRequest, Task, TaskStatus, WatchTaskRequest,
+};
+use reach_sdk::{AgentConfig, AgentRuntime, DescribedCapability};
 use serde::Serialize;
 use tokio::net::TcpListener;
+use tonic::transport::Channel;
 
 use crate::config::ReachConfig;
 use crate::control_plane::{ControlPlane, Services};
@@ -54,10 +61,16 @@ pub struct ReportRun {
     pub model: String,
     /// Every tool call: `name`, `status` and whether it went through the router (`mesh`).
     pub tool_calls: Vec<ToolCallSummary>,
-    /// Input (prompt) tokens spent.
+    /// The task the report ran as (in `report-flow`).
+    pub task_id: String,
+    /// The task's trace id.
+    pub trace_id: String,
+    /// Input (prompt) tokens spent, from the task record.
     pub input_tokens: u64,
-    /// Output (completion) tokens spent.
+    /// Output (completion) tokens spent, from the task record.
     pub output_tokens: u64,
+    /// Model calls made, from the task record.
+    pub model_calls: u64,
 }
 
 /// One tool call of [`ReportRun`].
@@ -73,6 +86,25 @@ pub struct ToolCallSummary {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
 }
+
+/// The flow the report runs as: one task node calling the report agent, so the run is a
+/// durable task whose record sums the tokens the agent spent.
+pub const REPORT_FLOW: &str = r#"id: report-flow
+version: 1
+description: An LLM agent writes a report with mesh tools.
+initial: write
+states:
+  write:
+    type: task
+    capability: report.write
+    input: {question: "input.question"}
+    timeout: 600s
+    next: done
+  done: {type: succeed}
+"#;
+
+/// The report agent's capability.
+pub const REPORT_CAPABILITY: &str = "report.write";
 
 /// Runs the report demo.
 ///
@@ -98,15 +130,37 @@ pub async fn run(options: &ReportOptions) -> anyhow::Result<ReportRun> {
         .context("--output must name a file")?
         .to_string();
 
-    let config = ReachConfig {
+    let store_dir = tempfile::tempdir().context("creating the demo's task store directory")?;
+    let mut config = ReachConfig {
         listen: "127.0.0.1:0".into(),
         ..ReachConfig::default()
     };
+    config.orchestrator.store_url = format!(
+        "sqlite://{}",
+        store_dir.path().join("orchestrator.db").display()
+    );
     let listener = TcpListener::bind("127.0.0.1:0")
         .await
         .context("binding the demo's gRPC port")?;
-    let plane = ControlPlane::start(listener, &config, Services::MESH).await?;
+    let plane = ControlPlane::start(listener, &config, Services::ALL).await?;
     let endpoint = plane.endpoint();
+    let table = plane
+        .router()
+        .expect("the demo runs a router")
+        .table()
+        .clone();
+    let routable = |n: usize, what: &'static str| {
+        let table = table.clone();
+        async move {
+            tokio::time::timeout(Duration::from_secs(10), async {
+                while table.instances().len() < n {
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                }
+            })
+            .await
+            .with_context(|| format!("{what} did not become routable within 10 s"))
+        }
+    };
 
     // The data agent: the CSV tools, served as described capabilities.
     let tools = data_tools(Workspace::new(&data_dir)?)?;
@@ -117,20 +171,13 @@ pub async fn run(options: &ReportOptions) -> anyhow::Result<ReportRun> {
     let (data_agent, _) = data_agent
         .start(TcpListener::bind("127.0.0.1:0").await?)
         .await?;
-    let router = plane.router().expect("the demo runs a router").table().clone();
-    tokio::time::timeout(Duration::from_secs(10), async {
-        while router.instances().is_empty() {
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
-    })
-    .await
-    .context("the data agent did not become routable within 10 s")?;
+    routable(1, "the data agent").await?;
 
     // The report agent: mesh tools from the registry, and a local one.
     let channel = tonic::transport::Endpoint::from_shared(endpoint.clone())?
         .connect()
         .await?;
-    let specs = discover(channel, "report.").await?;
+    let specs = discover(channel.clone(), "report.").await?;
     let client = reach_sdk::MeshClient::new(
         reach_rpc::http2::endpoint(&endpoint)?.connect().await?,
         "report.agent",
@@ -151,39 +198,151 @@ pub async fn run(options: &ReportOptions) -> anyhow::Result<ReportRun> {
     let agent = Agent::new(provider, agent_tools)
         .system(SYSTEM_PROMPT)
         .max_turns(options.max_turns);
+    let report_agent = AgentRuntime::new(
+        AgentConfig::new("report-agent", endpoint.clone()).with_model_slots(4),
+    )
+    .handle_described(
+        DescribedCapability::new(REPORT_CAPABILITY, "1.0.0")
+            .description("Writes a report from data files with its tools. Use it for a whole report; not for one number.")
+            .input_schema(serde_json::json!({
+                "type": "object",
+                "required": ["question"],
+                "properties": {"question": {"type": "string", "description": "What to report on, and where to write it."}}
+            })),
+        agent_handler(agent),
+    );
+    let (report_agent, _) = report_agent
+        .start(TcpListener::bind("127.0.0.1:0").await?)
+        .await?;
+    routable(2, "the report agent").await?;
+
     let ask = format!(
         "Write the complaint report of `{csv_name}` (in the data directory) to `{report_name}` (in the output directory)."
     );
-    let context = RunContext {
-        task_id: format!("report-{}", reach_rpc::trace::new_message_id()),
-        deadline: Some(tokio::time::Instant::now() + Duration::from_secs(600)),
-        ..RunContext::default()
-    };
-    let outcome = agent.run(context, ask).await;
+    let task = run_task(OrchestratorServiceClient::new(channel), &ask).await;
+    report_agent.drain().await.ok();
     data_agent.drain().await.ok();
     plane.shutdown().await.ok();
-    let outcome = outcome?;
+    let task = task?;
+    let answer = task
+        .nodes
+        .iter()
+        .rev()
+        .find(|n| n.node_id == "write")
+        .and_then(|n| n.output.as_ref())
+        .map(reach_proto::json::from_proto)
+        .and_then(|v| serde_json::from_value::<AgentAnswer>(v).ok());
+    let Some(answer) = answer.filter(|_| task.status() == TaskStatus::Succeeded) else {
+        bail!(
+            "the report task ended {:?}: {}",
+            task.status(),
+            if task.error.is_empty() {
+                "without the agent's answer"
+            } else {
+                &task.error
+            }
+        );
+    };
     let report = output_dir
         .canonicalize()
         .unwrap_or(output_dir)
         .join(&report_name);
-    let wrote = outcome
+    let wrote = answer
         .tool_calls
         .iter()
-        .any(|c| c.name == reach_agents::report_agent::WRITE_REPORT && c.result.is_ok());
+        .any(|c| c.name == reach_agents::report_agent::WRITE_REPORT && c.ok);
     if !wrote || !report.exists() {
         bail!(
             "the agent ended without writing {} ({}): {}",
             report.display(),
-            if outcome.stopped == reach_agent::Stopped::Final {
+            if answer.completed {
                 "it answered"
             } else {
                 "it ran out of turns"
             },
-            outcome.answer
+            answer.answer
         );
     }
-    Ok(summary(outcome, report, model))
+    let usage = task.usage.unwrap_or_default();
+    Ok(ReportRun {
+        report,
+        completed: answer.completed,
+        turns: answer.turns,
+        model,
+        task_id: task.task_id,
+        trace_id: task.trace_id,
+        tool_calls: answer
+            .tool_calls
+            .iter()
+            .map(|c| ToolCallSummary {
+                mesh: c.name != reach_agents::report_agent::WRITE_REPORT,
+                status: if c.ok { "ok" } else { "error" }.into(),
+                error: c.error.clone(),
+                name: c.name.clone(),
+            })
+            .collect(),
+        input_tokens: usage.input_tokens,
+        output_tokens: usage.output_tokens,
+        model_calls: usage.model_calls,
+        answer: answer.answer,
+    })
+}
+
+/// Starts the report task and follows it until it ends; returns it as GetTask shows it.
+async fn run_task(
+    mut orchestrator: OrchestratorServiceClient<Channel>,
+    ask: &str,
+) -> anyhow::Result<Task> {
+    orchestrator
+        .apply_flow(ApplyFlowRequest {
+            yaml: REPORT_FLOW.to_string(),
+            source: "reach demo report".into(),
+        })
+        .await
+        .map_err(|s| anyhow::anyhow!("applying report-flow failed: {}", s.message()))?;
+    let task_id = format!("report-{}", reach_rpc::trace::new_message_id());
+    orchestrator
+        .start_task(StartTaskRequest {
+            flow_id: "report-flow".into(),
+            flow_version: 0,
+            input: Some(reach_proto::json::to_proto(
+                &serde_json::json!({"question": ask}),
+            )),
+            task_id: task_id.clone(),
+        })
+        .await
+        .map_err(|s| anyhow::anyhow!("starting the report task failed: {}", s.message()))?;
+    let mut events = orchestrator
+        .watch_task(WatchTaskRequest {
+            task_id: task_id.clone(),
+            after_sequence: 0,
+        })
+        .await?
+        .into_inner();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(660);
+    while let Some(event) = tokio::time::timeout_at(deadline, events.message())
+        .await
+        .context("the report task did not end within 11 minutes")??
+    {
+        let ended = event.event.is_some_and(|e| {
+            matches!(
+                e.status(),
+                TaskStatus::Succeeded
+                    | TaskStatus::Failed
+                    | TaskStatus::Partial
+                    | TaskStatus::Cancelled
+            )
+        });
+        if ended {
+            break;
+        }
+    }
+    orchestrator
+        .get_task(GetTaskRequest { task_id })
+        .await?
+        .into_inner()
+        .task
+        .context("GetTask returned no task")
 }
 
 fn split(input: &Path) -> anyhow::Result<(PathBuf, String)> {
@@ -195,35 +354,14 @@ fn split(input: &Path) -> anyhow::Result<(PathBuf, String)> {
     Ok((dir.to_path_buf(), name.to_string()))
 }
 
-fn summary(outcome: AgentOutcome, report: PathBuf, model: String) -> ReportRun {
-    ReportRun {
-        report,
-        completed: outcome.stopped == reach_agent::Stopped::Final,
-        turns: outcome.turns,
-        model,
-        tool_calls: outcome
-            .tool_calls
-            .iter()
-            .map(|c| ToolCallSummary {
-                mesh: c.name != reach_agents::report_agent::WRITE_REPORT,
-                status: if c.result.is_ok() { "ok" } else { "error" }.into(),
-                error: c.result.error.as_ref().map(|e| e.message.clone()),
-                name: c.name.clone(),
-            })
-            .collect(),
-        input_tokens: outcome.usage.input_tokens,
-        output_tokens: outcome.usage.output_tokens,
-        answer: outcome.answer,
-    }
-}
-
 /// The run as text: where the report is, then one line per tool call.
 pub fn render_text(run: &ReportRun) -> String {
     let mut out = format!(
-        "wrote {}\n{} ({} model calls, {} tokens in, {} out)\n",
+        "wrote {}\n{}\ntask {} (report-flow): {} model calls, {} tokens in, {} out\n",
         run.report.display(),
         run.answer,
-        run.turns,
+        run.task_id,
+        run.model_calls,
         run.input_tokens,
         run.output_tokens
     );

@@ -92,7 +92,11 @@ impl ModelArgs {
             .model
             .clone()
             .filter(|m| !m.trim().is_empty())
-            .ok_or_else(|| anyhow::anyhow!("--model-base-url needs --model (the model to ask for, e.g. gpt-4o-mini)"))?;
+            .ok_or_else(|| {
+                anyhow::anyhow!(
+                    "--model-base-url needs --model (the model to ask for, e.g. gpt-4o-mini)"
+                )
+            })?;
         let mut config = reach_agent::ModelConfig::new(base_url.clone(), model);
         let var = self.model_api_key_env.trim();
         if !var.is_empty() {

@@ -455,3 +455,92 @@ fn flow_validate_cli_reports_located_errors() {
         );
     }
 }
+
+/// What an agent's replies say their model calls cost is summed per task: `reach task get`
+/// shows it (and `--json` carries it per node), and so does `reach dump`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn task_get_and_dump_show_the_tokens_the_agents_reported() {
+    let s = server(|_, _| {}).await;
+    s.router
+        .handle("test.ask", |_| Ok(json!({"answer": "yes"})));
+    s.router.report_usage(
+        "test.ask",
+        reach_rpc::usage::TokenUsage {
+            input_tokens: 1200,
+            output_tokens: 300,
+            model_calls: 2,
+        },
+    );
+    s.router.handle("test.plain", |_| Ok(json!({})));
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("ask.yaml");
+    std::fs::write(
+        &file,
+        "id: ask\nversion: 1\ninitial: first\nstates:\n  first: {type: task, capability: test.ask, next: plain}\n  plain: {type: task, capability: test.plain, next: second}\n  second: {type: task, capability: test.ask, next: done}\n  done: {type: succeed}\n",
+    )
+    .unwrap();
+    cli::flow::flow_apply(&s.endpoint, &file, &mut out())
+        .await
+        .unwrap();
+    cli::task::task_start(
+        &s.endpoint,
+        "ask",
+        "{}",
+        0,
+        Some("ask-1".into()),
+        true,
+        &mut out(),
+    )
+    .await
+    .unwrap();
+    wait_for(&s.endpoint, "ask-1", pb::TaskStatus::Succeeded).await;
+
+    let mut o = out();
+    cli::task::task_get(&s.endpoint, "ask-1", false, &mut o)
+        .await
+        .unwrap();
+    let text = String::from_utf8(o).unwrap();
+    assert!(
+        text.contains("tokens    2400 in, 600 out (4 model calls)"),
+        "{text}"
+    );
+    let mut o = out();
+    cli::task::task_get(&s.endpoint, "ask-1", true, &mut o)
+        .await
+        .unwrap();
+    let task: serde_json::Value = serde_json::from_slice(&o).unwrap();
+    assert_eq!(
+        task["usage"],
+        json!({"input_tokens": 2400, "output_tokens": 600, "model_calls": 4})
+    );
+    let per_node: Vec<&serde_json::Value> = task["nodes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|n| &n["usage"])
+        .collect();
+    assert_eq!(per_node[0]["input_tokens"], 1200);
+    assert!(
+        per_node[1].is_null(),
+        "a reply that reported nothing: {per_node:?}"
+    );
+    assert_eq!(per_node[2]["model_calls"], 2);
+
+    let mut o = out();
+    cli::dump::dump(
+        &s.endpoint,
+        cli::dump::DumpArgs {
+            task: "ask-1".into(),
+            json: false,
+        },
+        &mut o,
+    )
+    .await
+    .unwrap();
+    let dump = String::from_utf8(o).unwrap();
+    assert!(
+        dump.contains("tokens 2400 in, 600 out (4 model calls)"),
+        "{dump}"
+    );
+    assert_eq!(dump.matches("model_usage").count(), 2, "{dump}");
+}

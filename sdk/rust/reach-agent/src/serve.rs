@@ -48,6 +48,21 @@ pub struct AgentAnswer {
     pub input_tokens: u64,
     /// Output (completion) tokens spent.
     pub output_tokens: u64,
+    /// The tool calls the run made, in order.
+    #[serde(default)]
+    pub tool_calls: Vec<AgentToolCall>,
+}
+
+/// One tool call of an [`AgentAnswer`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct AgentToolCall {
+    /// The tool (capability name).
+    pub name: String,
+    /// Whether it succeeded.
+    pub ok: bool,
+    /// The error the model was given, when it failed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
 }
 
 /// A handler (for [`reach_sdk::AgentRuntime::handle`]) that runs `agent` on each message:
@@ -82,6 +97,15 @@ pub fn agent_handler(
                 turns: outcome.turns,
                 input_tokens: outcome.usage.input_tokens,
                 output_tokens: outcome.usage.output_tokens,
+                tool_calls: outcome
+                    .tool_calls
+                    .iter()
+                    .map(|c| AgentToolCall {
+                        name: c.name.clone(),
+                        ok: c.result.is_ok(),
+                        error: c.result.error.as_ref().map(|e| e.message.clone()),
+                    })
+                    .collect(),
             };
             let mut payload = Payload::json(
                 AGENT_ANSWER_TYPE,

@@ -11,13 +11,13 @@ use reach_agent::handoff::{Assignment, HANDOFF_TYPE, Handoff, Supervisor, handof
 use reach_agent::mesh::{
     MeshToolSpec, TOOL_RESULT_TYPE, discover, mesh_tool, mesh_tools, serve_tools,
 };
-use reach_agent::serve::{AGENT_ANSWER_TYPE, AgentAnswer, agent_handler};
-use reach_rpc::usage::TokenUsage;
 use reach_agent::result::ToolResult;
 use reach_agent::scripted::{ScriptedProvider, Step};
+use reach_agent::serve::{AGENT_ANSWER_TYPE, AgentAnswer, agent_handler};
 use reach_agent::tool::{Tool, ToolContext, ToolRegistry, schema_for};
 use reach_agent::{Agent, RunContext, Stopped};
 use reach_proto::v1::Payload;
+use reach_rpc::usage::TokenUsage;
 use reach_sdk::{AgentRuntime, CallOptions};
 use serde_json::{Value, json};
 use support::mesh::Mesh;
@@ -345,8 +345,11 @@ async fn an_agent_served_as_a_capability_reports_its_tokens_in_the_reply() {
     let agent = Agent::new(model.shared(), ToolRegistry::new().with(add).unwrap());
     let running = mesh
         .start_agent(
-            AgentRuntime::new(mesh.config("assistant", "assistant-1"))
-                .handle("assistant.answer", "1.0.0", agent_handler(agent)),
+            AgentRuntime::new(mesh.config("assistant", "assistant-1")).handle(
+                "assistant.answer",
+                "1.0.0",
+                agent_handler(agent),
+            ),
             "assistant-1",
         )
         .await;
@@ -420,12 +423,18 @@ async fn agents_that_call_each_other_in_a_loop_are_stopped_by_the_routers_turn_l
             })
         })
     };
-    let looper = Agent::new(model.shared(), ToolRegistry::new().with(ask_myself).unwrap())
-        .max_turns(2);
+    let looper = Agent::new(
+        model.shared(),
+        ToolRegistry::new().with(ask_myself).unwrap(),
+    )
+    .max_turns(2);
     let running = mesh
         .start_agent(
-            AgentRuntime::new(mesh.config("looper", "looper-1"))
-                .handle("looper.ask", "1.0.0", agent_handler(looper)),
+            AgentRuntime::new(mesh.config("looper", "looper-1")).handle(
+                "looper.ask",
+                "1.0.0",
+                agent_handler(looper),
+            ),
             "looper-1",
         )
         .await;
@@ -440,9 +449,16 @@ async fn agents_that_call_each_other_in_a_loop_are_stopped_by_the_routers_turn_l
         )
         .await
         .unwrap();
-    let answer: AgentAnswer =
-        serde_json::from_value(reply.message.unwrap().payload.unwrap().first_json().unwrap())
-            .unwrap();
+    let answer: AgentAnswer = serde_json::from_value(
+        reply
+            .message
+            .unwrap()
+            .payload
+            .unwrap()
+            .first_json()
+            .unwrap(),
+    )
+    .unwrap();
     assert_eq!(answer.answer, "stopped");
     let seen = seen.lock().unwrap().clone();
     // Hops 0..=MAX_TURN ran (each asked once); the next hop was refused.

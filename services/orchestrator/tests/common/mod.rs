@@ -33,6 +33,9 @@ pub struct Delivery {
 #[derive(Default)]
 pub struct RouterState {
     pub handlers: Mutex<HashMap<String, Handler>>,
+    /// Token usage a capability's replies report in their header metadata, as an LLM
+    /// agent's would.
+    pub usage: Mutex<HashMap<String, reach_rpc::usage::TokenUsage>>,
     pub deliveries: Mutex<Vec<Delivery>>,
     seen: Mutex<HashMap<String, usize>>,
 }
@@ -53,6 +56,15 @@ impl TestRouter {
             .lock()
             .unwrap()
             .insert(capability.to_string(), Arc::new(f));
+    }
+
+    /// Makes `capability`'s replies report `usage` (`reach.gen_ai.*` header metadata).
+    pub fn report_usage(&self, capability: &str, usage: reach_rpc::usage::TokenUsage) {
+        self.state
+            .usage
+            .lock()
+            .unwrap()
+            .insert(capability.to_string(), usage);
     }
 
     pub fn deliveries(&self) -> Vec<Delivery> {
@@ -171,11 +183,16 @@ impl RouterService for TestRouter {
             }
             other => other,
         }?;
+        let mut metadata = HashMap::new();
+        if let Some(usage) = self.state.usage.lock().unwrap().get(&capability) {
+            usage.write(&mut metadata);
+        }
         Ok(Response::new(CallResponse {
             message: Some(ReachMessage {
                 header: Some(pb::Header {
                     trace_id: h.trace_id,
                     correlation_id: h.message_id,
+                    metadata,
                     ..Default::default()
                 }),
                 payload: Some(Payload {
