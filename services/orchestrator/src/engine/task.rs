@@ -169,11 +169,7 @@ mod tests {
             &Bounds::default(),
             &mut rng(),
         );
-        assert!(
-            !events
-                .iter()
-                .any(|e| matches!(e, Event::ModelUsage { .. }))
-        );
+        assert!(!events.iter().any(|e| matches!(e, Event::ModelUsage { .. })));
     }
 
     #[test]
