@@ -324,9 +324,13 @@ fn extreme(values: &[(usize, &str)], largest: bool) -> serde_json::Value {
     let numbers: Option<Vec<f64>> = present.iter().map(|v| v.parse::<f64>().ok()).collect();
     match numbers {
         Some(ns) if !ns.is_empty() => {
-            let pick = ns
-                .into_iter()
-                .reduce(|a, b| if (b > a) == largest && b != a { b } else { a });
+            let pick = ns.into_iter().reduce(|a, b| {
+                if (b > a) == largest && b != a {
+                    b
+                } else {
+                    a
+                }
+            });
             pick.map(number).unwrap_or(serde_json::Value::Null)
         }
         _ => {

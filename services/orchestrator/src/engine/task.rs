@@ -169,7 +169,11 @@ mod tests {
             &Bounds::default(),
             &mut rng(),
         );
-        assert!(!events.iter().any(|e| matches!(e, Event::ModelUsage { .. })));
+        assert!(
+            !events
+                .iter()
+                .any(|e| matches!(e, Event::ModelUsage { .. }))
+        );
     }
 
     #[test]
