@@ -185,3 +185,41 @@ pub async fn triage_handler(
         &serde_json::to_value(result).map_err(|e| Status::internal(e.to_string()))?,
     ))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::classifier::{Category, Classification};
+    use crate::decision::ClassifierKind;
+
+    #[test]
+    fn a_triage_result_carries_the_provenance_and_reads_back() {
+        let result = TriageResult::HumanReview {
+            classification: Decision {
+                classification: Classification {
+                    category: Category::Repayment,
+                    confidence: 0.3,
+                    scores: vec![(Category::Repayment, 0.3)],
+                },
+                provenance: Provenance {
+                    classifier: ClassifierKind::Model,
+                    model: Some("m".into()),
+                    reason: Some("unsure".into()),
+                    ..Provenance::default()
+                },
+            },
+            reason: "low confidence".into(),
+        };
+        let value = serde_json::to_value(&result).unwrap();
+        assert_eq!(value["status"], "human_review");
+        assert_eq!(value["classification"]["category"], "repayment");
+        assert_eq!(value["classification"]["classifier"], "model");
+        assert_eq!(value["classification"]["model"], "m");
+        let back: TriageResult = serde_json::from_value(value).unwrap();
+        let TriageResult::HumanReview { classification, .. } = back else {
+            panic!("the variant survives");
+        };
+        assert_eq!(classification.provenance.classifier, ClassifierKind::Model);
+        assert_eq!(classification.classification.category, Category::Repayment);
+    }
+}

@@ -218,3 +218,40 @@ async fn settings_build_the_classifier_only_with_a_base_url() {
     let decision = decide(&classifier, LATE_FEE).await;
     assert_eq!(decision.provenance.classifier, ClassifierKind::Model);
 }
+
+/// A model that never answers.
+struct Silent;
+
+impl reach_agent::ModelProvider for Silent {
+    fn provider_name(&self) -> &str {
+        "silent"
+    }
+
+    fn model(&self) -> &str {
+        "silent-model"
+    }
+
+    fn chat(
+        &self,
+        _request: reach_agent::ChatRequest,
+    ) -> futures::future::BoxFuture<'_, Result<reach_agent::ChatResponse, reach_agent::ModelError>>
+    {
+        Box::pin(futures::future::pending())
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_model_that_outlives_the_deadline_leaves_the_rules_time_to_decide() {
+    let classifier = ComplaintClassifier::with_model(ModelClassifier::new(Arc::new(Silent)));
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    let decision = classifier
+        .classify(LATE_FEE, Some(deadline), &ModelSlots::default())
+        .await;
+    assert!(
+        tokio::time::Instant::now() < deadline,
+        "decided before the caller's deadline"
+    );
+    assert_eq!(decision.classification, classify(LATE_FEE));
+    assert_eq!(decision.provenance.fallback.as_deref(), Some("deadline"));
+    assert_eq!(decision.provenance.model.as_deref(), Some("silent-model"));
+}
