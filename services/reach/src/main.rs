@@ -268,7 +268,8 @@ impl ModelArgs {
 }
 
 /// The coordinator's classifier from `settings`, the key read from the process environment;
-/// prints what it uses on stderr when a model is configured.
+/// logs the model it uses (info) when one is configured. `Err`: the message for stderr
+/// (exit 64).
 fn classifier(
     settings: &reach_agents::model_config::ModelSettings,
 ) -> Result<reach_agents::decision::ComplaintClassifier, String> {
