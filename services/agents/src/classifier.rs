@@ -55,6 +55,22 @@ impl Category {
         }
     }
 
+    /// What the category covers, in one line (the variant's doc, for a model's prompt).
+    pub fn description(self) -> &'static str {
+        match self {
+            Category::Servicing => {
+                "dealing with the lender or servicer: payments handling, information, customer service"
+            }
+            Category::Repayment => {
+                "struggling to repay: forgiveness, plans, forbearance, discharge"
+            }
+            Category::CreditReport => {
+                "credit reports: incorrect information, improper use, identity theft"
+            }
+            Category::Origination => "getting a loan: origination, sales practices, terms",
+        }
+    }
+
     /// The category with this snake_case name.
     pub fn from_name(name: &str) -> Option<Category> {
         Category::ALL.into_iter().find(|c| c.name() == name)

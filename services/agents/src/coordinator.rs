@@ -1,5 +1,9 @@
 //! The coordinator: classifies a complaint and dispatches it to the capability of its
 //! category, or marks it for human review when the classifier is unsure.
+//!
+//! The classifier is a [`ComplaintClassifier`]: the rules, or a model with the rules as its
+//! fallback. Every output records which one decided (`"classifier": "model"|"rules"`, and
+//! `model`, `reason`, `fallback`, `repairs` when set; see [`Provenance`]).
 
 use std::time::Duration;
 
@@ -9,7 +13,7 @@ use serde::{Deserialize, Serialize};
 use tokio::time::Instant;
 use tonic::Status;
 
-use crate::classifier::{Classification, classify};
+use crate::decision::{ComplaintClassifier, Decision, Provenance};
 use crate::executor::{Suggestion, read_input};
 
 /// Below this confidence the coordinator asks a person instead of dispatching.
@@ -24,6 +28,23 @@ pub struct ClassifyOutput {
     pub confidence: f64,
     /// The capability that handles the category.
     pub capability: String,
+    /// Which classifier decided (`classifier`, and `model`, `reason`, `fallback`, `repairs`
+    /// when set), flattened into the object.
+    #[serde(flatten)]
+    pub provenance: Provenance,
+}
+
+impl ClassifyOutput {
+    /// The output for `decision`.
+    pub fn of(decision: Decision) -> Self {
+        let category = decision.classification.category;
+        Self {
+            category: category.name().to_string(),
+            confidence: decision.classification.confidence,
+            capability: category.capability().to_string(),
+            provenance: decision.provenance,
+        }
+    }
 }
 
 /// What triage decided.
@@ -32,59 +53,66 @@ pub struct ClassifyOutput {
 pub enum TriageResult {
     /// Dispatched to an executor, which answered.
     Routed {
-        /// The classification.
-        classification: Classification,
+        /// The classification and which classifier made it.
+        classification: Decision,
         /// The executor's suggestion.
         suggestion: Suggestion,
     },
     /// Confidence too low: a person must look.
     HumanReview {
-        /// The classification.
-        classification: Classification,
+        /// The classification and which classifier made it.
+        classification: Decision,
         /// Why it needs a person.
         reason: String,
     },
 }
 
-/// `complaint.classify`: classify only.
+/// `complaint.classify`: classify only. Replies with a [`ClassifyOutput`].
+///
+/// # Errors
+/// INVALID_ARGUMENT for a malformed complaint (a model failure is not an error: the rules
+/// decide).
 pub async fn classify_handler(
-    _ctx: HandlerContext,
+    classifier: ComplaintClassifier,
+    ctx: HandlerContext,
     message: ReachMessage,
 ) -> Result<Payload, Status> {
     let input = read_input(&message)?;
-    let classification = classify(&input.narrative);
-    let output = ClassifyOutput {
-        category: classification.category.name().to_string(),
-        confidence: classification.confidence,
-        capability: classification.category.capability().to_string(),
-    };
+    let decision = classifier
+        .classify(&input.narrative, ctx.deadline, &ctx.model_slots)
+        .await;
     Ok(Payload::json(
         crate::COMPLAINT_CLASSIFICATION,
-        &serde_json::to_value(output).map_err(|e| Status::internal(e.to_string()))?,
+        &serde_json::to_value(ClassifyOutput::of(decision))
+            .map_err(|e| Status::internal(e.to_string()))?,
     ))
 }
 
 /// `complaint.classify` as a stream: one classification per complaint sent, in order, until
-/// the caller half-closes. A malformed complaint ends the stream with INVALID_ARGUMENT.
+/// the caller half-closes (each a [`ClassifyOutput`] with the `complaint_id`). A malformed
+/// complaint ends the stream with INVALID_ARGUMENT.
 pub fn classify_stream(
-    _ctx: HandlerContext,
+    classifier: ComplaintClassifier,
+    ctx: HandlerContext,
     first: ReachMessage,
     rest: reach_sdk::handler::InboundMessages,
 ) -> impl futures::Stream<Item = Result<Payload, Status>> + Send + 'static {
     use futures::StreamExt;
     futures::stream::once(async move { Ok(first) })
         .chain(rest)
-        .then(|message| async move {
-            let message = message?;
-            let input = read_input(&message)?;
-            let classification = classify(&input.narrative);
-            let output = serde_json::json!({
-                "complaint_id": input.complaint_id,
-                "category": classification.category.name(),
-                "confidence": classification.confidence,
-                "capability": classification.category.capability(),
-            });
-            Ok(Payload::json(crate::COMPLAINT_CLASSIFICATION, &output))
+        .then(move |message| {
+            let (classifier, ctx) = (classifier.clone(), ctx.clone());
+            async move {
+                let message = message?;
+                let input = read_input(&message)?;
+                let decision = classifier
+                    .classify(&input.narrative, ctx.deadline, &ctx.model_slots)
+                    .await;
+                let mut output = serde_json::to_value(ClassifyOutput::of(decision))
+                    .map_err(|e| Status::internal(e.to_string()))?;
+                output["complaint_id"] = input.complaint_id.into();
+                Ok(Payload::json(crate::COMPLAINT_CLASSIFICATION, &output))
+            }
         })
         .scan(false, |failed, item: Result<Payload, Status>| {
             // Stop after the first error: it is the stream's final status.
@@ -99,17 +127,21 @@ pub fn classify_stream(
 /// `complaint.triage`: classify, then dispatch through the mesh or mark for review.
 pub async fn triage_handler(
     mesh: MeshClient,
+    classifier: ComplaintClassifier,
     threshold: f64,
     ctx: HandlerContext,
     message: ReachMessage,
 ) -> Result<Payload, Status> {
     let input = read_input(&message)?;
-    let classification = classify(&input.narrative);
-    let result = if classification.confidence < threshold {
+    let classification = classifier
+        .classify(&input.narrative, ctx.deadline, &ctx.model_slots)
+        .await;
+    let confidence = classification.classification.confidence;
+    let category = classification.classification.category;
+    let result = if confidence < threshold {
         TriageResult::HumanReview {
             reason: format!(
-                "confidence {:.2} is below the review threshold {threshold:.2}",
-                classification.confidence
+                "confidence {confidence:.2} is below the review threshold {threshold:.2}"
             ),
             classification,
         }
@@ -131,7 +163,7 @@ pub async fn triage_handler(
         );
         let reply = tokio::select! {
             _ = ctx.cancellation.cancelled() => return Err(Status::cancelled("triage cancelled by the caller")),
-            reply = mesh.call(classification.category.capability(), forwarded, options) => reply?,
+            reply = mesh.call(category.capability(), forwarded, options) => reply?,
         };
         let suggestion: Suggestion = reply
             .message
@@ -152,4 +184,42 @@ pub async fn triage_handler(
         crate::COMPLAINT_TRIAGE,
         &serde_json::to_value(result).map_err(|e| Status::internal(e.to_string()))?,
     ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::classifier::{Category, Classification};
+    use crate::decision::ClassifierKind;
+
+    #[test]
+    fn a_triage_result_carries_the_provenance_and_reads_back() {
+        let result = TriageResult::HumanReview {
+            classification: Decision {
+                classification: Classification {
+                    category: Category::Repayment,
+                    confidence: 0.3,
+                    scores: vec![(Category::Repayment, 0.3)],
+                },
+                provenance: Provenance {
+                    classifier: ClassifierKind::Model,
+                    model: Some("m".into()),
+                    reason: Some("unsure".into()),
+                    ..Provenance::default()
+                },
+            },
+            reason: "low confidence".into(),
+        };
+        let value = serde_json::to_value(&result).unwrap();
+        assert_eq!(value["status"], "human_review");
+        assert_eq!(value["classification"]["category"], "repayment");
+        assert_eq!(value["classification"]["classifier"], "model");
+        assert_eq!(value["classification"]["model"], "m");
+        let back: TriageResult = serde_json::from_value(value).unwrap();
+        let TriageResult::HumanReview { classification, .. } = back else {
+            panic!("the variant survives");
+        };
+        assert_eq!(classification.provenance.classifier, ClassifierKind::Model);
+        assert_eq!(classification.classification.category, Category::Repayment);
+    }
 }

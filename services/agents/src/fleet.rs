@@ -10,6 +10,7 @@ use tokio::net::TcpListener;
 
 use crate::classifier::Category;
 use crate::coordinator::{DEFAULT_REVIEW_THRESHOLD, classify_handler, triage_handler};
+use crate::decision::ComplaintClassifier;
 use crate::ingest::{INGEST_CAPABILITY, TRIAGE_CAPABILITY, ingest_handler};
 
 /// How big a fleet to start.
@@ -25,6 +26,9 @@ pub struct FleetOptions {
     pub lease_ttl: Duration,
     /// How long a drain may take.
     pub max_drain: Duration,
+    /// The coordinators' classifier: the rules (the default), or a model with the rules as
+    /// its fallback.
+    pub classifier: ComplaintClassifier,
 }
 
 impl Default for FleetOptions {
@@ -35,6 +39,7 @@ impl Default for FleetOptions {
             review_threshold: DEFAULT_REVIEW_THRESHOLD,
             lease_ttl: Duration::from_secs(10),
             max_drain: Duration::from_secs(10),
+            classifier: ComplaintClassifier::rules(),
         }
     }
 }
@@ -91,16 +96,21 @@ impl Fleet {
         for index in 1..=options.coordinators.max(1) {
             let mesh = MeshClient::new(router.clone(), format!("coordinator.{index}"));
             let threshold = options.review_threshold;
+            let (triage, classify, stream) = (
+                options.classifier.clone(),
+                options.classifier.clone(),
+                options.classifier.clone(),
+            );
             let runtime = AgentRuntime::new(config("coordinator", index))
                 .handle(TRIAGE_CAPABILITY, "1.0.0", move |ctx, message| {
-                    triage_handler(mesh.clone(), threshold, ctx, message)
+                    triage_handler(mesh.clone(), triage.clone(), threshold, ctx, message)
                 })
-                .handle("complaint.classify", "1.0.0", classify_handler)
-                .handle_stream(
-                    "complaint.classify",
-                    "1.0.0",
-                    crate::coordinator::classify_stream,
-                );
+                .handle("complaint.classify", "1.0.0", move |ctx, message| {
+                    classify_handler(classify.clone(), ctx, message)
+                })
+                .handle_stream("complaint.classify", "1.0.0", move |ctx, first, rest| {
+                    crate::coordinator::classify_stream(stream.clone(), ctx, first, rest)
+                });
             members.push(start(runtime, "coordinator").await?);
         }
         let mesh = MeshClient::new(router, "ingest.1");

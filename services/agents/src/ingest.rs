@@ -13,6 +13,7 @@ use tonic::Status;
 use crate::classifier::category_for_issue;
 use crate::complaint::{Complaint, parse_csv};
 use crate::coordinator::TriageResult;
+use crate::decision::Decision;
 
 /// The capability that triages one complaint.
 pub const TRIAGE_CAPABILITY: &str = "complaint.triage";
@@ -34,6 +35,15 @@ pub struct IngestOutcome {
     pub category: Option<String>,
     /// The classifier's confidence.
     pub confidence: Option<f64>,
+    /// Which classifier decided: `model` or `rules` (absent when failed).
+    pub classifier: Option<String>,
+    /// The model asked, when one is configured (also when the rules decided after it
+    /// failed; then `fallback` says why).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model: Option<String>,
+    /// Why the rules decided although a model is configured.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fallback: Option<String>,
     /// The capability the complaint was dispatched to (routed only).
     pub capability: Option<String>,
     /// The department suggested (routed only).
@@ -65,6 +75,9 @@ impl IngestOutcome {
             status: "failed".into(),
             category: None,
             confidence: None,
+            classifier: None,
+            model: None,
+            fallback: None,
             capability: None,
             department: None,
             priority: None,
@@ -75,6 +88,15 @@ impl IngestOutcome {
             latency_ms: 0.0,
             trace_id: String::new(),
         }
+    }
+
+    /// Fills in the category, confidence and classifier of `decision`.
+    pub fn record(&mut self, decision: &Decision) {
+        self.category = Some(decision.classification.category.name().into());
+        self.confidence = Some(decision.classification.confidence);
+        self.classifier = Some(decision.provenance.classifier.as_str().into());
+        self.model = decision.provenance.model.clone();
+        self.fallback = decision.provenance.fallback.clone();
     }
 }
 
@@ -154,9 +176,8 @@ async fn triage_one(mesh: &MeshClient, complaint: Complaint, timeout: Duration) 
             suggestion,
         }) => {
             outcome.status = "routed".into();
-            outcome.category = Some(classification.category.name().into());
-            outcome.confidence = Some(classification.confidence);
-            outcome.capability = Some(classification.category.capability().into());
+            outcome.record(&classification);
+            outcome.capability = Some(classification.classification.category.capability().into());
             outcome.department = Some(suggestion.department);
             outcome.priority = serde_json::to_value(suggestion.priority)
                 .ok()
@@ -167,8 +188,7 @@ async fn triage_one(mesh: &MeshClient, complaint: Complaint, timeout: Duration) 
         }
         Ok(TriageResult::HumanReview { classification, .. }) => {
             outcome.status = "human_review".into();
-            outcome.category = Some(classification.category.name().into());
-            outcome.confidence = Some(classification.confidence);
+            outcome.record(&classification);
         }
         Err(status) => {
             outcome.error = Some(format!("{:?}: {}", status.code(), status.message()));

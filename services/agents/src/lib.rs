@@ -12,6 +12,11 @@
 //!   mapping used to score it.
 //! - [`extract`] — key fields from the text (company, state, dollar amounts).
 //! - [`executor`] — the executor handler (`complaint.<category>` capabilities).
+//! - [`model_classifier`] — the model-backed classifier: one forced tool call
+//!   (`complaint.set_category`) whose arguments are read leniently and repaired.
+//! - [`decision`] — model or rules: [`decision::ComplaintClassifier`] falls back to the rules
+//!   when the model fails, and [`decision::Provenance`] records which one decided.
+//! - [`model_config`] — the `[agents.model]` settings (endpoint, model, key variable).
 //! - [`coordinator`] — the coordinator handlers (`complaint.triage`, `complaint.classify`).
 //! - [`ingest`] — sends complaints through the mesh and collects the outcomes.
 //! - [`fleet`] — starts the whole example fleet on ephemeral ports.
@@ -25,10 +30,13 @@
 pub mod classifier;
 pub mod complaint;
 pub mod coordinator;
+pub mod decision;
 pub mod executor;
 pub mod extract;
 pub mod fleet;
 pub mod ingest;
+pub mod model_classifier;
+pub mod model_config;
 pub mod report;
 pub mod report_agent;
 pub mod typed;

@@ -6,6 +6,7 @@ use std::path::Path;
 
 use figment::Figment;
 use figment::providers::{Env, Format, Serialized, Toml};
+use reach_agents::model_config::AgentsConfig;
 use reach_orchestrator::OrchestratorConfig;
 use reach_registry::RegistryConfig;
 use reach_router::RouterConfig;
@@ -13,7 +14,8 @@ use serde::{Deserialize, Serialize};
 
 /// The top-level keys of [`ReachConfig`], which `REACH_<KEY>` / `REACH_<KEY>__<FIELD>`
 /// variables may set.
-const SECTIONS: [&str; 6] = [
+const SECTIONS: [&str; 7] = [
+    "agents",
     "listen",
     "admin_listen",
     "server",
@@ -39,6 +41,9 @@ pub struct ReachConfig {
     pub router: RouterConfig,
     /// The orchestrator's settings.
     pub orchestrator: OrchestratorConfig,
+    /// The example agents' settings (`[agents.model]`: the coordinator's optional model);
+    /// used by the commands that start them (`reach dev`).
+    pub agents: AgentsConfig,
 }
 
 impl Default for ReachConfig {
@@ -50,6 +55,7 @@ impl Default for ReachConfig {
             registry: RegistryConfig::default(),
             router: RouterConfig::default(),
             orchestrator: OrchestratorConfig::default(),
+            agents: AgentsConfig::default(),
         }
     }
 }
@@ -136,6 +142,10 @@ impl ReachConfig {
         self.orchestrator
             .validate()
             .map_err(|e| ConfigError::Invalid(format!("orchestrator: {e}")))?;
+        self.agents
+            .model
+            .validate()
+            .map_err(|e| ConfigError::Invalid(e.to_string()))?;
         // A protocol registry that cannot be read or parsed is a configuration mistake, found
         // here (exit 64) rather than when the service starts.
         for (key, path) in [
@@ -157,6 +167,25 @@ impl ReachConfig {
         }
         Ok(())
     }
+}
+
+/// Loads the `[agents]` section alone, for the commands that start the example agents
+/// without the services (`reach demo`, `reach example-agents`): defaults ←
+/// `REACH_AGENTS__*` environment variables ← `overrides` (the flags given), then validates.
+///
+/// # Errors
+/// [`ConfigError`] naming the bad key.
+pub fn load_agents(overrides: impl Serialize) -> Result<AgentsConfig, ConfigError> {
+    let config: AgentsConfig = Figment::from(Serialized::defaults(AgentsConfig::default()))
+        .merge(Env::prefixed("REACH_AGENTS__").split("__"))
+        .merge(Serialized::defaults(overrides))
+        .extract()
+        .map_err(Box::new)?;
+    config
+        .model
+        .validate()
+        .map_err(|e| ConfigError::Invalid(e.to_string()))?;
+    Ok(config)
 }
 
 /// Checks that `value` is `host:port` with a resolvable host (`127.0.0.1:7070`,
@@ -209,5 +238,40 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(err.contains("listen"), "{err}");
+    }
+
+    #[test]
+    fn the_agents_model_section_loads_and_is_checked() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("reach.toml");
+        std::fs::write(
+            &file,
+            "[agents.model]\nbase_url = \"http://127.0.0.1:1/v1\"\nmodel = \"m\"\ntimeout = \"5s\"\n",
+        )
+        .unwrap();
+        let config = ReachConfig::load(Some(&file), serde_json::json!({})).unwrap();
+        assert_eq!(config.agents.model.model, "m");
+        assert_eq!(config.agents.model.api_key_env, "OPENAI_API_KEY");
+        assert_eq!(
+            config.agents.model.timeout,
+            std::time::Duration::from_secs(5)
+        );
+        let err = ReachConfig::load(
+            Some(&file),
+            serde_json::json!({"agents": {"model": {"model": ""}}}),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(err.contains("agents.model.model"), "{err}");
+        let agents =
+            load_agents(serde_json::json!({"model": {"base_url": "http://x/v1", "model": "n"}}))
+                .unwrap();
+        assert!(agents.model.is_enabled());
+        assert!(
+            !load_agents(serde_json::json!({}))
+                .unwrap()
+                .model
+                .is_enabled()
+        );
     }
 }

@@ -11,6 +11,7 @@ use anyhow::{Context, bail};
 use futures::StreamExt;
 use reach_agents::classifier::Category;
 use reach_agents::complaint::Complaint;
+use reach_agents::decision::ComplaintClassifier;
 use reach_agents::fleet::{Fleet, FleetOptions};
 use reach_agents::ingest::IngestOutcome;
 use reach_proto::v1::orchestrator_service_client::OrchestratorServiceClient;
@@ -35,6 +36,8 @@ pub struct DemoOptions {
     pub input: PathBuf,
     /// How many complaints are in flight at once.
     pub concurrency: usize,
+    /// The coordinator's classifier: the rules, or a model with the rules as its fallback.
+    pub classifier: ComplaintClassifier,
 }
 
 /// Latency percentiles in milliseconds.
@@ -68,6 +71,8 @@ pub struct DemoReport {
     pub by_capability: BTreeMap<String, usize>,
     /// Routed complaints per executor instance.
     pub by_instance: BTreeMap<String, usize>,
+    /// Classified complaints per classifier that decided (`model`, `rules`).
+    pub by_classifier: BTreeMap<String, usize>,
     /// One trace id per complaint, in file order.
     pub trace_ids: Vec<String>,
     /// Every complaint's outcome, in file order.
@@ -105,7 +110,11 @@ pub async fn run(options: &DemoOptions) -> anyhow::Result<DemoReport> {
         .context("binding the demo's gRPC port")?;
     let plane = ControlPlane::start(listener, &config, Services::ALL).await?;
     let endpoint = plane.endpoint();
-    let fleet = Fleet::start(&endpoint, &endpoint, &FleetOptions::default()).await?;
+    let fleet_options = FleetOptions {
+        classifier: options.classifier.clone(),
+        ..FleetOptions::default()
+    };
+    let fleet = Fleet::start(&endpoint, &endpoint, &fleet_options).await?;
     let expected = fleet.members.len();
     let router = plane
         .router()
@@ -181,6 +190,10 @@ async fn run_task(
     if let Some(classification) = node_output("classify") {
         outcome.category = classification["category"].as_str().map(str::to_string);
         outcome.confidence = classification["confidence"].as_f64();
+        let text = |key: &str| classification[key].as_str().map(str::to_string);
+        outcome.classifier = text("classifier");
+        outcome.model = text("model");
+        outcome.fallback = text("fallback");
     }
     match task.status() {
         TaskStatus::WaitingHuman => outcome.status = "human_review".into(),
@@ -304,6 +317,12 @@ pub fn summarize(outcomes: Vec<IngestOutcome>) -> DemoReport {
     }
     let mut by_capability = BTreeMap::new();
     let mut by_instance = BTreeMap::new();
+    let mut by_classifier = BTreeMap::new();
+    for o in &outcomes {
+        if let Some(c) = &o.classifier {
+            *by_classifier.entry(c.clone()).or_insert(0) += 1;
+        }
+    }
     for o in outcomes.iter().filter(|o| o.status == "routed") {
         if let Some(c) = &o.capability {
             *by_capability.entry(c.clone()).or_insert(0) += 1;
@@ -329,6 +348,7 @@ pub fn summarize(outcomes: Vec<IngestOutcome>) -> DemoReport {
         },
         by_capability,
         by_instance,
+        by_classifier,
         trace_ids: outcomes.iter().map(|o| o.trace_id.clone()).collect(),
         complaints: outcomes,
     }
@@ -395,6 +415,10 @@ pub fn render_text(report: &DemoReport) -> String {
     out.push_str("\nby instance:  ");
     for (instance, n) in &report.by_instance {
         out.push_str(&format!(" {instance}={n}"));
+    }
+    out.push_str("\nclassified by:");
+    for (classifier, n) in &report.by_classifier {
+        out.push_str(&format!(" {classifier}={n}"));
     }
     out.push('\n');
     out

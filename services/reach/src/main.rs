@@ -127,6 +127,8 @@ enum Command {
         /// Complaints in flight at once.
         #[arg(long, default_value_t = 16)]
         concurrency: usize,
+        #[command(flatten)]
+        model: ModelArgs,
     },
     /// Run registry, router, orchestrator and the example agents in one process until Ctrl-C.
     Dev {
@@ -141,6 +143,8 @@ enum Command {
         /// A directory of flow YAML files, loaded and watched (default: examples/flows when present).
         #[arg(long)]
         flows: Option<PathBuf>,
+        #[command(flatten)]
+        model: ModelArgs,
     },
     /// Run the orchestrator alone.
     Orchestrator {
@@ -218,6 +222,8 @@ enum Command {
         /// (`reach dev` serves both on one port).
         #[arg(long, value_parser = grpc_endpoint)]
         router: Option<String>,
+        #[command(flatten)]
+        model: ModelArgs,
     },
     /// List the capabilities the mesh knows: versions, instances, descriptions, schemas.
     Capabilities {
@@ -290,6 +296,64 @@ struct ServiceArgs {
     /// Print the effective configuration as TOML and exit.
     #[arg(long)]
     dump_config: bool,
+}
+
+/// The coordinator's model (`[agents.model]`), for the commands that start the example agents.
+#[derive(Args)]
+struct ModelArgs {
+    /// An OpenAI-compatible API base URL (e.g. https://api.openai.com/v1) the coordinator's
+    /// classifier asks, falling back to the rules when the model fails; unset: the rules alone.
+    #[arg(long)]
+    model_base_url: Option<String>,
+    /// The model to ask for (required with --model-base-url), e.g. gpt-4o-mini.
+    #[arg(long)]
+    model: Option<String>,
+    /// The environment variable holding the API key (default OPENAI_API_KEY); '' sends no key
+    /// (a local server that needs none).
+    #[arg(long)]
+    model_api_key_env: Option<String>,
+}
+
+impl ModelArgs {
+    /// The `[agents]` settings the flags give (`{"model": {...}}`, empty when none).
+    fn overrides(&self) -> Map<String, Value> {
+        let mut model = Map::new();
+        if let Some(url) = &self.model_base_url {
+            model.insert("base_url".into(), json!(url));
+        }
+        if let Some(name) = &self.model {
+            model.insert("model".into(), json!(name));
+        }
+        if let Some(env) = &self.model_api_key_env {
+            model.insert("api_key_env".into(), json!(env));
+        }
+        let mut agents = Map::new();
+        if !model.is_empty() {
+            agents.insert("model".into(), Value::Object(model));
+        }
+        agents
+    }
+
+    /// The `[agents]` section from `REACH_AGENTS__*` and these flags (for the commands that
+    /// read no config file).
+    fn load(&self) -> Result<reach_agents::model_config::AgentsConfig, String> {
+        reach::config::load_agents(Value::Object(self.overrides())).map_err(|e| e.to_string())
+    }
+}
+
+/// The coordinator's classifier from `settings`, the key read from the process environment;
+/// logs the model it uses (info) when one is configured. `Err`: the message for stderr
+/// (exit 64).
+fn classifier(
+    settings: &reach_agents::model_config::ModelSettings,
+) -> Result<reach_agents::decision::ComplaintClassifier, String> {
+    let classifier = settings
+        .classifier(|name| std::env::var(name).ok())
+        .map_err(|e| e.to_string())?;
+    if let Some(model) = classifier.model() {
+        info!(model, base_url = %settings.base_url, "the coordinator classifies with a model (the rules when it fails)");
+    }
+    Ok(classifier)
 }
 
 impl ServiceArgs {
@@ -422,8 +486,21 @@ async fn run(command: Command) -> anyhow::Result<ExitCode> {
             input,
             json,
             concurrency,
+            model,
         } => {
-            let report = reach::demo::run(&DemoOptions { input, concurrency }).await?;
+            let classifier = match model.load().and_then(|agents| classifier(&agents.model)) {
+                Ok(classifier) => classifier,
+                Err(message) => {
+                    eprintln!("error: {message}");
+                    return Ok(ExitCode::from(EXIT_USAGE));
+                }
+            };
+            let report = reach::demo::run(&DemoOptions {
+                input,
+                concurrency,
+                classifier,
+            })
+            .await?;
             let mut stdout = std::io::stdout().lock();
             if json {
                 writeln!(stdout, "{}", serde_json::to_string_pretty(&report)?)?;
@@ -442,6 +519,7 @@ async fn run(command: Command) -> anyhow::Result<ExitCode> {
             no_agents,
             data_dir,
             flows,
+            model,
         } => {
             std::fs::create_dir_all(&data_dir).map_err(|e| {
                 anyhow::anyhow!("cannot create --data-dir {}: {e}", data_dir.display())
@@ -464,6 +542,10 @@ async fn run(command: Command) -> anyhow::Result<ExitCode> {
                 orchestrator.insert("watch_flows".into(), json!(true));
             }
             overrides.insert("orchestrator".into(), Value::Object(orchestrator));
+            let agents = model.overrides();
+            if !agents.is_empty() {
+                overrides.insert("agents".into(), Value::Object(agents));
+            }
             // The example fleet's protocol registry describes its capabilities
             // (`reach capabilities`), unless the file, the environment or a flag names another.
             let mut defaults = ReachConfig::default();
@@ -565,10 +647,24 @@ async fn run(command: Command) -> anyhow::Result<ExitCode> {
             reach::top::run(options).await?;
             Ok(ExitCode::SUCCESS)
         }
-        Command::ExampleAgents { registry, router } => {
+        Command::ExampleAgents {
+            registry,
+            router,
+            model,
+        } => {
             let router = router.unwrap_or_else(|| registry.clone());
-            let fleet =
-                reach_agents::fleet::Fleet::start(&registry, &router, &Default::default()).await?;
+            let classifier = match model.load().and_then(|agents| classifier(&agents.model)) {
+                Ok(classifier) => classifier,
+                Err(message) => {
+                    eprintln!("error: {message}");
+                    return Ok(ExitCode::from(EXIT_USAGE));
+                }
+            };
+            let options = reach_agents::fleet::FleetOptions {
+                classifier,
+                ..Default::default()
+            };
+            let fleet = reach_agents::fleet::Fleet::start(&registry, &router, &options).await?;
             print_fleet(&fleet)?;
             writeln!(
                 std::io::stdout(),
@@ -652,6 +748,21 @@ async fn serve(
         stdout.flush()?;
         return Ok(ExitCode::SUCCESS);
     }
+    // The key variable is read now, before anything starts: a missing one is a usage error.
+    let fleet_options = if with_agents {
+        match classifier(&config.agents.model) {
+            Ok(classifier) => Some(reach_agents::fleet::FleetOptions {
+                classifier,
+                ..Default::default()
+            }),
+            Err(message) => {
+                eprintln!("error: {message}");
+                return Ok(ExitCode::from(EXIT_USAGE));
+            }
+        }
+    } else {
+        None
+    };
     raise_open_file_limit(
         config.server.max_connections,
         if config.admin_listen.is_empty() {
@@ -716,9 +827,8 @@ async fn serve(
         .collect::<Vec<_>>()
         .join(", ")
     )?;
-    let fleet = if with_agents {
-        let fleet =
-            reach_agents::fleet::Fleet::start(&endpoint, &endpoint, &Default::default()).await?;
+    let fleet = if let Some(options) = fleet_options {
+        let fleet = reach_agents::fleet::Fleet::start(&endpoint, &endpoint, &options).await?;
         print_fleet(&fleet)?;
         Some(fleet)
     } else {
