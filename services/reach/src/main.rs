@@ -64,52 +64,6 @@ enum DemoJob {
     },
 }
 
-/// An OpenAI-compatible model endpoint, from flags; the key from an environment variable.
-#[derive(Args, Clone, Debug)]
-struct ModelArgs {
-    /// An OpenAI-compatible API base URL (e.g. https://api.openai.com/v1); requests go to
-    /// {base}/chat/completions. Without it a scripted model is used.
-    #[arg(long, value_name = "URL")]
-    model_base_url: Option<String>,
-    /// The model to ask for (needed with --model-base-url).
-    #[arg(long, value_name = "NAME")]
-    model: Option<String>,
-    /// The environment variable that holds the API key; '' for an endpoint without one.
-    #[arg(long, value_name = "VAR", default_value = "OPENAI_API_KEY")]
-    model_api_key_env: String,
-}
-
-impl ModelArgs {
-    /// The endpoint's settings, or `None` without --model-base-url.
-    fn config(&self) -> anyhow::Result<Option<reach_agent::ModelConfig>> {
-        let Some(base_url) = &self.model_base_url else {
-            if self.model.is_some() {
-                anyhow::bail!("--model needs --model-base-url (the endpoint that serves it)");
-            }
-            return Ok(None);
-        };
-        let model = self
-            .model
-            .clone()
-            .filter(|m| !m.trim().is_empty())
-            .ok_or_else(|| {
-                anyhow::anyhow!(
-                    "--model-base-url needs --model (the model to ask for, e.g. gpt-4o-mini)"
-                )
-            })?;
-        let mut config = reach_agent::ModelConfig::new(base_url.clone(), model);
-        let var = self.model_api_key_env.trim();
-        if !var.is_empty() {
-            config.api_key = std::env::var(var).map_err(|_| {
-                anyhow::anyhow!(
-                    "the model's API key is read from ${var}, which is not set: export it, name another variable with --model-api-key-env, or pass --model-api-key-env '' for an endpoint without a key"
-                )
-            })?;
-        }
-        Ok(Some(config))
-    }
-}
-
 #[derive(Subcommand)]
 enum Command {
     /// Run the main job: the example agents triage the CFPB complaints through an embedded mesh, then exit.
@@ -458,10 +412,15 @@ async fn run(command: Command) -> anyhow::Result<ExitCode> {
                 }),
             ..
         } => {
-            let model = match model.config() {
+            let model = match model.load().and_then(|agents| {
+                agents
+                    .model
+                    .resolve(|name| std::env::var(name).ok())
+                    .map_err(|e| e.to_string())
+            }) {
                 Ok(model) => model,
-                Err(error) => {
-                    eprintln!("error: {error}");
+                Err(message) => {
+                    eprintln!("error: {message}");
                     return Ok(ExitCode::from(EXIT_USAGE));
                 }
             };

@@ -131,7 +131,7 @@ fn a_model_endpoint_without_its_key_is_refused_naming_the_variable() {
         .unwrap();
     assert_eq!(run.status.code(), Some(64));
     let stderr = String::from_utf8_lossy(&run.stderr);
-    assert!(stderr.contains("$REACH_TEST_UNSET_KEY"), "{stderr}");
+    assert!(stderr.contains("REACH_TEST_UNSET_KEY"), "{stderr}");
 }
 
 /// The model calls are spans with the OpenTelemetry GenAI attributes, in the report task's
