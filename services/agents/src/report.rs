@@ -175,7 +175,15 @@ pub fn read_csv(workspace: &Workspace, path: &str, max_rows: usize) -> Result<Ta
         path: shown.clone(),
         source,
     };
-    let size = std::fs::metadata(&file).map_err(io)?.len();
+    let metadata = std::fs::metadata(&file).map_err(io)?;
+    if !metadata.is_file() {
+        // A FIFO or a device would block or never end: only regular files are read.
+        return Err(ReportError::Csv {
+            path: shown,
+            message: "not a regular file".into(),
+        });
+    }
+    let size = metadata.len();
     if size > MAX_CSV_BYTES {
         return Err(ReportError::Csv {
             path: shown,
@@ -371,6 +379,12 @@ pub fn write_report(
     if let Some(parent) = file.parent() {
         std::fs::create_dir_all(parent).map_err(io)?;
     }
+    // Only a regular file is replaced: writing into a FIFO would block until a reader came.
+    if std::fs::symlink_metadata(&file).is_ok_and(|m| !m.is_file()) {
+        return Err(io(std::io::Error::other(
+            "exists and is not a regular file; name another path",
+        )));
+    }
     std::fs::write(&file, markdown).map_err(io)?;
     Ok((file, markdown.len()))
 }
@@ -482,6 +496,14 @@ mod tests {
             std::os::unix::fs::symlink("/etc", dir.path().join("escape")).unwrap();
             assert!(ws.resolve("escape/passwd").is_err());
         }
+        std::fs::create_dir(dir.path().join("sub")).unwrap();
+        assert!(
+            matches!(read_csv(&ws, "sub", 10), Err(ReportError::Csv { message, .. }) if message == "not a regular file")
+        );
+        assert!(matches!(
+            write_report(&ws, "sub", "# hi\n"),
+            Err(ReportError::Io { .. })
+        ));
         let (path, n) = write_report(&ws, "out/r.md", "# hi\n").unwrap();
         assert_eq!(n, 5);
         assert!(path.starts_with(ws.root()));
