@@ -15,6 +15,8 @@ use serde::{Deserialize, Serialize};
 pub const MAX_CSV_BYTES: u64 = 64 << 20;
 /// The most rows one read keeps.
 pub const MAX_ROWS: usize = 100_000;
+/// The most columns a CSV may have.
+pub const MAX_COLUMNS: usize = 1024;
 /// The largest report written (bytes).
 pub const MAX_REPORT_BYTES: usize = 1 << 20;
 
@@ -98,7 +100,7 @@ impl Workspace {
 
     /// `path` inside the root: relative paths are joined to it; absolute ones must lie in
     /// it; `..` is refused; an existing file (or the parent of a new one) must resolve —
-    /// symlinks followed — inside it.
+    /// symlinks followed — inside it; a dangling symlink is refused.
     ///
     /// # Errors
     /// [`ReportError::OutsideWorkspace`].
@@ -120,9 +122,10 @@ impl Workspace {
         } else {
             self.root.join(given)
         };
-        // The deepest part that exists must resolve inside the root.
+        // The deepest part that exists — a symlink counts, even a dangling one, so writing
+        // through it cannot create a file elsewhere — must resolve inside the root.
         let mut existing = joined.as_path();
-        while !existing.exists() {
+        while existing.symlink_metadata().is_err() {
             existing = existing.parent().ok_or_else(outside)?;
         }
         let real = existing.canonicalize().map_err(|_| outside())?;
@@ -207,6 +210,12 @@ pub fn read_csv(workspace: &Workspace, path: &str, max_rows: usize) -> Result<Ta
         return Err(ReportError::Csv {
             path: shown,
             message: "no header row".into(),
+        });
+    }
+    if columns.len() > MAX_COLUMNS {
+        return Err(ReportError::Csv {
+            path: shown,
+            message: format!("{} columns; at most {MAX_COLUMNS} are read", columns.len()),
         });
     }
     let limit = max_rows.min(MAX_ROWS);
@@ -495,6 +504,16 @@ mod tests {
         {
             std::os::unix::fs::symlink("/etc", dir.path().join("escape")).unwrap();
             assert!(ws.resolve("escape/passwd").is_err());
+            // A dangling link would let a write create its target outside.
+            let outside = tempfile::tempdir().unwrap();
+            std::os::unix::fs::symlink(outside.path().join("new.md"), dir.path().join("d.md"))
+                .unwrap();
+            assert!(matches!(
+                ws.resolve("d.md"),
+                Err(ReportError::OutsideWorkspace { .. })
+            ));
+            assert!(write_report(&ws, "d.md", "x").is_err());
+            assert!(!outside.path().join("new.md").exists());
         }
         std::fs::create_dir(dir.path().join("sub")).unwrap();
         assert!(

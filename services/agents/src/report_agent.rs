@@ -12,6 +12,8 @@
 //! it does not get the file system.
 
 use std::collections::HashMap;
+use std::ffi::OsStr;
+use std::path::Path;
 
 use reach_agent::provider::{ChatRequest, Role};
 use reach_agent::result::ToolError;
@@ -109,8 +111,10 @@ pub struct GroupRow {
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct WriteReportArgs {
-    /// Where to write, relative to the output directory (for example `report.md`).
-    pub path: String,
+    /// The report's file name; this tool writes only the one report file it was given, so
+    /// leave it out or repeat that name.
+    #[serde(default)]
+    pub path: Option<String>,
     /// The whole report, in Markdown (at most 1 MiB).
     pub markdown: String,
 }
@@ -206,20 +210,32 @@ pub fn data_tools(data: Workspace) -> Result<ToolRegistry, ToolDefinitionError> 
     ToolRegistry::new().with(read_csv)?.with(aggregate)
 }
 
-/// `report.write_report`, writing Markdown inside `output`.
+/// `report.write_report`, writing Markdown to the one file `report` in `output`: the user
+/// chooses where the report goes, the model only what it says — so a model (or a prompt
+/// injected into the data it reads) cannot write any other file, however it names it.
 ///
 /// # Errors
 /// [`ToolDefinitionError`] only if a schema cannot be built (a bug).
-pub fn write_report_tool(output: Workspace) -> Result<Tool, ToolDefinitionError> {
+pub fn write_report_tool(output: Workspace, report: &str) -> Result<Tool, ToolDefinitionError> {
+    let report = report.to_string();
     Tool::from_fn::<WriteReportArgs, Written, _, _>(
         WRITE_REPORT,
-        "Writes a Markdown report to a file. Use it once, with the finished report; do not \
-         use it for notes or drafts.",
+        "Writes the finished Markdown report to the report file. Use it once, with the whole \
+         report; do not use it for notes or drafts.",
         move |args: WriteReportArgs, _ctx: ToolContext| {
             let root = output.clone();
+            let report = report.clone();
             async move {
+                if let Some(asked) = args.path.as_deref().map(str::trim)
+                    && asked != report
+                    && Path::new(asked).file_name() != Some(OsStr::new(&report))
+                {
+                    return Err(ToolError::failed(format!(
+                        "this tool writes only the report file {report:?}, not {asked:?}: leave `path` out"
+                    )));
+                }
                 let (path, bytes) = tokio::task::spawn_blocking(move || {
-                    report::write_report(&root, &args.path, &args.markdown)
+                    report::write_report(&root, &report, &args.markdown)
                 })
                 .await
                 .map_err(|e| ToolError::failed(e.to_string()))?
@@ -362,4 +378,45 @@ fn report_from(csv: &str, results: &[(String, Value, Value)]) -> String {
     let first = day(aggregation(&op("min")).1);
     let last = day(aggregation(&op("max")).1);
     report::complaint_report(csv, total, &first, &last, &by_issue, &by_company, &by_state)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The model chooses what the report says, never where it goes: any other path it names
+    /// is refused and nothing but the report file is written.
+    #[tokio::test]
+    async fn write_report_writes_only_the_report_file() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir(dir.path().join(".git")).unwrap();
+        std::fs::write(dir.path().join("data.csv"), "a\n1\n").unwrap();
+        let tool = write_report_tool(Workspace::new(dir.path()).unwrap(), "report.md").unwrap();
+        for hostile in [".git/config", "data.csv", "other.md", ".bashrc"] {
+            let result = tool
+                .call_value(
+                    json!({"path": hostile, "markdown": "pwned"}),
+                    ToolContext::default(),
+                )
+                .await;
+            assert!(!result.is_ok(), "{hostile}: {result:?}");
+        }
+        assert!(!dir.path().join(".git/config").exists());
+        assert_eq!(
+            std::fs::read_to_string(dir.path().join("data.csv")).unwrap(),
+            "a\n1\n"
+        );
+        for fine in [
+            json!({"markdown": "# one"}),
+            json!({"path": "out/report.md", "markdown": "# two"}),
+        ] {
+            let result = tool.call_value(fine.clone(), ToolContext::default()).await;
+            assert!(result.is_ok(), "{fine}: {result:?}");
+        }
+        assert_eq!(
+            std::fs::read_to_string(dir.path().join("report.md")).unwrap(),
+            "# two"
+        );
+        assert!(!dir.path().join("out").exists());
+    }
 }

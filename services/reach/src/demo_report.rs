@@ -121,6 +121,13 @@ pub async fn run(options: &ReportOptions) -> anyhow::Result<ReportRun> {
         Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
         _ => PathBuf::from("."),
     };
+    if options.output.is_dir() {
+        bail!(
+            "--output {} is a directory: name the report file (for example {}/report.md)",
+            options.output.display(),
+            options.output.display()
+        );
+    }
     std::fs::create_dir_all(&output_dir)
         .with_context(|| format!("cannot create {}", output_dir.display()))?;
     let report_name = options
@@ -189,7 +196,10 @@ pub async fn run(options: &ReportOptions) -> anyhow::Result<ReportRun> {
             bail!("the registry does not describe {needed}: the data agent did not register it");
         }
     }
-    agent_tools.add(write_report_tool(Workspace::new(&output_dir)?)?)?;
+    agent_tools.add(write_report_tool(
+        Workspace::new(&output_dir)?,
+        &report_name,
+    )?)?;
     let provider: Arc<dyn ModelProvider> = match &options.model {
         Some(model) => Arc::new(OpenAiProvider::new(model.clone())?),
         None => scripted_analyst(&csv_name, &report_name).shared(),

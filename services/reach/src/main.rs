@@ -56,8 +56,8 @@ enum DemoJob {
         /// Print one JSON object instead of text.
         #[arg(long)]
         json: bool,
-        /// The most model calls the agent makes.
-        #[arg(long, default_value_t = 12)]
+        /// The most model calls the agent makes (at least 1).
+        #[arg(long, default_value_t = 12, value_parser = clap::value_parser!(u32).range(1..))]
         max_turns: u32,
         #[command(flatten)]
         model: ModelArgs,

@@ -572,7 +572,7 @@ async fn a_payload_that_breaks_the_input_schema_is_refused_with_its_pointer() {
             "complaint.ingest",
             Payload::json(
                 "complaint.ingest_request",
-                &serde_json::json!({"path": "x.csv", "concurrency": "lots"}),
+                &serde_json::json!({"csv": "Complaint ID\n1\n", "concurrency": "lots"}),
             ),
             CallOptions::default(),
         )
@@ -592,7 +592,7 @@ async fn a_payload_that_breaks_the_input_schema_is_refused_with_its_pointer() {
             "complaint.ingest",
             Payload::json(
                 "complaint.ingest_request",
-                &serde_json::json!({"path": "x.csv", "concurrency": 4}),
+                &serde_json::json!({"csv": "Complaint ID\n1\n", "concurrency": 4}),
             ),
             CallOptions::default(),
         )

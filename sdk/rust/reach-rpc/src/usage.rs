@@ -15,6 +15,12 @@ pub const OUTPUT_TOKENS_KEY: &str = "reach.gen_ai.usage.output_tokens";
 /// Header metadata key: how many model calls the reply took, a decimal `u64`.
 pub const MODEL_CALLS_KEY: &str = "reach.gen_ai.model_calls";
 
+/// The most tokens (input or output) one reply may report: 10⁹ (a billion tokens is far
+/// beyond any model call today; larger is treated as a bad report).
+pub const MAX_REPORTED_TOKENS: u64 = 1_000_000_000;
+/// The most model calls one reply may report.
+pub const MAX_REPORTED_CALLS: u64 = 1_000_000;
+
 /// Tokens spent by model calls (summed over calls, replies or a task's nodes).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct TokenUsage {
@@ -53,12 +59,23 @@ impl TokenUsage {
     }
 
     /// Reads the usage from header metadata: `None` when no key is present. A value that is
-    /// not a decimal `u64` counts as 0 (it is an agent's report, not an order).
+    /// not a decimal `u64`, or is over [`MAX_REPORTED_TOKENS`] (or [`MAX_REPORTED_CALLS`]),
+    /// counts as 0: it is an agent's report, not an order, and no single reply spends that
+    /// much — so a rogue agent cannot make a task's sum meaningless.
     pub fn read(metadata: &HashMap<String, String>) -> Option<TokenUsage> {
         let field = |key: &str| {
-            metadata
-                .get(key)
-                .map(|v| v.trim().parse::<u64>().unwrap_or(0))
+            let limit = if key == MODEL_CALLS_KEY {
+                MAX_REPORTED_CALLS
+            } else {
+                MAX_REPORTED_TOKENS
+            };
+            metadata.get(key).map(|v| {
+                v.trim()
+                    .parse::<u64>()
+                    .ok()
+                    .filter(|n| *n <= limit)
+                    .unwrap_or(0)
+            })
         };
         let (input, output, calls) = (
             field(INPUT_TOKENS_KEY),
@@ -93,6 +110,10 @@ mod tests {
         assert_eq!(TokenUsage::read(&HashMap::new()), None);
         metadata.insert(INPUT_TOKENS_KEY.into(), "-5".into());
         assert_eq!(TokenUsage::read(&metadata).unwrap().input_tokens, 0);
+        metadata.insert(OUTPUT_TOKENS_KEY.into(), u64::MAX.to_string());
+        metadata.insert(MODEL_CALLS_KEY.into(), "1000001".into());
+        let claimed = TokenUsage::read(&metadata).unwrap();
+        assert_eq!((claimed.output_tokens, claimed.model_calls), (0, 0));
         let mut sum = TokenUsage {
             input_tokens: u64::MAX,
             ..usage
