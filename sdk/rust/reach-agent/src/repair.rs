@@ -201,7 +201,7 @@ impl ArgumentSchema {
                 violations: vec![Violation {
                     pointer: String::new(),
                     keyword: "syntax".into(),
-                    expected: e.to_string(),
+                    expected: cut(&e.to_string(), MAX_EXPECTED_CHARS),
                 }],
             },
         )?;
@@ -346,13 +346,26 @@ impl Failure {
                 "this property is not allowed by the schema (no additional properties); remove it"
                     .to_string(),
             ),
-            _ => (self.instance_path.clone(), self.message.clone()),
+            // The validator's message quotes the bad value: cut it, so a model that sent a
+            // huge value does not get it back twice over in every retry.
+            _ => (self.instance_path.clone(), cut(&self.message, MAX_EXPECTED_CHARS)),
         };
         Violation {
             pointer,
             keyword: self.keyword,
             expected,
         }
+    }
+}
+
+/// The most characters of a violation's `expected` text (validator messages quote values).
+const MAX_EXPECTED_CHARS: usize = 300;
+
+/// `text` cut to `max` characters, with an ellipsis when cut.
+fn cut(text: &str, max: usize) -> String {
+    match text.char_indices().nth(max) {
+        Some((at, _)) => format!("{}…", &text[..at]),
+        None => text.to_string(),
     }
 }
 

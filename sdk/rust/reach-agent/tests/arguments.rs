@@ -548,3 +548,21 @@ async fn output_that_is_not_json_safe_is_refused() {
         "{error:?}"
     );
 }
+
+/// A huge bad value is not echoed back whole: the model gets the pointer and a cut message.
+#[test]
+fn a_huge_bad_value_is_not_echoed_back_whole() {
+    let schema = ArgumentSchema::new(json!({
+        "type": "object",
+        "required": ["n"],
+        "properties": {"n": {"type": "integer"}}
+    }))
+    .unwrap();
+    let huge = "x".repeat(30_000);
+    let refused = schema
+        .prepare(&json!({ "n": huge }).to_string())
+        .unwrap_err();
+    assert_eq!(refused.violations[0].pointer, "/n");
+    let rendered = refused.to_string();
+    assert!(rendered.len() < 1_000, "{} bytes", rendered.len());
+}
