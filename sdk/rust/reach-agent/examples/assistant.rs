@@ -4,13 +4,17 @@
 //!
 //! ```sh
 //! reach dev &                                              # registry, router, example agents
-//! cargo run -p reach-agent --example assistant -- "My servicer lost my payment."
+//! cargo run --release -p reach-agent --example assistant -- "My servicer lost my payment."
 //! ```
 //!
+//! `REACH_ENDPOINT` names the mesh (default `http://127.0.0.1:7070`, where `reach dev`
+//! serves registry and router).
+//!
 //! Without a model endpoint a scripted model plays the part (it classifies the complaint
-//! with the coordinator's `complaint.classify`, counts the words locally, and answers). With
+//! with the coordinator's `complaint.classify`, counts the words locally, and answers from
+//! the two results). With
 //! one: `REACH_MODEL_BASE_URL=https://api.openai.com/v1 REACH_MODEL=gpt-4o-mini
-//! OPENAI_API_KEY=... cargo run -p reach-agent --example assistant`.
+//! OPENAI_API_KEY=... cargo run --release -p reach-agent --example assistant`.
 
 use reach_agent::mesh::{discover, mesh_tools};
 use reach_agent::serve::{AgentAnswer, agent_handler};
@@ -52,23 +56,43 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             config.api_key = std::env::var("OPENAI_API_KEY").unwrap_or_default();
             Arc::new(OpenAiProvider::new(config)?)
         }
-        Err(_) => ScriptedProvider::new([
-            Step::ToolCalls(vec![
-                (
-                    "complaint.classify".into(),
-                    serde_json::json!({"complaint_id": "example-1", "narrative": question})
-                        .to_string(),
-                ),
-                (
-                    "text.word_count".into(),
-                    serde_json::json!({"text": question}).to_string(),
-                ),
-            ]),
-            Step::reply(
-                "A servicing complaint; the classifier and the word count are in the tool results.",
-            ),
-        ])
-        .shared(),
+        // The scripted model asks both tools at once, then answers from what they returned.
+        Err(_) => {
+            let question = question.clone();
+            ScriptedProvider::from_fn(move |request| {
+                let results: Vec<serde_json::Value> = request
+                    .messages
+                    .iter()
+                    .filter(|m| m.role == reach_agent::provider::Role::Tool)
+                    .filter_map(|m| serde_json::from_str(m.text()).ok())
+                    .collect();
+                if results.is_empty() {
+                    return Ok(Step::ToolCalls(vec![
+                        (
+                            "complaint.classify".into(),
+                            serde_json::json!({"complaint_id": "example-1", "narrative": question})
+                                .to_string(),
+                        ),
+                        (
+                            "text.word_count".into(),
+                            serde_json::json!({"text": question}).to_string(),
+                        ),
+                    ]));
+                }
+                let category = results
+                    .iter()
+                    .find_map(|r| r.pointer("/data/category").and_then(|c| c.as_str()))
+                    .unwrap_or("unknown");
+                let words = results
+                    .iter()
+                    .find_map(|r| r.get("data").and_then(|d| d.as_u64()))
+                    .unwrap_or(0);
+                Ok(Step::reply(format!(
+                    "The classifier files this {words}-word complaint under `{category}`."
+                )))
+            })
+            .shared()
+        }
     };
     let agent = Agent::new(model, tools)
         .system("You help triage consumer complaints. Use the tools; never guess a category.")

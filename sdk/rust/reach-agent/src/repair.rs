@@ -348,7 +348,10 @@ impl Failure {
             ),
             // The validator's message quotes the bad value: cut it, so a model that sent a
             // huge value does not get it back twice over in every retry.
-            _ => (self.instance_path.clone(), cut(&self.message, MAX_EXPECTED_CHARS)),
+            _ => (
+                self.instance_path.clone(),
+                cut(&self.message, MAX_EXPECTED_CHARS),
+            ),
         };
         Violation {
             pointer,
