@@ -367,7 +367,7 @@ fn split(input: &Path) -> anyhow::Result<(PathBuf, String)> {
 /// The run as text: where the report is, then one line per tool call.
 pub fn render_text(run: &ReportRun) -> String {
     let mut out = format!(
-        "wrote {}\n{}\ntask {} (report-flow): {} model calls, {} tokens in, {} out\n",
+        "wrote {}\n{}\ntask {} (report-flow, in the demo's temporary store): {} model calls, {} tokens in, {} out\n",
         run.report.display(),
         run.answer,
         run.task_id,
