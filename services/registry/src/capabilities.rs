@@ -32,6 +32,9 @@ pub const MAX_PATTERN_BYTES: usize = 1024;
 /// The most bytes of descriptions and schemas all of one instance's capabilities may hold
 /// together.
 pub const MAX_DESCRIPTOR_BYTES_PER_INSTANCE: usize = 256 * 1024;
+/// The most bytes of descriptions and schemas a ListCapabilities page holds before it ends
+/// early (a page always holds at least one descriptor, itself at most 1 KiB + 2 × 64 KiB).
+pub const MAX_PAGE_BYTES: usize = 2 * 1024 * 1024;
 /// The most bytes of a value (a pattern, a schema excerpt) an error message echoes.
 pub const MAX_ECHO_BYTES: usize = 200;
 
@@ -284,7 +287,8 @@ pub fn merge(
 }
 
 /// One page of [`merge`]: at most `limit` descriptors whose names sort after `after` ("" for
-/// the first page), and whether more follow. Only the page's descriptors are copied.
+/// the first page) and about [`MAX_PAGE_BYTES`] of descriptors, and whether more follow.
+/// Only the page's descriptors (and at most one past it) are copied.
 pub fn merge_page(
     protocols: Option<&reach_protocol::ProtocolRegistry>,
     instances: &[Registered<'_>],
@@ -351,8 +355,9 @@ pub fn merge_page(
             }
         }
     }
-    let more = merged.len() > limit;
-    let page = merged
+    let total = merged.len();
+    let mut bytes = 0usize;
+    let page: Vec<CapabilityDescriptor> = merged
         .into_iter()
         .take(limit)
         .map(|(name, merged)| {
@@ -405,7 +410,15 @@ pub fn merge_page(
                 source: source as i32,
             }
         })
+        // A page also ends once it holds MAX_PAGE_BYTES of descriptors (at least one
+        // descriptor, however large), so a page always fits a client's 4 MiB decode limit.
+        .take_while(|d: &CapabilityDescriptor| {
+            let fits = bytes < MAX_PAGE_BYTES;
+            bytes += d.description.len() + d.input_schema.len() + d.output_schema.len();
+            fits
+        })
         .collect();
+    let more = total > page.len();
     (page, more)
 }
 
@@ -679,6 +692,27 @@ message_types:
         let (exact, more) = merge_page(None, &all, "p.", "p.c3", 3);
         assert!(!more, "exactly a page left: no further page");
         assert_eq!(exact.len(), 3);
+    }
+
+    #[test]
+    fn a_page_ends_early_at_its_byte_bound() {
+        let schema = serde_json::json!({"description": "d".repeat(60_000)}).to_string();
+        let caps = (0..40)
+            .map(|i| capability(&format!("b.c{i:02}"), "", "", &schema))
+            .collect();
+        let one = instance("a", InstanceState::Ready, caps);
+        let all = [registered(&one, 1)];
+        let (first, more) = merge_page(None, &all, "", "", 500);
+        assert!(more);
+        let bytes: usize = first.iter().map(|d| d.input_schema.len()).sum();
+        assert!(
+            first.len() < 40 && bytes < MAX_PAGE_BYTES + 70_000,
+            "{}",
+            first.len()
+        );
+        let (rest, more) = merge_page(None, &all, "", &first.last().unwrap().name, 500);
+        assert!(!more);
+        assert_eq!(first.len() + rest.len(), 40);
     }
 
     #[test]
