@@ -1310,3 +1310,113 @@ async fn agents_shows_the_model_load() {
     assert_eq!(json[0]["model_calls_in_flight"], 2);
     assert_eq!(json[0]["model_slots_free"], 0);
 }
+
+/// A registry (not Reach's) that lists capabilities whose descriptions hold terminal escapes
+/// and bidi overrides, two to a page.
+struct HostileRegistry;
+
+#[tonic::async_trait]
+impl reach_proto::v1::registry_service_server::RegistryService for HostileRegistry {
+    async fn register(
+        &self,
+        _: tonic::Request<reach_proto::v1::RegisterRequest>,
+    ) -> Result<tonic::Response<reach_proto::v1::RegisterResponse>, tonic::Status> {
+        Err(tonic::Status::unimplemented("hostile"))
+    }
+
+    async fn heartbeat(
+        &self,
+        _: tonic::Request<reach_proto::v1::HeartbeatRequest>,
+    ) -> Result<tonic::Response<reach_proto::v1::HeartbeatResponse>, tonic::Status> {
+        Err(tonic::Status::unimplemented("hostile"))
+    }
+
+    async fn deregister(
+        &self,
+        _: tonic::Request<reach_proto::v1::DeregisterRequest>,
+    ) -> Result<tonic::Response<reach_proto::v1::DeregisterResponse>, tonic::Status> {
+        Err(tonic::Status::unimplemented("hostile"))
+    }
+
+    async fn list_instances(
+        &self,
+        _: tonic::Request<reach_proto::v1::ListInstancesRequest>,
+    ) -> Result<tonic::Response<reach_proto::v1::ListInstancesResponse>, tonic::Status> {
+        Err(tonic::Status::unimplemented("hostile"))
+    }
+
+    type WatchStream = tokio_stream::Empty<Result<reach_proto::v1::WatchResponse, tonic::Status>>;
+
+    async fn watch(
+        &self,
+        _: tonic::Request<reach_proto::v1::WatchRequest>,
+    ) -> Result<tonic::Response<Self::WatchStream>, tonic::Status> {
+        Err(tonic::Status::unimplemented("hostile"))
+    }
+
+    async fn list_capabilities(
+        &self,
+        request: tonic::Request<reach_proto::v1::ListCapabilitiesRequest>,
+    ) -> Result<tonic::Response<reach_proto::v1::ListCapabilitiesResponse>, tonic::Status> {
+        let all = [
+            ("h.a", "red \u{1b}[31malert\u{1b}[0m \u{1b}]0;title\u{7}"),
+            ("h.b", "over\rwritten"),
+            ("h.c", "nul\0byte"),
+            ("h.d", "abc\u{202e}fed \u{2066}iso\u{2069}"),
+            ("h.e", "fine\twith a tab"),
+        ];
+        let after = request.into_inner().page_token;
+        let rest: Vec<_> = all
+            .iter()
+            .filter(|(name, _)| after.is_empty() || *name > after.as_str())
+            .collect();
+        let page: Vec<_> = rest.iter().take(2).collect();
+        let next_page_token = if rest.len() > 2 {
+            page.last().unwrap().0.to_string()
+        } else {
+            String::new()
+        };
+        Ok(tonic::Response::new(
+            reach_proto::v1::ListCapabilitiesResponse {
+                capabilities: page
+                    .iter()
+                    .map(
+                        |(name, description)| reach_proto::v1::CapabilityDescriptor {
+                            name: (*name).to_string(),
+                            description: (*description).to_string(),
+                            versions: vec!["1.0.0".into()],
+                            ..Default::default()
+                        },
+                    )
+                    .collect(),
+                revision: 7,
+                next_page_token,
+            },
+        ))
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn capabilities_reads_every_page_and_prints_no_terminal_controls() {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let server = reach_rpc::GrpcServer::new().add_service(
+        reach_proto::v1::registry_service_server::RegistryServiceServer::new(HostileRegistry),
+    );
+    tokio::spawn(server.serve(listener, futures::future::pending()));
+    let table = run_reach(vec!["capabilities".into(), "--endpoint".into(), url]).await;
+    for name in ["h.a", "h.b", "h.c", "h.d", "h.e"] {
+        assert!(table.contains(name), "{name} missing:\n{table}");
+    }
+    assert!(
+        table.contains("5 capabilities at registry revision 7"),
+        "{table}"
+    );
+    for bad in [
+        '\u{1b}', '\r', '\0', '\u{7}', '\t', '\u{202e}', '\u{2066}', '\u{2069}',
+    ] {
+        assert!(!table.contains(bad), "{bad:?} printed raw:\n{table:?}");
+    }
+    assert!(table.contains("red \u{fffd}[31malert"), "{table}");
+    assert!(table.contains("fine with a tab"), "{table}");
+}

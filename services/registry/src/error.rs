@@ -48,6 +48,15 @@ pub enum RegistryError {
         /// The lease id the caller sent.
         lease_id: String,
     },
+    /// The registration waited its whole deadline for the descriptor checker (one
+    /// registration's schemas are compiled at a time): UNAVAILABLE, retry later.
+    #[error(
+        "the registry is busy checking other registrations' schemas and could not check this one within {0:?}; retry with backoff"
+    )]
+    CheckerBusy(std::time::Duration),
+    /// A registry bug (a check panicked): INTERNAL.
+    #[error("internal registry error: {0}")]
+    Internal(String),
     /// An operator drained the instance (`DELETE /agents/{service}`); it must not register again.
     #[error("instance {0:?} was drained by an operator and removed; it must not register again")]
     Drained(String),
@@ -57,6 +66,8 @@ impl From<RegistryError> for Status {
     fn from(err: RegistryError) -> Self {
         match &err {
             RegistryError::InvalidRegistration(_) => Status::invalid_argument(err.to_string()),
+            RegistryError::CheckerBusy(_) => Status::unavailable(err.to_string()),
+            RegistryError::Internal(_) => Status::internal(err.to_string()),
             RegistryError::InvalidCapability {
                 index,
                 field,

@@ -37,7 +37,15 @@ impl RegistryGrpc {
 }
 
 impl RegistryGrpc {
-    fn register_request(&self, request: RegisterRequest) -> Result<RegisterResponse, Status> {
+    async fn register_request(
+        &self,
+        request: Request<RegisterRequest>,
+    ) -> Result<RegisterResponse, Status> {
+        // A malformed grpc-timeout is treated as none: the wait is bounded either way.
+        let deadline = reach_rpc::deadline::grpc_timeout(request.metadata())
+            .ok()
+            .flatten();
+        let request = request.into_inner();
         let spec = request
             .instance
             .ok_or_else(|| RegistryError::InvalidRegistration("instance is required".into()))?;
@@ -48,7 +56,12 @@ impl RegistryGrpc {
             })?),
         };
         let endpoint = spec.endpoint.clone();
-        let registration = self.registry.register(spec, requested)?;
+        // Checking descriptors compiles schemas: off the async workers, one at a time.
+        let checked = self
+            .registry
+            .check_off_worker(deadline, move || crate::store::check_spec(spec))
+            .await??;
+        let registration = self.registry.register_checked(checked, requested)?;
         if self.registry.config().health_probe {
             tokio::spawn(probe_until_ready(
                 self.registry.clone(),
@@ -115,6 +128,12 @@ const MAX_IN_FLIGHT: u32 = 1_000_000;
 
 /// The longest `name_prefix` ListCapabilities takes (the longest capability name).
 const MAX_NAME_PREFIX_BYTES: usize = 256;
+/// The longest `page_token` ListCapabilities takes (it is a capability name).
+const MAX_PAGE_TOKEN_BYTES: usize = 256;
+/// The page size of ListCapabilities when the request sets none.
+pub const DEFAULT_PAGE_SIZE: usize = 100;
+/// The largest page size of ListCapabilities; larger requests get pages of this size.
+pub const MAX_PAGE_SIZE: usize = 500;
 
 /// Clears the lease id of an instance shown to others: the lease id is the instance's
 /// credential for Heartbeat and Deregister, returned only by Register.
@@ -148,7 +167,7 @@ impl RegistryService for RegistryGrpc {
         &self,
         request: Request<RegisterRequest>,
     ) -> Result<Response<RegisterResponse>, Status> {
-        observed("register", self.register_request(request.into_inner()))
+        observed("register", self.register_request(request).await)
     }
 
     async fn heartbeat(
@@ -195,9 +214,27 @@ impl RegistryService for RegistryGrpc {
                 ))),
             );
         }
+        if request.page_token.len() > MAX_PAGE_TOKEN_BYTES {
+            return observed(
+                "list_capabilities",
+                Err(Status::invalid_argument(format!(
+                    "page_token is {} bytes, over the limit of {MAX_PAGE_TOKEN_BYTES} bytes; send back the next_page_token of the previous page unchanged",
+                    request.page_token.len()
+                ))),
+            );
+        }
+        let page_size = match usize::try_from(request.page_size).unwrap_or(usize::MAX) {
+            0 => DEFAULT_PAGE_SIZE,
+            size => size.min(MAX_PAGE_SIZE),
+        };
+        // The token is the last name of the previous page: names sort after it.
         observed(
             "list_capabilities",
-            Ok(self.registry.list_capabilities(&request.name_prefix)),
+            Ok(self.registry.list_capabilities_page(
+                &request.name_prefix,
+                &request.page_token,
+                page_size,
+            )),
         )
     }
 

@@ -5,18 +5,24 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, SystemTime};
 
 use reach_proto::v1::{
-    Instance, InstanceSpec, InstanceState, ListCapabilitiesResponse, ListInstancesResponse,
-    WatchResponse, WatchSnapshot, watch_response,
+    Capability, Instance, InstanceSpec, InstanceState, ListCapabilitiesResponse,
+    ListInstancesResponse, WatchResponse, WatchSnapshot, watch_response,
 };
-use tokio::sync::broadcast;
+use tokio::sync::{Semaphore, broadcast};
 use tokio::time::Instant;
 use tracing::{debug, info};
 
 use crate::config::RegistryConfig;
 use crate::error::{InitError, RegistryError};
 
-/// How many watch events a slow watcher may lag before it is resent a snapshot.
+/// How many watch events a slow watcher may lag before it is resent a snapshot. Events
+/// carry instances without capability descriptors, so the buffer holds small events.
 const WATCH_BUFFER: usize = 4096;
+/// How many registrations' descriptors are checked (schemas compiled) at once, off the
+/// async workers: at most one core goes to schema checking.
+const CONCURRENT_CHECKS: usize = 1;
+/// How long a registration waits for the schema checker when its request has no deadline.
+const MAX_CHECK_WAIT: Duration = Duration::from_secs(30);
 
 /// The registry: a table of instances with leases, shared by the gRPC service, the lease
 /// sweeper and the health prober. Cloning shares the same table.
@@ -36,6 +42,8 @@ struct Inner {
     /// Every change, in revision order. Sent while the table lock is held, so a watcher that
     /// subscribes under the lock sees exactly the changes after its snapshot.
     events: broadcast::Sender<WatchResponse>,
+    /// Permits to check descriptors on the blocking pool ([`CONCURRENT_CHECKS`]).
+    checks: Arc<Semaphore>,
 }
 
 #[derive(Default)]
@@ -60,7 +68,10 @@ impl Table {
 }
 
 struct Entry {
+    /// The instance as Watch and ListInstances show it: capabilities without descriptors.
     instance: Instance,
+    /// The capabilities as registered, descriptors included (for ListCapabilities).
+    capabilities: Vec<Capability>,
     /// When the lease ends unless renewed.
     lease_deadline: Instant,
     /// The granted lease TTL; every heartbeat extends the lease by it.
@@ -88,6 +99,29 @@ impl Load {
     pub fn model_bound(&self) -> bool {
         self.model_calls_in_flight > 0 && self.model_slots_free == 0
     }
+}
+
+/// A registration whose spec passed [`check_spec`]: ready for [`Registry::register_checked`].
+#[derive(Debug, Clone)]
+pub struct CheckedSpec(InstanceSpec);
+
+impl CheckedSpec {
+    /// The checked spec.
+    pub fn spec(&self) -> &InstanceSpec {
+        &self.0
+    }
+}
+
+/// Checks a registration's spec: names, endpoint, bounds, and every capability's
+/// descriptor (schemas are compiled, so this is CPU-bound: the gRPC service runs it with
+/// [`Registry::check_off_worker`]).
+///
+/// # Errors
+/// [`RegistryError::InvalidRegistration`] naming the bad field,
+/// [`RegistryError::InvalidCapability`] for a capability's bad description or schema.
+pub fn check_spec(spec: InstanceSpec) -> Result<CheckedSpec, RegistryError> {
+    validate_spec(&spec)?;
+    Ok(CheckedSpec(spec))
 }
 
 /// An accepted registration.
@@ -121,6 +155,7 @@ impl Registry {
                 table: Mutex::new(Table::default()),
                 closed: tokio_util::sync::CancellationToken::new(),
                 events,
+                checks: Arc::new(Semaphore::new(CONCURRENT_CHECKS)),
             }),
         })
     }
@@ -161,7 +196,47 @@ impl Registry {
         spec: InstanceSpec,
         requested_ttl: Option<Duration>,
     ) -> Result<Registration, RegistryError> {
-        validate_spec(&spec)?;
+        self.register_checked(check_spec(spec)?, requested_ttl)
+    }
+
+    /// Runs `check` (CPU-bound work such as [`check_spec`]) on tokio's blocking pool, at
+    /// most [`CONCURRENT_CHECKS`] at once, so that compiling schemas never stalls the async
+    /// workers serving other calls. A check waits for its turn at most `deadline` (the
+    /// request's deadline; 30 s when it has none).
+    ///
+    /// # Errors
+    /// [`RegistryError::CheckerBusy`] when the turn did not come within the deadline.
+    pub async fn check_off_worker<T: Send + 'static>(
+        &self,
+        deadline: Option<Duration>,
+        check: impl FnOnce() -> T + Send + 'static,
+    ) -> Result<T, RegistryError> {
+        let wait = deadline.unwrap_or(MAX_CHECK_WAIT).min(MAX_CHECK_WAIT);
+        let permit = tokio::time::timeout(wait, Arc::clone(&self.inner.checks).acquire_owned())
+            .await
+            .map_err(|_| RegistryError::CheckerBusy(wait))?
+            .map_err(|_| RegistryError::CheckerBusy(wait))?;
+        tokio::task::spawn_blocking(move || {
+            let _permit = permit;
+            check()
+        })
+        .await
+        .map_err(|e| {
+            // A panicking check is a registry bug; the caller sees INTERNAL, not a hang.
+            RegistryError::Internal(format!("the descriptor check failed: {e}"))
+        })
+    }
+
+    /// [`Registry::register`] of a spec [`check_spec`] already passed.
+    ///
+    /// # Errors
+    /// [`RegistryError::CapabilityNotDeclared`] in strict mode.
+    pub fn register_checked(
+        &self,
+        spec: CheckedSpec,
+        requested_ttl: Option<Duration>,
+    ) -> Result<Registration, RegistryError> {
+        let CheckedSpec(spec) = spec;
         if let Some(protocols) = self
             .inner
             .protocols
@@ -198,17 +273,24 @@ impl Registry {
         let id = instance_id(&instance).to_string();
         let revision = table.revision;
         info!(instance = %id, service = %service_of(&instance), lease_ttl = ?ttl, "instance registered");
+        let capabilities = instance
+            .spec
+            .as_ref()
+            .map(|s| s.capabilities.clone())
+            .unwrap_or_default();
+        let shown = without_descriptors(&instance);
         table.instances.insert(
             id,
             Entry {
-                instance: instance.clone(),
+                instance: shown.clone(),
+                capabilities,
                 lease_deadline: Instant::now() + ttl,
                 lease_ttl: ttl,
                 probed,
                 registered: revision,
             },
         );
-        self.publish(&table, watch_response::Event::Upserted(instance.clone()));
+        self.publish(&table, watch_response::Event::Upserted(shown));
         Ok(Registration {
             lease_id,
             lease_ttl: ttl,
@@ -437,7 +519,8 @@ impl Registry {
     }
 
     /// The instances matching the filters (empty filters match all), sorted by service then
-    /// instance id, and the current revision.
+    /// instance id, and the current revision. Their capabilities carry no descriptors
+    /// (see [`Registry::list_capabilities`]).
     pub fn list(&self, service: &str, capability: &str) -> ListInstancesResponse {
         let table = self.table();
         let mut instances: Vec<Instance> = table
@@ -463,22 +546,47 @@ impl Registry {
     /// The merged capability descriptors whose name starts with `name_prefix` ("" for all),
     /// sorted by name, and the current revision; see [`crate::capabilities`] for the rules.
     pub fn list_capabilities(&self, name_prefix: &str) -> ListCapabilitiesResponse {
+        self.list_capabilities_page(name_prefix, "", usize::MAX)
+    }
+
+    /// One page of [`Registry::list_capabilities`]: at most `limit` descriptors whose names
+    /// sort after `after` ("" for the first page); `next_page_token` is the page's last name
+    /// when more follow, else empty.
+    pub fn list_capabilities_page(
+        &self,
+        name_prefix: &str,
+        after: &str,
+        limit: usize,
+    ) -> ListCapabilitiesResponse {
         let table = self.table();
         let registered: Vec<crate::capabilities::Registered<'_>> = table
             .instances
             .values()
             .map(|e| crate::capabilities::Registered {
                 instance: &e.instance,
+                capabilities: &e.capabilities,
                 registered: e.registered,
             })
             .collect();
+        let (capabilities, more) = crate::capabilities::merge_page(
+            self.inner.protocols.as_ref(),
+            &registered,
+            name_prefix,
+            after,
+            limit,
+        );
+        let next_page_token = if more {
+            capabilities
+                .last()
+                .map(|c| c.name.clone())
+                .unwrap_or_default()
+        } else {
+            String::new()
+        };
         ListCapabilitiesResponse {
-            capabilities: crate::capabilities::merge(
-                self.inner.protocols.as_ref(),
-                &registered,
-                name_prefix,
-            ),
+            capabilities,
             revision: table.revision,
+            next_page_token,
         }
     }
 
@@ -522,6 +630,18 @@ impl Registry {
             event: Some(event),
         });
     }
+}
+
+/// `instance` with its capabilities' descriptors cleared: what Watch and ListInstances
+/// carry (the router needs names and versions only; ListCapabilities serves descriptors).
+fn without_descriptors(instance: &Instance) -> Instance {
+    let mut shown = instance.clone();
+    if let Some(spec) = shown.spec.as_mut() {
+        for capability in &mut spec.capabilities {
+            *capability = crate::capabilities::without_descriptor(capability);
+        }
+    }
+    shown
 }
 
 /// Sets the instances-by-state gauges from the table (O(instances); called on every change).
@@ -599,11 +719,12 @@ const MAX_LIST: usize = 256;
 const MAX_LABEL_BYTES: usize = 16 * 1024;
 
 fn validate_spec(spec: &InstanceSpec) -> Result<(), RegistryError> {
+    use crate::capabilities::{MAX_DESCRIPTOR_BYTES_PER_INSTANCE, clip, descriptor_bytes};
     let bad = |msg: String| Err(RegistryError::InvalidRegistration(msg));
     if !is_name(&spec.service) {
         return bad(format!(
             "instance.service {:?} must be a non-empty dotted name of letters, digits, '_' and '-' (e.g. \"executor.servicing\")",
-            spec.service
+            clip(&spec.service)
         ));
     }
     if spec.instance_id.is_empty()
@@ -612,7 +733,7 @@ fn validate_spec(spec: &InstanceSpec) -> Result<(), RegistryError> {
     {
         return bad(format!(
             "instance.instance_id {:?} must be 1 to 256 printable ASCII characters without spaces",
-            spec.instance_id
+            clip(&spec.instance_id)
         ));
     }
     match spec.endpoint.parse::<http::Uri>() {
@@ -624,7 +745,7 @@ fn validate_spec(spec: &InstanceSpec) -> Result<(), RegistryError> {
         _ => {
             return bad(format!(
                 "instance.endpoint {:?} must be an http(s) URL with host and a non-zero port and no path, e.g. \"http://127.0.0.1:50051\"",
-                spec.endpoint
+                clip(&spec.endpoint)
             ));
         }
     }
@@ -636,17 +757,23 @@ fn validate_spec(spec: &InstanceSpec) -> Result<(), RegistryError> {
             "an instance may declare at most {MAX_LIST} capabilities, topics and labels each"
         ));
     }
+    let described = descriptor_bytes(&spec.capabilities);
+    if described > MAX_DESCRIPTOR_BYTES_PER_INSTANCE {
+        return bad(format!(
+            "instance.capabilities declare {described} bytes of descriptions and schemas in total, over the limit of {MAX_DESCRIPTOR_BYTES_PER_INSTANCE} bytes per instance; shorten the schemas or move capabilities to the protocol registry"
+        ));
+    }
     for (i, capability) in spec.capabilities.iter().enumerate() {
         if !is_name(&capability.name) {
             return bad(format!(
                 "instance.capabilities[{i}].name {:?} must be a non-empty dotted name (e.g. \"complaint.servicing\")",
-                capability.name
+                clip(&capability.name)
             ));
         }
         if !capability.version.is_empty() && semver::Version::parse(&capability.version).is_err() {
             return bad(format!(
                 "instance.capabilities[{i}].version {:?} must be a semver version such as \"1.2.0\"",
-                capability.version
+                clip(&capability.version)
             ));
         }
         crate::capabilities::check_descriptor(capability).map_err(|problem| {
@@ -667,7 +794,8 @@ fn validate_spec(spec: &InstanceSpec) -> Result<(), RegistryError> {
     for (i, topic) in spec.topics.iter().enumerate() {
         if !is_name(topic) {
             return bad(format!(
-                "instance.topics[{i}] {topic:?} must be a non-empty dotted name"
+                "instance.topics[{i}] {:?} must be a non-empty dotted name",
+                clip(topic)
             ));
         }
     }
@@ -966,6 +1094,154 @@ mod tests {
             "second"
         );
         assert!(registry.list_capabilities("other.").capabilities.is_empty());
+    }
+
+    fn described(id: &str, capabilities: usize, schema_bytes: usize) -> InstanceSpec {
+        let mut s = spec(id);
+        s.capabilities = (0..capabilities)
+            .map(|i| Capability {
+                name: format!("big.c{i}"),
+                version: "1.0.0".into(),
+                description: format!("tool {i}"),
+                input_schema: serde_json::json!({
+                    "type": "object",
+                    "description": "d".repeat(schema_bytes),
+                })
+                .to_string(),
+                output_schema: r#"{"type":"array"}"#.into(),
+            })
+            .collect();
+        s
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn watch_and_list_instances_carry_no_descriptors_but_list_capabilities_does() {
+        let registry = registry(false);
+        let (_, mut events) = registry.watch();
+        let lease = registry
+            .register(described("a", 4, 1000), None)
+            .unwrap()
+            .lease_id;
+        // Heartbeats that change the load publish the instance again: still without them.
+        registry.heartbeat("a", &lease, S::Ready, 1).unwrap();
+        registry.heartbeat("a", &lease, S::Ready, 2).unwrap();
+        let (snapshot, _) = registry.watch();
+        let mut shown = vec![registry.list("", "").instances.remove(0)];
+        let Some(Event::Snapshot(snapshot)) = snapshot.event else {
+            unreachable!()
+        };
+        shown.extend(snapshot.instances);
+        while let Ok(event) = events.try_recv() {
+            match event.event.unwrap() {
+                Event::Upserted(i) | Event::Removed(i) => shown.push(i),
+                Event::Snapshot(_) => unreachable!(),
+            }
+        }
+        assert_eq!(shown.len(), 5);
+        for instance in &shown {
+            let capabilities = &instance.spec.as_ref().unwrap().capabilities;
+            assert_eq!(capabilities.len(), 4);
+            for c in capabilities {
+                assert!(c.name.starts_with("big.c") && c.version == "1.0.0", "{c:?}");
+                assert!(
+                    c.description.is_empty()
+                        && c.input_schema.is_empty()
+                        && c.output_schema.is_empty(),
+                    "{c:?}"
+                );
+            }
+        }
+        // Filtering by capability still works on the names.
+        assert_eq!(registry.list("", "big.c3").instances.len(), 1);
+        let listed = registry.list_capabilities("big.");
+        assert_eq!(listed.capabilities.len(), 4);
+        assert_eq!(listed.capabilities[0].description, "tool 0");
+        assert!(listed.capabilities[0].input_schema.len() > 1000);
+        assert_eq!(listed.capabilities[0].output_schema, r#"{"type":"array"}"#);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_instance_s_descriptors_are_bounded_in_total() {
+        let registry = registry(false);
+        // 64 capabilities of 60 KB schemas: each is within bounds, together far over.
+        let error = registry
+            .register(described("a", 64, 60 * 1024), None)
+            .unwrap_err();
+        let status = tonic::Status::from(error);
+        assert_eq!(status.code(), tonic::Code::InvalidArgument);
+        assert!(
+            status
+                .message()
+                .contains("bytes of descriptions and schemas in total")
+                && status
+                    .message()
+                    .contains("over the limit of 262144 bytes per instance"),
+            "{}",
+            status.message()
+        );
+        // Just under the bound is accepted.
+        registry
+            .register(described("b", 4, 60 * 1024), None)
+            .unwrap();
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn refusals_do_not_echo_huge_values() {
+        let registry = registry(false);
+        let mut bad = spec("a");
+        bad.capabilities[0].input_schema =
+            serde_json::json!({"pattern": "(a|".repeat(250), "minLength": "x".repeat(60_000)})
+                .to_string();
+        let mut long_name = spec("b");
+        long_name.capabilities[0].name = "n".repeat(60_000);
+        let mut bad_pattern = spec("c");
+        bad_pattern.capabilities[0].input_schema =
+            serde_json::json!({"pattern": "(".repeat(1000)}).to_string();
+        for spec in [bad, long_name, bad_pattern] {
+            let status = tonic::Status::from(registry.register(spec, None).unwrap_err());
+            assert_eq!(status.code(), tonic::Code::InvalidArgument);
+            let size = status.message().len() + status.details().len();
+            assert!(size < 1500, "{size} bytes: {}", status.message());
+        }
+    }
+
+    #[test]
+    fn descriptor_checks_run_on_the_blocking_pool_not_the_async_worker() {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        runtime.block_on(async {
+            let registry = registry(false);
+            let (release, released) = std::sync::mpsc::channel::<()>();
+            // A check that blocks until a concurrent cheap call has run. Run on the only
+            // async worker, it would wait out its 10 s and report false.
+            let slow = registry.check_off_worker(None, move || {
+                released.recv_timeout(Duration::from_secs(10)).is_ok()
+            });
+            let cheap = async {
+                tokio::task::yield_now().await;
+                assert!(registry.list("", "").instances.is_empty());
+                // The checker is taken: a second check with a short deadline gives up.
+                let busy = registry
+                    .check_off_worker(Some(Duration::from_millis(20)), || ())
+                    .await;
+                assert!(
+                    matches!(busy, Err(RegistryError::CheckerBusy(_))),
+                    "{busy:?}"
+                );
+                release.send(()).unwrap();
+            };
+            let (slow, ()) = tokio::join!(slow, cheap);
+            assert!(slow.unwrap(), "the check ran beside the cheap call");
+            // The permit is back: the next check runs.
+            let checked = registry
+                .check_off_worker(Some(Duration::from_secs(5)), move || check_spec(spec("z")))
+                .await
+                .unwrap()
+                .unwrap();
+            registry.register_checked(checked, None).unwrap();
+        });
     }
 
     #[tokio::test(start_paused = true)]

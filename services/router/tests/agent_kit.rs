@@ -361,6 +361,7 @@ async fn described_capabilities_are_served_merged_with_the_protocol_registry() {
     let classify = client
         .list_capabilities(ListCapabilitiesRequest {
             name_prefix: "complaint.class".into(),
+            ..Default::default()
         })
         .await
         .unwrap()

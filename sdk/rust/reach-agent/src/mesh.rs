@@ -18,7 +18,12 @@
 //! that declare an input schema (from `protocol-registry.yaml` or from registrations, such
 //! as [`serve_tools`] makes) and turns each into a [`MeshToolSpec`]; [`mesh_tools`] turns
 //! them into tools. The same tool may then run in this process or on another machine, in
-//! another language.
+//! another language. Discovery reads every page of `ListCapabilities` (at most
+//! [`MAX_DISCOVERED`] capabilities) and skips, with a warning naming it and why, each
+//! capability that cannot be a tool: one whose name is no function name
+//! ([`crate::tool::function_name`], e.g. `complaint.x__y`), one no instance can take work
+//! for now (`routable_instances` is 0), one without an input schema. One bad registration
+//! thus never takes the other tools away.
 
 use std::time::Duration;
 
@@ -37,6 +42,11 @@ use crate::tool::{Tool, ToolContext, ToolDefinitionError, ToolRegistry};
 pub const TOOL_CALL_TYPE: &str = "reach.tool_call";
 /// The payload type of a normalised tool result.
 pub const TOOL_RESULT_TYPE: &str = "reach.tool_result";
+/// The most capabilities [`discover`] reads from the registry; it stops there with a
+/// warning.
+pub const MAX_DISCOVERED: usize = 10_000;
+/// The page size [`discover`] asks `ListCapabilities` for.
+const DISCOVERY_PAGE_SIZE: u32 = 500;
 
 /// A capability offered to a model as a tool.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -166,29 +176,90 @@ impl MeshToolSpec {
 }
 
 /// The mesh tools on offer: every capability the registry at `registry` describes whose
-/// name starts with `prefix` ("" for all) and that can be a tool
-/// ([`MeshToolSpec::from_descriptor`]), sorted by name. Give them to [`mesh_tools`].
+/// name starts with `prefix` ("" for all) and that can be a tool, sorted by name. Give them
+/// to [`mesh_tools`].
+///
+/// Reads `ListCapabilities` page by page, at most [`MAX_DISCOVERED`] capabilities (then
+/// stops with a warning). Skips, with a warning naming the capability and why:
+/// - a name that cannot be a function name ([`crate::tool::function_name`] fails, e.g.
+///   `complaint.x__y`);
+/// - a capability with no routable instance (`routable_instances` is 0: nothing could take
+///   the call now);
+/// - one without an input schema, or with a schema that is not JSON
+///   ([`MeshToolSpec::from_descriptor`]; logged at debug, as it is common).
 ///
 /// # Errors
 /// The registry's status (UNAVAILABLE when it cannot be reached).
 pub async fn discover(registry: Channel, prefix: &str) -> Result<Vec<MeshToolSpec>, Status> {
-    let response = RegistryServiceClient::new(registry)
-        .list_capabilities(ListCapabilitiesRequest {
-            name_prefix: prefix.to_string(),
-        })
-        .await?
-        .into_inner();
+    let mut client = RegistryServiceClient::new(registry);
     let mut specs = Vec::new();
-    for descriptor in &response.capabilities {
-        match MeshToolSpec::from_descriptor(descriptor) {
-            Some(spec) => specs.push(spec),
-            None => tracing::debug!(
-                capability = %descriptor.name,
-                "not a mesh tool: no input schema, or no instance serves it"
-            ),
+    let mut read = 0usize;
+    let mut token = String::new();
+    loop {
+        let response = client
+            .list_capabilities(ListCapabilitiesRequest {
+                name_prefix: prefix.to_string(),
+                page_size: DISCOVERY_PAGE_SIZE,
+                page_token: token.clone(),
+            })
+            .await?
+            .into_inner();
+        for descriptor in &response.capabilities {
+            read += 1;
+            if let Some(spec) = tool_spec(descriptor) {
+                specs.push(spec);
+            }
         }
+        if response.next_page_token.is_empty() {
+            break;
+        }
+        // A token that does not move forward would page forever (a foreign registry).
+        if response.next_page_token <= token || response.capabilities.is_empty() {
+            tracing::warn!(
+                token = %response.next_page_token,
+                "the registry's next page token does not advance; discovery stops here"
+            );
+            break;
+        }
+        if read >= MAX_DISCOVERED {
+            tracing::warn!(
+                read,
+                limit = MAX_DISCOVERED,
+                "the registry lists more capabilities than discovery reads; the rest are not tools (narrow the prefix)"
+            );
+            break;
+        }
+        token = response.next_page_token;
     }
     Ok(specs)
+}
+
+/// The spec of one discovered capability, or `None` (logged) when it cannot be a tool.
+fn tool_spec(descriptor: &CapabilityDescriptor) -> Option<MeshToolSpec> {
+    if let Err(e) = crate::tool::function_name(&descriptor.name) {
+        tracing::warn!(
+            capability = %descriptor.name,
+            error = %e,
+            "skipping a capability that cannot be a tool: its name is no function name"
+        );
+        return None;
+    }
+    if descriptor.routable_instances == 0 {
+        tracing::warn!(
+            capability = %descriptor.name,
+            instances = descriptor.instances,
+            "skipping a capability that cannot be a tool now: no routable instance serves it"
+        );
+        return None;
+    }
+    let spec = MeshToolSpec::from_descriptor(descriptor);
+    if spec.is_none() {
+        tracing::debug!(
+            capability = %descriptor.name,
+            "not a mesh tool: no input schema (or one that is not JSON)"
+        );
+    }
+    spec
 }
 
 /// Tools for every spec (what discovery produces), into `registry`.

@@ -478,3 +478,90 @@ async fn agents_that_call_each_other_in_a_loop_are_stopped_by_the_routers_turn_l
     assert_eq!(refused.len(), 1, "{seen:#?}");
     running.drain().await.unwrap();
 }
+
+/// An instance registered by hand, serving `capabilities` (each with an input schema).
+fn described_instance(id: &str, capabilities: &[String]) -> reach_proto::v1::InstanceSpec {
+    reach_proto::v1::InstanceSpec {
+        service: "weather.other".into(),
+        instance_id: id.into(),
+        endpoint: "http://127.0.0.1:9".into(),
+        capabilities: capabilities
+            .iter()
+            .map(|name| reach_proto::v1::Capability {
+                name: name.clone(),
+                version: "1.0.0".into(),
+                description: format!("{name}, by hand"),
+                input_schema: r#"{"type":"object"}"#.into(),
+                output_schema: String::new(),
+            })
+            .collect(),
+        ..Default::default()
+    }
+}
+
+#[tokio::test]
+async fn discovery_skips_capabilities_that_cannot_be_tools_and_reads_every_page() {
+    let mesh = Mesh::start().await;
+    let served = ToolRegistry::new()
+        .with(forecast_tool(Seen::default()))
+        .unwrap();
+    let agent = mesh
+        .start_agent(
+            serve_tools(
+                AgentRuntime::new(mesh.config("weather", "weather-1")),
+                &served,
+            ),
+            "weather-1",
+        )
+        .await;
+    let registry = mesh.registry();
+    // Valid to the registry, but `__` cannot map back to a function name.
+    registry
+        .register(
+            described_instance("odd-1", &["weather.x__y".to_string()]),
+            None,
+        )
+        .unwrap();
+    // Served only by a draining instance: nothing could take the call.
+    let lease = registry
+        .register(
+            described_instance("idle-1", &["weather.idle".to_string()]),
+            None,
+        )
+        .unwrap()
+        .lease_id;
+    registry
+        .heartbeat(
+            "idle-1",
+            &lease,
+            reach_proto::v1::InstanceState::Draining,
+            0,
+        )
+        .unwrap();
+
+    let specs = discover(mesh.registry_channel().await, "weather.")
+        .await
+        .unwrap();
+    let names: Vec<&str> = specs.iter().map(|s| s.capability.as_str()).collect();
+    assert_eq!(names, ["weather.forecast"]);
+    let client = mesh.client("planner.main").await;
+    let mut tools = ToolRegistry::new();
+    mesh_tools(&client, specs, &mut tools).unwrap();
+    assert!(tools.get("weather.forecast").is_some());
+
+    // More capabilities than one page of ListCapabilities (500): discovery reads them all.
+    for (id, range) in [("many-1", 0..256), ("many-2", 256..512)] {
+        let names: Vec<String> = range.map(|i| format!("many.c{i:03}")).collect();
+        registry
+            .register(described_instance(id, &names), None)
+            .unwrap();
+    }
+    let specs = discover(mesh.registry_channel().await, "many.")
+        .await
+        .unwrap();
+    assert_eq!(specs.len(), 512);
+    let expected: Vec<String> = (0..512).map(|i| format!("many.c{i:03}")).collect();
+    let names: Vec<String> = specs.into_iter().map(|s| s.capability).collect();
+    assert_eq!(names, expected);
+    agent.drain().await.unwrap();
+}

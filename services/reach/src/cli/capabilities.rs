@@ -17,9 +17,18 @@ pub struct CapabilitiesArgs {
     pub schemas: bool,
 }
 
+/// The most capabilities `reach capabilities` reads (page by page); it stops there with a
+/// warning.
+pub const MAX_LISTED: usize = 10_000;
+/// The page size `reach capabilities` asks ListCapabilities for.
+const PAGE_SIZE: u32 = 500;
+
 /// `reach capabilities`: the merged capability descriptors of the registry at `endpoint`,
 /// sorted by name: name, versions, instances (routable/total), where the description came
-/// from, and the description (with `--schemas` or `--json`, the schemas too).
+/// from, and the description (with `--schemas` or `--json`, the schemas too). Reads every
+/// page of ListCapabilities, at most [`MAX_LISTED`] capabilities (then warns on stderr).
+/// The table replaces control and bidirectional-override characters in what it prints, so
+/// a registry cannot drive the terminal.
 ///
 /// # Errors
 /// When the registry is unreachable or answers with an error.
@@ -37,15 +46,43 @@ pub async fn capabilities(
                 "cannot reach the registry at {endpoint}: {e}; is `reach dev` running? (--endpoint)"
             )
         })?;
-    let list = RegistryServiceClient::new(channel)
-        .list_capabilities(ListCapabilitiesRequest {
-            name_prefix: args.prefix.clone(),
-        })
-        .await
-        .map_err(|s| anyhow::anyhow!("registry at {endpoint} refused: {}", s.message()))?
-        .into_inner();
+    let mut client = RegistryServiceClient::new(channel);
+    let mut capabilities: Vec<CapabilityDescriptor> = Vec::new();
+    let mut revision = 0;
+    let mut token = String::new();
+    loop {
+        let page = client
+            .list_capabilities(ListCapabilitiesRequest {
+                name_prefix: args.prefix.clone(),
+                page_size: PAGE_SIZE,
+                page_token: token.clone(),
+            })
+            .await
+            .map_err(|s| anyhow::anyhow!("registry at {endpoint} refused: {}", s.message()))?
+            .into_inner();
+        revision = revision.max(page.revision);
+        let empty = page.capabilities.is_empty();
+        capabilities.extend(page.capabilities);
+        if page.next_page_token.is_empty() {
+            break;
+        }
+        if page.next_page_token <= token || empty {
+            eprintln!(
+                "warning: the registry's next page token does not advance; listing what was read"
+            );
+            break;
+        }
+        if capabilities.len() >= MAX_LISTED {
+            eprintln!(
+                "warning: the registry lists more than {MAX_LISTED} capabilities; showing the first {}; narrow with --prefix",
+                capabilities.len()
+            );
+            break;
+        }
+        token = page.next_page_token;
+    }
     if args.json {
-        let rows: Vec<serde_json::Value> = list.capabilities.iter().map(json_row).collect();
+        let rows: Vec<serde_json::Value> = capabilities.iter().map(json_row).collect();
         writeln!(out, "{}", serde_json::to_string_pretty(&rows)?)?;
         return Ok(());
     }
@@ -59,13 +96,13 @@ pub async fn capabilities(
             "SOURCE",
             "DESCRIPTION",
         ]);
-    for capability in &list.capabilities {
+    for capability in &capabilities {
         table.add_row(vec![
-            capability.name.clone(),
-            capability.versions.join(","),
+            printable(&capability.name),
+            printable(&capability.versions.join(",")),
             format!("{}/{}", capability.routable_instances, capability.instances),
             source_name(capability.source()).to_string(),
-            capability.description.clone(),
+            printable(&capability.description),
         ]);
         if args.schemas {
             for (label, schema) in [
@@ -78,7 +115,7 @@ pub async fn capabilities(
                         String::new(),
                         String::new(),
                         label.to_string(),
-                        schema.clone(),
+                        printable(schema),
                     ]);
                 }
             }
@@ -88,10 +125,29 @@ pub async fn capabilities(
     writeln!(
         out,
         "{} capabilities at registry revision {}",
-        list.capabilities.len(),
-        list.revision
+        capabilities.len(),
+        revision
     )?;
     Ok(())
+}
+
+/// `text` safe to print to a terminal: line breaks kept, tabs as spaces, every other
+/// control character (ESC, CR, NUL, C1 controls) and every bidirectional override or
+/// isolate character (U+202A to U+202E, U+2066 to U+2069) replaced by U+FFFD. The registry
+/// refuses such descriptions; this is defence in depth against another registry.
+pub fn printable(text: &str) -> String {
+    text.chars()
+        .map(|c| match c {
+            '\n' => '\n',
+            '\t' => ' ',
+            c if c.is_control()
+                || matches!(c, '\u{202A}'..='\u{202E}' | '\u{2066}'..='\u{2069}') =>
+            {
+                '\u{FFFD}'
+            }
+            c => c,
+        })
+        .collect()
 }
 
 /// `protocol_registry`, `registration` or `none`.

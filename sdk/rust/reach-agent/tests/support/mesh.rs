@@ -96,6 +96,11 @@ impl Mesh {
             .with_max_drain(Duration::from_secs(1))
     }
 
+    /// The registry itself (to register instances by hand).
+    pub fn registry(&self) -> &Registry {
+        &self.registry
+    }
+
     /// A channel to the registry (for discovery).
     pub async fn registry_channel(&self) -> tonic::transport::Channel {
         tonic::transport::Endpoint::from_shared(self.registry_url.clone())

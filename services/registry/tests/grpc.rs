@@ -1,0 +1,199 @@
+//! The registry over gRPC on 127.0.0.1:0: ListCapabilities pages, Watch and ListInstances
+//! carry no capability descriptors, and bad descriptors are refused before registering.
+
+use std::collections::BTreeSet;
+
+use reach_proto::v1::registry_service_client::RegistryServiceClient;
+use reach_proto::v1::{
+    Capability, InstanceSpec, ListCapabilitiesRequest, ListInstancesRequest, RegisterRequest,
+    WatchRequest, watch_response,
+};
+use reach_registry::{Registry, RegistryConfig, RegistryGrpc};
+use tonic::transport::Channel;
+
+async fn serve() -> (Registry, RegistryServiceClient<Channel>) {
+    let registry = Registry::new(RegistryConfig {
+        health_probe: false,
+        ..RegistryConfig::default()
+    })
+    .unwrap();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let server =
+        reach_rpc::GrpcServer::new().add_service(RegistryGrpc::new(registry.clone()).into_server());
+    tokio::spawn(server.serve(listener, futures::future::pending()));
+    let client = RegistryServiceClient::connect(url).await.unwrap();
+    (registry, client)
+}
+
+fn spec(id: &str, capabilities: impl IntoIterator<Item = String>) -> InstanceSpec {
+    InstanceSpec {
+        service: "svc.paged".into(),
+        instance_id: id.into(),
+        endpoint: "http://127.0.0.1:9".into(),
+        capabilities: capabilities
+            .into_iter()
+            .map(|name| Capability {
+                description: format!("what {name} does"),
+                input_schema: r#"{"type":"object","properties":{"q":{"pattern":"^a+$"}}}"#.into(),
+                name,
+                version: "1.0.0".into(),
+                output_schema: String::new(),
+            })
+            .collect(),
+        ..Default::default()
+    }
+}
+
+async fn register(client: &mut RegistryServiceClient<Channel>, spec: InstanceSpec) {
+    client
+        .register(RegisterRequest {
+            instance: Some(spec),
+            lease_ttl: None,
+        })
+        .await
+        .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn list_capabilities_pages_through_every_name_exactly_once() {
+    let (_registry, mut client) = serve().await;
+    // 3 instances × 250 capabilities, overlapping: 600 distinct names, more than a page.
+    for (id, range) in [("a", 0..250), ("b", 200..450), ("c", 350..600)] {
+        register(&mut client, spec(id, range.map(|i| format!("p.c{i:04}")))).await;
+    }
+    let page = |token: &str, size: u32| {
+        let mut client = client.clone();
+        let request = ListCapabilitiesRequest {
+            name_prefix: "p.".into(),
+            page_size: size,
+            page_token: token.into(),
+        };
+        async move {
+            client
+                .list_capabilities(request)
+                .await
+                .unwrap()
+                .into_inner()
+        }
+    };
+    for (size, expected_pages) in [(0, 6), (7, 86), (100_000, 2)] {
+        let mut names = Vec::new();
+        let mut token = String::new();
+        let mut pages = 0;
+        loop {
+            let response = page(&token, size).await;
+            pages += 1;
+            let limit = match size {
+                0 => 100,
+                s => s.min(500) as usize,
+            };
+            assert!(response.capabilities.len() <= limit);
+            names.extend(response.capabilities.into_iter().map(|c| c.name));
+            if response.next_page_token.is_empty() {
+                break;
+            }
+            token = response.next_page_token;
+        }
+        assert_eq!(pages, expected_pages, "page size {size}");
+        let expected: Vec<String> = (0..600).map(|i| format!("p.c{i:04}")).collect();
+        assert_eq!(
+            names, expected,
+            "every name once, in order, at page size {size}"
+        );
+    }
+    let first = page("", 0).await;
+    assert_eq!(first.capabilities[0].description, "what p.c0000 does");
+    assert_eq!(first.capabilities[0].instances, 1);
+    let too_long = client
+        .list_capabilities(ListCapabilitiesRequest {
+            page_token: "x".repeat(300),
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(too_long.code(), tonic::Code::InvalidArgument);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn watch_and_list_instances_show_names_and_versions_only() {
+    let (_registry, mut client) = serve().await;
+    let mut watch = client.watch(WatchRequest {}).await.unwrap().into_inner();
+    let snapshot = watch.message().await.unwrap().unwrap();
+    assert!(matches!(
+        snapshot.event,
+        Some(watch_response::Event::Snapshot(_))
+    ));
+    register(
+        &mut client,
+        spec("a", ["d.one".to_string(), "d.two".into()]),
+    )
+    .await;
+    let upserted = match watch.message().await.unwrap().unwrap().event {
+        Some(watch_response::Event::Upserted(instance)) => instance,
+        other => panic!("{other:?}"),
+    };
+    let listed = client
+        .list_instances(ListInstancesRequest::default())
+        .await
+        .unwrap()
+        .into_inner()
+        .instances
+        .remove(0);
+    for instance in [upserted, listed] {
+        let capabilities = instance.spec.unwrap().capabilities;
+        let shown: BTreeSet<(String, String)> = capabilities
+            .iter()
+            .map(|c| (c.name.clone(), c.version.clone()))
+            .collect();
+        assert_eq!(shown.len(), 2);
+        for c in &capabilities {
+            assert_eq!(
+                (
+                    c.description.as_str(),
+                    c.input_schema.as_str(),
+                    c.output_schema.as_str()
+                ),
+                ("", "", ""),
+                "{c:?}"
+            );
+        }
+    }
+    let described = client
+        .list_capabilities(ListCapabilitiesRequest::default())
+        .await
+        .unwrap()
+        .into_inner()
+        .capabilities;
+    assert_eq!(described.len(), 2);
+    assert_eq!(described[0].description, "what d.one does");
+    assert!(described[0].input_schema.contains("pattern"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_long_pattern_is_refused_with_its_pointer_and_a_short_status() {
+    let (registry, mut client) = serve().await;
+    let mut bad = spec("a", ["x.tool".to_string()]);
+    let alternation: Vec<String> = (0..10_000).map(|i| format!("w{i}")).collect();
+    bad.capabilities[0].input_schema = serde_json::json!({
+        "type": "object",
+        "properties": {"q": {"type": "string", "pattern": alternation.join("|")}},
+    })
+    .to_string();
+    let status = client
+        .register(RegisterRequest {
+            instance: Some(bad),
+            lease_ttl: None,
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(status.code(), tonic::Code::InvalidArgument);
+    assert!(
+        status.message().contains("at \"/properties/q/pattern\"")
+            && status.message().contains("over the limit of 1024 bytes"),
+        "{}",
+        status.message()
+    );
+    assert!(status.message().len() + status.details().len() < 1500);
+    assert!(registry.list("", "").instances.is_empty());
+}
