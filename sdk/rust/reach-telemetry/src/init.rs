@@ -136,6 +136,37 @@ impl SpanAccounts {
         ::metrics::counter!(TELEMETRY_SPANS_DROPPED, "reason" => reason).increment(n as u64);
     }
 
+    /// The exporter takes `n` queued spans; `false` when shutdown already claimed them.
+    ///
+    /// Each span is counted once: a shutdown that gives up claims every span still queued or
+    /// exporting ([`SpanAccounts::claim_unexported`]), so an export that ends after it —
+    /// failed or not — must not count them again, nor wrap the counters below zero.
+    fn begin_export(&self, n: usize) -> bool {
+        let owned = take(&self.queued, n);
+        if owned {
+            self.exporting.fetch_add(n, Ordering::AcqRel);
+        }
+        owned
+    }
+
+    /// An export of `n` spans ended; a failed one counts them as `export_failed` unless
+    /// shutdown claimed them meanwhile.
+    fn end_export(&self, n: usize, owned: bool, failed: bool) {
+        if owned && take(&self.exporting, n) && failed {
+            self.drop_spans("export_failed", &self.export_failed, n);
+        }
+    }
+
+    /// Claims every span still queued or exporting, counted as `shutdown`; returns how many.
+    fn claim_unexported(&self) -> usize {
+        let waiting =
+            self.queued.swap(0, Ordering::AcqRel) + self.exporting.swap(0, Ordering::AcqRel);
+        if waiting > 0 {
+            self.drop_spans("shutdown", &self.shutdown, waiting);
+        }
+        waiting
+    }
+
     fn snapshot(&self) -> DroppedSpans {
         DroppedSpans {
             queue_full: self.queue_full.load(Ordering::Relaxed),
@@ -143,6 +174,13 @@ impl SpanAccounts {
             shutdown: self.shutdown.load(Ordering::Relaxed),
         }
     }
+}
+
+/// Subtracts `n` from `counter` unless that would go below zero; whether it did.
+fn take(counter: &AtomicUsize, n: usize) -> bool {
+    counter
+        .fetch_update(Ordering::AcqRel, Ordering::Acquire, |c| c.checked_sub(n))
+        .is_ok()
 }
 
 /// The batch processor behind a queue bound of its own, so that a span it would drop for a
@@ -198,14 +236,9 @@ struct CountedExporter<E> {
 impl<E: SpanExporter> SpanExporter for CountedExporter<E> {
     async fn export(&self, batch: Vec<SpanData>) -> OTelSdkResult {
         let n = batch.len();
-        let accounts = &self.accounts;
-        accounts.queued.fetch_sub(n, Ordering::AcqRel);
-        accounts.exporting.fetch_add(n, Ordering::AcqRel);
+        let owned = self.accounts.begin_export(n);
         let result = self.inner.export(batch).await;
-        accounts.exporting.fetch_sub(n, Ordering::AcqRel);
-        if result.is_err() {
-            accounts.drop_spans("export_failed", &accounts.export_failed, n);
-        }
+        self.accounts.end_export(n, owned, result.is_err());
         result
     }
 
@@ -267,11 +300,7 @@ impl TelemetryGuard {
             .bounded(move || provider.shutdown_with_timeout(limit))
             .await;
         if let Some(accounts) = &self.accounts {
-            let waiting = accounts.queued.swap(0, Ordering::AcqRel)
-                + accounts.exporting.swap(0, Ordering::AcqRel);
-            if waiting > 0 {
-                accounts.drop_spans("shutdown", &accounts.shutdown, waiting);
-            }
+            accounts.claim_unexported();
             let dropped = accounts.snapshot();
             if dropped.total() > 0 {
                 tracing::warn!(
@@ -455,5 +484,42 @@ fn sampler(config: SamplerConfig) -> Sampler {
         SamplerConfig::ParentBasedTraceIdRatio(r) => {
             Sampler::ParentBased(Box::new(Sampler::TraceIdRatioBased(r)))
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An export that fails after shutdown gave up on it counts its spans once (as
+    /// `shutdown`), not twice, and leaves no counter wrapped below zero; one that fails
+    /// before shutdown counts them as `export_failed`.
+    #[test]
+    fn every_unexported_span_is_counted_once() {
+        let accounts = SpanAccounts::new(16);
+        accounts.queued.store(8 + 3, Ordering::SeqCst);
+        let owned = accounts.begin_export(8);
+        assert!(owned);
+        // Shutdown gives up while those 8 are exporting and 3 more wait.
+        assert_eq!(accounts.claim_unexported(), 11);
+        accounts.end_export(8, owned, true);
+        // A batch the exporter takes only after the claim was counted already.
+        let late = accounts.begin_export(3);
+        assert!(!late);
+        accounts.end_export(3, late, true);
+        let dropped = accounts.snapshot();
+        assert_eq!(
+            (dropped.shutdown, dropped.export_failed, dropped.total()),
+            (11, 0, 11)
+        );
+        assert_eq!(accounts.exporting.load(Ordering::SeqCst), 0);
+        assert_eq!(accounts.queued.load(Ordering::SeqCst), 0);
+
+        let accounts = SpanAccounts::new(16);
+        accounts.queued.store(4, Ordering::SeqCst);
+        let owned = accounts.begin_export(4);
+        accounts.end_export(4, owned, true);
+        assert_eq!(accounts.claim_unexported(), 0);
+        assert_eq!(accounts.snapshot().export_failed, 4);
     }
 }
