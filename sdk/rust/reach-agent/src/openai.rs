@@ -318,6 +318,30 @@ fn usage_of(value: &Value) -> Usage {
     }
 }
 
+/// A completion message's text: `content` as a string, or the text of its parts when a
+/// server sends `content` as an array of `{type: "text", text}` parts (as some
+/// OpenAI-compatible servers do), else its `refusal` — so a refusal reads as the answer
+/// rather than as an empty one.
+fn message_text(message: &Value) -> Option<String> {
+    match message.get("content") {
+        Some(Value::String(text)) => return Some(text.clone()),
+        Some(Value::Array(parts)) => {
+            let text: Vec<&str> = parts
+                .iter()
+                .filter_map(|part| part.get("text").and_then(Value::as_str))
+                .collect();
+            if !text.is_empty() {
+                return Some(text.concat());
+            }
+        }
+        _ => {}
+    }
+    message
+        .get("refusal")
+        .and_then(Value::as_str)
+        .map(str::to_string)
+}
+
 /// Parses a (non-streaming) chat completion.
 ///
 /// # Errors
@@ -331,10 +355,7 @@ pub fn parse_completion(body: &[u8]) -> Result<ChatResponse, ModelError> {
     let message = choice
         .get("message")
         .ok_or_else(|| bad("choices[0] has no message"))?;
-    let content = message
-        .get("content")
-        .and_then(Value::as_str)
-        .map(str::to_string);
+    let content = message_text(message);
     let calls = match message.get("tool_calls") {
         Some(Value::Array(calls)) => calls
             .iter()

@@ -368,3 +368,18 @@ async fn a_streaming_agent_repairs_arguments_split_across_chunks() {
         (29, 7)
     );
 }
+
+/// Some OpenAI-compatible servers send `content` as an array of text parts, and a refusal
+/// comes with `content: null`: both read as the answer, not as an empty one.
+#[test]
+fn content_parts_and_refusals_are_read_as_the_answer() {
+    let parts = serde_json::json!({"choices": [{"message": {"role": "assistant", "content": [
+        {"type": "text", "text": "Hello, "}, {"type": "text", "text": "world."}
+    ]}, "finish_reason": "stop"}]});
+    let response = reach_agent::openai::parse_completion(parts.to_string().as_bytes()).unwrap();
+    assert_eq!(response.message.text(), "Hello, world.");
+    let refusal = serde_json::json!({"choices": [{"message": {"role": "assistant", "content": null,
+        "refusal": "I can't help with that."}, "finish_reason": "stop"}]});
+    let response = reach_agent::openai::parse_completion(refusal.to_string().as_bytes()).unwrap();
+    assert_eq!(response.message.text(), "I can't help with that.");
+}
