@@ -544,3 +544,50 @@ async fn task_get_and_dump_show_the_tokens_the_agents_reported() {
     );
     assert_eq!(dump.matches("model_usage").count(), 2, "{dump}");
 }
+
+/// `task list` says when it stopped at `--limit`, and fetches several pages for a limit
+/// over one page.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn task_list_says_when_there_are_more_than_the_limit() {
+    let s = server(|_, _| {}).await;
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("review.yaml");
+    std::fs::write(&file, REVIEW_V1).unwrap();
+    cli::flow::flow_apply(&s.endpoint, &file, &mut out())
+        .await
+        .unwrap();
+    for i in 0..3 {
+        let id = format!("listed-{i}");
+        cli::task::task_start(
+            &s.endpoint,
+            "review",
+            "{}",
+            0,
+            Some(id.clone()),
+            true,
+            &mut out(),
+        )
+        .await
+        .unwrap();
+        wait_for(&s.endpoint, &id, pb::TaskStatus::WaitingHuman).await;
+    }
+    let list = |limit: u32| {
+        let endpoint = s.endpoint.clone();
+        async move {
+            let mut o = out();
+            cli::task::task_list(&endpoint, None, Some("review"), limit, false, &mut o)
+                .await
+                .unwrap();
+            String::from_utf8(o).unwrap()
+        }
+    };
+    let two = list(2).await;
+    assert_eq!(two.matches("listed-").count(), 2, "{two}");
+    assert!(
+        two.contains("showing the first 2 tasks; there are more"),
+        "{two}"
+    );
+    let all = list(3).await;
+    assert_eq!(all.matches("listed-").count(), 3, "{all}");
+    assert!(!all.contains("there are more"), "{all}");
+}

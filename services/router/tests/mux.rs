@@ -556,7 +556,9 @@ async fn draining_an_instance_under_multiplexed_load_loses_no_call() {
         failed.is_empty(),
         "calls failed during the drain: {failed:?}"
     );
-    assert!(ok > 100, "{ok} calls completed");
+    // At least 10 + 10 calls before the drain and 50 after it were served and answered
+    // (how many more depends on the machine's speed, not on the router).
+    assert!(ok >= 70, "{ok} calls completed");
     assert!(served[1].load(Ordering::SeqCst) > 0);
 }
 

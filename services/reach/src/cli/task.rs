@@ -50,8 +50,8 @@ pub enum TaskCommand {
         /// Only this flow.
         #[arg(long)]
         flow: Option<String>,
-        /// At most this many.
-        #[arg(long, default_value_t = 50)]
+        /// At most this many (the list says when there are more).
+        #[arg(long, default_value_t = 50, value_parser = clap::value_parser!(u32).range(1..))]
         limit: u32,
         /// Print a JSON array of tasks, each as `task get --json` prints one (without node
         /// history, which lists leave out).
@@ -349,18 +349,46 @@ pub async fn task_list(
         }
     };
     let mut c = client(endpoint).await?;
-    let tasks = c
-        .list_tasks(pb::ListTasksRequest {
-            status: status.into(),
-            flow_id: flow.unwrap_or_default().to_string(),
-            page_size: limit,
-            page_token: String::new(),
-        })
-        .await?
-        .into_inner()
-        .tasks;
+    // Pages of at most the server's page bound, until `limit` tasks or the end.
+    let mut tasks = Vec::new();
+    let mut page_token = String::new();
+    let more = loop {
+        let want = (limit as usize - tasks.len()).min(MAX_PAGE) as u32;
+        let page = c
+            .list_tasks(pb::ListTasksRequest {
+                status: status.into(),
+                flow_id: flow.unwrap_or_default().to_string(),
+                page_size: want,
+                page_token: std::mem::take(&mut page_token),
+            })
+            .await?
+            .into_inner();
+        tasks.extend(page.tasks);
+        if page.next_page_token.is_empty() {
+            break false;
+        }
+        if tasks.len() >= limit as usize {
+            // A full page comes with a token even when nothing follows: look for one more.
+            let next = c
+                .list_tasks(pb::ListTasksRequest {
+                    status: status.into(),
+                    flow_id: flow.unwrap_or_default().to_string(),
+                    page_size: 1,
+                    page_token: page.next_page_token,
+                })
+                .await?
+                .into_inner();
+            break !next.tasks.is_empty();
+        }
+        page_token = page.next_page_token;
+    };
+    tasks.truncate(limit as usize);
     if as_json {
         write_json(out, &tasks.iter().map(task_json).collect::<Vec<_>>())?;
+        if more {
+            // stdout stays one JSON array; the person running it still learns of the rest.
+            eprintln!("{}", more_tasks(limit));
+        }
         return Ok(0);
     }
     let mut table = comfy_table::Table::new();
@@ -376,7 +404,20 @@ pub async fn task_list(
         ]);
     }
     writeln!(out, "{table}")?;
+    if more {
+        writeln!(out, "{}", more_tasks(limit))?;
+    }
     Ok(0)
+}
+
+/// The most tasks asked for in one ListTasks page (the orchestrator's own bound).
+const MAX_PAGE: usize = 1000;
+
+/// The line that says a list stopped at `--limit`.
+fn more_tasks(limit: u32) -> String {
+    format!(
+        "showing the first {limit} tasks; there are more: raise --limit, or narrow with --status / --flow"
+    )
 }
 
 /// `reach task resume ID --input JSON`.
