@@ -161,7 +161,7 @@ pub fn data_tools(data: Workspace) -> Result<ToolRegistry, ToolDefinitionError> 
                             .columns
                             .iter()
                             .cloned()
-                            .zip(row.iter().map(|v| cut(v, 200)))
+                            .zip(row.iter().map(|v| reach_rpc::errors::cut(v, 200)))
                             .collect()
                     })
                     .collect();
@@ -247,13 +247,6 @@ pub fn write_report_tool(output: Workspace, report: &str) -> Result<Tool, ToolDe
             }
         },
     )
-}
-
-fn cut(text: &str, max: usize) -> String {
-    match text.char_indices().nth(max) {
-        Some((i, _)) => format!("{}…", &text[..i]),
-        None => text.to_string(),
-    }
 }
 
 /// A deterministic model that writes the complaint report of `csv` (relative to the data

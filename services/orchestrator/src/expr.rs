@@ -236,12 +236,7 @@ pub fn snippet(text: &str) -> String {
 }
 
 /// `text` cut to `max` characters with `…` when longer.
-pub fn cut(text: &str, max: usize) -> String {
-    match text.char_indices().nth(max) {
-        None => text.to_string(),
-        Some((at, _)) => format!("{}…", &text[..at]),
-    }
-}
+pub use reach_rpc::errors::cut;
 
 /// The variables an expression is evaluated against.
 #[derive(Debug, Clone, Default)]

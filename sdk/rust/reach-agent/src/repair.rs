@@ -201,7 +201,7 @@ impl ArgumentSchema {
                 violations: vec![Violation {
                     pointer: String::new(),
                     keyword: "syntax".into(),
-                    expected: cut(&e.to_string(), MAX_EXPECTED_CHARS),
+                    expected: reach_rpc::errors::cut(&e.to_string(), MAX_EXPECTED_CHARS),
                 }],
             },
         )?;
@@ -350,7 +350,7 @@ impl Failure {
             // huge value does not get it back twice over in every retry.
             _ => (
                 self.instance_path.clone(),
-                cut(&self.message, MAX_EXPECTED_CHARS),
+                reach_rpc::errors::cut(&self.message, MAX_EXPECTED_CHARS),
             ),
         };
         Violation {
@@ -363,14 +363,6 @@ impl Failure {
 
 /// The most characters of a violation's `expected` text (validator messages quote values).
 const MAX_EXPECTED_CHARS: usize = 300;
-
-/// `text` cut to `max` characters, with an ellipsis when cut.
-fn cut(text: &str, max: usize) -> String {
-    match text.char_indices().nth(max) {
-        Some((at, _)) => format!("{}…", &text[..at]),
-        None => text.to_string(),
-    }
-}
 
 /// `pointer` + `/name`, escaped per RFC 6901.
 fn child(pointer: &str, name: &str) -> String {

@@ -228,3 +228,12 @@ pub fn is_connect_error(status: &Status) -> bool {
     }
     false
 }
+
+/// `text` cut to `max` characters, with `…` when it was cut: what error messages and tool
+/// errors echo of a caller's value, so a message stays small whatever the input.
+pub fn cut(text: &str, max: usize) -> String {
+    match text.char_indices().nth(max) {
+        None => text.to_string(),
+        Some((at, _)) => format!("{}…", &text[..at]),
+    }
+}
