@@ -13,24 +13,7 @@ use reach_agent::scripted::{ScriptedProvider, Step};
 use reach_agent::tool::{Tool, ToolContext, ToolRegistry};
 use reach_agent::{Agent, RunContext, Stopped};
 use serde_json::{Value, json};
-
-fn echo_tool() -> Tool {
-    #[derive(serde::Deserialize, schemars::JsonSchema)]
-    struct Args {
-        /// What to echo.
-        text: String,
-    }
-    Tool::from_fn::<Args, Value, _, _>(
-        "util.echo",
-        "Echoes text. Use it to test; not for real work.",
-        |args: Args, _ctx: ToolContext| async move { Ok(json!({"echo": args.text})) },
-    )
-    .unwrap()
-}
-
-fn tools() -> ToolRegistry {
-    ToolRegistry::new().with(echo_tool()).unwrap()
-}
+use support::tools::tools;
 
 #[tokio::test]
 async fn the_loop_stops_at_max_turns_with_a_clear_outcome() {

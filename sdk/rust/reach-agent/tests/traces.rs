@@ -10,29 +10,12 @@ use std::time::Duration;
 
 use reach_agent::mesh::{mesh_tool, serve_tools};
 use reach_agent::scripted::{ScriptedProvider, Step};
-use reach_agent::tool::{Tool, ToolContext, ToolRegistry, schema_for};
+use reach_agent::tool::{ToolRegistry, schema_for};
 use reach_agent::{Agent, RunContext};
 use reach_sdk::AgentRuntime;
-use serde_json::{Value, json};
+
 use support::mesh::Mesh;
-
-fn echo_tool() -> Tool {
-    #[derive(serde::Deserialize, schemars::JsonSchema)]
-    struct Args {
-        /// What to echo.
-        text: String,
-    }
-    Tool::from_fn::<Args, Value, _, _>(
-        "util.echo",
-        "Echoes text. Use it to test; not for real work.",
-        |args: Args, _ctx: ToolContext| async move { Ok(json!({"echo": args.text})) },
-    )
-    .unwrap()
-}
-
-fn tools() -> ToolRegistry {
-    ToolRegistry::new().with(echo_tool()).unwrap()
-}
+use support::tools::tools;
 
 #[tokio::test]
 async fn model_and_tool_calls_are_traced() {
