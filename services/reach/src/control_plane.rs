@@ -167,6 +167,22 @@ impl ControlPlane {
         self.router.as_ref()
     }
 
+    /// Waits until this control plane's router can route to at least `n` instances, at most
+    /// `within`; `false` when the time ran out first (or it runs no router).
+    pub async fn wait_routable(&self, n: usize, within: std::time::Duration) -> bool {
+        let Some(router) = &self.router else {
+            return false;
+        };
+        let table = router.table();
+        tokio::time::timeout(within, async {
+            while table.instances().len() < n {
+                tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+            }
+        })
+        .await
+        .is_ok()
+    }
+
     /// The orchestrator, when this control plane runs one.
     pub fn orchestrator(&self) -> Option<&reach_orchestrator::Orchestrator> {
         self.orchestrator.as_ref().map(|(o, _)| o)

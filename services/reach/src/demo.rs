@@ -116,18 +116,9 @@ pub async fn run(options: &DemoOptions) -> anyhow::Result<DemoReport> {
     };
     let fleet = Fleet::start(&endpoint, &endpoint, &fleet_options).await?;
     let expected = fleet.members.len();
-    let router = plane
-        .router()
-        .expect("the demo runs a router")
-        .table()
-        .clone();
-    tokio::time::timeout(Duration::from_secs(10), async {
-        while router.instances().len() < expected {
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
-    })
-    .await
-    .context("the example agents did not all become routable within 10 s")?;
+    if !plane.wait_routable(expected, Duration::from_secs(10)).await {
+        bail!("the example agents did not all become routable within 10 s");
+    }
 
     let channel = tonic::transport::Endpoint::from_shared(endpoint.clone())?
         .connect()

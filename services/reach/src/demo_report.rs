@@ -151,21 +151,16 @@ pub async fn run(options: &ReportOptions) -> anyhow::Result<ReportRun> {
         .context("binding the demo's gRPC port")?;
     let plane = ControlPlane::start(listener, &config, Services::ALL).await?;
     let endpoint = plane.endpoint();
-    let table = plane
-        .router()
-        .expect("the demo runs a router")
-        .table()
-        .clone();
     let routable = |n: usize, what: &'static str| {
-        let table = table.clone();
+        let plane = &plane;
         async move {
-            tokio::time::timeout(Duration::from_secs(10), async {
-                while table.instances().len() < n {
-                    tokio::time::sleep(Duration::from_millis(5)).await;
-                }
-            })
-            .await
-            .with_context(|| format!("{what} did not become routable within 10 s"))
+            if plane.wait_routable(n, Duration::from_secs(10)).await {
+                Ok(())
+            } else {
+                Err(anyhow::anyhow!(
+                    "{what} did not become routable within 10 s"
+                ))
+            }
         }
     };
 
