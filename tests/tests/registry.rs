@@ -237,37 +237,76 @@ async fn a_malformed_registration_is_refused_with_the_field_to_fix() {
 }
 
 #[tokio::test]
-async fn an_instance_whose_endpoint_does_not_answer_never_becomes_routable() {
+async fn an_instance_that_fails_its_health_probe_stays_registered_and_says_why() {
     let sandbox = Sandbox::start().await;
     let mut registry = sandbox.registry_client().await;
-    // A bound but never-accepting port: the health probe cannot pass.
+    // A bound but never-accepting port: connections hang, the probe times out.
     let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let endpoint = format!("http://{}", silent.local_addr().unwrap());
-    registry
-        .register(RegisterRequest {
-            instance: Some(spec("svc", "silent", &endpoint)),
-            lease_ttl: None,
-        })
-        .await
-        .unwrap();
     // A gRPC server that is not an agent (no reach.v1.AgentService health status).
     let other = not_an_agent_endpoint().await;
-    registry
-        .register(RegisterRequest {
-            instance: Some(spec("svc", "not-an-agent", &other)),
-            lease_ttl: None,
+    // A port nothing listens on.
+    let closed = {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        format!("http://{}", listener.local_addr().unwrap())
+    };
+    for (id, endpoint) in [
+        ("silent", &endpoint),
+        ("not-an-agent", &other),
+        ("closed", &closed),
+    ] {
+        let mut spec = spec("svc", id, endpoint);
+        spec.capabilities = vec![Capability {
+            name: "svc.work".into(),
+            version: "1.0.0".into(),
+            ..Capability::default()
+        }];
+        registry
+            .register(RegisterRequest {
+                instance: Some(spec),
+                lease_ttl: None,
+            })
+            .await
+            .unwrap();
+    }
+    let why = |id: &'static str| {
+        let sandbox = &sandbox;
+        async move {
+            let list = sandbox
+                .registry_client()
+                .await
+                .list_instances(ListInstancesRequest::default())
+                .await
+                .unwrap()
+                .into_inner();
+            let instance = list
+                .instances
+                .into_iter()
+                .find(|i| i.spec.as_ref().unwrap().instance_id == id)
+                .unwrap();
+            (instance.state(), instance.health_probe_error)
+        }
+    };
+    // Each probe failure is recorded with what went wrong and what to do about it.
+    for (id, expected) in [
+        ("silent", "no answer within 1000 ms"),
+        (
+            "not-an-agent",
+            "NOT_FOUND: the endpoint serves grpc.health.v1 but not for reach.v1.AgentService",
+        ),
+        ("closed", "cannot connect"),
+    ] {
+        eventually(Duration::from_secs(10), || async {
+            why(id).await.1.contains(expected)
         })
-        .await
-        .unwrap();
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    assert_eq!(
-        state_of(&sandbox, "silent").await,
-        Some(InstanceState::Registered)
-    );
-    assert_eq!(
-        state_of(&sandbox, "not-an-agent").await,
-        Some(InstanceState::Registered)
-    );
+        .await;
+        let (state, error) = why(id).await;
+        assert_eq!(state, InstanceState::Registered, "{id}: {error}");
+        assert!(
+            error.starts_with("health probe: reach.v1.AgentService on http://127.0.0.1:"),
+            "{id}: {error}"
+        );
+    }
     assert!(
         sandbox
             .plane
@@ -277,6 +316,88 @@ async fn an_instance_whose_endpoint_does_not_answer_never_becomes_routable() {
             .instances()
             .is_empty()
     );
+    // A caller is told the capability has instances, none READY, and why.
+    let err = sandbox
+        .mesh()
+        .await
+        .call(
+            "svc.work",
+            reach_proto::v1::Payload::text("t", "x"),
+            reach_sdk::CallOptions::default(),
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::NotFound);
+    assert_eq!(
+        reach_rpc::errors::reason_of(&err).as_deref(),
+        Some("ROUTE_NOT_FOUND")
+    );
+    let message = err.message();
+    assert!(
+        message.contains("instances serve it but none is READY"),
+        "{message}"
+    );
+    assert!(
+        message.contains("not-an-agent is REGISTERED (health probe: reach.v1.AgentService on"),
+        "{message}"
+    );
+    assert!(message.contains("reach agents"), "{message}");
+    let unroutable = reach_rpc::errors::metadata_of(&err)
+        .get("unroutable_instances")
+        .cloned()
+        .unwrap_or_default();
+    assert!(unroutable.contains("closed is REGISTERED"), "{unroutable}");
+    sandbox.stop().await;
+}
+
+#[tokio::test]
+async fn a_passing_probe_clears_the_recorded_failure() {
+    let sandbox = Sandbox::start().await;
+    let mut registry = sandbox.registry_client().await;
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let endpoint = format!("http://{}", listener.local_addr().unwrap());
+    let server = GrpcServer::new();
+    let health = server.health_reporter();
+    health
+        .set_service_status(
+            "reach.v1.AgentService",
+            tonic_health::ServingStatus::NotServing,
+        )
+        .await;
+    tokio::spawn(server.serve(listener, std::future::pending()));
+    registry
+        .register(RegisterRequest {
+            instance: Some(spec("svc", "late", &endpoint)),
+            lease_ttl: None,
+        })
+        .await
+        .unwrap();
+    let listed = || async {
+        sandbox
+            .registry_client()
+            .await
+            .list_instances(ListInstancesRequest::default())
+            .await
+            .unwrap()
+            .into_inner()
+            .instances
+            .remove(0)
+    };
+    eventually(Duration::from_secs(10), || async {
+        listed().await.health_probe_error.contains("NOT_SERVING")
+    })
+    .await;
+    health
+        .set_service_status(
+            "reach.v1.AgentService",
+            tonic_health::ServingStatus::Serving,
+        )
+        .await;
+    eventually(Duration::from_secs(10), || async {
+        listed().await.state() == InstanceState::Ready
+    })
+    .await;
+    assert_eq!(listed().await.health_probe_error, "");
     sandbox.stop().await;
 }
 

@@ -194,6 +194,33 @@ enum Command {
         #[arg(long)]
         schemas: bool,
     },
+    /// Call a capability through the router and print the reply as JSON (a gRPC client of
+    /// the mesh in one command, like `grpcurl` but addressed by capability).
+    Call {
+        /// The capability to call, e.g. `complaint.classify`.
+        capability: String,
+        /// Send one data part holding this JSON value (usually an object).
+        #[arg(long, value_parser = json_value)]
+        json: Option<serde_json::Value>,
+        /// Send one text part.
+        #[arg(long)]
+        text: Option<String>,
+        /// The payload's message type; default: the capability name (as flows send it).
+        #[arg(long = "type")]
+        message_type: Option<String>,
+        /// A semver requirement on the capability's version, e.g. `^1`.
+        #[arg(long)]
+        version: Option<String>,
+        /// The trace to continue (32 lowercase hex digits); default: a new trace.
+        #[arg(long)]
+        trace_id: Option<String>,
+        /// The call's deadline in milliseconds.
+        #[arg(long, default_value_t = 10_000, value_parser = clap::value_parser!(u64).range(1..=3_600_000))]
+        timeout_ms: u64,
+        /// The router (or `reach dev`) endpoint.
+        #[arg(long, alias = "router", default_value = "http://127.0.0.1:7070", value_parser = grpc_endpoint)]
+        endpoint: String,
+    },
     /// List the registered agent instances and their state.
     Agents {
         /// The registry (or `reach dev`) endpoint.
@@ -212,6 +239,7 @@ impl Command {
             self,
             Command::Demo { .. }
                 | Command::Agents { .. }
+                | Command::Call { .. }
                 | Command::Capabilities { .. }
                 | Command::Top { .. }
         )
@@ -227,6 +255,7 @@ impl Command {
             Command::Orchestrator { .. } => "reach-orchestrator",
             Command::ExampleAgents { .. } => "reach-example-agents",
             Command::Agents { .. }
+            | Command::Call { .. }
             | Command::Capabilities { .. }
             | Command::Top { .. }
             | Command::Flow { .. }
@@ -385,6 +414,13 @@ fn is_broken_pipe(error: &anyhow::Error) -> bool {
 
 /// Checks an `--endpoint`: a URL with its scheme (`http://127.0.0.1:7070`), since a bare
 /// `host:port` otherwise fails later as an unexplained transport error.
+/// Parses a `--json` flag: any JSON value, with the parser's location on error.
+fn json_value(value: &str) -> Result<serde_json::Value, String> {
+    serde_json::from_str(value).map_err(|e| {
+        format!("not JSON ({e}); quote it for the shell, e.g. --json '{{\"key\": 1}}'")
+    })
+}
+
 fn grpc_endpoint(value: &str) -> Result<String, String> {
     if value.starts_with("http://") || value.starts_with("https://") {
         Ok(value.to_string())
@@ -657,6 +693,28 @@ async fn run(command: Command) -> anyhow::Result<ExitCode> {
             reach::cli::agents(&endpoint, json, &mut std::io::stdout()).await?;
             Ok(ExitCode::SUCCESS)
         }
+        Command::Call {
+            capability,
+            json,
+            text,
+            message_type,
+            version,
+            trace_id,
+            timeout_ms,
+            endpoint,
+        } => {
+            let args = reach::cli::CallArgs {
+                capability,
+                message_type,
+                json,
+                text,
+                timeout: std::time::Duration::from_millis(timeout_ms),
+                capability_version: version,
+                trace_id,
+            };
+            reach::cli::call(&endpoint, args, &mut std::io::stdout()).await?;
+            Ok(ExitCode::SUCCESS)
+        }
     }
 }
 
@@ -789,6 +847,14 @@ async fn serve(
     let fleet = if let Some(options) = fleet_options {
         let fleet = reach_agents::fleet::Fleet::start(&endpoint, &endpoint, &options).await?;
         print_fleet(&fleet)?;
+        // The `try:` line below means "ready": wait for the agents' health probes to pass.
+        if services.router
+            && !plane
+                .wait_routable(fleet.members.len(), std::time::Duration::from_secs(10))
+                .await
+        {
+            warn!("the example agents are not all routable after 10 s; `reach agents` says why");
+        }
         Some(fleet)
     } else {
         None

@@ -1420,3 +1420,121 @@ async fn capabilities_reads_every_page_and_prints_no_terminal_controls() {
     assert!(table.contains("red \u{fffd}[31malert"), "{table}");
     assert!(table.contains("fine with a tab"), "{table}");
 }
+
+/// Runs `reach ARGS` to completion off the runtime's threads; returns exit code and stderr.
+async fn run_reach_failing(args: Vec<String>) -> (Option<i32>, String) {
+    let output = tokio::task::spawn_blocking(move || reach().args(&args).output().unwrap())
+        .await
+        .unwrap();
+    (
+        output.status.code(),
+        String::from_utf8_lossy(&output.stderr).into_owned(),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn call_prints_the_reply_and_agents_says_why_an_instance_is_not_ready() {
+    let dev = start_dev(&["--listen", "127.0.0.1:0", "--admin-listen", ""]).await;
+    let endpoint = format!("http://{}", dev.grpc);
+    // `reach call` reaches the example coordinator and prints the reply as JSON.
+    let trace = "4bf92f3577b34da6a3ce929d0e0e4736";
+    let reply: serde_json::Value = serde_json::from_str(
+        &run_reach(vec![
+            "call".into(),
+            "complaint.classify".into(),
+            "--json".into(),
+            r#"{"complaint_id": "7", "narrative": "my PSLF forgiveness was denied"}"#.into(),
+            "--trace-id".into(),
+            trace.into(),
+            "--endpoint".into(),
+            endpoint.clone(),
+        ])
+        .await,
+    )
+    .unwrap();
+    assert_eq!(reply["trace_id"], trace);
+    assert_eq!(reply["service"], "coordinator");
+    assert_eq!(reply["type"], "complaint.classification");
+    let category = reply["parts"][0]["data"]["category"].as_str().unwrap();
+    assert!(
+        ["servicing", "repayment", "credit_report", "origination"].contains(&category),
+        "{reply}"
+    );
+    // An unknown capability: exit 1, the code, reason and the router's message.
+    let (code, stderr) = run_reach_failing(vec![
+        "call".into(),
+        "complaint.nothing".into(),
+        "--text".into(),
+        "x".into(),
+        "--endpoint".into(),
+        endpoint.clone(),
+    ])
+    .await;
+    assert_eq!(code, Some(1), "{stderr}");
+    assert!(
+        stderr.contains("NOT_FOUND [ROUTE_NOT_FOUND]: no routable instance serves capability \"complaint.nothing\""),
+        "{stderr}"
+    );
+    // An instance whose endpoint nothing listens on stays REGISTERED; `reach agents` says why.
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let closed_endpoint = format!("http://{}", closed.local_addr().unwrap());
+    drop(closed);
+    let mut registry =
+        reach_proto::v1::registry_service_client::RegistryServiceClient::connect(endpoint.clone())
+            .await
+            .unwrap();
+    registry
+        .register(reach_proto::v1::RegisterRequest {
+            instance: Some(reach_proto::v1::InstanceSpec {
+                service: "absent".into(),
+                instance_id: "absent-1".into(),
+                endpoint: closed_endpoint.clone(),
+                ..Default::default()
+            }),
+            lease_ttl: None,
+        })
+        .await
+        .unwrap();
+    let mut table = String::new();
+    for _ in 0..200 {
+        table = run_reach(vec!["agents".into(), "--endpoint".into(), endpoint.clone()]).await;
+        if table.contains("not READY yet:") {
+            break;
+        }
+    }
+    let line = table
+        .lines()
+        .find(|l| l.trim_start().starts_with("absent-1:"))
+        .unwrap_or_else(|| panic!("no reason for absent-1 in:\n{table}"));
+    assert!(
+        line.contains(&format!(
+            "health probe: reach.v1.AgentService on {closed_endpoint}: cannot connect"
+        )),
+        "{line}"
+    );
+    let json: serde_json::Value = serde_json::from_str(
+        &run_reach(vec![
+            "agents".into(),
+            "--json".into(),
+            "--endpoint".into(),
+            endpoint,
+        ])
+        .await,
+    )
+    .unwrap();
+    let absent = json
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|i| i["instance_id"] == "absent-1")
+        .unwrap();
+    assert_eq!(absent["state"], "REGISTERED");
+    assert!(
+        absent["health_probe_error"]
+            .as_str()
+            .unwrap()
+            .contains("cannot connect"),
+        "{absent}"
+    );
+    drop(dev);
+}

@@ -1,13 +1,16 @@
 //! The first health probe: a `grpc.health.v1.Health/Check` of the instance's endpoint. An
 //! instance becomes READY only once it answers SERVING, so the router never sends work to an
-//! endpoint that is not listening yet.
+//! endpoint that is not listening yet. Until then each new reason the probe fails for is
+//! logged once and recorded as the instance's `health_probe_error`, so `reach agents` and the
+//! router's ROUTE_NOT_FOUND can say why the instance is still REGISTERED.
 
 use std::time::Duration;
 
 use reach_rpc::backoff::Backoff;
+use tonic::Code;
 use tonic_health::pb::health_check_response::ServingStatus;
 use tonic_health::pb::{HealthCheckRequest, health_client::HealthClient};
-use tracing::debug;
+use tracing::{debug, info};
 
 use crate::store::Registry;
 
@@ -29,32 +32,77 @@ pub async fn probe_until_ready(
             return;
         }
         match check(&endpoint, timeout).await {
-            Ok(true) => {
+            Ok(()) => {
                 registry.probe_passed(&instance_id, &lease_id);
                 return;
             }
-            Ok(false) => debug!(instance = %instance_id, "health probe: not serving yet"),
-            Err(error) => debug!(instance = %instance_id, %error, "health probe failed"),
+            Err(reason) => {
+                if registry.probe_failed(&instance_id, &lease_id, &reason) {
+                    info!(instance = %instance_id, "instance stays REGISTERED: {reason}");
+                } else {
+                    debug!(instance = %instance_id, "{reason}");
+                }
+            }
         }
         backoff.wait().await;
     }
 }
 
-async fn check(
-    endpoint: &str,
-    timeout: Duration,
-) -> Result<bool, Box<dyn std::error::Error + Send + Sync>> {
-    let channel = tonic::transport::Endpoint::from_shared(endpoint.to_string())?
+/// One probe attempt. `Err` is why it failed, as a user reads it: what was asked of whom, what
+/// came back, and what the agent must do about it.
+async fn check(endpoint: &str, timeout: Duration) -> Result<(), String> {
+    let failed = |what: String| format!("health probe: {AGENT_SERVICE} on {endpoint}: {what}");
+    let channel = tonic::transport::Endpoint::from_shared(endpoint.to_string())
+        .map_err(|error| failed(format!("the endpoint is not a URL ({error})")))?
         .connect_timeout(timeout)
         .timeout(timeout)
         .connect()
-        .await?;
-    let response = HealthClient::new(channel)
-        .check(HealthCheckRequest {
-            // The agent's own service, not the server as a whole: an endpoint that serves
-            // something else (a router, say) must not pass for an agent.
-            service: AGENT_SERVICE.to_string(),
-        })
-        .await?;
-    Ok(response.into_inner().status == ServingStatus::Serving as i32)
+        .await
+        .map_err(|error| {
+            failed(format!(
+                "cannot connect ({}); is the agent listening there?",
+                source_chain(&error)
+            ))
+        })?;
+    let request = HealthCheckRequest {
+        // The agent's own service, not the server as a whole: an endpoint that serves
+        // something else (a router, say) must not pass for an agent.
+        service: AGENT_SERVICE.to_string(),
+    };
+    let status = match HealthClient::new(channel).check(request).await {
+        Ok(response) => response.into_inner().status(),
+        Err(status) => {
+            return Err(failed(match status.code() {
+                Code::NotFound => format!(
+                    "NOT_FOUND: the endpoint serves grpc.health.v1 but not for {AGENT_SERVICE}; set {AGENT_SERVICE} to SERVING in its health service"
+                ),
+                Code::Unimplemented => format!(
+                    "UNIMPLEMENTED: the endpoint serves no grpc.health.v1.Health; serve it, with {AGENT_SERVICE} SERVING"
+                ),
+                Code::DeadlineExceeded | Code::Cancelled => {
+                    format!("no answer within {} ms", timeout.as_millis())
+                }
+                code => format!("{code:?}: {}", status.message()),
+            }));
+        }
+    };
+    match status {
+        ServingStatus::Serving => Ok(()),
+        other => Err(failed(format!(
+            "{} (the agent has not reported SERVING yet)",
+            other.as_str_name()
+        ))),
+    }
+}
+
+/// The error and its sources, joined: tonic's transport errors say little at the top level.
+fn source_chain(error: &(dyn std::error::Error + 'static)) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
 }

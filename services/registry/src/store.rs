@@ -264,6 +264,7 @@ impl Registry {
             in_flight: 0,
             model_calls_in_flight: 0,
             model_slots_free: 0,
+            health_probe_error: String::new(),
             lease_id: lease_id.clone(),
             lease_expires_at: Some(reach_rpc::time::timestamp(now + ttl)),
             registered_at: Some(reach_rpc::time::timestamp(now)),
@@ -309,11 +310,32 @@ impl Registry {
             return;
         }
         entry.probed = true;
+        entry.instance.health_probe_error.clear();
         if entry.instance.state == InstanceState::Registered as i32 {
             entry.instance.state = InstanceState::Ready as i32;
         }
         debug!(instance = %instance_id, "health probe passed");
         self.touch_and_publish(&mut table, instance_id);
+    }
+
+    /// Records why the first health probe of `lease_id` failed, shown as the instance's
+    /// `health_probe_error` (in `reach agents` and Watch) while it stays REGISTERED. Returns
+    /// whether the reason changed (the caller logs each new reason once); does nothing, and
+    /// returns false, when the lease has been replaced or removed or the probe has passed.
+    pub fn probe_failed(&self, instance_id: &str, lease_id: &str, reason: &str) -> bool {
+        let mut table = self.table();
+        let Some(entry) = table.instances.get_mut(instance_id) else {
+            return false;
+        };
+        if entry.instance.lease_id != lease_id
+            || entry.probed
+            || entry.instance.health_probe_error == reason
+        {
+            return false;
+        }
+        entry.instance.health_probe_error = reason.to_string();
+        self.touch_and_publish(&mut table, instance_id);
+        true
     }
 
     /// Whether `lease_id` is still the live lease of `instance_id`.

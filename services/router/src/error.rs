@@ -43,9 +43,12 @@ pub enum RouteError {
     /// The `grpc-timeout` header is malformed.
     #[error("{0}")]
     InvalidTimeout(String),
-    /// No routable instance is on the route.
+    /// No routable instance is on the route. When instances of it exist but none is READY
+    /// (still REGISTERED behind a failing health probe, DRAINING, …), the message says which
+    /// and why instead of listing what else is routable.
     #[error(
-        "no routable instance serves {key}; routable capabilities: {capabilities}; routable services: {services}. Start an agent that serves it, or check the name"
+        "no routable instance serves {key}; {}",
+        not_found_hint(capabilities, services, unroutable)
     )]
     RouteNotFound {
         /// What the message addressed.
@@ -54,6 +57,9 @@ pub enum RouteError {
         capabilities: String,
         /// Routable services with instance counts, rendered.
         services: String,
+        /// The instances on the route that are not routable, each with its state and why
+        /// (at most [`MAX_UNROUTABLE_LISTED`] named), rendered; empty when there are none.
+        unroutable: String,
     },
     /// The message's `header.turn` is above the router's `max_turn`: the conversation has
     /// taken more agent hops than allowed (agents calling each other in a loop).
@@ -213,12 +219,32 @@ impl std::fmt::Display for AdapterDirection {
     }
 }
 
+/// How many unroutable instances a ROUTE_NOT_FOUND message names; the rest are counted.
+pub const MAX_UNROUTABLE_LISTED: usize = 3;
+
+/// What follows "no routable instance serves …": why the route's instances are not routable
+/// when it has some, or else what is routable (the name may be wrong).
+fn not_found_hint(capabilities: &str, services: &str, unroutable: &str) -> String {
+    if unroutable.is_empty() {
+        format!(
+            "routable capabilities: {capabilities}; routable services: {services}. Start an agent that serves it, or check the name"
+        )
+    } else {
+        format!(
+            "instances serve it but none is READY: {unroutable}. An instance is routable once READY or BUSY; `reach agents` shows each instance's state and why"
+        )
+    }
+}
+
 impl RouteError {
-    /// Builds [`RouteError::RouteNotFound`] from the table's summary.
+    /// Builds [`RouteError::RouteNotFound`] from the table's summary and `unroutable`: the
+    /// route's instances that are not routable, as `(instance id, state, why)` sorted by id,
+    /// `why` empty when the state says it all (DRAINING, say).
     pub fn route_not_found(
         key: RouteKey,
         capabilities: &BTreeMap<String, usize>,
         services: &BTreeMap<String, usize>,
+        unroutable: &[(String, &'static str, String)],
     ) -> Self {
         let render = |m: &BTreeMap<String, usize>| {
             if m.is_empty() {
@@ -230,10 +256,28 @@ impl RouteError {
                     .join(", ")
             }
         };
+        let mut listed: Vec<String> = unroutable
+            .iter()
+            .take(MAX_UNROUTABLE_LISTED)
+            .map(|(id, state, why)| {
+                if why.is_empty() {
+                    format!("{id} is {state}")
+                } else {
+                    format!("{id} is {state} ({why})")
+                }
+            })
+            .collect();
+        if unroutable.len() > MAX_UNROUTABLE_LISTED {
+            listed.push(format!(
+                "and {} more",
+                unroutable.len() - MAX_UNROUTABLE_LISTED
+            ));
+        }
         RouteError::RouteNotFound {
             key,
             capabilities: render(capabilities),
             services: render(services),
+            unroutable: listed.join("; "),
         }
     }
 }
@@ -257,6 +301,7 @@ impl From<RouteError> for Status {
                 key,
                 capabilities,
                 services,
+                unroutable,
             } => {
                 let target = match key {
                     RouteKey::Service(name) => ("service".to_string(), name),
@@ -272,7 +317,12 @@ impl From<RouteError> for Status {
                         target,
                         ("routable_capabilities".to_string(), capabilities),
                         ("routable_services".to_string(), services),
-                    ],
+                    ]
+                    .into_iter()
+                    .chain(
+                        (!unroutable.is_empty())
+                            .then(|| ("unroutable_instances".to_string(), unroutable)),
+                    ),
                 )
             }
             RouteError::ReplyTooLarge { size, limit, .. } => status_with_reason(

@@ -91,8 +91,19 @@ pub struct RoutingTable {
 #[derive(Default)]
 struct State {
     members: HashMap<String, Member>,
+    /// Instances the registry lists that are not routable now, by id.
+    unroutable: HashMap<String, Unroutable>,
     routes: HashMap<RouteKey, Arc<Route>>,
     revision: u64,
+}
+
+/// An instance that is not routable (REGISTERED behind its health probe, DRAINING, or with
+/// an endpoint the router cannot use): kept so that ROUTE_NOT_FOUND can say that the route
+/// has instances but none is READY, and why.
+struct Unroutable {
+    keys: Vec<RouteKey>,
+    state: InstanceState,
+    why: String,
 }
 
 /// A routable instance: its declaration and its endpoint.
@@ -267,7 +278,17 @@ impl RoutingTable {
 
     fn not_found(&self, key: &RouteKey) -> RouteError {
         let (capabilities, services) = self.summary();
-        RouteError::route_not_found(key.clone(), &capabilities, &services)
+        let mut unroutable: Vec<(String, &'static str, String)> = {
+            let state = self.state.read().unwrap_or_else(|p| p.into_inner());
+            state
+                .unroutable
+                .iter()
+                .filter(|(_, u)| u.keys.contains(key))
+                .map(|(id, u)| (id.clone(), u.state.short_name(), u.why.clone()))
+                .collect()
+        };
+        unroutable.sort();
+        RouteError::route_not_found(key.clone(), &capabilities, &services, &unroutable)
     }
 
     /// The refusal of a shed call, counted in `reach_router_shed_total` with `reason`.
@@ -349,6 +370,7 @@ impl RoutingTable {
         for id in gone {
             remove_member(&mut state, &id, &mut touched);
         }
+        state.unroutable.retain(|id, _| live.contains(id));
         for instance in instances {
             self.upsert_locked(&mut state, instance, &mut touched);
         }
@@ -381,6 +403,7 @@ impl RoutingTable {
         let mut touched = HashSet::new();
         if let Some(spec) = &instance.spec {
             remove_member(&mut state, &spec.instance_id, &mut touched);
+            state.unroutable.remove(&spec.instance_id);
         }
         self.rebuild(&mut state, touched);
         state.revision = revision;
@@ -396,6 +419,7 @@ impl RoutingTable {
         let Some(spec) = instance.spec else { return };
         let routable = matches!(new_state, InstanceState::Ready | InstanceState::Busy);
         let id = spec.instance_id.clone();
+        state.unroutable.remove(&id);
         if let Some(member) = state.members.get(&id) {
             if routable && member.spec == spec {
                 member.endpoint.set_state(new_state);
@@ -406,12 +430,27 @@ impl RoutingTable {
             remove_member(state, &id, touched);
         }
         if !routable {
+            let unroutable = Unroutable {
+                keys: route_keys(&spec),
+                state: new_state,
+                why: instance.health_probe_error,
+            };
+            state.unroutable.insert(id, unroutable);
             return;
         }
         let endpoint = match self.connect(&spec, new_state) {
             Ok(endpoint) => Arc::new(endpoint),
             Err(error) => {
                 warn!(instance = %id, endpoint = %spec.endpoint, %error, "instance endpoint unusable; not routing to it");
+                let unroutable = Unroutable {
+                    keys: route_keys(&spec),
+                    state: new_state,
+                    why: format!(
+                        "the router cannot use its endpoint {:?}: {error}",
+                        spec.endpoint
+                    ),
+                };
+                state.unroutable.insert(id, unroutable);
                 return;
             }
         };

@@ -14,6 +14,15 @@ pub mod v1 {
     tonic::include_proto!("reach.v1");
 }
 
+impl v1::InstanceState {
+    /// The state without the proto's `INSTANCE_STATE_` prefix ("READY", "DRAINING", …), as
+    /// `reach agents`, the registry's logs and the router's errors name it.
+    pub fn short_name(self) -> &'static str {
+        let name = self.as_str_name();
+        name.strip_prefix("INSTANCE_STATE_").unwrap_or(name)
+    }
+}
+
 /// The encoded `google.protobuf.FileDescriptorSet` of every `reach.v1` file (and its imports).
 pub const FILE_DESCRIPTOR_SET: &[u8] =
     include_bytes!(concat!(env!("OUT_DIR"), "/reach_descriptor.bin"));

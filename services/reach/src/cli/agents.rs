@@ -33,7 +33,8 @@ pub async fn agents(endpoint: &str, json: bool, out: &mut impl Write) -> anyhow:
                 serde_json::json!({
                     "service": spec.service,
                     "instance_id": spec.instance_id,
-                    "state": i.state().as_str_name().trim_start_matches("INSTANCE_STATE_"),
+                    "state": i.state().short_name(),
+                    "health_probe_error": i.health_probe_error,
                     "in_flight": i.in_flight,
                     "model_calls_in_flight": i.model_calls_in_flight,
                     "model_slots_free": i.model_slots_free,
@@ -74,10 +75,7 @@ pub async fn agents(endpoint: &str, json: bool, out: &mut impl Write) -> anyhow:
         table.add_row(vec![
             spec.service,
             spec.instance_id,
-            i.state()
-                .as_str_name()
-                .trim_start_matches("INSTANCE_STATE_")
-                .to_string(),
+            i.state().short_name().to_string(),
             format!("{}/{}", i.in_flight, spec.max_concurrency),
             model_load(i),
             spec.endpoint,
@@ -96,6 +94,19 @@ pub async fn agents(endpoint: &str, json: bool, out: &mut impl Write) -> anyhow:
         list.instances.len(),
         list.revision
     )?;
+    // Why an instance is still REGISTERED is a sentence, too long for a column.
+    let waiting: Vec<_> = list
+        .instances
+        .iter()
+        .filter(|i| !i.health_probe_error.is_empty())
+        .collect();
+    if !waiting.is_empty() {
+        writeln!(out, "not READY yet:")?;
+        for i in waiting {
+            let id = i.spec.as_ref().map_or("", |s| s.instance_id.as_str());
+            writeln!(out, "  {id}: {}", i.health_probe_error)?;
+        }
+    }
     Ok(())
 }
 

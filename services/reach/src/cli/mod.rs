@@ -3,6 +3,7 @@
 //!
 //! # Layout
 //! - [`agents`] — `reach agents`: the registered instances.
+//! - [`call`] — `reach call CAPABILITY`: one call through the router, the reply as JSON.
 //! - [`capabilities`] — `reach capabilities`: the capability descriptors the registry serves.
 //! - [`flow`] — `reach flow validate | apply | list`.
 //! - [`task`] — `reach task start | get | list | resume | cancel | retry | watch | dead-letters`.
@@ -12,6 +13,7 @@
 //! invalid flow); [`CliError`] is for transport problems (unreachable endpoint, gRPC errors).
 
 pub mod agents;
+pub mod call;
 pub mod capabilities;
 pub mod dump;
 pub mod flow;
@@ -23,6 +25,7 @@ use serde_json::Value;
 pub(crate) use reach_orchestrator::json::{status_name, timestamp as fmt_ts};
 
 pub use agents::agents;
+pub use call::{CallArgs, call};
 pub use capabilities::{CapabilitiesArgs, capabilities};
 pub use dump::{DumpArgs, dump};
 pub use flow::{FlowArgs, FlowCommand, flow};
