@@ -402,6 +402,7 @@ impl<R: MuxReply> MuxLink<R> {
             session: &session,
             call_id,
             armed: true,
+            sent: false,
         };
         let frame = CallFrame {
             call_id,
@@ -420,6 +421,7 @@ impl<R: MuxReply> MuxLink<R> {
                 self.peer
             ))));
         }
+        guard.sent = true;
         let outcome = reply_rx.await;
         guard.armed = false;
         match outcome {
@@ -589,11 +591,15 @@ fn timeout_ms(timeout: Duration) -> u32 {
     u32::try_from(ms).unwrap_or(u32::MAX)
 }
 
-/// Sends a cancel frame for a call whose waiting future is dropped before its reply.
+/// Sends a cancel frame for a call whose waiting future is dropped before its reply; a call
+/// dropped while its frame still waited for room in the outbound queue was never sent, so it
+/// is only forgotten (a cancel would never be acknowledged, and its hold never released).
 struct CancelOnDrop<'a, R> {
     session: &'a Session<R>,
     call_id: u64,
     armed: bool,
+    /// Whether the call's frame is in the outbound queue (so the callee will see it).
+    sent: bool,
 }
 
 impl<R> Drop for CancelOnDrop<'_, R> {
@@ -607,7 +613,7 @@ impl<R> Drop for CancelOnDrop<'_, R> {
                 // Already answered or failed.
                 return;
             };
-            if state.broken.is_some() {
+            if state.broken.is_some() || !self.sent {
                 return;
             }
             // The hold stays until the callee acknowledges the cancel.
@@ -1321,6 +1327,45 @@ mod tests {
         tokio::time::timeout(Duration::from_secs(5), held_rx.recv())
             .await
             .expect("the hold went once the callee answered");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_call_dropped_before_its_frame_was_queued_is_forgotten_not_cancelled() {
+        // A callee that reads no frame: the outbound queue fills up.
+        let (frames_tx, _frames) = std::sync::mpsc::channel::<ReceiverStream<CallFrame>>();
+        let frames_tx = std::sync::Mutex::new(frames_tx);
+        let link = Arc::new(MuxLink::<HandleMuxResponse>::new(
+            "the test callee",
+            Arc::new(move |frames: ReceiverStream<CallFrame>| {
+                let _ = frames_tx.lock().unwrap().send(frames);
+                Box::pin(async { Ok(futures::stream::pending().boxed()) })
+            }),
+        ));
+        for _ in 0..OUTBOUND_QUEUE {
+            let link = link.clone();
+            tokio::spawn(async move { link.call(call("queued")).await });
+        }
+        // Paused time advances only once every task waits: the queue is full by then.
+        tokio::time::sleep(Duration::from_millis(1)).await;
+        let (held_tx, mut held_rx) = tokio::sync::mpsc::channel::<()>(1);
+        let mut outgoing = call("never sent");
+        outgoing.hold = Some(Box::new(held_tx));
+        let waited = tokio::time::timeout(Duration::from_millis(10), link.call(outgoing)).await;
+        assert!(waited.is_err(), "the call waited for room in the queue");
+        assert!(
+            matches!(
+                held_rx.try_recv(),
+                Err(tokio::sync::mpsc::error::TryRecvError::Disconnected)
+            ),
+            "the hold of a call that was never sent is released at once"
+        );
+        let session = link.live().expect("the stream is still open");
+        let state = session.waiting.lock();
+        assert!(
+            state.cancelled.is_empty(),
+            "no cancel awaits an acknowledgement"
+        );
+        assert_eq!(state.calls.len(), OUTBOUND_QUEUE);
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
