@@ -238,8 +238,40 @@ async fn a_draining_instance_finishes_its_call_and_receives_no_new_ones() {
     } else {
         "worker-a"
     };
+    let busy_endpoint = sandbox
+        .plane
+        .registry()
+        .unwrap()
+        .list("worker", "")
+        .instances
+        .into_iter()
+        .map(|i| i.spec.unwrap())
+        .find(|spec| spec.instance_id == busy)
+        .unwrap()
+        .endpoint;
     let draining = agents.remove(&busy).unwrap();
     let drain = tokio::spawn(draining.drain());
+    // Readiness probes see the drain at once, while the call still runs.
+    let health = tonic_health::pb::health_client::HealthClient::new(
+        tonic::transport::Endpoint::from_shared(busy_endpoint)
+            .unwrap()
+            .connect()
+            .await
+            .unwrap(),
+    );
+    for service in ["reach.v1.AgentService", ""] {
+        eventually(Duration::from_secs(3), || {
+            let mut health = health.clone();
+            async move {
+                let request = tonic_health::pb::HealthCheckRequest {
+                    service: service.into(),
+                };
+                health.check(request).await.unwrap().into_inner().status()
+                    == tonic_health::pb::health_check_response::ServingStatus::NotServing
+            }
+        })
+        .await;
+    }
 
     let table = sandbox.plane.router().unwrap().table().clone();
     eventually(Duration::from_secs(3), || {

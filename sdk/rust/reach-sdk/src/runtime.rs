@@ -32,7 +32,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tonic::transport::Channel;
 use tonic::{Code, Request, Response, Status, Streaming};
-use tracing::{Instrument, debug, info, info_span, warn};
+use tracing::{Instrument, debug, error, info, info_span, warn};
 
 use crate::capability::DescribedCapability;
 use crate::config::AgentConfig;
@@ -52,6 +52,13 @@ pub enum AgentError {
     /// Serving failed.
     #[error(transparent)]
     Serve(#[from] reach_rpc::server::ServeError),
+    /// The registry refused the registration for good (INVALID_ARGUMENT or
+    /// FAILED_PRECONDITION: a bad name, version or capability descriptor, which no retry can
+    /// fix); the message is the registry's.
+    #[error(
+        "the registry refused this agent's registration: {0}; it cannot succeed as configured: fix what it names and start the agent again"
+    )]
+    RegistrationRefused(String),
 }
 
 /// Adds one of the agent's own gRPC services to its server.
@@ -197,15 +204,24 @@ impl AgentRuntime {
     /// repeated when the registry has lost the lease (for example after it restarted).
     ///
     /// # Errors
-    /// [`AgentError`] when the config is invalid or serving fails.
+    /// [`AgentError`] when the config is invalid or serving fails;
+    /// [`AgentError::RegistrationRefused`] (after draining) when the registry refuses the
+    /// registration for good.
     pub async fn run(
         self,
         listener: tokio::net::TcpListener,
         shutdown: impl Future<Output = ()> + Send + 'static,
     ) -> Result<(), AgentError> {
         let (running, _) = self.start(listener).await?;
-        shutdown.await;
-        running.drain().await
+        let refused = tokio::select! {
+            () = shutdown => None,
+            refusal = running.registration_refused() => Some(refusal),
+        };
+        let drained = running.drain().await;
+        match refused {
+            Some(refusal) => Err(AgentError::RegistrationRefused(refusal)),
+            None => drained,
+        }
     }
 
     /// Starts serving and registering, and returns a handle to drain it later plus the
@@ -288,6 +304,7 @@ impl AgentRuntime {
                 config.max_message_bytes + mux::FRAME_OVERHEAD_BYTES,
             )
             .add_service(reach_telemetry::traced(agent_service));
+        let health = server.health_reporter();
         let serve = tokio::spawn(server.serve(listener, async move {
             let mut stopped = serving_stopped;
             let _ = stopped.wait_for(|stop| *stop).await;
@@ -313,26 +330,33 @@ impl AgentRuntime {
                 ))
             })?
             .connect_timeout(Duration::from_secs(1))
+            .timeout(REGISTRY_CALL_TIMEOUT)
             .tcp_nodelay(true)
             .connect_lazy();
         let lease = Arc::new(tokio::sync::Mutex::new(None::<String>));
         let stop_heartbeats = CancellationToken::new();
+        let (refused_tx, refused) = watch::channel(None);
+        let registration = keep_registered(
+            RegistryServiceClient::new(registry.clone()),
+            spec,
+            config.lease_ttl,
+            {
+                let shared = shared.clone();
+                (
+                    move || shared.in_flight.load(Ordering::SeqCst),
+                    config.max_concurrency,
+                    self.model_slots.clone(),
+                )
+            },
+            lease.clone(),
+            stop_heartbeats.clone(),
+        );
         let heartbeats = tokio::spawn(
-            keep_registered(
-                RegistryServiceClient::new(registry.clone()),
-                spec,
-                config.lease_ttl,
-                {
-                    let shared = shared.clone();
-                    (
-                        move || shared.in_flight.load(Ordering::SeqCst),
-                        config.max_concurrency,
-                        self.model_slots.clone(),
-                    )
-                },
-                lease.clone(),
-                stop_heartbeats.clone(),
-            )
+            async move {
+                if let Err(status) = registration.await {
+                    refused_tx.send_replace(Some(status.message().to_string()));
+                }
+            }
             .instrument(info_span!("agent", instance = %config.instance_id)),
         );
         info!(instance = %config.instance_id, %endpoint, "agent serving");
@@ -343,6 +367,8 @@ impl AgentRuntime {
                 lease,
                 stop_heartbeats,
                 heartbeats,
+                refused,
+                health,
                 stop_serving,
                 serve,
                 max_drain: config.max_drain,
@@ -359,12 +385,28 @@ pub struct RunningAgent {
     lease: Arc<tokio::sync::Mutex<Option<String>>>,
     stop_heartbeats: CancellationToken,
     heartbeats: tokio::task::JoinHandle<()>,
+    /// Set once the registry refused the registration for good.
+    refused: watch::Receiver<Option<String>>,
+    /// The server's health: NOT_SERVING from the start of a drain.
+    health: tonic_health::server::HealthReporter,
     stop_serving: watch::Sender<bool>,
     serve: tokio::task::JoinHandle<Result<(), reach_rpc::server::ServeError>>,
     max_drain: Duration,
 }
 
 impl RunningAgent {
+    /// Resolves when the registry has refused the registration for good (see
+    /// [`AgentError::RegistrationRefused`]), to the registry's message; never resolves while
+    /// the registration stands or is being retried. [`AgentRuntime::run`] drains and returns
+    /// the error then; a caller of [`AgentRuntime::start`] can do the same.
+    pub async fn registration_refused(&self) -> String {
+        let mut refused = self.refused.clone();
+        match refused.wait_for(Option::is_some).await {
+            Ok(refusal) => refusal.clone().unwrap_or_default(),
+            Err(_) => std::future::pending().await,
+        }
+    }
+
     /// This instance's id.
     pub fn instance_id(&self) -> &str {
         &self.shared.instance_id
@@ -388,6 +430,12 @@ impl RunningAgent {
     pub async fn drain(self) -> Result<(), AgentError> {
         let instance = self.shared.instance_id.clone();
         self.shared.draining.store(true, Ordering::SeqCst);
+        // Readiness probes (Kubernetes' gRPC probe asks "") see the drain at once.
+        for service in [AGENT_SERVICE_NAME, ""] {
+            self.health
+                .set_service_status(service, tonic_health::ServingStatus::NotServing)
+                .await;
+        }
         self.shared.closing.cancel();
         self.stop_heartbeats.cancel();
         let _ = self.heartbeats.await;
@@ -443,12 +491,22 @@ impl RunningAgent {
     }
 }
 
+/// The gRPC name of the agent service, whose health the registry probes.
+const AGENT_SERVICE_NAME: &str =
+    <AgentServiceServer<AgentGrpc> as tonic::server::NamedService>::NAME;
+
+/// How long one Register, Heartbeat or Deregister call to the registry may take: a registry
+/// that hangs must not stall the heartbeat loop past the lease.
+const REGISTRY_CALL_TIMEOUT: Duration = Duration::from_secs(5);
+
 /// How long an agent's server lets calls and streams still open at the end of a drain (after
 /// `max_drain`) finish before it closes their connections.
 const SERVER_GRACE_AFTER_DRAIN: Duration = Duration::from_secs(1);
 
 /// Registers, then heartbeats every third of the granted lease until `stop`; registers
-/// again whenever the registry no longer knows the lease.
+/// again whenever the registry no longer knows the lease. Ends with `Err` (the registry's
+/// status, logged) when the registry refuses the registration with INVALID_ARGUMENT or
+/// FAILED_PRECONDITION: the spec itself is wrong, and retrying cannot help.
 ///
 /// `registry` is any gRPC transport (a [`Channel`] in production, the registry service itself
 /// in tests); `in_flight` reads the messages being handled now, reported in each heartbeat
@@ -461,7 +519,8 @@ async fn keep_registered<T>(
     (in_flight, max_concurrency, models): (impl Fn() -> u32, usize, ModelSlots),
     lease: Arc<tokio::sync::Mutex<Option<String>>>,
     stop: CancellationToken,
-) where
+) -> Result<(), Status>
+where
     T: tonic::client::GrpcService<tonic::body::Body>,
     T::Error: Into<tonic::codegen::StdError>,
     T::ResponseBody: http_body::Body<Data = tonic::codegen::Bytes> + Send + 'static,
@@ -474,15 +533,24 @@ async fn keep_registered<T>(
             lease_ttl: Some(reach_rpc::time::proto_duration(lease_ttl)),
         };
         let granted = tokio::select! {
-            _ = stop.cancelled() => return,
+            _ = stop.cancelled() => return Ok(()),
             result = registry.register(request) => result,
         };
         let response = match granted {
             Ok(response) => response.into_inner(),
+            Err(status)
+                if matches!(
+                    status.code(),
+                    Code::InvalidArgument | Code::FailedPrecondition
+                ) =>
+            {
+                error!(error = %status.message(), code = ?status.code(), "the registry refused the registration; not retrying: fix the agent's configuration");
+                return Err(status);
+            }
             Err(status) => {
                 warn!(error = %status.message(), code = ?status.code(), "registration failed; retrying");
                 tokio::select! {
-                    _ = stop.cancelled() => return,
+                    _ = stop.cancelled() => return Ok(()),
                     _ = backoff.wait() => {}
                 }
                 continue;
@@ -499,7 +567,7 @@ async fn keep_registered<T>(
         let period = (granted_ttl / 3).max(Duration::from_millis(10));
         loop {
             tokio::select! {
-                _ = stop.cancelled() => return,
+                _ = stop.cancelled() => return Ok(()),
                 _ = tokio::time::sleep(period) => {}
                 () = models.changed() => {}
             }
@@ -525,7 +593,7 @@ async fn keep_registered<T>(
                     warn!(
                         "the registry drained this instance; no longer taking new work through it"
                     );
-                    return;
+                    return Ok(());
                 }
                 Ok(_) => {}
                 Err(status)
@@ -535,7 +603,7 @@ async fn keep_registered<T>(
                     warn!(
                         "the registry drained this instance; no longer taking new work through it"
                     );
-                    return;
+                    return Ok(());
                 }
                 Err(status) if status.code() == Code::NotFound => {
                     warn!("registry lost the lease; registering again");
@@ -1041,6 +1109,7 @@ mod tests {
     enum Answer {
         Ok,
         Unavailable,
+        Invalid,
         LeaseLost,
         Drained,
         DrainingState,
@@ -1103,6 +1172,9 @@ mod tests {
             );
             match self.next() {
                 Answer::Unavailable => Err(Status::unavailable("registry starting")),
+                Answer::Invalid => Err(Status::invalid_argument(
+                    "invalid registration: instance.capabilities[0].version \"one\" is not semver",
+                )),
                 _ => Ok(Response::new(RegisterResponse {
                     lease_id: format!("lease-{}", self.seen().len()),
                     lease_ttl: Some(reach_rpc::time::proto_duration(self.granted_ttl)),
@@ -1130,7 +1202,7 @@ mod tests {
                     state: InstanceState::Draining as i32,
                     ..Default::default()
                 })),
-                Answer::Unavailable => Err(Status::unavailable("registry busy")),
+                Answer::Unavailable | Answer::Invalid => Err(Status::unavailable("registry busy")),
                 Answer::LeaseLost => Err(status_with_reason(
                     Code::NotFound,
                     "no live lease",
@@ -1197,7 +1269,7 @@ mod tests {
         tokio::time::sleep(run_for).await;
         let ended = task.is_finished();
         stop.cancel();
-        task.await.unwrap();
+        task.await.unwrap().unwrap();
         ended
     }
 
@@ -1252,7 +1324,7 @@ mod tests {
         drop(guard);
         tokio::time::sleep(Duration::from_millis(10)).await;
         stop.cancel();
-        task.await.unwrap();
+        task.await.unwrap().unwrap();
         assert_eq!(
             registry.seen(),
             [
@@ -1278,6 +1350,31 @@ mod tests {
                 Seen::Register(140),
             ]
         );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_registration_refused_as_invalid_is_not_retried() {
+        use Answer::{Invalid, Unavailable};
+        let registry = FakeRegistry::new(&[Unavailable, Invalid]);
+        let spec = InstanceSpec {
+            service: "a".into(),
+            instance_id: "a-1".into(),
+            ..Default::default()
+        };
+        let ended = keep_registered(
+            RegistryServiceClient::new(RegistryServiceServer::new(registry.clone())),
+            spec,
+            Duration::from_secs(10),
+            (|| 0, 4, ModelSlots::default()),
+            Arc::default(),
+            CancellationToken::new(),
+        )
+        .await;
+        let refusal = ended.unwrap_err();
+        assert_eq!(refusal.code(), Code::InvalidArgument);
+        assert!(refusal.message().contains("is not semver"), "{refusal}");
+        // Unavailable is retried (after 20 ms); the refusal ends the loop.
+        assert_eq!(registry.seen(), [Seen::Register(0), Seen::Register(20)]);
     }
 
     #[tokio::test(start_paused = true)]
