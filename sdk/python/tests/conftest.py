@@ -6,6 +6,7 @@ read back from its banner, stopped (SIGTERM, then SIGKILL) at the end of its tes
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import os
 import re
 import signal
@@ -15,6 +16,7 @@ import tempfile
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
+from types import ModuleType
 from typing import Any, TypeVar
 
 import grpc
@@ -221,3 +223,14 @@ def python_process(script: Path, *args: str, cwd: Path) -> subprocess.Popen[byte
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
     )
+
+
+def load_example() -> ModuleType:
+    """``sdk/python/examples/complaint_executor.py`` as a module."""
+    path = REPO / "sdk/python/examples/complaint_executor.py"
+    spec = importlib.util.spec_from_file_location("complaint_executor", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["complaint_executor"] = module
+    spec.loader.exec_module(module)
+    return module

@@ -5,19 +5,17 @@ dedupe and streams."""
 from __future__ import annotations
 
 import asyncio
-import importlib.util
 import json
 import re
 import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import grpc
 import pytest
 
-from conftest import REPO, ReachProcess, eventually
+from conftest import ReachProcess, eventually, load_example
 from reach.v1 import agent_service_pb2, agent_service_pb2_grpc, registry_service_pb2
 from reach_mesh import (
     AgentConfig,
@@ -33,17 +31,6 @@ from reach_mesh import (
     data_part,
     text_part,
 )
-
-
-def load_example() -> ModuleType:
-    """sdk/python/examples/complaint_executor.py as a module."""
-    path = REPO / "sdk/python/examples/complaint_executor.py"
-    spec = importlib.util.spec_from_file_location("complaint_executor", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["complaint_executor"] = module
-    spec.loader.exec_module(module)
-    return module
 
 
 executor = load_example()

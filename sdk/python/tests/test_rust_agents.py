@@ -9,7 +9,7 @@ from pathlib import Path
 import grpc
 import pytest
 
-from conftest import ReachProcess
+from conftest import ReachProcess, load_example
 from reach.v1 import router_service_pb2, router_service_pb2_grpc
 from reach_mesh import CallOptions, MeshClient, ReachError, Reason, data_part
 
@@ -101,3 +101,21 @@ async def test_a_python_client_falls_back_to_unary_calls_when_the_router_has_no_
         with pytest.raises(ReachError) as missing:
             await mesh.call("complaint.nothing", data_part({}), CallOptions(timeout=5))
         assert missing.value.reason == Reason.ROUTE_NOT_FOUND and missing.value.code == grpc.StatusCode.NOT_FOUND
+
+
+async def test_the_python_example_executor_answers_as_the_rust_executor_does(dev_with_agents: ReachProcess) -> None:
+    executor = load_example()
+    complaint = {
+        "complaint_id": "31",
+        "narrative": "MOHELA reported me delinquent; I paid {$1,250.00} and $64000 is wrong",
+        "company": "None",
+        "state": "NY",
+    }
+    async with MeshClient(dev_with_agents.endpoint, "pytest.twin") as mesh:
+        for category in executor.CATEGORIES:
+            reply = await mesh.call(
+                f"complaint.{category}", data_part({"complaint": complaint}), CallOptions(timeout=10)
+            )
+            assert reply.instance_id.startswith(f"executor.{category}-"), reply.instance_id
+            assert reply.message.type == "complaint.suggestion"
+            assert reply.data == executor.suggest(category, complaint, reply.instance_id)
