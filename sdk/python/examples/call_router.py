@@ -1,9 +1,13 @@
-"""Calls a capability through the Reach router with the generated grpcio client.
+"""Calls a capability through the Reach router with the generated grpcio client alone
+(``reach.v1``, committed in sdk/python/src), without the SDK: what any grpcio program can do.
+The SDK's MeshClient does the same with trace ids, multiplexing and typed parts.
 
-    PYTHONPATH=sdk/python/generated python sdk/python/examples/call_router.py \
+    .venv/bin/python sdk/python/examples/call_router.py \
         --endpoint 127.0.0.1:7070 --capability complaint.classify --json '{"complaint_id": "1", "narrative": "my PSLF forgiveness was denied"}'
 
-Prints the reply as JSON: the route (instance, trace id) and the reply's parts.
+(``reach.v1`` comes with the SDK installed by scripts/python-env.sh; elsewhere set
+``PYTHONPATH=sdk/python/src``.) Prints the reply as JSON: the route (instance, trace id) and
+the reply's parts; on failure, the status code and message.
 """
 
 import argparse
