@@ -1,0 +1,397 @@
+/**
+ * {@link MeshClient}: calls, streams and publishes through the router, addressing
+ * capabilities or services, and starts, reads and resumes orchestrator tasks. Messages are
+ * stamped at the edge as the Rust SDK's `MeshClient` stamps them: a fresh UUIDv7 message id,
+ * a fresh W3C trace id unless the call continues a trace, `source`, protocol version `1.0`,
+ * `created_at`; each call carries a `traceparent` naming that trace.
+ *
+ * @module
+ */
+
+import { create, type JsonObject, type JsonValue } from "@bufbuild/protobuf";
+import { timestampNow } from "@bufbuild/protobuf/wkt";
+import type * as grpc from "@grpc/grpc-js";
+
+import { Code, ReachError } from "./errors.js";
+import { type Payload, type ReachMessage, ReachMessageSchema } from "./gen/reach/v1/envelope_pb.js";
+import { OrchestratorService, type Task } from "./gen/reach/v1/orchestrator_service_pb.js";
+import {
+  type PublishResponse,
+  type RouteInfo,
+  RouterService,
+  type StreamRequest,
+  type StreamResponse,
+  StreamRequestSchema,
+} from "./gen/reach/v1/router_service_pb.js";
+import { isTraceId, newMessageId, newTraceId, TRACEPARENT, traceparentFor } from "./ids.js";
+import { firstData, valueOf } from "./parts.js";
+import type { HandlerContext } from "./runtime.js";
+import { RpcChannel } from "./rpc.js";
+import { AsyncQueue } from "./sync.js";
+
+/**
+ * The largest message the client sends or accepts (bytes); the router enforces its own,
+ * usually smaller, limit with RESOURCE_EXHAUSTED / `PAYLOAD_TOO_LARGE`.
+ */
+const MAX_MESSAGE_BYTES = 64 * 1024 * 1024;
+
+/** The response metadata the router sets on a routed stream. */
+const TRACE_ID_METADATA = "x-reach-trace-id";
+const INSTANCE_ID_METADATA = "x-reach-instance-id";
+
+/** Options of one call, stream or publish. */
+export interface CallOptions {
+  /** The deadline in milliseconds from now, sent as `grpc-timeout`; router and agent enforce it. */
+  timeoutMs?: number | undefined;
+  /** The trace to continue (32 lowercase hex); unset starts a new trace. */
+  traceId?: string | undefined;
+  /** The task the message belongs to. */
+  taskId?: string | undefined;
+  /** A semver requirement on the capability version (for example `^1.2`). */
+  capabilityVersion?: string | undefined;
+  /**
+   * The message id; unset assigns a fresh UUIDv7. Set it to make a retry of the same logical
+   * message deduplicated by the receiving agent.
+   */
+  messageId?: string | undefined;
+  /**
+   * The message's `header.turn` (agent hops so far); unset sends 0. The router refuses turns
+   * above its `max_turn` (FAILED_PRECONDITION, `TURN_LIMIT_EXCEEDED`).
+   */
+  turn?: number | undefined;
+  /** Cancels the call when aborted (it fails with CANCELLED). */
+  signal?: AbortSignal | undefined;
+}
+
+/**
+ * Options for a call a handler makes on behalf of the message `ctx` describes: the same
+ * trace and task, `turn` = `ctx.turn + 1`, and a timeout of what is left of `ctx`'s deadline
+ * (0 once it has passed; none when `ctx` has none), cancelled with the handler's call.
+ */
+export function callOptionsWithin(ctx: HandlerContext): CallOptions {
+  return {
+    timeoutMs: ctx.deadline === undefined ? undefined : Math.max(0, ctx.deadline - Date.now()),
+    traceId: ctx.traceId || undefined,
+    taskId: ctx.taskId || undefined,
+    turn: ctx.turn + 1,
+    signal: ctx.signal,
+  };
+}
+
+/** A call's reply and where the router delivered it. */
+export interface CallResult {
+  /** The instance's reply; its `header.correlationId` is the request's message id. */
+  message: ReachMessage;
+  /** The instance, service, trace id and message id of the delivery. */
+  route: RouteInfo | undefined;
+  /** The reply's first data part as a plain object (`firstData`), if it has one. */
+  data: JsonObject | undefined;
+}
+
+/** Options of a {@link MeshClient}. */
+export interface MeshClientOptions {
+  /** The sending service, dotted (for example `ingest.main`): every message's `header.source`. */
+  source: string;
+  /** The router. Default `http://127.0.0.1:7070` (`reach dev`). */
+  router?: string;
+  /** The orchestrator. Default the router's endpoint (`reach dev` serves both on one port). */
+  orchestrator?: string;
+}
+
+/** Options of {@link MeshClient.startTask}. */
+export interface StartTaskOptions {
+  /** A client-chosen task id (1 to 128 of `A-Za-z0-9._:-`); starting an existing id returns that task. */
+  taskId?: string;
+  /** The flow version to run; unset or 0 runs the latest. */
+  flowVersion?: number;
+  /** The deadline in milliseconds from now. */
+  timeoutMs?: number;
+}
+
+/**
+ * A client of the mesh: every call goes through a router, addressed by capability or
+ * service. One HTTP/2 connection per endpoint, opened on first use; {@link MeshClient.close}
+ * closes them.
+ */
+export class MeshClient {
+  readonly source: string;
+  readonly #router: RpcChannel;
+  readonly #orchestrator: RpcChannel;
+
+  /** @throws {TypeError} when an endpoint is not an `http://host:port` URL or `source` is empty. */
+  constructor(options: MeshClientOptions) {
+    if (!options.source) {
+      throw new TypeError('source must be set: the sending service, dotted (for example "ingest.main")');
+    }
+    this.source = options.source;
+    const router = options.router ?? "http://127.0.0.1:7070";
+    this.#router = new RpcChannel(router, MAX_MESSAGE_BYTES);
+    this.#orchestrator =
+      options.orchestrator === undefined || options.orchestrator === router
+        ? this.#router
+        : new RpcChannel(options.orchestrator, MAX_MESSAGE_BYTES);
+  }
+
+  /**
+   * A message to `target` carrying `payload`, stamped as every message from this client is
+   * (see the module docs).
+   */
+  message(
+    target: { capability: string } | { service: string } | { topic: string },
+    payload: Payload,
+    options: CallOptions = {},
+  ): ReachMessage {
+    const header = {
+      messageId: options.messageId ?? newMessageId(),
+      traceId: options.traceId ?? newTraceId(),
+      taskId: options.taskId ?? "",
+      source: this.source,
+      capabilityVersion: options.capabilityVersion ?? "",
+      protocolVersion: "1.0",
+      createdAt: timestampNow(),
+      turn: options.turn ?? 0,
+    };
+    const addressed =
+      "capability" in target
+        ? { case: "capability" as const, value: target.capability }
+        : "service" in target
+          ? { case: "service" as const, value: target.service }
+          : { case: "topic" as const, value: target.topic };
+    return create(ReachMessageSchema, { header: { ...header, target: addressed }, payload });
+  }
+
+  /**
+   * Calls `capability` with `payload` and resolves to the reply and where it was handled.
+   *
+   * @throws {ReachError} the router's or the agent's status: NOT_FOUND / `ROUTE_NOT_FOUND`,
+   * DEADLINE_EXCEEDED, UNAVAILABLE / `OVERLOADED` (with `retryAfterMs`), the handler's own.
+   */
+  call(capability: string, payload: Payload, options: CallOptions = {}): Promise<CallResult> {
+    return this.send(this.message({ capability }, payload, options), options);
+  }
+
+  /** Calls any instance of `service` with `payload`; see {@link MeshClient.call}. */
+  callService(service: string, payload: Payload, options: CallOptions = {}): Promise<CallResult> {
+    return this.send(this.message({ service }, payload, options), options);
+  }
+
+  /**
+   * Sends a prepared message (see {@link MeshClient.message}) through the router's `Call`,
+   * with a `traceparent` naming its trace.
+   *
+   * @throws {ReachError} as {@link MeshClient.call}.
+   */
+  async send(message: ReachMessage, options: Pick<CallOptions, "timeoutMs" | "signal"> = {}): Promise<CallResult> {
+    const response = await this.#router.unary(
+      RouterService.method.call,
+      { message },
+      { ...options, metadata: traceMetadata(message) },
+    );
+    const reply = response.message ?? create(ReachMessageSchema);
+    return { message: reply, route: response.route, data: firstData(reply.payload) };
+  }
+
+  /**
+   * Publishes `payload` to every routable subscriber of `topic`; resolves to the counts of
+   * deliveries and failures.
+   *
+   * @throws {ReachError} the router's status (NOT_FOUND / `ROUTE_NOT_FOUND` when nobody
+   * subscribes, INVALID_ARGUMENT / `INVALID_HEADER` for an empty topic).
+   */
+  publish(topic: string, payload: Payload, options: CallOptions = {}): Promise<PublishResponse> {
+    const message = this.message({ topic }, payload, options);
+    return this.#router.unary(
+      RouterService.method.publish,
+      { message },
+      { timeoutMs: options.timeoutMs, signal: options.signal, metadata: traceMetadata(message) },
+    );
+  }
+
+  /**
+   * Opens a stream through the router's `Stream` to one instance of `capability` (chosen by
+   * the first message). Send payloads with {@link MeshStream.send}, half-close with
+   * {@link MeshStream.end}, read the replies by iterating it.
+   */
+  stream(capability: string, options: CallOptions = {}): MeshStream {
+    return new MeshStream(this, this.#router, { capability }, options);
+  }
+
+  /** Opens a stream to any instance of `service`; see {@link MeshClient.stream}. */
+  streamService(service: string, options: CallOptions = {}): MeshStream {
+    return new MeshStream(this, this.#router, { service }, options);
+  }
+
+  /**
+   * Starts a task of flow `flowId` with `input` (visible to the flow's expressions as
+   * `input`). The orchestrator gives the task its own trace id (`task.traceId`): every
+   * message of the task carries it.
+   *
+   * @throws {ReachError} NOT_FOUND / `FLOW_NOT_FOUND`, INVALID_ARGUMENT / `INVALID_TASK_ID`,
+   * ALREADY_EXISTS / `TASK_ID_IN_USE`, UNAVAILABLE / `STORE_UNAVAILABLE`.
+   */
+  async startTask(flowId: string, input: JsonValue, options: StartTaskOptions = {}): Promise<Task> {
+    const response = await this.#orchestrator.unary(
+      OrchestratorService.method.startTask,
+      {
+        flowId,
+        flowVersion: options.flowVersion ?? 0,
+        input: valueOf(input),
+        taskId: options.taskId ?? "",
+      },
+      { timeoutMs: options.timeoutMs, metadata: { [TRACEPARENT]: traceparentFor(newTraceId()) } },
+    );
+    return taskOf(response.task, flowId);
+  }
+
+  /**
+   * The task `taskId` with its node history (inputs and outputs masked); read its status,
+   * `waiting` (what a human node needs) and `output` (`jsonOf(task.output)`).
+   *
+   * @throws {ReachError} NOT_FOUND / `TASK_NOT_FOUND`.
+   */
+  async getTask(taskId: string, options: { timeoutMs?: number } = {}): Promise<Task> {
+    const response = await this.#orchestrator.unary(
+      OrchestratorService.method.getTask,
+      { taskId },
+      { timeoutMs: options.timeoutMs },
+    );
+    return taskOf(response.task, taskId);
+  }
+
+  /**
+   * Gives a person's `input` to task `taskId`, waiting in a `human` node (`options.nodeId`
+   * names the node; unset: the one it waits in); resolves to the task as it is then.
+   *
+   * @throws {ReachError} FAILED_PRECONDITION / `TASK_NOT_WAITING` or `NODE_NOT_WAITING`,
+   * INVALID_ARGUMENT / `INVALID_INPUT` (with `violations`), NOT_FOUND / `TASK_NOT_FOUND`.
+   */
+  async resumeTask(
+    taskId: string,
+    input: JsonValue,
+    options: { nodeId?: string; timeoutMs?: number } = {},
+  ): Promise<Task> {
+    const response = await this.#orchestrator.unary(
+      OrchestratorService.method.resumeTask,
+      { taskId, nodeId: options.nodeId ?? "", input: valueOf(input) },
+      { timeoutMs: options.timeoutMs },
+    );
+    return taskOf(response.task, taskId);
+  }
+
+  /** Closes the client's connections; calls in flight fail with CANCELLED or UNAVAILABLE. */
+  close(): void {
+    this.#router.close();
+    if (this.#orchestrator !== this.#router) {
+      this.#orchestrator.close();
+    }
+  }
+}
+
+/**
+ * A stream through the router to one instance. The first {@link MeshStream.send} picks the
+ * instance (by its target); later messages go to the same instance, on the same trace.
+ * Iterate it for the instance's replies; the iteration throws the stream's failure as a
+ * {@link ReachError}.
+ */
+export class MeshStream implements AsyncIterable<ReachMessage> {
+  readonly #client: MeshClient;
+  readonly #target: { capability: string } | { service: string };
+  readonly #options: CallOptions;
+  readonly #traceId: string;
+  readonly #call: grpc.ClientDuplexStream<StreamRequest, StreamResponse>;
+  readonly #replies: AsyncQueue<ReachMessage>;
+  #sent = 0;
+  /** Where the router delivered the stream (`x-reach-instance-id`, `x-reach-trace-id`). */
+  readonly route: Promise<{ instanceId: string; traceId: string }>;
+
+  /** @internal Made by {@link MeshClient.stream}. */
+  constructor(
+    client: MeshClient,
+    router: RpcChannel,
+    target: { capability: string } | { service: string },
+    options: CallOptions,
+  ) {
+    this.#client = client;
+    this.#target = target;
+    this.#options = options;
+    this.#traceId = options.traceId ?? newTraceId();
+    this.#call = router.bidi(RouterService.method.stream, {
+      timeoutMs: options.timeoutMs,
+      signal: options.signal,
+      metadata: isTraceId(this.#traceId) ? { [TRACEPARENT]: traceparentFor(this.#traceId) } : {},
+    });
+    const call = this.#call;
+    this.#replies = new AsyncQueue<ReachMessage>(64, () => call.resume());
+    this.route = new Promise((resolve) => {
+      call.once("metadata", (metadata: grpc.Metadata) => {
+        const text = (key: string) => {
+          const [value] = metadata.get(key);
+          return typeof value === "string" ? value : "";
+        };
+        resolve({ instanceId: text(INSTANCE_ID_METADATA), traceId: text(TRACE_ID_METADATA) });
+      });
+    });
+    call.on("data", (response: StreamResponse) => {
+      this.#replies.push(response.message ?? create(ReachMessageSchema));
+      if (this.#replies.length >= this.#replies.highWater) {
+        call.pause();
+      }
+    });
+    call.on("error", (error: unknown) => this.#replies.fail(ReachError.from(error)));
+    call.on("end", () => this.#replies.end());
+  }
+
+  /** The stream's trace id: every message sent on it carries it. */
+  get traceId(): string {
+    return this.#traceId;
+  }
+
+  /**
+   * Sends `payload` as the next message (the first carries the target). Resolves once the
+   * transport took it (waits while HTTP/2 flow control pushes back).
+   */
+  send(payload: Payload): Promise<void> {
+    const first = this.#sent === 0;
+    this.#sent += 1;
+    const options = { ...this.#options, traceId: this.#traceId, messageId: undefined };
+    const message = this.#client.message(this.#target, payload, options);
+    if (!first && message.header !== undefined) {
+      message.header.target = { case: undefined };
+    }
+    return new Promise((resolve, reject) => {
+      this.#call.write(create(StreamRequestSchema, { message }), (error: Error | null | undefined) =>
+        error ? reject(ReachError.from(error)) : resolve(),
+      );
+    });
+  }
+
+  /** Half-closes: the instance sees the end of the caller's messages; replies keep coming. */
+  end(): void {
+    this.#call.end();
+  }
+
+  /** Cancels the stream: both directions stop, and the iteration throws CANCELLED. */
+  cancel(): void {
+    this.#call.cancel();
+  }
+
+  [Symbol.asyncIterator](): AsyncIterator<ReachMessage> {
+    return this.#replies[Symbol.asyncIterator]();
+  }
+}
+
+/**
+ * The `traceparent` of `message`'s trace; none for a malformed trace id, which the router
+ * refuses (INVALID_ARGUMENT / `INVALID_TRACE_ID`).
+ */
+function traceMetadata(message: ReachMessage): Record<string, string> {
+  const traceId = message.header?.traceId ?? "";
+  return isTraceId(traceId) ? { [TRACEPARENT]: traceparentFor(traceId) } : {};
+}
+
+function taskOf(task: Task | undefined, id: string): Task {
+  if (task === undefined) {
+    throw new ReachError(Code.INTERNAL, `the orchestrator answered without a task for ${JSON.stringify(id)}`);
+  }
+  return task;
+}
