@@ -31,7 +31,7 @@ import {
 import { Health, HealthCheckResponse_ServingStatus } from "@reach-mesh/sdk/gen/grpc/health/v1/health_pb.js";
 import { RegistryService } from "@reach-mesh/sdk/gen/reach/v1/registry_service_pb.js";
 
-import { Mesh, repoRoot, run, sdkDir } from "./support/mesh.js";
+import { Mesh, repoRoot, run, sdkDir, waitFor } from "./support/mesh.js";
 
 const SUM_INPUT = {
   type: "object",
@@ -46,6 +46,8 @@ describe("a Node agent on reach dev", { timeout: 60_000 }, () => {
   let client: MeshClient;
   /** How many times the sum handler ran, per message id. */
   const runs = new Map<string, number>();
+  /** Messages the wait handler saw cancelled, by message id. */
+  const told = new Set<string>();
 
   before(async () => {
     mesh = await Mesh.start();
@@ -54,6 +56,7 @@ describe("a Node agent on reach dev", { timeout: 60_000 }, () => {
       instanceId: "ts-math-1",
       registry: mesh.endpoint,
       leaseTtlMs: 300,
+      topics: ["ts.events"],
       logger: silentLogger,
     })
       .handle(
@@ -78,6 +81,11 @@ describe("a Node agent on reach dev", { timeout: 60_000 }, () => {
         },
       )
       .handle({ name: "ts.echo", version: "1.0.0" }, (_ctx, message) => message.payload ?? makePayload("ts.empty"))
+      .handle({ name: "ts.wait", version: "1.0.0" }, async (ctx) => {
+        await new Promise((resolve) => ctx.signal.addEventListener("abort", resolve, { once: true }));
+        told.add(ctx.messageId);
+        throw new ReachError(Code.CANCELLED, "stopped as told");
+      })
       .handleStream({ name: "ts.shout", version: "1.0.0" }, async function* (_ctx, first, rest) {
         yield makePayload("ts.shouted", textPart((partText(first.payload!.parts[0]!) ?? "").toUpperCase()));
         for await (const message of rest) {
@@ -105,6 +113,7 @@ describe("a Node agent on reach dev", { timeout: 60_000 }, () => {
       [
         ["ts.sum", "1.2.0"],
         ["ts.echo", "1.0.0"],
+        ["ts.wait", "1.0.0"],
         ["ts.shout", "1.0.0"],
       ],
     );
@@ -178,7 +187,22 @@ describe("a Node agent on reach dev", { timeout: 60_000 }, () => {
     assert.ok(error instanceof ReachError, String(error));
     assert.equal(error.code, Code.UNIMPLEMENTED);
     assert.equal(error.reason, Reason.CAPABILITY_NOT_HANDLED);
-    assert.match(error.statusMessage, /it handles: ts\.echo, ts\.sum/);
+    assert.match(error.statusMessage, /it handles: ts\.echo, ts\.sum, ts\.wait/);
+  });
+
+  test("a caller's deadline reaches the handler: its signal aborts", async () => {
+    const payload = makePayload("ts.wait", dataPart({}));
+    const message = client.message({ capability: "ts.wait" }, payload);
+    const error = await client.send(message, { timeoutMs: 300 }).catch((e: unknown) => e);
+    assert.ok(error instanceof ReachError, String(error));
+    assert.equal(error.code, Code.DEADLINE_EXCEEDED);
+    await waitFor("the handler to be told", () => told.has(message.header!.messageId));
+  });
+
+  test("takes messages published to its topic", async () => {
+    const published = await client.publish("ts.events", makePayload("ts.echo", textPart("event")), { timeoutMs: 5000 });
+    assert.equal(published.delivered, 1);
+    assert.equal(published.failed, 0);
   });
 
   test("serves a bidirectional stream through the router, reply by reply", async () => {
@@ -228,7 +252,7 @@ describe("a Node agent on reach dev", { timeout: 60_000 }, () => {
     const back = await mesh.waitForState("ts-math-1", InstanceState.READY);
     assert.deepEqual(
       back.spec?.capabilities.map((c) => c.name),
-      ["ts.sum", "ts.echo", "ts.shout"],
+      ["ts.sum", "ts.echo", "ts.wait", "ts.shout"],
     );
     const result = await client.call("ts.sum", makePayload("ts.numbers", dataPart({ numbers: [1] })), { timeoutMs: 5000 });
     assert.deepEqual(result.data, { sum: 1 });
