@@ -24,7 +24,7 @@ import {
   StreamRequestSchema,
 } from "./gen/reach/v1/router_service_pb.js";
 import { isTraceId, newMessageId, newTraceId, TRACEPARENT, traceparentFor } from "./ids.js";
-import { firstData, valueOf } from "./parts.js";
+import { firstData, makePayload, valueOf } from "./parts.js";
 import type { HandlerContext } from "./runtime.js";
 import { RpcChannel } from "./rpc.js";
 import { AsyncQueue } from "./sync.js";
@@ -61,6 +61,23 @@ export interface CallOptions {
   turn?: number | undefined;
   /** Cancels the call when aborted (it fails with CANCELLED). */
   signal?: AbortSignal | undefined;
+  /**
+   * Ask for an asynchronous reply: the handler may answer at once with {@link ackPayload}
+   * and send the answer later with {@link MeshClient.reply}; the router holds the call until
+   * then (within the deadline and its `max_async_wait`).
+   */
+  asyncReply?: boolean | undefined;
+}
+
+/** The payload type of an acknowledgement (the Rust SDK's `ACK_PAYLOAD_TYPE`). */
+export const ACK_PAYLOAD_TYPE = "reach.ack";
+
+/**
+ * The acknowledgement payload: a handler of a call that asked for an asynchronous reply
+ * (`ctx.replyTo` set) returns it at once and answers later with {@link MeshClient.reply}.
+ */
+export function ackPayload(): Payload {
+  return makePayload(ACK_PAYLOAD_TYPE);
 }
 
 /**
@@ -150,6 +167,8 @@ export class MeshClient {
       protocolVersion: "1.0",
       createdAt: timestampNow(),
       turn: options.turn ?? 0,
+      // Any value asks; the router puts its own address here.
+      replyTo: options.asyncReply === true ? "async" : "",
     };
     const addressed =
       "capability" in target
@@ -205,6 +224,41 @@ export class MeshClient {
       { message },
       { timeoutMs: options.timeoutMs, signal: options.signal, metadata: traceMetadata(message) },
     );
+  }
+
+  /**
+   * Sends the asynchronous answer to the request `ctx` describes (a handler that returned
+   * {@link ackPayload}). Any router replica takes it and hands it to the replica whose caller
+   * waits; resolves to whether a caller was still waiting.
+   *
+   * @throws {ReachError} INVALID_ARGUMENT when the request asked for no asynchronous reply;
+   * the router's status otherwise.
+   */
+  async reply(ctx: HandlerContext, payload: Payload, options: Pick<CallOptions, "timeoutMs"> = {}): Promise<boolean> {
+    if (ctx.replyTo === "") {
+      throw new ReachError(
+        Code.INVALID_ARGUMENT,
+        "the request carried no reply_to; return the answer from the handler instead",
+      );
+    }
+    const message = create(ReachMessageSchema, {
+      header: {
+        messageId: newMessageId(),
+        traceId: ctx.traceId,
+        taskId: ctx.taskId,
+        source: this.source,
+        correlationId: ctx.messageId,
+        protocolVersion: "1.0",
+        createdAt: timestampNow(),
+      },
+      payload,
+    });
+    const response = await this.#router.unary(
+      RouterService.method.reply,
+      { message, replyTo: ctx.replyTo },
+      { timeoutMs: options.timeoutMs, metadata: traceMetadata(message) },
+    );
+    return response.delivered;
   }
 
   /**

@@ -18,6 +18,8 @@
 
 export { type CapabilitySpec, checkCapability, MAX_DESCRIPTION_BYTES, MAX_SCHEMA_BYTES, MAX_SCHEMA_DEPTH } from "./capability.js";
 export {
+  ACK_PAYLOAD_TYPE,
+  ackPayload,
   type CallOptions,
   callOptionsWithin,
   type CallResult,

@@ -13,6 +13,7 @@ import { join } from "node:path";
 import { after, before, describe, test } from "node:test";
 
 import {
+  ackPayload,
   AgentRuntime,
   Code,
   dataPart,
@@ -44,6 +45,8 @@ describe("a Node agent on reach dev", { timeout: 60_000 }, () => {
   let mesh: Mesh;
   let agent: RunningAgent;
   let client: MeshClient;
+  /** The agent's own client, for its asynchronous replies. */
+  let replier: MeshClient;
   /** How many times the sum handler ran, per message id. */
   const runs = new Map<string, number>();
   /** Messages the wait handler saw cancelled, by message id. */
@@ -51,6 +54,7 @@ describe("a Node agent on reach dev", { timeout: 60_000 }, () => {
 
   before(async () => {
     mesh = await Mesh.start();
+    replier = new MeshClient({ source: "ts.math.ts-math-1", router: mesh.endpoint });
     agent = await new AgentRuntime({
       service: "ts.math",
       instanceId: "ts-math-1",
@@ -81,6 +85,11 @@ describe("a Node agent on reach dev", { timeout: 60_000 }, () => {
         },
       )
       .handle({ name: "ts.echo", version: "1.0.0" }, (_ctx, message) => message.payload ?? makePayload("ts.empty"))
+      .handle({ name: "ts.later", version: "1.0.0" }, (ctx) => {
+        // Acknowledge now, answer once the call has returned.
+        setImmediate(() => void replier.reply(ctx, makePayload("ts.later", textPart("answered later"))));
+        return ackPayload();
+      })
       .handle({ name: "ts.wait", version: "1.0.0" }, async (ctx) => {
         await new Promise((resolve) => ctx.signal.addEventListener("abort", resolve, { once: true }));
         told.add(ctx.messageId);
@@ -99,6 +108,7 @@ describe("a Node agent on reach dev", { timeout: 60_000 }, () => {
 
   after(async () => {
     client?.close();
+    replier?.close();
     await agent?.drain();
     await mesh?.stop();
   });
@@ -113,6 +123,7 @@ describe("a Node agent on reach dev", { timeout: 60_000 }, () => {
       [
         ["ts.sum", "1.2.0"],
         ["ts.echo", "1.0.0"],
+        ["ts.later", "1.0.0"],
         ["ts.wait", "1.0.0"],
         ["ts.shout", "1.0.0"],
       ],
@@ -187,7 +198,7 @@ describe("a Node agent on reach dev", { timeout: 60_000 }, () => {
     assert.ok(error instanceof ReachError, String(error));
     assert.equal(error.code, Code.UNIMPLEMENTED);
     assert.equal(error.reason, Reason.CAPABILITY_NOT_HANDLED);
-    assert.match(error.statusMessage, /it handles: ts\.echo, ts\.sum, ts\.wait/);
+    assert.match(error.statusMessage, /it handles: ts\.echo, ts\.later, ts\.sum, ts\.wait/);
   });
 
   test("a caller's deadline reaches the handler: its signal aborts", async () => {
@@ -197,6 +208,12 @@ describe("a Node agent on reach dev", { timeout: 60_000 }, () => {
     assert.ok(error instanceof ReachError, String(error));
     assert.equal(error.code, Code.DEADLINE_EXCEEDED);
     await waitFor("the handler to be told", () => told.has(message.header!.messageId));
+  });
+
+  test("answers asynchronously: an acknowledgement now, the answer through Reply later", async () => {
+    const result = await client.call("ts.later", makePayload("ts.later", dataPart({})), { asyncReply: true, timeoutMs: 5000 });
+    assert.equal(partText(result.message.payload!.parts[0]!), "answered later");
+    assert.equal(result.message.header?.correlationId, result.route?.messageId);
   });
 
   test("takes messages published to its topic", async () => {
@@ -252,7 +269,7 @@ describe("a Node agent on reach dev", { timeout: 60_000 }, () => {
     const back = await mesh.waitForState("ts-math-1", InstanceState.READY);
     assert.deepEqual(
       back.spec?.capabilities.map((c) => c.name),
-      ["ts.sum", "ts.echo", "ts.wait", "ts.shout"],
+      ["ts.sum", "ts.echo", "ts.later", "ts.wait", "ts.shout"],
     );
     const result = await client.call("ts.sum", makePayload("ts.numbers", dataPart({ numbers: [1] })), { timeoutMs: 5000 });
     assert.deepEqual(result.data, { sum: 1 });
