@@ -24,7 +24,7 @@ const { values } = parseArgs({
 await new AgentRuntime({
   service: "text.tools",
   registry: values.registry,
-  ...(values.instance === undefined ? {} : { instanceId: values.instance }),
+  instanceId: values.instance,
 })
   .handle(
     {

@@ -22,13 +22,13 @@ export interface CapabilitySpec {
   /** The capability name, dotted (`complaint.classify`). */
   name: string;
   /** The semver version served (`1.2.0`); empty or unset means `0.0.0`. */
-  version?: string;
+  version?: string | undefined;
   /** What it does, when to use it and when not to (at most 1024 bytes of UTF-8). */
-  description?: string;
+  description?: string | undefined;
   /** The JSON Schema (an object or a boolean) of a request's first data part. */
-  inputSchema?: JsonValue;
+  inputSchema?: JsonValue | undefined;
   /** The JSON Schema (an object or a boolean) of a reply's first data part. */
-  outputSchema?: JsonValue;
+  outputSchema?: JsonValue | undefined;
 }
 
 /**

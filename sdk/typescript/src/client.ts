@@ -110,19 +110,19 @@ export interface MeshClientOptions {
   /** The sending service, dotted (for example `ingest.main`): every message's `header.source`. */
   source: string;
   /** The router. Default `http://127.0.0.1:7070` (`reach dev`). */
-  router?: string;
+  router?: string | undefined;
   /** The orchestrator. Default the router's endpoint (`reach dev` serves both on one port). */
-  orchestrator?: string;
+  orchestrator?: string | undefined;
 }
 
 /** Options of {@link MeshClient.startTask}. */
 export interface StartTaskOptions {
   /** A client-chosen task id (1 to 128 of `A-Za-z0-9._:-`); starting an existing id returns that task. */
-  taskId?: string;
+  taskId?: string | undefined;
   /** The flow version to run; unset or 0 runs the latest. */
-  flowVersion?: number;
+  flowVersion?: number | undefined;
   /** The deadline in milliseconds from now. */
-  timeoutMs?: number;
+  timeoutMs?: number | undefined;
 }
 
 /**
@@ -303,7 +303,7 @@ export class MeshClient {
    *
    * @throws {ReachError} NOT_FOUND / `TASK_NOT_FOUND`.
    */
-  async getTask(taskId: string, options: { timeoutMs?: number } = {}): Promise<Task> {
+  async getTask(taskId: string, options: { timeoutMs?: number | undefined } = {}): Promise<Task> {
     const response = await this.#orchestrator.unary(
       OrchestratorService.method.getTask,
       { taskId },
@@ -322,7 +322,7 @@ export class MeshClient {
   async resumeTask(
     taskId: string,
     input: JsonValue,
-    options: { nodeId?: string; timeoutMs?: number } = {},
+    options: { nodeId?: string | undefined; timeoutMs?: number | undefined } = {},
   ): Promise<Task> {
     const response = await this.#orchestrator.unary(
       OrchestratorService.method.resumeTask,

@@ -18,9 +18,9 @@ import { type Part, PartSchema, type Payload, PayloadSchema } from "./gen/reach/
 /** Optional fields of a part. */
 export interface PartOptions {
   /** The IANA media type of the content (for example `application/json`). */
-  mediaType?: string;
+  mediaType?: string | undefined;
   /** A file name for raw or url content. */
-  filename?: string;
+  filename?: string | undefined;
 }
 
 /** A text part carrying `text` (media type `text/plain` unless `options` say otherwise). */

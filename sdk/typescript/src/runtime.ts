@@ -84,41 +84,41 @@ export interface AgentOptions {
   /** The service name instances of this agent share (for example `executor.servicing`). */
   service: string;
   /** The registry to register with. Default `http://127.0.0.1:7070` (`reach dev`). */
-  registry?: string;
+  registry?: string | undefined;
   /** This instance's id. Default `<service>-<8 random hex digits>`. */
-  instanceId?: string;
+  instanceId?: string | undefined;
   /** Where to listen, `host:port`. Default `127.0.0.1:0` (a free port on loopback). */
-  listen?: string;
+  listen?: string | undefined;
   /** The host the router dials. Default the listen host (required for a wildcard one). */
-  advertiseHost?: string;
+  advertiseHost?: string | undefined;
   /** The protocol version this agent speaks. Default `1.0`. */
-  protocolVersion?: string;
+  protocolVersion?: string | undefined;
   /**
    * How many messages are handled at once; more wait for a slot (within their deadline), and
    * the router sends no more than this many at once (past it the router's admission queue
    * holds calls, then refuses them UNAVAILABLE / `OVERLOADED`). Default 8.
    */
-  maxConcurrency?: number;
+  maxConcurrency?: number | undefined;
   /** The longest a drain waits for in-flight work, ms. Default 30 000. */
-  maxDrainMs?: number;
+  maxDrainMs?: number | undefined;
   /** The lease TTL to ask for, ms; heartbeats go every third of the granted TTL. Default 10 000. */
-  leaseTtlMs?: number;
+  leaseTtlMs?: number | undefined;
   /** How long a handled message id is remembered (a redelivery gets the first reply), ms. Default 300 000. */
-  dedupeWindowMs?: number;
+  dedupeWindowMs?: number | undefined;
   /** The most message ids remembered at once. Default 100 000. */
-  dedupeCapacity?: number;
+  dedupeCapacity?: number | undefined;
   /** The most bytes of remembered replies (encoded size); the oldest go first. Default 64 MiB. */
-  dedupeMaxBytes?: number;
+  dedupeMaxBytes?: number | undefined;
   /** The relative weight for weighted balancing. Default 1. */
-  weight?: number;
+  weight?: number | undefined;
   /** Topics to subscribe to (`MeshClient.publish` delivers to every subscriber). */
-  topics?: string[];
+  topics?: string[] | undefined;
   /** Free-form labels shown by `reach agents`. */
-  labels?: Record<string, string>;
+  labels?: Record<string, string> | undefined;
   /** The largest message accepted or sent, bytes (encoded protobuf). Default 4 MiB. */
-  maxMessageBytes?: number;
+  maxMessageBytes?: number | undefined;
   /** Where log lines go. Default {@link stderrLogger}. */
-  logger?: Logger;
+  logger?: Logger | undefined;
 }
 
 /** What a handler knows about the message it handles. */
