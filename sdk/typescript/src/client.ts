@@ -341,6 +341,14 @@ export class MeshClient {
   }
 }
 
+/** The instance a routed stream was delivered to, and its trace. */
+export interface StreamRoute {
+  /** The instance the router chose. */
+  instanceId: string;
+  /** The stream's trace id. */
+  traceId: string;
+}
+
 /**
  * A stream through the router to one instance. The first {@link MeshStream.send} picks the
  * instance (by its target); later messages go to the same instance, on the same trace.
@@ -355,8 +363,11 @@ export class MeshStream implements AsyncIterable<ReachMessage> {
   readonly #call: grpc.ClientDuplexStream<StreamRequest, StreamResponse>;
   readonly #replies: AsyncQueue<ReachMessage>;
   #sent = 0;
-  /** Where the router delivered the stream (`x-reach-instance-id`, `x-reach-trace-id`). */
-  readonly route: Promise<{ instanceId: string; traceId: string }>;
+  /**
+   * Where the router delivered the stream (its `x-reach-instance-id` and `x-reach-trace-id`
+   * response headers); `undefined` when the stream ended without headers (refused at once).
+   */
+  readonly route: Promise<StreamRoute | undefined>;
 
   /** @internal Made by {@link MeshClient.stream}. */
   constructor(
@@ -376,14 +387,14 @@ export class MeshStream implements AsyncIterable<ReachMessage> {
     });
     const call = this.#call;
     this.#replies = new AsyncQueue<ReachMessage>(64, () => call.resume());
-    this.route = new Promise((resolve) => {
-      call.once("metadata", (metadata: grpc.Metadata) => {
-        const text = (key: string) => {
-          const [value] = metadata.get(key);
-          return typeof value === "string" ? value : "";
-        };
-        resolve({ instanceId: text(INSTANCE_ID_METADATA), traceId: text(TRACE_ID_METADATA) });
-      });
+    let resolveRoute: (route: StreamRoute | undefined) => void = () => {};
+    this.route = new Promise((resolve) => (resolveRoute = resolve));
+    call.once("metadata", (metadata: grpc.Metadata) => {
+      const text = (key: string) => {
+        const [value] = metadata.get(key);
+        return typeof value === "string" ? value : "";
+      };
+      resolveRoute({ instanceId: text(INSTANCE_ID_METADATA), traceId: text(TRACE_ID_METADATA) });
     });
     call.on("data", (response: StreamResponse) => {
       this.#replies.push(response.message ?? create(ReachMessageSchema));
@@ -391,8 +402,34 @@ export class MeshStream implements AsyncIterable<ReachMessage> {
         call.pause();
       }
     });
-    call.on("error", (error: unknown) => this.#replies.fail(ReachError.from(error)));
-    call.on("end", () => this.#replies.end());
+    // The stream is over once every reply has been read ("end") and its status has arrived
+    // ("error" then "status" for a failure, "status" alone for OK); replies sent before a
+    // failure are read first.
+    let ended = false;
+    let outcome: { failure?: ReachError } | undefined;
+    const settle = () => {
+      if (!ended || outcome === undefined) {
+        return;
+      }
+      resolveRoute(undefined);
+      if (outcome.failure === undefined) {
+        this.#replies.end();
+      } else {
+        this.#replies.fail(outcome.failure);
+      }
+    };
+    call.on("error", (error: unknown) => {
+      outcome = { failure: ReachError.from(error) };
+      settle();
+    });
+    call.on("status", (status: grpc.StatusObject) => {
+      outcome ??= status.code === Code.OK ? {} : { failure: ReachError.fromStatus(status.code, status.details) };
+      settle();
+    });
+    call.on("end", () => {
+      ended = true;
+      settle();
+    });
   }
 
   /** The stream's trace id: every message sent on it carries it. */

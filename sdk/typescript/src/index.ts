@@ -27,6 +27,7 @@ export {
   type MeshClientOptions,
   MeshStream,
   type StartTaskOptions,
+  type StreamRoute,
 } from "./client.js";
 export {
   Code,

@@ -839,6 +839,8 @@ class Agent {
     let unanswered = 0;
     let inputEnded = false;
     let finished = false;
+    /** Set when the caller went away: nobody reads replies any more. */
+    let gone = false;
     const closing = this.#closing.signal;
 
     const finish = () => {
@@ -858,6 +860,9 @@ class Agent {
       }
     };
     const answer = (callId: bigint, outcome: Outcome) => {
+      if (gone) {
+        return;
+      }
       const frame = create(HandleMuxResponseSchema, {
         frame: {
           callId,
@@ -967,6 +972,7 @@ class Agent {
     });
     call.once("cancelled", () => {
       // The caller went away: nobody reads the replies; stop every open call.
+      gone = true;
       finished = true;
       closing.removeEventListener("abort", finish);
       for (const { cancel } of open.values()) {
@@ -1049,7 +1055,14 @@ class Agent {
           throw this.#tooLarge("reply", size);
         }
         if (!call.write(create(HandleStreamResponseSchema, { message: reply }))) {
-          await new Promise<void>((resolve) => call.once("drain", resolve));
+          // Flow control pushes back: wait for room, or stop when the caller has gone.
+          await new Promise<void>((resolve) => {
+            call.once("drain", resolve);
+            gone.signal.addEventListener("abort", () => resolve(), { once: true });
+          });
+        }
+        if (gone.signal.aborted) {
+          return;
         }
       }
       call.end();

@@ -98,7 +98,11 @@ describe("a Node agent on reach dev", { timeout: 60_000 }, () => {
       .handleStream({ name: "ts.shout", version: "1.0.0" }, async function* (_ctx, first, rest) {
         yield makePayload("ts.shouted", textPart((partText(first.payload!.parts[0]!) ?? "").toUpperCase()));
         for await (const message of rest) {
-          yield makePayload("ts.shouted", textPart((partText(message.payload!.parts[0]!) ?? "").toUpperCase()));
+          const text = partText(message.payload!.parts[0]!) ?? "";
+          if (text === "stop") {
+            throw ReachError.of(Code.FAILED_PRECONDITION, "told to stop", "TS_STOPPED");
+          }
+          yield makePayload("ts.shouted", textPart(text.toUpperCase()));
         }
       })
       .start();
@@ -233,7 +237,24 @@ describe("a Node agent on reach dev", { timeout: 60_000 }, () => {
       replies.push(partText(reply.payload!.parts[0]!) ?? "");
     }
     assert.deepEqual(replies, ["HELLO", "MESH"]);
-    assert.equal((await stream.route).instanceId, "ts-math-1");
+    assert.equal((await stream.route)?.instanceId, "ts-math-1");
+  });
+
+  test("a stream handler's error reaches the caller after the replies it yielded", async () => {
+    const stream = client.stream("ts.shout", { timeoutMs: 5000 });
+    await stream.send(makePayload("ts.text", textPart("one")));
+    await stream.send(makePayload("ts.text", textPart("stop")));
+    stream.end();
+    const replies: string[] = [];
+    const failure = await (async () => {
+      for await (const reply of stream) {
+        replies.push(partText(reply.payload!.parts[0]!) ?? "");
+      }
+    })().catch((e: unknown) => e);
+    assert.deepEqual(replies, ["ONE"]);
+    assert.ok(failure instanceof ReachError, String(failure));
+    assert.equal(failure.code, Code.FAILED_PRECONDITION);
+    assert.equal(failure.reason, "TS_STOPPED");
   });
 
   test("answers a Python grpcio client through the router", async (t) => {

@@ -83,7 +83,7 @@ describe("MeshClient against reach dev's Rust agents", { timeout: 60_000 }, () =
       ids.push(data.complaint_id);
     }
     assert.deepEqual(ids, ["a", "b"]);
-    assert.match((await stream.route).instanceId, /^coordinator-/);
+    assert.match((await stream.route)?.instanceId ?? "", /^coordinator-/);
   });
 
   test("an unknown capability is NOT_FOUND / ROUTE_NOT_FOUND with the router's summary", async () => {
