@@ -26,6 +26,7 @@ import {
 import { isTraceId, newMessageId, newTraceId, TRACEPARENT, traceparentFor } from "./ids.js";
 import { firstData, makePayload, valueOf } from "./parts.js";
 import type { HandlerContext } from "./runtime.js";
+import { CallMuxLink, UNSUPPORTED } from "./mux.js";
 import { RpcChannel } from "./rpc.js";
 import { AsyncQueue } from "./sync.js";
 
@@ -113,6 +114,13 @@ export interface MeshClientOptions {
   router?: string | undefined;
   /** The orchestrator. Default the router's endpoint (`reach dev` serves both on one port). */
   orchestrator?: string | undefined;
+  /**
+   * Send calls as frames on one multiplexed `RouterService.CallMux` stream, as the Rust
+   * client does (falling back to unary `Call` for a router that does not serve it), instead
+   * of one unary `Call` each. Default false. The open stream keeps the process alive until
+   * {@link MeshClient.close}.
+   */
+  multiplex?: boolean | undefined;
 }
 
 /** Options of {@link MeshClient.startTask}. */
@@ -134,6 +142,7 @@ export class MeshClient {
   readonly source: string;
   readonly #router: RpcChannel;
   readonly #orchestrator: RpcChannel;
+  readonly #mux: CallMuxLink | undefined;
 
   /** @throws {TypeError} when an endpoint is not an `http://host:port` URL or `source` is empty. */
   constructor(options: MeshClientOptions) {
@@ -147,6 +156,16 @@ export class MeshClient {
       options.orchestrator === undefined || options.orchestrator === router
         ? this.#router
         : new RpcChannel(options.orchestrator, MAX_MESSAGE_BYTES);
+    this.#mux = options.multiplex === true ? new CallMuxLink(this.#router) : undefined;
+  }
+
+  /**
+   * How many CallMux streams this client opened to the router: 1 while the first lives, more
+   * after reconnects, 0 when calls go unary (`multiplex` off, or a router without CallMux).
+   * For diagnostics and tests.
+   */
+  get muxStreamsOpened(): number {
+    return this.#mux?.streamsOpened ?? 0;
   }
 
   /**
@@ -195,17 +214,29 @@ export class MeshClient {
   }
 
   /**
-   * Sends a prepared message (see {@link MeshClient.message}) through the router's `Call`,
-   * with a `traceparent` naming its trace.
+   * Sends a prepared message (see {@link MeshClient.message}) through the router — a CallMux
+   * frame with `multiplex`, else a unary `Call` — with a `traceparent` naming its trace.
    *
-   * @throws {ReachError} as {@link MeshClient.call}.
+   * @throws {ReachError} as {@link MeshClient.call}; with `multiplex` also UNAVAILABLE when
+   * the stream to the router broke while the call was in flight (it may have been handled:
+   * resend with the same `message_id`).
    */
   async send(message: ReachMessage, options: Pick<CallOptions, "timeoutMs" | "signal"> = {}): Promise<CallResult> {
-    const response = await this.#router.unary(
-      RouterService.method.call,
-      { message },
-      { ...options, metadata: traceMetadata(message) },
-    );
+    const settings = { timeoutMs: options.timeoutMs, signal: options.signal, metadata: traceMetadata(message) };
+    if (this.#mux !== undefined) {
+      const response = await this.#mux.call(message, settings);
+      if (response !== UNSUPPORTED) {
+        const frame = response.frame?.result;
+        if (frame?.case === "reply") {
+          return { message: frame.value, route: response.route, data: firstData(frame.value.payload) };
+        }
+        if (frame?.case === "error") {
+          throw ReachError.fromStatus(frame.value.code, frame.value.message, frame.value.details);
+        }
+        throw new ReachError(Code.INTERNAL, "the router sent a reply frame with neither a reply nor an error");
+      }
+    }
+    const response = await this.#router.unary(RouterService.method.call, { message }, settings);
     const reply = response.message ?? create(ReachMessageSchema);
     return { message: reply, route: response.route, data: firstData(reply.payload) };
   }
@@ -334,6 +365,7 @@ export class MeshClient {
 
   /** Closes the client's connections; calls in flight fail with CANCELLED or UNAVAILABLE. */
   close(): void {
+    this.#mux?.close();
     this.#router.close();
     if (this.#orchestrator !== this.#router) {
       this.#orchestrator.close();

@@ -4,6 +4,7 @@
  *
  * Layout:
  * - `client` — {@link MeshClient}, {@link MeshStream}, {@link callOptionsWithin}.
+ * - `mux` — the client's side of `RouterService.CallMux` (`multiplex: true`).
  * - `runtime` — {@link AgentRuntime}: register, heartbeat, serve AgentService (Handle,
  *   HandleMux, HandleStream) and health, bounded concurrency, dedupe, drain.
  * - `parts` — payloads and parts as plain values ({@link dataPart}, {@link firstData}, ...).

@@ -257,6 +257,53 @@ describe("a Node agent on reach dev", { timeout: 60_000 }, () => {
     assert.equal(failure.reason, "TS_STOPPED");
   });
 
+  test("with multiplex, calls go as frames on one CallMux stream: replies, errors and cancels", async () => {
+    const mux = new MeshClient({ source: "ts.test-mux", router: mesh.endpoint, multiplex: true });
+    try {
+      const [a, b] = await Promise.all([
+        mux.call("ts.sum", makePayload("ts.numbers", dataPart({ numbers: [1, 1] })), { timeoutMs: 5000 }),
+        mux.call("ts.sum", makePayload("ts.numbers", dataPart({ numbers: [2, 2] })), { timeoutMs: 5000 }),
+      ]);
+      assert.deepEqual([a.data, b.data], [{ sum: 2 }, { sum: 4 }]);
+      assert.equal(a.route?.instanceId, "ts-math-1");
+      assert.equal(a.message.header?.correlationId, a.route?.messageId);
+
+      const unknown = await mux.call("ts.nope", makePayload("x"), { timeoutMs: 5000 }).catch((e: unknown) => e);
+      assert.ok(unknown instanceof ReachError, String(unknown));
+      assert.equal(unknown.code, Code.NOT_FOUND);
+      assert.equal(unknown.reason, Reason.ROUTE_NOT_FOUND, "the CallError's details carry the ErrorInfo");
+
+      const message = mux.message({ capability: "ts.wait" }, makePayload("ts.wait"));
+      const late = await mux.send(message, { timeoutMs: 200 }).catch((e: unknown) => e);
+      assert.ok(late instanceof ReachError, String(late));
+      assert.equal(late.code, Code.DEADLINE_EXCEEDED);
+      await waitFor("the handler to be told", () => told.has(message.header!.messageId));
+
+      const after = await mux.call("ts.sum", makePayload("ts.numbers", dataPart({ numbers: [3] })), { timeoutMs: 5000 });
+      assert.deepEqual(after.data, { sum: 3 });
+      assert.equal(mux.muxStreamsOpened, 1, "every call went over the one stream");
+    } finally {
+      mux.close();
+    }
+  });
+
+  test("with multiplex, a peer without CallMux gets unary Calls", async () => {
+    // The agent's own port serves no RouterService at all: CallMux is UNIMPLEMENTED, so the
+    // call goes unary, and that is UNIMPLEMENTED too — for /Call.
+    const mux = new MeshClient({ source: "ts.test-mux", router: agent.endpoint, multiplex: true });
+    try {
+      for (let i = 0; i < 2; i++) {
+        const error = await mux.call("ts.sum", makePayload("x"), { timeoutMs: 5000 }).catch((e: unknown) => e);
+        assert.ok(error instanceof ReachError, String(error));
+        assert.equal(error.code, Code.UNIMPLEMENTED);
+        assert.match(error.statusMessage, /RouterService\/Call\b/);
+      }
+      assert.equal(mux.muxStreamsOpened, 1, "the link remembers that CallMux is not served");
+    } finally {
+      mux.close();
+    }
+  });
+
   test("answers a Python grpcio client through the router", async (t) => {
     const python = process.env.REACH_PYTHON ?? join(repoRoot, ".venv/bin/python");
     if (!existsSync(python)) {
