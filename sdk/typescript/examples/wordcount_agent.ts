@@ -45,10 +45,16 @@ await new AgentRuntime({
     (_ctx, message) => {
       const text = firstData(message.payload)?.text;
       if (typeof text !== "string") {
-        throw new ReachError(Code.INVALID_ARGUMENT, 'the request needs a data part {"text": "..."}');
+        throw new ReachError(
+          Code.INVALID_ARGUMENT,
+          'the request needs a data part {"text": "..."}',
+        );
       }
       const words = text.split(/\s+/).filter((word) => word !== "").length;
-      return makePayload("text.wordcount_result", dataPart({ words, characters: [...text].length }));
+      return makePayload(
+        "text.wordcount_result",
+        dataPart({ words, characters: [...text].length }),
+      );
     },
   )
   .run();

@@ -42,7 +42,7 @@ export interface CapabilitySpec {
  */
 export function checkCapability(spec: CapabilitySpec): string | undefined {
   if (spec.name === "") {
-    return "a capability needs a name (dotted, for example \"complaint.classify\")";
+    return 'a capability needs a name (dotted, for example "complaint.classify")';
   }
   const descriptionBytes = Buffer.byteLength(spec.description ?? "", "utf8");
   if (descriptionBytes > MAX_DESCRIPTION_BYTES) {
@@ -55,7 +55,10 @@ export function checkCapability(spec: CapabilitySpec): string | undefined {
     if (schema === undefined) {
       continue;
     }
-    if (typeof schema !== "boolean" && (typeof schema !== "object" || schema === null || Array.isArray(schema))) {
+    if (
+      typeof schema !== "boolean" &&
+      (typeof schema !== "object" || schema === null || Array.isArray(schema))
+    ) {
       return `capability ${JSON.stringify(spec.name)}: the ${field} must be a JSON object or a boolean (a JSON Schema)`;
     }
     const size = Buffer.byteLength(JSON.stringify(schema), "utf8");

@@ -147,7 +147,9 @@ export class MeshClient {
   /** @throws {TypeError} when an endpoint is not an `http://host:port` URL or `source` is empty. */
   constructor(options: MeshClientOptions) {
     if (!options.source) {
-      throw new TypeError('source must be set: the sending service, dotted (for example "ingest.main")');
+      throw new TypeError(
+        'source must be set: the sending service, dotted (for example "ingest.main")',
+      );
     }
     this.source = options.source;
     const router = options.router ?? "http://127.0.0.1:7070";
@@ -221,19 +223,33 @@ export class MeshClient {
    * the stream to the router broke while the call was in flight (it may have been handled:
    * resend with the same `message_id`).
    */
-  async send(message: ReachMessage, options: Pick<CallOptions, "timeoutMs" | "signal"> = {}): Promise<CallResult> {
-    const settings = { timeoutMs: options.timeoutMs, signal: options.signal, metadata: traceMetadata(message) };
+  async send(
+    message: ReachMessage,
+    options: Pick<CallOptions, "timeoutMs" | "signal"> = {},
+  ): Promise<CallResult> {
+    const settings = {
+      timeoutMs: options.timeoutMs,
+      signal: options.signal,
+      metadata: traceMetadata(message),
+    };
     if (this.#mux !== undefined) {
       const response = await this.#mux.call(message, settings);
       if (response !== UNSUPPORTED) {
         const frame = response.frame?.result;
         if (frame?.case === "reply") {
-          return { message: frame.value, route: response.route, data: firstData(frame.value.payload) };
+          return {
+            message: frame.value,
+            route: response.route,
+            data: firstData(frame.value.payload),
+          };
         }
         if (frame?.case === "error") {
           throw ReachError.fromStatus(frame.value.code, frame.value.message, frame.value.details);
         }
-        throw new ReachError(Code.INTERNAL, "the router sent a reply frame with neither a reply nor an error");
+        throw new ReachError(
+          Code.INTERNAL,
+          "the router sent a reply frame with neither a reply nor an error",
+        );
       }
     }
     const response = await this.#router.unary(RouterService.method.call, { message }, settings);
@@ -265,7 +281,11 @@ export class MeshClient {
    * @throws {ReachError} INVALID_ARGUMENT when the request asked for no asynchronous reply;
    * the router's status otherwise.
    */
-  async reply(ctx: HandlerContext, payload: Payload, options: Pick<CallOptions, "timeoutMs"> = {}): Promise<boolean> {
+  async reply(
+    ctx: HandlerContext,
+    payload: Payload,
+    options: Pick<CallOptions, "timeoutMs"> = {},
+  ): Promise<boolean> {
     if (ctx.replyTo === "") {
       throw new ReachError(
         Code.INVALID_ARGUMENT,
@@ -455,7 +475,10 @@ export class MeshStream implements AsyncIterable<ReachMessage> {
       settle();
     });
     call.on("status", (status: grpc.StatusObject) => {
-      outcome ??= status.code === Code.OK ? {} : { failure: ReachError.fromStatus(status.code, status.details) };
+      outcome ??=
+        status.code === Code.OK
+          ? {}
+          : { failure: ReachError.fromStatus(status.code, status.details) };
       settle();
     });
     call.on("end", () => {
@@ -482,8 +505,9 @@ export class MeshStream implements AsyncIterable<ReachMessage> {
       message.header.target = { case: undefined };
     }
     return new Promise((resolve, reject) => {
-      this.#call.write(create(StreamRequestSchema, { message }), (error: Error | null | undefined) =>
-        error ? reject(ReachError.from(error)) : resolve(),
+      this.#call.write(
+        create(StreamRequestSchema, { message }),
+        (error: Error | null | undefined) => (error ? reject(ReachError.from(error)) : resolve()),
       );
     });
   }
@@ -514,7 +538,10 @@ function traceMetadata(message: ReachMessage): Record<string, string> {
 
 function taskOf(task: Task | undefined, id: string): Task {
   if (task === undefined) {
-    throw new ReachError(Code.INTERNAL, `the orchestrator answered without a task for ${JSON.stringify(id)}`);
+    throw new ReachError(
+      Code.INTERNAL,
+      `the orchestrator answered without a task for ${JSON.stringify(id)}`,
+    );
   }
   return task;
 }

@@ -123,7 +123,12 @@ export class ReachError extends Error {
   /** The BadRequest field violations (empty when there are none). */
   readonly violations: readonly FieldViolation[];
 
-  constructor(code: Code, message: string, details: ReachErrorDetails = {}, options?: ErrorOptions) {
+  constructor(
+    code: Code,
+    message: string,
+    details: ReachErrorDetails = {},
+    options?: ErrorOptions,
+  ) {
     const reason = details.reason === undefined ? "" : ` [${details.reason}]`;
     super(`${codeName(code)}${reason}: ${message}`, options);
     this.name = "ReachError";
@@ -187,7 +192,9 @@ export class ReachError extends Error {
 
   /** Whether the error carries details (ErrorInfo, RetryInfo or BadRequest) to encode. */
   get hasDetails(): boolean {
-    return this.reason !== undefined || this.retryAfterMs !== undefined || this.violations.length > 0;
+    return (
+      this.reason !== undefined || this.retryAfterMs !== undefined || this.violations.length > 0
+    );
   }
 
   /** The encoded `google.rpc.Status` (code, message, ErrorInfo, RetryInfo, BadRequest). */

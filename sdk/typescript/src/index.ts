@@ -17,7 +17,13 @@
  * @module
  */
 
-export { type CapabilitySpec, checkCapability, MAX_DESCRIPTION_BYTES, MAX_SCHEMA_BYTES, MAX_SCHEMA_DEPTH } from "./capability.js";
+export {
+  type CapabilitySpec,
+  checkCapability,
+  MAX_DESCRIPTION_BYTES,
+  MAX_SCHEMA_BYTES,
+  MAX_SCHEMA_DEPTH,
+} from "./capability.js";
 export {
   ACK_PAYLOAD_TYPE,
   ackPayload,
@@ -40,7 +46,13 @@ export {
   type ReachErrorDetails,
   type ReasonName,
 } from "./errors.js";
-export { type CallSettings, type Method, parseEndpoint, RpcChannel, serviceDefinition } from "./rpc.js";
+export {
+  type CallSettings,
+  type Method,
+  parseEndpoint,
+  RpcChannel,
+  serviceDefinition,
+} from "./rpc.js";
 export { isTraceId, newMessageId, newTraceId, traceparentFor } from "./ids.js";
 export { type Logger, silentLogger, stderrLogger } from "./log.js";
 export {

@@ -76,13 +76,23 @@ export class CallMuxLink {
    */
   call(
     message: ReachMessage,
-    { timeoutMs, signal, metadata }: { timeoutMs?: number | undefined; signal?: AbortSignal | undefined; metadata: Record<string, string> },
+    {
+      timeoutMs,
+      signal,
+      metadata,
+    }: {
+      timeoutMs?: number | undefined;
+      signal?: AbortSignal | undefined;
+      metadata: Record<string, string>;
+    },
   ): Promise<CallMuxResponse | typeof UNSUPPORTED> {
     if (Date.now() < this.#unsupportedUntil) {
       return Promise.resolve(UNSUPPORTED);
     }
     if (signal?.aborted) {
-      return Promise.reject(new ReachError(Code.CANCELLED, "the call was cancelled before it was sent"));
+      return Promise.reject(
+        new ReachError(Code.CANCELLED, "the call was cancelled before it was sent"),
+      );
     }
     const session = this.#live();
     const callId = session.nextCallId;
@@ -104,7 +114,8 @@ export class CallMuxLink {
         }
         reject(error);
       };
-      const abandon = () => giveUp(new ReachError(Code.CANCELLED, "the call was cancelled by its caller"));
+      const abandon = () =>
+        giveUp(new ReachError(Code.CANCELLED, "the call was cancelled by its caller"));
       session.waiting.set(callId, {
         resolve: (response) => {
           settle();
@@ -117,7 +128,13 @@ export class CallMuxLink {
       });
       if (timeoutMs !== undefined) {
         timer = setTimeout(
-          () => giveUp(new ReachError(Code.DEADLINE_EXCEEDED, `no reply within the call's timeout of ${timeoutMs} ms`)),
+          () =>
+            giveUp(
+              new ReachError(
+                Code.DEADLINE_EXCEEDED,
+                `no reply within the call's timeout of ${timeoutMs} ms`,
+              ),
+            ),
           Math.max(0, timeoutMs),
         );
       }

@@ -31,7 +31,10 @@ export type Method<I extends DescMessage, O extends DescMessage> = DescMethod & 
  * path (`/package.Service/Method`), streaming kind, and protobuf-es binary (de)serialisers.
  */
 export function serviceDefinition(service: DescService): grpc.ServiceDefinition {
-  const definition: Record<string, grpc.MethodDefinition<MessageShape<DescMessage>, MessageShape<DescMessage>>> = {};
+  const definition: Record<
+    string,
+    grpc.MethodDefinition<MessageShape<DescMessage>, MessageShape<DescMessage>>
+  > = {};
   for (const method of service.methods) {
     const kind = method.methodKind;
     definition[method.localName] = {
@@ -93,9 +96,7 @@ export function parseEndpoint(endpoint: string): {
   return {
     target: `${url.hostname}:${url.port}`,
     credentials:
-      url.protocol === "https:"
-        ? grpc.credentials.createSsl()
-        : grpc.credentials.createInsecure(),
+      url.protocol === "https:" ? grpc.credentials.createSsl() : grpc.credentials.createInsecure(),
   };
 }
 

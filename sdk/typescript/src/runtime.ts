@@ -169,7 +169,10 @@ export type PayloadInit = Payload | MessageInitShape<typeof PayloadSchema>;
  * Throw a {@link ReachError} to answer with its status; anything else thrown answers UNKNOWN
  * with its message.
  */
-export type Handler = (ctx: HandlerContext, message: ReachMessage) => PayloadInit | Promise<PayloadInit>;
+export type Handler = (
+  ctx: HandlerContext,
+  message: ReachMessage,
+) => PayloadInit | Promise<PayloadInit>;
 
 /**
  * Handles a bidirectional stream: reads the caller's messages (`first` opened it, `rest`
@@ -348,7 +351,8 @@ interface Settings {
 }
 
 /** What handling one message came to: the reply envelope, or the status to answer with. */
-type Outcome = { reply: ReachMessage; error?: undefined } | { reply?: undefined; error: ReachError };
+type Outcome =
+  { reply: ReachMessage; error?: undefined } | { reply?: undefined; error: ReachError };
 
 /** The serving, registering agent behind a {@link RunningAgent}. */
 class Agent {
@@ -422,7 +426,8 @@ class Agent {
       this.#server.bindAsync(
         this.settings.listen,
         grpc.ServerCredentials.createInsecure(),
-        (error, bound) => (error === null ? resolve(bound) : reject(listenError(this.settings.listen, error))),
+        (error, bound) =>
+          error === null ? resolve(bound) : reject(listenError(this.settings.listen, error)),
       );
     });
     const host = this.settings.advertiseHost;
@@ -456,7 +461,10 @@ class Agent {
           { timeoutMs: 2000 },
         );
       } catch (error) {
-        logger.warn("could not report draining", { instance: instanceId, error: ReachError.from(error).message });
+        logger.warn("could not report draining", {
+          instance: instanceId,
+          error: ReachError.from(error).message,
+        });
       }
     }
     logger.info("draining", { instance: instanceId, in_flight: this.#inFlight });
@@ -542,7 +550,11 @@ class Agent {
           return;
         }
         const status = ReachError.from(error);
-        logger.warn("registration failed; retrying", { code: status.codeName, error: status.statusMessage, retry_in_ms: backoffMs });
+        logger.warn("registration failed; retrying", {
+          code: status.codeName,
+          error: status.statusMessage,
+          retry_in_ms: backoffMs,
+        });
         await delay(backoffMs, stop);
         backoffMs = Math.min(backoffMs * 2, 2000);
         continue;
@@ -566,7 +578,10 @@ class Agent {
             { timeoutMs: Math.max(periodMs, 1000), signal: stop },
           );
           if (answer.state === InstanceState.DRAINING) {
-            logger.warn("the registry drained this instance; no longer taking new work through it", { instance: spec.instanceId });
+            logger.warn(
+              "the registry drained this instance; no longer taking new work through it",
+              { instance: spec.instanceId },
+            );
             return;
           }
         } catch (error) {
@@ -575,11 +590,16 @@ class Agent {
           }
           const status = ReachError.from(error);
           if (status.reason === Reason.INSTANCE_DRAINED) {
-            logger.warn("the registry drained this instance; no longer taking new work through it", { instance: spec.instanceId });
+            logger.warn(
+              "the registry drained this instance; no longer taking new work through it",
+              { instance: spec.instanceId },
+            );
             return;
           }
           if (status.code === Code.NOT_FOUND) {
-            logger.warn("registry lost the lease; registering again", { instance: spec.instanceId });
+            logger.warn("registry lost the lease; registering again", {
+              instance: spec.instanceId,
+            });
             break;
           }
           logger.warn("heartbeat failed", { code: status.codeName, error: status.statusMessage });
@@ -606,7 +626,9 @@ class Agent {
   }
 
   #waitIdle(): Promise<void> {
-    return this.#inFlight === 0 ? Promise.resolve() : new Promise((resolve) => this.#idle.push(resolve));
+    return this.#inFlight === 0
+      ? Promise.resolve()
+      : new Promise((resolve) => this.#idle.push(resolve));
   }
 
   #drainingError(): ReachError {
@@ -651,7 +673,10 @@ class Agent {
       return found;
     }
     const known = [...handlers.keys()].sort().join(", ");
-    const what = wanted === undefined ? "this message (address a capability)" : `capability ${JSON.stringify(wanted)}`;
+    const what =
+      wanted === undefined
+        ? "this message (address a capability)"
+        : `capability ${JSON.stringify(wanted)}`;
     return ReachError.of(
       Code.UNIMPLEMENTED,
       `instance ${this.settings.instanceId} has no handler for ${what}; it handles: ${known}`,
@@ -659,7 +684,12 @@ class Agent {
     );
   }
 
-  #context(message: ReachMessage, deadline: number | undefined, signal: AbortSignal, metadata: ReplyMetadata): HandlerContext {
+  #context(
+    message: ReachMessage,
+    deadline: number | undefined,
+    signal: AbortSignal,
+    metadata: ReplyMetadata,
+  ): HandlerContext {
     const header = message.header ?? create(HeaderSchema);
     return {
       traceId: header.traceId,
@@ -676,7 +706,11 @@ class Agent {
   }
 
   /** The envelope of `payload` answering a request with `request` as its header. */
-  #reply(request: Header | undefined, payload: PayloadInit, metadata: Record<string, string>): ReachMessage {
+  #reply(
+    request: Header | undefined,
+    payload: PayloadInit,
+    metadata: Record<string, string>,
+  ): ReachMessage {
     return create(ReachMessageSchema, {
       header: {
         messageId: newMessageId(),
@@ -773,7 +807,12 @@ class Agent {
         );
       }
       const onCancel = () =>
-        resolve(new ReachError(Code.CANCELLED, "the caller cancelled the call; the handler was told and has finished"));
+        resolve(
+          new ReachError(
+            Code.CANCELLED,
+            "the caller cancelled the call; the handler was told and has finished",
+          ),
+        );
       if (cancelled.aborted) {
         onCancel();
       } else {
@@ -803,18 +842,23 @@ class Agent {
     }
     const message = call.request.message;
     if (message === undefined) {
-      callback(new ReachError(Code.INVALID_ARGUMENT, "the request has no message").toGrpcStatus(), null);
+      callback(
+        new ReachError(Code.INVALID_ARGUMENT, "the request has no message").toGrpcStatus(),
+        null,
+      );
       return;
     }
     const gone = new AbortController();
     call.once("cancelled", () => gone.abort());
-    void this.#handleMessage(message, deadlineOf(call.getDeadline()), gone.signal, false).then((outcome) => {
-      if (outcome.error !== undefined) {
-        callback(outcome.error.toGrpcStatus(), null);
-      } else {
-        callback(null, create(HandleResponseSchema, { message: outcome.reply }));
-      }
-    });
+    void this.#handleMessage(message, deadlineOf(call.getDeadline()), gone.signal, false).then(
+      (outcome) => {
+        if (outcome.error !== undefined) {
+          callback(outcome.error.toGrpcStatus(), null);
+        } else {
+          callback(null, create(HandleResponseSchema, { message: outcome.reply }));
+        }
+      },
+    );
   };
 
   /**
@@ -826,7 +870,9 @@ class Agent {
    * answers every call it read, and ends UNAVAILABLE / `INSTANCE_DRAINING`: calls without a
    * reply were not read, and the router sends them elsewhere.
    */
-  readonly #serveMux: grpc.handleBidiStreamingCall<HandleMuxRequest, HandleMuxResponse> = (call) => {
+  readonly #serveMux: grpc.handleBidiStreamingCall<HandleMuxRequest, HandleMuxResponse> = (
+    call,
+  ) => {
     if (this.#closing.signal.aborted) {
       call.emit("error", this.#drainingError().toGrpcStatus());
       return;
@@ -850,11 +896,14 @@ class Agent {
       finished = true;
       closing.removeEventListener("abort", finish);
       if (closing.aborted) {
-        call.emit("error", new ReachError(
-          Code.UNAVAILABLE,
-          "the callee is shutting down and read no more calls from this stream; calls without a reply were not handled, send them elsewhere",
-          { reason: Reason.INSTANCE_DRAINING },
-        ).toGrpcStatus());
+        call.emit(
+          "error",
+          new ReachError(
+            Code.UNAVAILABLE,
+            "the callee is shutting down and read no more calls from this stream; calls without a reply were not handled, send them elsewhere",
+            { reason: Reason.INSTANCE_DRAINING },
+          ).toGrpcStatus(),
+        );
       } else {
         call.end();
       }
@@ -874,7 +923,9 @@ class Agent {
                   value: {
                     code: outcome.error.code,
                     message: outcome.error.statusMessage,
-                    details: outcome.error.hasDetails ? outcome.error.encodeStatus() : new Uint8Array(),
+                    details: outcome.error.hasDetails
+                      ? outcome.error.encodeStatus()
+                      : new Uint8Array(),
                   },
                 },
         },
@@ -986,7 +1037,9 @@ class Agent {
    * message the handler has read. The stream counts as one message in flight while it lives
    * (it takes no concurrency slot, as in the Rust SDK).
    */
-  readonly #serveStream: grpc.handleBidiStreamingCall<HandleStreamRequest, HandleStreamResponse> = (call) => {
+  readonly #serveStream: grpc.handleBidiStreamingCall<HandleStreamRequest, HandleStreamResponse> = (
+    call,
+  ) => {
     if (this.#closing.signal.aborted) {
       call.emit("error", this.#drainingError().toGrpcStatus());
       return;
@@ -1079,16 +1132,29 @@ class ReplyMetadata {
   set(key: string, value: string, logger: Logger): boolean {
     const keyBytes = Buffer.byteLength(key);
     if (keyBytes === 0 || keyBytes > MAX_REPLY_METADATA_KEY_BYTES) {
-      logger.warn("reply metadata key empty or too long; dropped", { key_bytes: keyBytes, limit: MAX_REPLY_METADATA_KEY_BYTES });
+      logger.warn("reply metadata key empty or too long; dropped", {
+        key_bytes: keyBytes,
+        limit: MAX_REPLY_METADATA_KEY_BYTES,
+      });
       return false;
     }
     const valueBytes = Buffer.byteLength(value);
     if (valueBytes > MAX_REPLY_METADATA_VALUE_BYTES) {
-      logger.warn("reply metadata value too long; dropped", { key, value_bytes: valueBytes, limit: MAX_REPLY_METADATA_VALUE_BYTES });
+      logger.warn("reply metadata value too long; dropped", {
+        key,
+        value_bytes: valueBytes,
+        limit: MAX_REPLY_METADATA_VALUE_BYTES,
+      });
       return false;
     }
-    if (!(key in this.#entries) && Object.keys(this.#entries).length >= MAX_REPLY_METADATA_ENTRIES) {
-      logger.warn("too many reply metadata entries; dropped", { key, limit: MAX_REPLY_METADATA_ENTRIES });
+    if (
+      !(key in this.#entries) &&
+      Object.keys(this.#entries).length >= MAX_REPLY_METADATA_ENTRIES
+    ) {
+      logger.warn("too many reply metadata entries; dropped", {
+        key,
+        limit: MAX_REPLY_METADATA_ENTRIES,
+      });
       return false;
     }
     this.#entries[key] = value;
@@ -1110,7 +1176,8 @@ function remembered(outcome: Outcome): number {
     ENTRY_OVERHEAD_BYTES +
     (outcome.error === undefined
       ? toBinary(ReachMessageSchema, outcome.reply).length
-      : outcome.error.statusMessage.length + (outcome.error.hasDetails ? outcome.error.encodeStatus().length : 0))
+      : outcome.error.statusMessage.length +
+        (outcome.error.hasDetails ? outcome.error.encodeStatus().length : 0))
   );
 }
 
@@ -1130,9 +1197,12 @@ function deadlineOf(deadline: grpc.Deadline): number | undefined {
 }
 
 function listenError(listen: string, error: Error): Error {
-  return new Error(`cannot listen on ${listen}: ${error.message}; choose another address with the listen option`, {
-    cause: error,
-  });
+  return new Error(
+    `cannot listen on ${listen}: ${error.message}; choose another address with the listen option`,
+    {
+      cause: error,
+    },
+  );
 }
 
 /** The options with defaults filled in, checked. */
@@ -1158,17 +1228,23 @@ function settingsOf(options: AgentOptions): Settings {
   const listenHost = listen.slice(0, colon).replace(/^\[(.*)\]$/, "$1");
   const advertiseHost = options.advertiseHost ?? listenHost;
   if (["0.0.0.0", "::", ""].includes(advertiseHost)) {
-    fail(`listen ${JSON.stringify(listen)} is a wildcard address; set advertiseHost to the address the router should dial`);
+    fail(
+      `listen ${JSON.stringify(listen)} is a wildcard address; set advertiseHost to the address the router should dial`,
+    );
   }
   const registry = options.registry ?? "http://127.0.0.1:7070";
   parseEndpoint(registry);
   const maxDrainMs = options.maxDrainMs ?? 30_000;
   if (!Number.isFinite(maxDrainMs) || maxDrainMs < 0) {
-    fail(`maxDrainMs must be a number of milliseconds of at least 0, got ${String(options.maxDrainMs)}`);
+    fail(
+      `maxDrainMs must be a number of milliseconds of at least 0, got ${String(options.maxDrainMs)}`,
+    );
   }
   const dedupeMaxBytes = options.dedupeMaxBytes ?? 64 * 1024 * 1024;
   if (!Number.isSafeInteger(dedupeMaxBytes) || dedupeMaxBytes < 0) {
-    fail(`dedupeMaxBytes must be a whole number of at least 0, got ${String(options.dedupeMaxBytes)}`);
+    fail(
+      `dedupeMaxBytes must be a whole number of at least 0, got ${String(options.dedupeMaxBytes)}`,
+    );
   }
   return {
     service: options.service,

@@ -29,7 +29,10 @@ import {
   silentLogger,
   textPart,
 } from "@reach-mesh/sdk";
-import { Health, HealthCheckResponse_ServingStatus } from "@reach-mesh/sdk/gen/grpc/health/v1/health_pb.js";
+import {
+  Health,
+  HealthCheckResponse_ServingStatus,
+} from "@reach-mesh/sdk/gen/grpc/health/v1/health_pb.js";
 import { RegistryService } from "@reach-mesh/sdk/gen/reach/v1/registry_service_pb.js";
 
 import { Mesh, repoRoot, run, sdkDir, waitFor } from "./support/mesh.js";
@@ -75,28 +78,43 @@ describe("a Node agent on reach dev", { timeout: 60_000 }, () => {
           runs.set(ctx.messageId, (runs.get(ctx.messageId) ?? 0) + 1);
           const numbers = firstData(message.payload)?.numbers;
           if (!Array.isArray(numbers)) {
-            throw ReachError.of(Code.INVALID_ARGUMENT, "numbers must be an array of numbers", "TS_BAD_NUMBERS", {
-              field: "numbers",
-            });
+            throw ReachError.of(
+              Code.INVALID_ARGUMENT,
+              "numbers must be an array of numbers",
+              "TS_BAD_NUMBERS",
+              {
+                field: "numbers",
+              },
+            );
           }
           ctx.setReplyMetadata("x-ts-handled-by", ctx.instanceId);
           const sum = numbers.reduce<number>((total, n) => total + Number(n), 0);
           return makePayload("ts.sum_result", dataPart({ sum }));
         },
       )
-      .handle({ name: "ts.echo", version: "1.0.0" }, (_ctx, message) => message.payload ?? makePayload("ts.empty"))
+      .handle(
+        { name: "ts.echo", version: "1.0.0" },
+        (_ctx, message) => message.payload ?? makePayload("ts.empty"),
+      )
       .handle({ name: "ts.later", version: "1.0.0" }, (ctx) => {
         // Acknowledge now, answer once the call has returned.
-        setImmediate(() => void replier.reply(ctx, makePayload("ts.later", textPart("answered later"))));
+        setImmediate(
+          () => void replier.reply(ctx, makePayload("ts.later", textPart("answered later"))),
+        );
         return ackPayload();
       })
       .handle({ name: "ts.wait", version: "1.0.0" }, async (ctx) => {
-        await new Promise((resolve) => ctx.signal.addEventListener("abort", resolve, { once: true }));
+        await new Promise((resolve) =>
+          ctx.signal.addEventListener("abort", resolve, { once: true }),
+        );
         told.add(ctx.messageId);
         throw new ReachError(Code.CANCELLED, "stopped as told");
       })
       .handleStream({ name: "ts.shout", version: "1.0.0" }, async function* (_ctx, first, rest) {
-        yield makePayload("ts.shouted", textPart((partText(first.payload!.parts[0]!) ?? "").toUpperCase()));
+        yield makePayload(
+          "ts.shouted",
+          textPart((partText(first.payload!.parts[0]!) ?? "").toUpperCase()),
+        );
         for await (const message of rest) {
           const text = partText(message.payload!.parts[0]!) ?? "";
           if (text === "stop") {
@@ -132,7 +150,9 @@ describe("a Node agent on reach dev", { timeout: 60_000 }, () => {
         ["ts.shout", "1.0.0"],
       ],
     );
-    const listed = await mesh.registry.unary(RegistryService.method.listCapabilities, { namePrefix: "ts." });
+    const listed = await mesh.registry.unary(RegistryService.method.listCapabilities, {
+      namePrefix: "ts.",
+    });
     const sum = listed.capabilities.find((c) => c.name === "ts.sum");
     assert.equal(sum?.description, "add a list of numbers; not for anything else");
     assert.deepEqual(JSON.parse(sum?.inputSchema ?? "null"), SUM_INPUT);
@@ -147,7 +167,9 @@ describe("a Node agent on reach dev", { timeout: 60_000 }, () => {
         const health = await direct.unary(Health.method.check, { service }, { timeoutMs: 2000 });
         assert.equal(health.status, HealthCheckResponse_ServingStatus.SERVING, service);
       }
-      const unknown = await direct.unary(Health.method.check, { service: "x.Nope" }, { timeoutMs: 2000 }).catch((e: unknown) => e);
+      const unknown = await direct
+        .unary(Health.method.check, { service: "x.Nope" }, { timeoutMs: 2000 })
+        .catch((e: unknown) => e);
       assert.ok(unknown instanceof ReachError);
       assert.equal(unknown.code, Code.NOT_FOUND);
     } finally {
@@ -156,9 +178,13 @@ describe("a Node agent on reach dev", { timeout: 60_000 }, () => {
   });
 
   test("answers a call through the router over HandleMux, on the caller's trace", async () => {
-    const result = await client.call("ts.sum", makePayload("ts.numbers", dataPart({ numbers: [1, 2, 3.5] })), {
-      timeoutMs: 5000,
-    });
+    const result = await client.call(
+      "ts.sum",
+      makePayload("ts.numbers", dataPart({ numbers: [1, 2, 3.5] })),
+      {
+        timeoutMs: 5000,
+      },
+    );
     assert.deepEqual(result.data, { sum: 6.5 });
     assert.equal(result.route?.instanceId, "ts-math-1");
     const header = result.message.header!;
@@ -177,7 +203,11 @@ describe("a Node agent on reach dev", { timeout: 60_000 }, () => {
     const again = await client.call("ts.sum", payload, { messageId, timeoutMs: 5000 });
     assert.equal(runs.get(messageId), 1, "the handler ran once");
     assert.deepEqual(again.data, { sum: 42 });
-    assert.equal(again.message.header?.messageId, first.message.header?.messageId, "the same reply");
+    assert.equal(
+      again.message.header?.messageId,
+      first.message.header?.messageId,
+      "the same reply",
+    );
   });
 
   test("a handler's ReachError reaches the caller with its code, reason and metadata", async () => {
@@ -215,13 +245,18 @@ describe("a Node agent on reach dev", { timeout: 60_000 }, () => {
   });
 
   test("answers asynchronously: an acknowledgement now, the answer through Reply later", async () => {
-    const result = await client.call("ts.later", makePayload("ts.later", dataPart({})), { asyncReply: true, timeoutMs: 5000 });
+    const result = await client.call("ts.later", makePayload("ts.later", dataPart({})), {
+      asyncReply: true,
+      timeoutMs: 5000,
+    });
     assert.equal(partText(result.message.payload!.parts[0]!), "answered later");
     assert.equal(result.message.header?.correlationId, result.route?.messageId);
   });
 
   test("takes messages published to its topic", async () => {
-    const published = await client.publish("ts.events", makePayload("ts.echo", textPart("event")), { timeoutMs: 5000 });
+    const published = await client.publish("ts.events", makePayload("ts.echo", textPart("event")), {
+      timeoutMs: 5000,
+    });
     assert.equal(published.delivered, 1);
     assert.equal(published.failed, 0);
   });
@@ -261,17 +296,27 @@ describe("a Node agent on reach dev", { timeout: 60_000 }, () => {
     const mux = new MeshClient({ source: "ts.test-mux", router: mesh.endpoint, multiplex: true });
     try {
       const [a, b] = await Promise.all([
-        mux.call("ts.sum", makePayload("ts.numbers", dataPart({ numbers: [1, 1] })), { timeoutMs: 5000 }),
-        mux.call("ts.sum", makePayload("ts.numbers", dataPart({ numbers: [2, 2] })), { timeoutMs: 5000 }),
+        mux.call("ts.sum", makePayload("ts.numbers", dataPart({ numbers: [1, 1] })), {
+          timeoutMs: 5000,
+        }),
+        mux.call("ts.sum", makePayload("ts.numbers", dataPart({ numbers: [2, 2] })), {
+          timeoutMs: 5000,
+        }),
       ]);
       assert.deepEqual([a.data, b.data], [{ sum: 2 }, { sum: 4 }]);
       assert.equal(a.route?.instanceId, "ts-math-1");
       assert.equal(a.message.header?.correlationId, a.route?.messageId);
 
-      const unknown = await mux.call("ts.nope", makePayload("x"), { timeoutMs: 5000 }).catch((e: unknown) => e);
+      const unknown = await mux
+        .call("ts.nope", makePayload("x"), { timeoutMs: 5000 })
+        .catch((e: unknown) => e);
       assert.ok(unknown instanceof ReachError, String(unknown));
       assert.equal(unknown.code, Code.NOT_FOUND);
-      assert.equal(unknown.reason, Reason.ROUTE_NOT_FOUND, "the CallError's details carry the ErrorInfo");
+      assert.equal(
+        unknown.reason,
+        Reason.ROUTE_NOT_FOUND,
+        "the CallError's details carry the ErrorInfo",
+      );
 
       const message = mux.message({ capability: "ts.wait" }, makePayload("ts.wait"));
       const late = await mux.send(message, { timeoutMs: 200 }).catch((e: unknown) => e);
@@ -279,7 +324,11 @@ describe("a Node agent on reach dev", { timeout: 60_000 }, () => {
       assert.equal(late.code, Code.DEADLINE_EXCEEDED);
       await waitFor("the handler to be told", () => told.has(message.header!.messageId));
 
-      const after = await mux.call("ts.sum", makePayload("ts.numbers", dataPart({ numbers: [3] })), { timeoutMs: 5000 });
+      const after = await mux.call(
+        "ts.sum",
+        makePayload("ts.numbers", dataPart({ numbers: [3] })),
+        { timeoutMs: 5000 },
+      );
       assert.deepEqual(after.data, { sum: 3 });
       assert.equal(mux.muxStreamsOpened, 1, "every call went over the one stream");
     } finally {
@@ -293,7 +342,9 @@ describe("a Node agent on reach dev", { timeout: 60_000 }, () => {
     const mux = new MeshClient({ source: "ts.test-mux", router: agent.endpoint, multiplex: true });
     try {
       for (let i = 0; i < 2; i++) {
-        const error = await mux.call("ts.sum", makePayload("x"), { timeoutMs: 5000 }).catch((e: unknown) => e);
+        const error = await mux
+          .call("ts.sum", makePayload("x"), { timeoutMs: 5000 })
+          .catch((e: unknown) => e);
         assert.ok(error instanceof ReachError, String(error));
         assert.equal(error.code, Code.UNIMPLEMENTED);
         assert.match(error.statusMessage, /RouterService\/Call\b/);
@@ -312,19 +363,45 @@ describe("a Node agent on reach dev", { timeout: 60_000 }, () => {
     }
     const generated = await mkdtemp(join(tmpdir(), "reach-ts-python-"));
     try {
-      const protos = (await readdir(join(repoRoot, "proto/reach/v1"))).map((f) => join(repoRoot, "proto/reach/v1", f));
-      await run(python, ["-m", "grpc_tools.protoc", "-I", join(repoRoot, "proto"), `--python_out=${generated}`, `--grpc_python_out=${generated}`, ...protos]);
+      const protos = (await readdir(join(repoRoot, "proto/reach/v1"))).map((f) =>
+        join(repoRoot, "proto/reach/v1", f),
+      );
+      await run(python, [
+        "-m",
+        "grpc_tools.protoc",
+        "-I",
+        join(repoRoot, "proto"),
+        `--python_out=${generated}`,
+        `--grpc_python_out=${generated}`,
+        ...protos,
+      ]);
       const endpoint = mesh.endpoint.replace("http://", "");
-      const stdout = await run(python, [join(sdkDir, "test/fixtures/python_call.py"), endpoint, "ts.sum", '{"numbers": [1, 2, 39]}'], {
-        PYTHONPATH: generated,
-      });
+      const stdout = await run(
+        python,
+        [
+          join(sdkDir, "test/fixtures/python_call.py"),
+          endpoint,
+          "ts.sum",
+          '{"numbers": [1, 2, 39]}',
+        ],
+        {
+          PYTHONPATH: generated,
+        },
+      );
       const reply = JSON.parse(stdout) as {
         route: { instance_id: string; trace_id: string };
-        message: { header: { trace_id: string; source: string }; payload: { parts: Array<{ data: unknown }> } };
+        message: {
+          header: { trace_id: string; source: string };
+          payload: { parts: Array<{ data: unknown }> };
+        };
       };
       assert.equal(reply.route.instance_id, "ts-math-1");
       assert.deepEqual(reply.message.payload.parts[0]?.data, { sum: 42 });
-      assert.equal(reply.message.header.trace_id, reply.route.trace_id, "the router's trace id reaches the reply");
+      assert.equal(
+        reply.message.header.trace_id,
+        reply.route.trace_id,
+        "the router's trace id reaches the reply",
+      );
       assert.equal(reply.message.header.source, "ts.math.ts-math-1");
     } finally {
       await rm(generated, { recursive: true, force: true });
@@ -339,7 +416,11 @@ describe("a Node agent on reach dev", { timeout: 60_000 }, () => {
       back.spec?.capabilities.map((c) => c.name),
       ["ts.sum", "ts.echo", "ts.later", "ts.wait", "ts.shout"],
     );
-    const result = await client.call("ts.sum", makePayload("ts.numbers", dataPart({ numbers: [1] })), { timeoutMs: 5000 });
+    const result = await client.call(
+      "ts.sum",
+      makePayload("ts.numbers", dataPart({ numbers: [1] })),
+      { timeoutMs: 5000 },
+    );
     assert.deepEqual(result.data, { sum: 1 });
   });
 });

@@ -44,7 +44,10 @@ describe("MeshClient against reach dev's Rust agents", { timeout: 60_000 }, () =
       { capability: "complaint.classify" },
       makePayload(
         "complaint.submitted",
-        dataPart({ complaint_id: "1", narrative: "Equifax shows a derogatory tradeline on my credit report" }),
+        dataPart({
+          complaint_id: "1",
+          narrative: "Equifax shows a derogatory tradeline on my credit report",
+        }),
       ),
       { traceId },
     );
@@ -61,7 +64,10 @@ describe("MeshClient against reach dev's Rust agents", { timeout: 60_000 }, () =
   test("a call without a trace id starts a fresh trace at the edge", async () => {
     const result = await client.call(
       "complaint.classify",
-      makePayload("complaint.submitted", dataPart({ complaint_id: "2", narrative: "my autopay was misapplied" })),
+      makePayload(
+        "complaint.submitted",
+        dataPart({ complaint_id: "2", narrative: "my autopay was misapplied" }),
+      ),
       { timeoutMs: 10_000 },
     );
     assert.ok(isTraceId(result.route?.traceId ?? ""), result.route?.traceId);
@@ -70,9 +76,17 @@ describe("MeshClient against reach dev's Rust agents", { timeout: 60_000 }, () =
 
   test("a stream to complaint.classify answers one classification per complaint, in order", async () => {
     const stream = client.stream("complaint.classify", { timeoutMs: 10_000 });
-    await stream.send(makePayload("complaint.submitted", dataPart({ complaint_id: "a", narrative: "late fee on my autopay" })));
     await stream.send(
-      makePayload("complaint.submitted", dataPart({ complaint_id: "b", narrative: "my PSLF forgiveness was denied" })),
+      makePayload(
+        "complaint.submitted",
+        dataPart({ complaint_id: "a", narrative: "late fee on my autopay" }),
+      ),
+    );
+    await stream.send(
+      makePayload(
+        "complaint.submitted",
+        dataPart({ complaint_id: "b", narrative: "my PSLF forgiveness was denied" }),
+      ),
     );
     stream.end();
     const ids = [];
@@ -87,10 +101,12 @@ describe("MeshClient against reach dev's Rust agents", { timeout: 60_000 }, () =
   });
 
   test("an unknown capability is NOT_FOUND / ROUTE_NOT_FOUND with the router's summary", async () => {
-    const error = await client.call("complaint.nonexistent", makePayload("x", dataPart({})), { timeoutMs: 5000 }).then(
-      () => assert.fail("the call should fail"),
-      (e: unknown) => e,
-    );
+    const error = await client
+      .call("complaint.nonexistent", makePayload("x", dataPart({})), { timeoutMs: 5000 })
+      .then(
+        () => assert.fail("the call should fail"),
+        (e: unknown) => e,
+      );
     assert.ok(error instanceof ReachError, String(error));
     assert.equal(error.code, Code.NOT_FOUND);
     assert.equal(error.codeName, "NOT_FOUND");
@@ -98,7 +114,10 @@ describe("MeshClient against reach dev's Rust agents", { timeout: 60_000 }, () =
     assert.equal(error.domain, "reach.dev");
     assert.equal(error.metadata.capability, "complaint.nonexistent");
     assert.match(error.metadata.routable_capabilities ?? "", /complaint\.classify/);
-    assert.match(error.statusMessage, /no routable instance serves capability "complaint\.nonexistent"/);
+    assert.match(
+      error.statusMessage,
+      /no routable instance serves capability "complaint\.nonexistent"/,
+    );
   });
 
   test("a complaint-flow task waits for a person, is resumed, and succeeds", async () => {
@@ -113,14 +132,19 @@ describe("MeshClient against reach dev's Rust agents", { timeout: 60_000 }, () =
       return task.status === TaskStatus.WAITING_HUMAN ? task : undefined;
     });
     assert.equal(waiting.waiting?.nodeId, "human_review");
-    const resumed = await client.resumeTask(started.taskId, { category: "servicing", note: "from the ts test" });
+    const resumed = await client.resumeTask(started.taskId, {
+      category: "servicing",
+      note: "from the ts test",
+    });
     assert.equal(resumed.taskId, started.taskId);
     const done = await waitFor("the task to succeed", async () => {
       const task = await client.getTask(started.taskId);
       return task.status === TaskStatus.SUCCEEDED ? task : undefined;
     });
     assert.equal((jsonOf(done.output) as { category?: string }).category, "servicing");
-    const refused = await client.resumeTask(started.taskId, { category: "other" }).catch((e: unknown) => e);
+    const refused = await client
+      .resumeTask(started.taskId, { category: "other" })
+      .catch((e: unknown) => e);
     assert.ok(refused instanceof ReachError);
     assert.equal(refused.reason, Reason.TASK_NOT_WAITING);
   });

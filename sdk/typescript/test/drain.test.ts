@@ -10,7 +10,15 @@ import { once } from "node:events";
 import { join } from "node:path";
 import { after, before, describe, test } from "node:test";
 
-import { Code, dataPart, InstanceState, makePayload, MeshClient, Reason, ReachError } from "@reach-mesh/sdk";
+import {
+  Code,
+  dataPart,
+  InstanceState,
+  makePayload,
+  MeshClient,
+  Reason,
+  ReachError,
+} from "@reach-mesh/sdk";
 
 import { Mesh, sdkDir, waitFor, within } from "./support/mesh.js";
 
@@ -29,20 +37,28 @@ describe("drain on SIGTERM", { timeout: 60_000 }, () => {
   });
 
   test("the call in flight finishes, the instance deregisters, the process exits 0", async () => {
-    const agent = spawn(process.execPath, [join(sdkDir, "build/test/fixtures/held_agent.js"), mesh.endpoint, "ts-held-1"], {
-      stdio: ["pipe", "pipe", "inherit"],
-    });
+    const agent = spawn(
+      process.execPath,
+      [join(sdkDir, "build/test/fixtures/held_agent.js"), mesh.endpoint, "ts-held-1"],
+      {
+        stdio: ["pipe", "pipe", "inherit"],
+      },
+    );
     const exited = once(agent, "exit");
     let stdout = "";
     agent.stdout.on("data", (chunk: Buffer) => (stdout += chunk.toString()));
     try {
       await mesh.waitForState("ts-held-1", InstanceState.READY);
-      const inFlight = client.call("ts.held", makePayload("ts.go", dataPart({})), { timeoutMs: 20_000 });
+      const inFlight = client.call("ts.held", makePayload("ts.go", dataPart({})), {
+        timeoutMs: 20_000,
+      });
       await waitFor("the handler to start", () => stdout.includes("started "));
 
       agent.kill("SIGTERM");
       await mesh.waitForState("ts-held-1", InstanceState.DRAINING);
-      const refused = await client.call("ts.held", makePayload("ts.go", dataPart({})), { timeoutMs: 3000 }).catch((e: unknown) => e);
+      const refused = await client
+        .call("ts.held", makePayload("ts.go", dataPart({})), { timeoutMs: 3000 })
+        .catch((e: unknown) => e);
       assert.ok(refused instanceof ReachError, String(refused));
       assert.equal(refused.code, Code.NOT_FOUND, refused.message);
       assert.equal(refused.reason, Reason.ROUTE_NOT_FOUND, "a draining instance is not routed to");

@@ -40,21 +40,35 @@ describe("the examples", { timeout: 60_000 }, () => {
   test("wordcount_agent serves text.wordcount and drains on SIGTERM", async () => {
     const agent = spawn(
       process.execPath,
-      [join(sdkDir, "build/examples/wordcount_agent.js"), "--registry", mesh.endpoint, "--instance", "text-tools-1"],
+      [
+        join(sdkDir, "build/examples/wordcount_agent.js"),
+        "--registry",
+        mesh.endpoint,
+        "--instance",
+        "text-tools-1",
+      ],
       { stdio: "ignore" },
     );
     const exited = once(agent, "exit");
     const client = new MeshClient({ source: "ts.examples-test", router: mesh.endpoint });
     try {
       await mesh.waitForState("text-tools-1", InstanceState.READY);
-      const result = await client.call("text.wordcount", makePayload("text", dataPart({ text: "the quick brown fox" })), {
-        timeoutMs: 5000,
-      });
+      const result = await client.call(
+        "text.wordcount",
+        makePayload("text", dataPart({ text: "the quick brown fox" })),
+        {
+          timeoutMs: 5000,
+        },
+      );
       assert.deepEqual(result.data, { words: 4, characters: 19 });
       agent.kill("SIGTERM");
       const [code] = await within(exited, 10_000, "the agent example to exit");
       assert.equal(code, 0);
-      assert.equal(await mesh.instance("text-tools-1"), undefined, "it deregistered before exiting");
+      assert.equal(
+        await mesh.instance("text-tools-1"),
+        undefined,
+        "it deregistered before exiting",
+      );
     } finally {
       client.close();
       if (agent.exitCode === null && agent.signalCode === null) {

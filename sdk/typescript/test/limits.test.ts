@@ -72,7 +72,8 @@ describe("bounded concurrency", { timeout: 60_000 }, () => {
   });
 
   test("beyond the limit the router refuses OVERLOADED and the agent waits", async () => {
-    const hold = () => client.call("ts.hold", makePayload("ts.hold", dataPart({})), { timeoutMs: 20_000 });
+    const hold = () =>
+      client.call("ts.hold", makePayload("ts.hold", dataPart({})), { timeoutMs: 20_000 });
     const held: Array<Promise<CallResult>> = [hold(), hold()];
     await waitFor("two handlers to run", () => running === 2);
     await mesh.waitForState("ts-holder-1", InstanceState.BUSY);
@@ -91,7 +92,9 @@ describe("bounded concurrency", { timeout: 60_000 }, () => {
     // and, when the deadline passes first, it was not handled.
     const direct = new RpcChannel(agent.endpoint, 1 << 20);
     const message = client.message({ capability: "ts.hold" }, makePayload("ts.hold", dataPart({})));
-    const late = await direct.unary(AgentService.method.handle, { message }, { timeoutMs: 200 }).catch((e: unknown) => e);
+    const late = await direct
+      .unary(AgentService.method.handle, { message }, { timeoutMs: 200 })
+      .catch((e: unknown) => e);
     assert.ok(late instanceof ReachError, String(late));
     assert.equal(late.code, Code.DEADLINE_EXCEEDED);
     assert.equal(handled, 2, "the message that found no slot was not handled");

@@ -52,7 +52,11 @@ describe("parts", () => {
     assert.deepEqual(firstData(payload), data);
     assert.equal(partData(payload.parts[0]!), undefined);
     assert.equal(payload.parts[1]?.mediaType, "application/json");
-    assert.equal(firstData(makePayload("t", dataPart([1, 2]))), undefined, "an array is not an object");
+    assert.equal(
+      firstData(makePayload("t", dataPart([1, 2]))),
+      undefined,
+      "an array is not an object",
+    );
   });
 });
 
@@ -69,9 +73,14 @@ describe("ReachError", () => {
     assert.equal(decoded.domain, "reach.dev");
     assert.deepEqual(decoded.metadata, { route: "capability x" });
     assert.equal(decoded.retryAfterMs, 50);
-    assert.deepEqual(decoded.violations, [{ field: "input/category", description: "must be one of ..." }]);
+    assert.deepEqual(decoded.violations, [
+      { field: "input/category", description: "must be one of ..." },
+    ]);
     assert.equal(decoded.message, "UNAVAILABLE [OVERLOADED]: try later");
-    assert.equal(ReachError.fromStatus(Code.INTERNAL, "x", new Uint8Array([0xff, 0xff])).reason, undefined);
+    assert.equal(
+      ReachError.fromStatus(Code.INTERNAL, "x", new Uint8Array([0xff, 0xff])).reason,
+      undefined,
+    );
     assert.equal(ReachError.from(new Error("boom")).code, Code.UNKNOWN);
   });
 });
@@ -80,7 +89,10 @@ describe("capability bounds", () => {
   test("the registry's bounds are checked before registering", () => {
     assert.equal(checkCapability({ name: "x", version: "1.0.0", inputSchema: {} }), undefined);
     assert.match(checkCapability({ name: "x", description: "d".repeat(1025) }) ?? "", /1025 bytes/);
-    assert.match(checkCapability({ name: "x", outputSchema: [] }) ?? "", /outputSchema must be a JSON object or a boolean/);
+    assert.match(
+      checkCapability({ name: "x", outputSchema: [] }) ?? "",
+      /outputSchema must be a JSON object or a boolean/,
+    );
     let deep: object = {};
     for (let i = 0; i < 32; i++) {
       deep = { not: deep };
@@ -112,13 +124,40 @@ describe("DedupeCache", () => {
 
   test("an unhandled run is not remembered; capacity and bytes bound the memory", async () => {
     const cache = new DedupeCache<string>(60_000, 3, 10_000);
-    assert.equal(await cache.once("x", async () => undefined, () => 0), undefined);
-    assert.equal(await cache.once("x", async () => "ran", () => 0), "ran", "the next caller runs it");
+    assert.equal(
+      await cache.once(
+        "x",
+        async () => undefined,
+        () => 0,
+      ),
+      undefined,
+    );
+    assert.equal(
+      await cache.once(
+        "x",
+        async () => "ran",
+        () => 0,
+      ),
+      "ran",
+      "the next caller runs it",
+    );
     for (const id of ["a", "b", "c", "d"]) {
-      await cache.once(id, async () => id, () => 4000);
+      await cache.once(
+        id,
+        async () => id,
+        () => 4000,
+      );
     }
     assert.ok(cache.size <= 3, String(cache.size));
     assert.ok(cache.bytes <= 10_000, String(cache.bytes));
-    assert.equal(await cache.once("d", async () => "again", () => 0), "d", "the newest is kept");
+    assert.equal(
+      await cache.once(
+        "d",
+        async () => "again",
+        () => 0,
+      ),
+      "d",
+      "the newest is kept",
+    );
   });
 });

@@ -13,7 +13,10 @@ import { dirname, join, resolve } from "node:path";
 import { fileURLToPath } from "node:url";
 
 import { RpcChannel } from "@reach-mesh/sdk";
-import { Health, HealthCheckResponse_ServingStatus } from "@reach-mesh/sdk/gen/grpc/health/v1/health_pb.js";
+import {
+  Health,
+  HealthCheckResponse_ServingStatus,
+} from "@reach-mesh/sdk/gen/grpc/health/v1/health_pb.js";
 import {
   type Instance,
   InstanceState,
@@ -29,7 +32,9 @@ export const repoRoot = resolve(sdkDir, "../..");
 export function reachBin(): string {
   const bin = process.env.REACH_BIN ?? join(repoRoot, "target/debug/reach");
   if (!existsSync(bin)) {
-    throw new Error(`the reach binary ${bin} does not exist: build it (cargo build -p reach) or set REACH_BIN`);
+    throw new Error(
+      `the reach binary ${bin} does not exist: build it (cargo build -p reach) or set REACH_BIN`,
+    );
   }
   return bin;
 }
@@ -55,7 +60,10 @@ export async function waitFor<T>(
       last = error;
     }
     if (Date.now() >= deadline) {
-      const why = last === undefined ? "" : `; last error: ${last instanceof Error ? last.message : String(last)}`;
+      const why =
+        last === undefined
+          ? ""
+          : `; last error: ${last instanceof Error ? last.message : String(last)}`;
       throw new Error(`timed out after ${timeoutMs} ms waiting for ${what}${why}`);
     }
     await new Promise((done) => setTimeout(done, intervalMs));
@@ -66,15 +74,26 @@ export async function waitFor<T>(
  * Runs `command` with `args` (and `env` on top of this process's), within 30 s; resolves to
  * its stdout, rejects with its exit status and output when it fails.
  */
-export function run(command: string, args: string[], env: Record<string, string> = {}): Promise<string> {
+export function run(
+  command: string,
+  args: string[],
+  env: Record<string, string> = {},
+): Promise<string> {
   return new Promise((done, fail) => {
-    execFile(command, args, { env: { ...process.env, ...env }, timeout: 30_000 }, (error, stdout, stderr) => {
-      if (error !== null) {
-        fail(new Error(`${command} ${args.join(" ")} failed (${error.message}): ${stdout}${stderr}`));
-      } else {
-        done(stdout);
-      }
-    });
+    execFile(
+      command,
+      args,
+      { env: { ...process.env, ...env }, timeout: 30_000 },
+      (error, stdout, stderr) => {
+        if (error !== null) {
+          fail(
+            new Error(`${command} ${args.join(" ")} failed (${error.message}): ${stdout}${stderr}`),
+          );
+        } else {
+          done(stdout);
+        }
+      },
+    );
   });
 }
 
@@ -82,7 +101,10 @@ export function run(command: string, args: string[], env: Record<string, string>
 export async function within<T>(promise: Promise<T>, timeoutMs: number, what: string): Promise<T> {
   let timer: NodeJS.Timeout | undefined;
   const late = new Promise<never>((_, reject) => {
-    timer = setTimeout(() => reject(new Error(`timed out after ${timeoutMs} ms waiting for ${what}`)), timeoutMs);
+    timer = setTimeout(
+      () => reject(new Error(`timed out after ${timeoutMs} ms waiting for ${what}`)),
+      timeoutMs,
+    );
   });
   try {
     return await Promise.race([promise, late]);
@@ -116,7 +138,12 @@ export class Mesh {
   /** A channel to the registry, for the tests' own queries. */
   readonly registry: RpcChannel;
 
-  private constructor(args: string[], env: Record<string, string>, dataDir: string, endpoint: string) {
+  private constructor(
+    args: string[],
+    env: Record<string, string>,
+    dataDir: string,
+    endpoint: string,
+  ) {
     this.#args = args;
     this.#env = env;
     this.#dataDir = dataDir;
@@ -148,7 +175,11 @@ export class Mesh {
       if (this.#process.exitCode !== null) {
         throw new Error(`reach dev exited with ${this.#process.exitCode}: ${this.output()}`);
       }
-      const health = await this.registry.unary(Health.method.check, { service: "" }, { timeoutMs: 500 });
+      const health = await this.registry.unary(
+        Health.method.check,
+        { service: "" },
+        { timeoutMs: 500 },
+      );
       return health.status === HealthCheckResponse_ServingStatus.SERVING;
     });
   }
@@ -157,11 +188,22 @@ export class Mesh {
    * Starts `reach dev` (with the example agents when `agents`) with extra `env` settings,
    * and resolves once it serves (and, with agents, once the coordinator is READY).
    */
-  static async start({ agents = false, env = {} }: { agents?: boolean; env?: Record<string, string> } = {}): Promise<Mesh> {
+  static async start({
+    agents = false,
+    env = {},
+  }: { agents?: boolean; env?: Record<string, string> } = {}): Promise<Mesh> {
     reachBin();
     const dataDir = await mkdtemp(join(tmpdir(), "reach-ts-test-"));
     const port = await freePort();
-    const args = ["dev", "--listen", `127.0.0.1:${port}`, "--admin-listen", "", "--data-dir", dataDir];
+    const args = [
+      "dev",
+      "--listen",
+      `127.0.0.1:${port}`,
+      "--admin-listen",
+      "",
+      "--data-dir",
+      dataDir,
+    ];
     if (!agents) {
       args.push("--no-agents");
     }
@@ -180,7 +222,11 @@ export class Mesh {
 
   /** The registry's instances (of `service`, if given). */
   async instances(service = ""): Promise<Instance[]> {
-    const list = await this.registry.unary(RegistryService.method.listInstances, { service }, { timeoutMs: 2000 });
+    const list = await this.registry.unary(
+      RegistryService.method.listInstances,
+      { service },
+      { timeoutMs: 2000 },
+    );
     return list.instances;
   }
 
@@ -203,9 +249,13 @@ export class Mesh {
 
   /** Waits until `instanceId` is gone from the registry. */
   waitForGone(instanceId: string, timeoutMs = 10_000): Promise<true> {
-    return waitFor(`instance ${instanceId} to leave the registry`, async () => (await this.instance(instanceId)) === undefined, {
-      timeoutMs,
-    });
+    return waitFor(
+      `instance ${instanceId} to leave the registry`,
+      async () => (await this.instance(instanceId)) === undefined,
+      {
+        timeoutMs,
+      },
+    );
   }
 
   /** What `reach dev` printed last (for failure messages). */
