@@ -5,8 +5,9 @@
  * Layout:
  * - `client` — {@link MeshClient}, {@link MeshStream}, {@link callOptionsWithin}.
  * - `mux` — the client's side of `RouterService.CallMux` (`multiplex: true`).
- * - `runtime` — {@link AgentRuntime}: register, heartbeat, serve AgentService (Handle,
- *   HandleMux, HandleStream) and health, bounded concurrency, dedupe, drain.
+ * - `runtime` — {@link AgentRuntime}, its options and the handler types; `agent` behind it:
+ *   register, heartbeat, serve AgentService (Handle, HandleMux, HandleStream) and health,
+ *   bounded concurrency, dedupe, drain.
  * - `parts` — payloads and parts as plain values ({@link dataPart}, {@link firstData}, ...).
  * - `errors` — {@link ReachError} and the {@link Reason}s to branch on.
  * - `capability` — the bounds on what a capability declares.
