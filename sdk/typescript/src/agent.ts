@@ -45,7 +45,7 @@ import { newMessageId } from "./ids.js";
 import type { Logger } from "./log.js";
 import { RpcChannel, serviceDefinition } from "./rpc.js";
 import type { Handler, HandlerContext, PayloadInit, StreamHandler } from "./runtime.js";
-import { AsyncQueue, delay, Semaphore } from "./sync.js";
+import { AsyncQueue, delay, Semaphore, timerDelay } from "./sync.js";
 
 /** The gRPC service every agent serves (and the registry's probe asks about). */
 export const AGENT_SERVICE = "reach.v1.AgentService";
@@ -541,7 +541,7 @@ export class Agent {
                 Reason.DEADLINE_EXCEEDED,
               ),
             ),
-          Math.max(0, deadline - Date.now()),
+          timerDelay(deadline - Date.now()),
         );
       }
       const onCancel = () =>
@@ -820,7 +820,7 @@ export class Agent {
     }
     let timer: NodeJS.Timeout | undefined;
     if (deadline !== undefined) {
-      timer = setTimeout(() => gone.abort(), Math.max(0, deadline - Date.now()));
+      timer = setTimeout(() => gone.abort(), timerDelay(deadline - Date.now()));
     }
     try {
       const metadata = new ReplyMetadata();

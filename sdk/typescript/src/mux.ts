@@ -26,6 +26,7 @@ import {
   RouterService,
 } from "./gen/reach/v1/router_service_pb.js";
 import type { RpcChannel } from "./rpc.js";
+import { timerDelay } from "./sync.js";
 
 /** How long a link remembers that the router does not serve CallMux before trying again. */
 export const UNSUPPORTED_RETRY_AFTER_MS = 60_000;
@@ -135,7 +136,7 @@ export class CallMuxLink {
                 `no reply within the call's timeout of ${timeoutMs} ms`,
               ),
             ),
-          Math.max(0, timeoutMs),
+          timerDelay(timeoutMs),
         );
       }
       signal?.addEventListener("abort", abandon, { once: true });
@@ -144,8 +145,11 @@ export class CallMuxLink {
           frame: {
             callId,
             message,
-            // Whole milliseconds, rounded up, at least 1 (0 means no deadline).
-            timeoutMs: timeoutMs === undefined ? 0 : Math.max(1, Math.ceil(timeoutMs)),
+            // Whole milliseconds, rounded up, at least 1 (0 means no deadline), at most u32.
+            timeoutMs:
+              timeoutMs === undefined
+                ? 0
+                : Math.min(2 ** 32 - 1, Math.max(1, Math.ceil(timeoutMs))),
             metadata,
           },
         }),

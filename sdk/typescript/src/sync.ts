@@ -146,6 +146,17 @@ export class AsyncQueue<T> implements AsyncIterable<T> {
   }
 }
 
+/** The longest delay a Node timer takes (about 24.8 days); longer ones would fire at once. */
+const MAX_TIMER_MS = 2 ** 31 - 1;
+
+/**
+ * `ms` as a timer delay: at least 0, at most {@link MAX_TIMER_MS} (a longer deadline fires
+ * that much early, which no caller waits long enough to notice).
+ */
+export function timerDelay(ms: number): number {
+  return Math.min(Math.max(0, ms), MAX_TIMER_MS);
+}
+
 /** Resolves after `ms` milliseconds, or at once when `signal` aborts (never rejects). */
 export function delay(ms: number, signal?: AbortSignal): Promise<void> {
   if (signal?.aborted) {
@@ -157,7 +168,7 @@ export function delay(ms: number, signal?: AbortSignal): Promise<void> {
       signal?.removeEventListener("abort", done);
       resolve();
     };
-    const timer = setTimeout(done, ms);
+    const timer = setTimeout(done, timerDelay(ms));
     signal?.addEventListener("abort", done, { once: true });
   });
 }
