@@ -8,7 +8,7 @@ repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$repo"
 
 # Every directory a buf.gen.yaml plugin writes into.
-generated=(sdk/python/src/reach/v1)
+generated=(sdk/python/src/reach/v1 sdk/typescript/src/gen)
 
 scripts/generate.sh >/dev/null
 # Changed or deleted tracked files, and new files git does not ignore.

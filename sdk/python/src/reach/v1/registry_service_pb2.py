@@ -26,7 +26,7 @@ from google.protobuf import duration_pb2 as google_dot_protobuf_dot_duration__pb
 from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1freach/v1/registry_service.proto\x12\x08reach.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xa4\x01\n\nCapability\x12\x12\n\x04name\x18\x01 \x01(\tR\x04name\x12\x18\n\x07version\x18\x02 \x01(\tR\x07version\x12 \n\x0b\x64\x65scription\x18\x03 \x01(\tR\x0b\x64\x65scription\x12!\n\x0cinput_schema\x18\x04 \x01(\tR\x0binputSchema\x12#\n\routput_schema\x18\x05 \x01(\tR\x0coutputSchema\"\xbf\x03\n\x0cInstanceSpec\x12\x18\n\x07service\x18\x01 \x01(\tR\x07service\x12\x1f\n\x0binstance_id\x18\x02 \x01(\tR\ninstanceId\x12\x1a\n\x08\x65ndpoint\x18\x03 \x01(\tR\x08\x65ndpoint\x12\x38\n\x0c\x63\x61pabilities\x18\x04 \x03(\x0b\x32\x14.reach.v1.CapabilityR\x0c\x63\x61pabilities\x12)\n\x10protocol_version\x18\x05 \x01(\tR\x0fprotocolVersion\x12\x16\n\x06weight\x18\x06 \x01(\rR\x06weight\x12\'\n\x0fmax_concurrency\x18\x07 \x01(\rR\x0emaxConcurrency\x12\x16\n\x06topics\x18\x08 \x03(\tR\x06topics\x12:\n\x06labels\x18\t \x03(\x0b\x32\".reach.v1.InstanceSpec.LabelsEntryR\x06labels\x12#\n\rgrpc_services\x18\n \x03(\tR\x0cgrpcServices\x1a\x39\n\x0bLabelsEntry\x12\x10\n\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n\x05value\x18\x02 \x01(\tR\x05value:\x02\x38\x01\"\x9d\x03\n\x08Instance\x12*\n\x04spec\x18\x01 \x01(\x0b\x32\x16.reach.v1.InstanceSpecR\x04spec\x12-\n\x05state\x18\x02 \x01(\x0e\x32\x17.reach.v1.InstanceStateR\x05state\x12\x1b\n\tin_flight\x18\x03 \x01(\rR\x08inFlight\x12\x19\n\x08lease_id\x18\x04 \x01(\tR\x07leaseId\x12\x44\n\x10lease_expires_at\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.TimestampR\x0eleaseExpiresAt\x12?\n\rregistered_at\x18\x06 \x01(\x0b\x32\x1a.google.protobuf.TimestampR\x0cregisteredAt\x12\x1a\n\x08revision\x18\x07 \x01(\x04R\x08revision\x12\x31\n\x15model_calls_in_flight\x18\x08 \x01(\rR\x12modelCallsInFlight\x12(\n\x10model_slots_free\x18\t \x01(\rR\x0emodelSlotsFree\"}\n\x0fRegisterRequest\x12\x32\n\x08instance\x18\x01 \x01(\x0b\x32\x16.reach.v1.InstanceSpecR\x08instance\x12\x36\n\tlease_ttl\x18\x02 \x01(\x0b\x32\x19.google.protobuf.DurationR\x08leaseTtl\"\x95\x01\n\x10RegisterResponse\x12\x19\n\x08lease_id\x18\x01 \x01(\tR\x07leaseId\x12\x36\n\tlease_ttl\x18\x02 \x01(\x0b\x32\x19.google.protobuf.DurationR\x08leaseTtl\x12.\n\x08instance\x18\x03 \x01(\x0b\x32\x12.reach.v1.InstanceR\x08instance\"\xf7\x01\n\x10HeartbeatRequest\x12\x1f\n\x0binstance_id\x18\x01 \x01(\tR\ninstanceId\x12\x19\n\x08lease_id\x18\x02 \x01(\tR\x07leaseId\x12-\n\x05state\x18\x03 \x01(\x0e\x32\x17.reach.v1.InstanceStateR\x05state\x12\x1b\n\tin_flight\x18\x04 \x01(\rR\x08inFlight\x12\x31\n\x15model_calls_in_flight\x18\x05 \x01(\rR\x12modelCallsInFlight\x12(\n\x10model_slots_free\x18\x06 \x01(\rR\x0emodelSlotsFree\"\x88\x01\n\x11HeartbeatResponse\x12\x44\n\x10lease_expires_at\x18\x01 \x01(\x0b\x32\x1a.google.protobuf.TimestampR\x0eleaseExpiresAt\x12-\n\x05state\x18\x02 \x01(\x0e\x32\x17.reach.v1.InstanceStateR\x05state\"O\n\x11\x44\x65registerRequest\x12\x1f\n\x0binstance_id\x18\x01 \x01(\tR\ninstanceId\x12\x19\n\x08lease_id\x18\x02 \x01(\tR\x07leaseId\"\x14\n\x12\x44\x65registerResponse\"P\n\x14ListInstancesRequest\x12\x18\n\x07service\x18\x01 \x01(\tR\x07service\x12\x1e\n\ncapability\x18\x02 \x01(\tR\ncapability\"e\n\x15ListInstancesResponse\x12\x30\n\tinstances\x18\x01 \x03(\x0b\x32\x12.reach.v1.InstanceR\tinstances\x12\x1a\n\x08revision\x18\x02 \x01(\x04R\x08revision\"\x0e\n\x0cWatchRequest\"\xcd\x01\n\rWatchResponse\x12\x1a\n\x08revision\x18\x01 \x01(\x04R\x08revision\x12\x35\n\x08snapshot\x18\x02 \x01(\x0b\x32\x17.reach.v1.WatchSnapshotH\x00R\x08snapshot\x12\x30\n\x08upserted\x18\x03 \x01(\x0b\x32\x12.reach.v1.InstanceH\x00R\x08upserted\x12.\n\x07removed\x18\x04 \x01(\x0b\x32\x12.reach.v1.InstanceH\x00R\x07removedB\x07\n\x05\x65vent\"A\n\rWatchSnapshot\x12\x30\n\tinstances\x18\x01 \x03(\x0b\x32\x12.reach.v1.InstanceR\tinstances\"v\n\x17ListCapabilitiesRequest\x12\x1f\n\x0bname_prefix\x18\x01 \x01(\tR\nnamePrefix\x12\x1b\n\tpage_size\x18\x02 \x01(\rR\x08pageSize\x12\x1d\n\npage_token\x18\x03 \x01(\tR\tpageToken\"\xa2\x01\n\x18ListCapabilitiesResponse\x12\x42\n\x0c\x63\x61pabilities\x18\x01 \x03(\x0b\x32\x1e.reach.v1.CapabilityDescriptorR\x0c\x63\x61pabilities\x12\x1a\n\x08revision\x18\x02 \x01(\x04R\x08revision\x12&\n\x0fnext_page_token\x18\x03 \x01(\tR\rnextPageToken\"\xd1\x02\n\x14\x43\x61pabilityDescriptor\x12\x12\n\x04name\x18\x01 \x01(\tR\x04name\x12 \n\x0b\x64\x65scription\x18\x02 \x01(\tR\x0b\x64\x65scription\x12\x1a\n\x08versions\x18\x03 \x03(\tR\x08versions\x12!\n\x0cinput_schema\x18\x04 \x01(\tR\x0binputSchema\x12#\n\routput_schema\x18\x05 \x01(\tR\x0coutputSchema\x12\x1e\n\nidempotent\x18\x06 \x01(\x08R\nidempotent\x12-\n\x12routable_instances\x18\x07 \x01(\rR\x11routableInstances\x12\x1c\n\tinstances\x18\x08 \x01(\rR\tinstances\x12\x32\n\x06source\x18\t \x01(\x0e\x32\x1a.reach.v1.DescriptorSourceR\x06source*\xba\x01\n\rInstanceState\x12\x1e\n\x1aINSTANCE_STATE_UNSPECIFIED\x10\x00\x12\x1d\n\x19INSTANCE_STATE_REGISTERED\x10\x01\x12\x18\n\x14INSTANCE_STATE_READY\x10\x02\x12\x17\n\x13INSTANCE_STATE_BUSY\x10\x03\x12\x1b\n\x17INSTANCE_STATE_DRAINING\x10\x04\x12\x1a\n\x16INSTANCE_STATE_OFFLINE\x10\x05*\x9e\x01\n\x10\x44\x65scriptorSource\x12!\n\x1d\x44\x45SCRIPTOR_SOURCE_UNSPECIFIED\x10\x00\x12\'\n#DESCRIPTOR_SOURCE_PROTOCOL_REGISTRY\x10\x01\x12\"\n\x1e\x44\x45SCRIPTOR_SOURCE_REGISTRATION\x10\x02\x12\x1a\n\x16\x44\x45SCRIPTOR_SOURCE_NONE\x10\x03\x32\xdb\x03\n\x0fRegistryService\x12\x41\n\x08Register\x12\x19.reach.v1.RegisterRequest\x1a\x1a.reach.v1.RegisterResponse\x12\x44\n\tHeartbeat\x12\x1a.reach.v1.HeartbeatRequest\x1a\x1b.reach.v1.HeartbeatResponse\x12G\n\nDeregister\x12\x1b.reach.v1.DeregisterRequest\x1a\x1c.reach.v1.DeregisterResponse\x12U\n\rListInstances\x12\x1e.reach.v1.ListInstancesRequest\x1a\x1f.reach.v1.ListInstancesResponse\"\x03\x90\x02\x01\x12?\n\x05Watch\x12\x16.reach.v1.WatchRequest\x1a\x17.reach.v1.WatchResponse\"\x03\x90\x02\x01\x30\x01\x12^\n\x10ListCapabilities\x12!.reach.v1.ListCapabilitiesRequest\x1a\".reach.v1.ListCapabilitiesResponse\"\x03\x90\x02\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1freach/v1/registry_service.proto\x12\x08reach.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xa4\x01\n\nCapability\x12\x12\n\x04name\x18\x01 \x01(\tR\x04name\x12\x18\n\x07version\x18\x02 \x01(\tR\x07version\x12 \n\x0b\x64\x65scription\x18\x03 \x01(\tR\x0b\x64\x65scription\x12!\n\x0cinput_schema\x18\x04 \x01(\tR\x0binputSchema\x12#\n\routput_schema\x18\x05 \x01(\tR\x0coutputSchema\"\xbf\x03\n\x0cInstanceSpec\x12\x18\n\x07service\x18\x01 \x01(\tR\x07service\x12\x1f\n\x0binstance_id\x18\x02 \x01(\tR\ninstanceId\x12\x1a\n\x08\x65ndpoint\x18\x03 \x01(\tR\x08\x65ndpoint\x12\x38\n\x0c\x63\x61pabilities\x18\x04 \x03(\x0b\x32\x14.reach.v1.CapabilityR\x0c\x63\x61pabilities\x12)\n\x10protocol_version\x18\x05 \x01(\tR\x0fprotocolVersion\x12\x16\n\x06weight\x18\x06 \x01(\rR\x06weight\x12\'\n\x0fmax_concurrency\x18\x07 \x01(\rR\x0emaxConcurrency\x12\x16\n\x06topics\x18\x08 \x03(\tR\x06topics\x12:\n\x06labels\x18\t \x03(\x0b\x32\".reach.v1.InstanceSpec.LabelsEntryR\x06labels\x12#\n\rgrpc_services\x18\n \x03(\tR\x0cgrpcServices\x1a\x39\n\x0bLabelsEntry\x12\x10\n\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n\x05value\x18\x02 \x01(\tR\x05value:\x02\x38\x01\"\xcb\x03\n\x08Instance\x12*\n\x04spec\x18\x01 \x01(\x0b\x32\x16.reach.v1.InstanceSpecR\x04spec\x12-\n\x05state\x18\x02 \x01(\x0e\x32\x17.reach.v1.InstanceStateR\x05state\x12\x1b\n\tin_flight\x18\x03 \x01(\rR\x08inFlight\x12\x19\n\x08lease_id\x18\x04 \x01(\tR\x07leaseId\x12\x44\n\x10lease_expires_at\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.TimestampR\x0eleaseExpiresAt\x12?\n\rregistered_at\x18\x06 \x01(\x0b\x32\x1a.google.protobuf.TimestampR\x0cregisteredAt\x12\x1a\n\x08revision\x18\x07 \x01(\x04R\x08revision\x12\x31\n\x15model_calls_in_flight\x18\x08 \x01(\rR\x12modelCallsInFlight\x12(\n\x10model_slots_free\x18\t \x01(\rR\x0emodelSlotsFree\x12,\n\x12health_probe_error\x18\n \x01(\tR\x10healthProbeError\"}\n\x0fRegisterRequest\x12\x32\n\x08instance\x18\x01 \x01(\x0b\x32\x16.reach.v1.InstanceSpecR\x08instance\x12\x36\n\tlease_ttl\x18\x02 \x01(\x0b\x32\x19.google.protobuf.DurationR\x08leaseTtl\"\x95\x01\n\x10RegisterResponse\x12\x19\n\x08lease_id\x18\x01 \x01(\tR\x07leaseId\x12\x36\n\tlease_ttl\x18\x02 \x01(\x0b\x32\x19.google.protobuf.DurationR\x08leaseTtl\x12.\n\x08instance\x18\x03 \x01(\x0b\x32\x12.reach.v1.InstanceR\x08instance\"\xf7\x01\n\x10HeartbeatRequest\x12\x1f\n\x0binstance_id\x18\x01 \x01(\tR\ninstanceId\x12\x19\n\x08lease_id\x18\x02 \x01(\tR\x07leaseId\x12-\n\x05state\x18\x03 \x01(\x0e\x32\x17.reach.v1.InstanceStateR\x05state\x12\x1b\n\tin_flight\x18\x04 \x01(\rR\x08inFlight\x12\x31\n\x15model_calls_in_flight\x18\x05 \x01(\rR\x12modelCallsInFlight\x12(\n\x10model_slots_free\x18\x06 \x01(\rR\x0emodelSlotsFree\"\x88\x01\n\x11HeartbeatResponse\x12\x44\n\x10lease_expires_at\x18\x01 \x01(\x0b\x32\x1a.google.protobuf.TimestampR\x0eleaseExpiresAt\x12-\n\x05state\x18\x02 \x01(\x0e\x32\x17.reach.v1.InstanceStateR\x05state\"O\n\x11\x44\x65registerRequest\x12\x1f\n\x0binstance_id\x18\x01 \x01(\tR\ninstanceId\x12\x19\n\x08lease_id\x18\x02 \x01(\tR\x07leaseId\"\x14\n\x12\x44\x65registerResponse\"P\n\x14ListInstancesRequest\x12\x18\n\x07service\x18\x01 \x01(\tR\x07service\x12\x1e\n\ncapability\x18\x02 \x01(\tR\ncapability\"e\n\x15ListInstancesResponse\x12\x30\n\tinstances\x18\x01 \x03(\x0b\x32\x12.reach.v1.InstanceR\tinstances\x12\x1a\n\x08revision\x18\x02 \x01(\x04R\x08revision\"\x0e\n\x0cWatchRequest\"\xcd\x01\n\rWatchResponse\x12\x1a\n\x08revision\x18\x01 \x01(\x04R\x08revision\x12\x35\n\x08snapshot\x18\x02 \x01(\x0b\x32\x17.reach.v1.WatchSnapshotH\x00R\x08snapshot\x12\x30\n\x08upserted\x18\x03 \x01(\x0b\x32\x12.reach.v1.InstanceH\x00R\x08upserted\x12.\n\x07removed\x18\x04 \x01(\x0b\x32\x12.reach.v1.InstanceH\x00R\x07removedB\x07\n\x05\x65vent\"A\n\rWatchSnapshot\x12\x30\n\tinstances\x18\x01 \x03(\x0b\x32\x12.reach.v1.InstanceR\tinstances\"v\n\x17ListCapabilitiesRequest\x12\x1f\n\x0bname_prefix\x18\x01 \x01(\tR\nnamePrefix\x12\x1b\n\tpage_size\x18\x02 \x01(\rR\x08pageSize\x12\x1d\n\npage_token\x18\x03 \x01(\tR\tpageToken\"\xa2\x01\n\x18ListCapabilitiesResponse\x12\x42\n\x0c\x63\x61pabilities\x18\x01 \x03(\x0b\x32\x1e.reach.v1.CapabilityDescriptorR\x0c\x63\x61pabilities\x12\x1a\n\x08revision\x18\x02 \x01(\x04R\x08revision\x12&\n\x0fnext_page_token\x18\x03 \x01(\tR\rnextPageToken\"\xd1\x02\n\x14\x43\x61pabilityDescriptor\x12\x12\n\x04name\x18\x01 \x01(\tR\x04name\x12 \n\x0b\x64\x65scription\x18\x02 \x01(\tR\x0b\x64\x65scription\x12\x1a\n\x08versions\x18\x03 \x03(\tR\x08versions\x12!\n\x0cinput_schema\x18\x04 \x01(\tR\x0binputSchema\x12#\n\routput_schema\x18\x05 \x01(\tR\x0coutputSchema\x12\x1e\n\nidempotent\x18\x06 \x01(\x08R\nidempotent\x12-\n\x12routable_instances\x18\x07 \x01(\rR\x11routableInstances\x12\x1c\n\tinstances\x18\x08 \x01(\rR\tinstances\x12\x32\n\x06source\x18\t \x01(\x0e\x32\x1a.reach.v1.DescriptorSourceR\x06source*\xba\x01\n\rInstanceState\x12\x1e\n\x1aINSTANCE_STATE_UNSPECIFIED\x10\x00\x12\x1d\n\x19INSTANCE_STATE_REGISTERED\x10\x01\x12\x18\n\x14INSTANCE_STATE_READY\x10\x02\x12\x17\n\x13INSTANCE_STATE_BUSY\x10\x03\x12\x1b\n\x17INSTANCE_STATE_DRAINING\x10\x04\x12\x1a\n\x16INSTANCE_STATE_OFFLINE\x10\x05*\x9e\x01\n\x10\x44\x65scriptorSource\x12!\n\x1d\x44\x45SCRIPTOR_SOURCE_UNSPECIFIED\x10\x00\x12\'\n#DESCRIPTOR_SOURCE_PROTOCOL_REGISTRY\x10\x01\x12\"\n\x1e\x44\x45SCRIPTOR_SOURCE_REGISTRATION\x10\x02\x12\x1a\n\x16\x44\x45SCRIPTOR_SOURCE_NONE\x10\x03\x32\xdb\x03\n\x0fRegistryService\x12\x41\n\x08Register\x12\x19.reach.v1.RegisterRequest\x1a\x1a.reach.v1.RegisterResponse\x12\x44\n\tHeartbeat\x12\x1a.reach.v1.HeartbeatRequest\x1a\x1b.reach.v1.HeartbeatResponse\x12G\n\nDeregister\x12\x1b.reach.v1.DeregisterRequest\x1a\x1c.reach.v1.DeregisterResponse\x12U\n\rListInstances\x12\x1e.reach.v1.ListInstancesRequest\x1a\x1f.reach.v1.ListInstancesResponse\"\x03\x90\x02\x01\x12?\n\x05Watch\x12\x16.reach.v1.WatchRequest\x1a\x17.reach.v1.WatchResponse\"\x03\x90\x02\x01\x30\x01\x12^\n\x10ListCapabilities\x12!.reach.v1.ListCapabilitiesRequest\x1a\".reach.v1.ListCapabilitiesResponse\"\x03\x90\x02\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -41,10 +41,10 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_REGISTRYSERVICE'].methods_by_name['Watch']._serialized_options = b'\220\002\001'
   _globals['_REGISTRYSERVICE'].methods_by_name['ListCapabilities']._loaded_options = None
   _globals['_REGISTRYSERVICE'].methods_by_name['ListCapabilities']._serialized_options = b'\220\002\001'
-  _globals['_INSTANCESTATE']._serialized_start=3016
-  _globals['_INSTANCESTATE']._serialized_end=3202
-  _globals['_DESCRIPTORSOURCE']._serialized_start=3205
-  _globals['_DESCRIPTORSOURCE']._serialized_end=3363
+  _globals['_INSTANCESTATE']._serialized_start=3062
+  _globals['_INSTANCESTATE']._serialized_end=3248
+  _globals['_DESCRIPTORSOURCE']._serialized_start=3251
+  _globals['_DESCRIPTORSOURCE']._serialized_end=3409
   _globals['_CAPABILITY']._serialized_start=111
   _globals['_CAPABILITY']._serialized_end=275
   _globals['_INSTANCESPEC']._serialized_start=278
@@ -52,35 +52,35 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_INSTANCESPEC_LABELSENTRY']._serialized_start=668
   _globals['_INSTANCESPEC_LABELSENTRY']._serialized_end=725
   _globals['_INSTANCE']._serialized_start=728
-  _globals['_INSTANCE']._serialized_end=1141
-  _globals['_REGISTERREQUEST']._serialized_start=1143
-  _globals['_REGISTERREQUEST']._serialized_end=1268
-  _globals['_REGISTERRESPONSE']._serialized_start=1271
-  _globals['_REGISTERRESPONSE']._serialized_end=1420
-  _globals['_HEARTBEATREQUEST']._serialized_start=1423
-  _globals['_HEARTBEATREQUEST']._serialized_end=1670
-  _globals['_HEARTBEATRESPONSE']._serialized_start=1673
-  _globals['_HEARTBEATRESPONSE']._serialized_end=1809
-  _globals['_DEREGISTERREQUEST']._serialized_start=1811
-  _globals['_DEREGISTERREQUEST']._serialized_end=1890
-  _globals['_DEREGISTERRESPONSE']._serialized_start=1892
-  _globals['_DEREGISTERRESPONSE']._serialized_end=1912
-  _globals['_LISTINSTANCESREQUEST']._serialized_start=1914
-  _globals['_LISTINSTANCESREQUEST']._serialized_end=1994
-  _globals['_LISTINSTANCESRESPONSE']._serialized_start=1996
-  _globals['_LISTINSTANCESRESPONSE']._serialized_end=2097
-  _globals['_WATCHREQUEST']._serialized_start=2099
-  _globals['_WATCHREQUEST']._serialized_end=2113
-  _globals['_WATCHRESPONSE']._serialized_start=2116
-  _globals['_WATCHRESPONSE']._serialized_end=2321
-  _globals['_WATCHSNAPSHOT']._serialized_start=2323
-  _globals['_WATCHSNAPSHOT']._serialized_end=2388
-  _globals['_LISTCAPABILITIESREQUEST']._serialized_start=2390
-  _globals['_LISTCAPABILITIESREQUEST']._serialized_end=2508
-  _globals['_LISTCAPABILITIESRESPONSE']._serialized_start=2511
-  _globals['_LISTCAPABILITIESRESPONSE']._serialized_end=2673
-  _globals['_CAPABILITYDESCRIPTOR']._serialized_start=2676
-  _globals['_CAPABILITYDESCRIPTOR']._serialized_end=3013
-  _globals['_REGISTRYSERVICE']._serialized_start=3366
-  _globals['_REGISTRYSERVICE']._serialized_end=3841
+  _globals['_INSTANCE']._serialized_end=1187
+  _globals['_REGISTERREQUEST']._serialized_start=1189
+  _globals['_REGISTERREQUEST']._serialized_end=1314
+  _globals['_REGISTERRESPONSE']._serialized_start=1317
+  _globals['_REGISTERRESPONSE']._serialized_end=1466
+  _globals['_HEARTBEATREQUEST']._serialized_start=1469
+  _globals['_HEARTBEATREQUEST']._serialized_end=1716
+  _globals['_HEARTBEATRESPONSE']._serialized_start=1719
+  _globals['_HEARTBEATRESPONSE']._serialized_end=1855
+  _globals['_DEREGISTERREQUEST']._serialized_start=1857
+  _globals['_DEREGISTERREQUEST']._serialized_end=1936
+  _globals['_DEREGISTERRESPONSE']._serialized_start=1938
+  _globals['_DEREGISTERRESPONSE']._serialized_end=1958
+  _globals['_LISTINSTANCESREQUEST']._serialized_start=1960
+  _globals['_LISTINSTANCESREQUEST']._serialized_end=2040
+  _globals['_LISTINSTANCESRESPONSE']._serialized_start=2042
+  _globals['_LISTINSTANCESRESPONSE']._serialized_end=2143
+  _globals['_WATCHREQUEST']._serialized_start=2145
+  _globals['_WATCHREQUEST']._serialized_end=2159
+  _globals['_WATCHRESPONSE']._serialized_start=2162
+  _globals['_WATCHRESPONSE']._serialized_end=2367
+  _globals['_WATCHSNAPSHOT']._serialized_start=2369
+  _globals['_WATCHSNAPSHOT']._serialized_end=2434
+  _globals['_LISTCAPABILITIESREQUEST']._serialized_start=2436
+  _globals['_LISTCAPABILITIESREQUEST']._serialized_end=2554
+  _globals['_LISTCAPABILITIESRESPONSE']._serialized_start=2557
+  _globals['_LISTCAPABILITIESRESPONSE']._serialized_end=2719
+  _globals['_CAPABILITYDESCRIPTOR']._serialized_start=2722
+  _globals['_CAPABILITYDESCRIPTOR']._serialized_end=3059
+  _globals['_REGISTRYSERVICE']._serialized_start=3412
+  _globals['_REGISTRYSERVICE']._serialized_end=3887
 # @@protoc_insertion_point(module_scope)

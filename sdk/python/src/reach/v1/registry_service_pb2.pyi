@@ -83,7 +83,7 @@ class InstanceSpec(_message.Message):
     def __init__(self, service: _Optional[str] = ..., instance_id: _Optional[str] = ..., endpoint: _Optional[str] = ..., capabilities: _Optional[_Iterable[_Union[Capability, _Mapping]]] = ..., protocol_version: _Optional[str] = ..., weight: _Optional[int] = ..., max_concurrency: _Optional[int] = ..., topics: _Optional[_Iterable[str]] = ..., labels: _Optional[_Mapping[str, str]] = ..., grpc_services: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class Instance(_message.Message):
-    __slots__ = ("spec", "state", "in_flight", "lease_id", "lease_expires_at", "registered_at", "revision", "model_calls_in_flight", "model_slots_free")
+    __slots__ = ("spec", "state", "in_flight", "lease_id", "lease_expires_at", "registered_at", "revision", "model_calls_in_flight", "model_slots_free", "health_probe_error")
     SPEC_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
     IN_FLIGHT_FIELD_NUMBER: _ClassVar[int]
@@ -93,6 +93,7 @@ class Instance(_message.Message):
     REVISION_FIELD_NUMBER: _ClassVar[int]
     MODEL_CALLS_IN_FLIGHT_FIELD_NUMBER: _ClassVar[int]
     MODEL_SLOTS_FREE_FIELD_NUMBER: _ClassVar[int]
+    HEALTH_PROBE_ERROR_FIELD_NUMBER: _ClassVar[int]
     spec: InstanceSpec
     state: InstanceState
     in_flight: int
@@ -102,7 +103,8 @@ class Instance(_message.Message):
     revision: int
     model_calls_in_flight: int
     model_slots_free: int
-    def __init__(self, spec: _Optional[_Union[InstanceSpec, _Mapping]] = ..., state: _Optional[_Union[InstanceState, str]] = ..., in_flight: _Optional[int] = ..., lease_id: _Optional[str] = ..., lease_expires_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., registered_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., revision: _Optional[int] = ..., model_calls_in_flight: _Optional[int] = ..., model_slots_free: _Optional[int] = ...) -> None: ...
+    health_probe_error: str
+    def __init__(self, spec: _Optional[_Union[InstanceSpec, _Mapping]] = ..., state: _Optional[_Union[InstanceState, str]] = ..., in_flight: _Optional[int] = ..., lease_id: _Optional[str] = ..., lease_expires_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., registered_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., revision: _Optional[int] = ..., model_calls_in_flight: _Optional[int] = ..., model_slots_free: _Optional[int] = ..., health_probe_error: _Optional[str] = ...) -> None: ...
 
 class RegisterRequest(_message.Message):
     __slots__ = ("instance", "lease_ttl")

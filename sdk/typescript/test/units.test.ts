@@ -1,0 +1,163 @@
+/**
+ * The SDK's pure parts, without a mesh: ids, parts, error details, capability bounds and the
+ * dedupe memory.
+ */
+
+import assert from "node:assert/strict";
+import { describe, test } from "node:test";
+
+import {
+  checkCapability,
+  Code,
+  dataPart,
+  firstData,
+  isTraceId,
+  makePayload,
+  newMessageId,
+  newTraceId,
+  partData,
+  Reason,
+  ReachError,
+  textPart,
+  traceparentFor,
+} from "@reach-mesh/sdk";
+
+import { DedupeCache } from "../src/dedupe.js";
+
+describe("ids", () => {
+  test("trace ids and traceparent follow W3C Trace Context", () => {
+    const traceId = newTraceId();
+    assert.ok(isTraceId(traceId), traceId);
+    assert.ok(!isTraceId("0".repeat(32)), "all zeros is invalid");
+    assert.ok(!isTraceId(traceId.toUpperCase()), "upper case is invalid");
+    assert.match(traceparentFor(traceId), new RegExp(`^00-${traceId}-[0-9a-f]{16}-01$`));
+    assert.throws(() => traceparentFor("nope"), RangeError);
+  });
+
+  test("message ids are UUIDv7 and sort by creation time", async () => {
+    const first = newMessageId();
+    await new Promise((done) => setTimeout(done, 2));
+    const second = newMessageId();
+    assert.match(first, /^[0-9a-f]{8}-[0-9a-f]{4}-7[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}$/);
+    assert.ok(first < second);
+    const ms = Number.parseInt(first.replace(/-/g, "").slice(0, 12), 16);
+    assert.ok(Math.abs(ms - Date.now()) < 1000, "the first 48 bits are the time in ms");
+  });
+});
+
+describe("parts", () => {
+  test("a data part round-trips a plain object; other parts read as undefined", () => {
+    const data = { complaint_id: "1", nested: { list: [1, "two", null, true] } };
+    const payload = makePayload("t", textPart("hi"), dataPart(data));
+    assert.deepEqual(firstData(payload), data);
+    assert.equal(partData(payload.parts[0]!), undefined);
+    assert.equal(payload.parts[1]?.mediaType, "application/json");
+    assert.equal(
+      firstData(makePayload("t", dataPart([1, 2]))),
+      undefined,
+      "an array is not an object",
+    );
+  });
+});
+
+describe("ReachError", () => {
+  test("encodes and decodes ErrorInfo, RetryInfo and BadRequest as google.rpc.Status", () => {
+    const error = new ReachError(Code.UNAVAILABLE, "try later", {
+      reason: Reason.OVERLOADED,
+      metadata: { route: "capability x" },
+      retryAfterMs: 50,
+      violations: [{ field: "input/category", description: "must be one of ..." }],
+    });
+    const decoded = ReachError.fromStatus(Code.UNAVAILABLE, "try later", error.encodeStatus());
+    assert.equal(decoded.reason, "OVERLOADED");
+    assert.equal(decoded.domain, "reach.dev");
+    assert.deepEqual(decoded.metadata, { route: "capability x" });
+    assert.equal(decoded.retryAfterMs, 50);
+    assert.deepEqual(decoded.violations, [
+      { field: "input/category", description: "must be one of ..." },
+    ]);
+    assert.equal(decoded.message, "UNAVAILABLE [OVERLOADED]: try later");
+    assert.equal(
+      ReachError.fromStatus(Code.INTERNAL, "x", new Uint8Array([0xff, 0xff])).reason,
+      undefined,
+    );
+    assert.equal(ReachError.from(new Error("boom")).code, Code.UNKNOWN);
+  });
+});
+
+describe("capability bounds", () => {
+  test("the registry's bounds are checked before registering", () => {
+    assert.equal(checkCapability({ name: "x", version: "1.0.0", inputSchema: {} }), undefined);
+    assert.match(checkCapability({ name: "x", description: "d".repeat(1025) }) ?? "", /1025 bytes/);
+    assert.match(
+      checkCapability({ name: "x", outputSchema: [] }) ?? "",
+      /outputSchema must be a JSON object or a boolean/,
+    );
+    let deep: object = {};
+    for (let i = 0; i < 32; i++) {
+      deep = { not: deep };
+    }
+    assert.match(checkCapability({ name: "x", inputSchema: deep as never }) ?? "", /33 levels/);
+  });
+});
+
+describe("DedupeCache", () => {
+  test("repeats share an outcome until the window passes; duplicates wait for the first run", async () => {
+    let now = 0;
+    const cache = new DedupeCache<string>(10_000, 100, 1 << 20, () => now);
+    let runs = 0;
+    let open: () => void = () => {};
+    const gate = new Promise<void>((resolve) => (open = resolve));
+    const run = async () => {
+      runs += 1;
+      await gate;
+      return `outcome ${runs}`;
+    };
+    const first = cache.once("a", run, () => 1);
+    const duplicate = cache.once("a", run, () => 1);
+    open();
+    assert.deepEqual(await Promise.all([first, duplicate]), ["outcome 1", "outcome 1"]);
+    assert.equal(await cache.once("a", run, () => 1), "outcome 1");
+    now = 10_001;
+    assert.equal(await cache.once("a", run, () => 1), "outcome 2", "forgotten after the window");
+  });
+
+  test("an unhandled run is not remembered; capacity and bytes bound the memory", async () => {
+    const cache = new DedupeCache<string>(60_000, 3, 10_000);
+    assert.equal(
+      await cache.once(
+        "x",
+        async () => undefined,
+        () => 0,
+      ),
+      undefined,
+    );
+    assert.equal(
+      await cache.once(
+        "x",
+        async () => "ran",
+        () => 0,
+      ),
+      "ran",
+      "the next caller runs it",
+    );
+    for (const id of ["a", "b", "c", "d"]) {
+      await cache.once(
+        id,
+        async () => id,
+        () => 4000,
+      );
+    }
+    assert.ok(cache.size <= 3, String(cache.size));
+    assert.ok(cache.bytes <= 10_000, String(cache.bytes));
+    assert.equal(
+      await cache.once(
+        "d",
+        async () => "again",
+        () => 0,
+      ),
+      "d",
+      "the newest is kept",
+    );
+  });
+});
