@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
-# The test command: installs what the tests need (Python venv with grpcio, grpcurl and the
-# OTLP receiver's packages; buf), checks the protobuf contracts, then runs every Rust test —
-# unit tests and cross-service tests against real servers on 127.0.0.1 ephemeral ports
-# (and a throwaway PostgreSQL on 127.0.0.1:5433 for the orchestrator's store tests).
+# The test command: installs what the tests need (Python venv with grpcio, grpcurl, the OTLP
+# receiver's packages and the Python SDK; buf; the TypeScript SDK's npm packages), checks the
+# protobuf contracts and that the generated Python and TypeScript code is up to date, runs
+# every Rust test — unit tests and cross-service tests against real servers on 127.0.0.1
+# ephemeral ports (and a throwaway PostgreSQL on 127.0.0.1:5433 for the orchestrator's store
+# tests) — then the Python and TypeScript SDKs' tests against the `reach` binary it built.
 set -euo pipefail
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$repo"
@@ -14,7 +16,13 @@ if git rev-parse --verify -q HEAD~1 >/dev/null && git cat-file -e HEAD~1:proto 2
     echo "== buf breaking (against HEAD~1)"
     scripts/buf.sh breaking --against '.git#ref=HEAD~1'
 fi
+echo "== generated code (buf.gen.yaml: Python, TypeScript)"
+scripts/check-generated.sh
 echo "== postgresql (orchestrator store tests)"
 eval "$(scripts/start-postgres.sh)"
 echo "== cargo test"
 cargo test --workspace --locked "$@"
+# `cargo test` built target/debug/reach; the SDK suites run it as real processes.
+export REACH_BIN="$repo/target/debug/reach"
+scripts/test-python.sh
+scripts/test-typescript.sh
