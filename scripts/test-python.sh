@@ -7,6 +7,8 @@
 #   REACH_BIN=/path/to/reach scripts/test-python.sh
 set -euo pipefail
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+# A relative REACH_BIN means relative to where the script was started.
+if [[ -n "${REACH_BIN:-}" ]]; then REACH_BIN="$(realpath -m -- "$REACH_BIN")"; export REACH_BIN; fi
 cd "$repo"
 
 scripts/python-env.sh

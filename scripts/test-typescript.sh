@@ -7,6 +7,8 @@
 #                 made by scripts/python-env.sh; without it that test is skipped)
 set -euo pipefail
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+# A relative REACH_BIN means relative to where the script was started.
+if [[ -n "${REACH_BIN:-}" ]]; then REACH_BIN="$(realpath -m -- "$REACH_BIN")"; export REACH_BIN; fi
 cd "$repo/sdk/typescript"
 echo "== typescript: npm ci"
 npm ci --silent --no-audit --no-fund

@@ -26,6 +26,7 @@ from reach_mesh import (
     Message,
     ReachError,
     Reason,
+    RegistrationRefused,
     RunningAgent,
     TaskStatus,
     data_part,
@@ -62,6 +63,21 @@ async def test_a_python_agent_registers_its_capability_with_description_and_sche
         assert capability["routable_instances"] == 1
     finally:
         await agent.drain()
+
+
+async def test_a_registration_the_registry_refuses_ends_run_with_its_reason(dev: ReachProcess) -> None:
+    runtime = AgentRuntime(AgentConfig(service="bad.schema", registry_endpoint=dev.endpoint))
+
+    # A schema the registry cannot compile ("type" must be a string or a list): retrying
+    # cannot help, so run() drains and raises instead of retrying forever.
+    @runtime.handler("bad.schema.echo", "1.0.0", input_schema={"type": 12})
+    async def echo(ctx: HandlerContext, message: Message) -> Any:
+        return text_part("never")
+
+    with pytest.raises(RegistrationRefused) as refused:
+        await asyncio.wait_for(runtime.run(), timeout=10)
+    assert refused.value.error.code == grpc.StatusCode.INVALID_ARGUMENT
+    assert "input_schema" in str(refused.value), refused.value
 
 
 async def test_a_flow_task_node_calls_the_python_agent(dev: ReachProcess, workdir: Path) -> None:

@@ -48,7 +48,14 @@ from reach_mesh.errors import ReachError, Reason
 from reach_mesh.message import Message, Reply
 from reach_mesh.models import ModelLoad, ModelSlots
 from reach_mesh.parts import JsonValue, Part, PartError, Payload, data_part, raw_part, text_part, url_part
-from reach_mesh.runtime import AgentRuntime, Handler, HandlerResult, RunningAgent, StreamHandler
+from reach_mesh.runtime import (
+    AgentRuntime,
+    Handler,
+    HandlerResult,
+    RegistrationRefused,
+    RunningAgent,
+    StreamHandler,
+)
 from reach_mesh.tasks import HumanWait, NodeRun, Task, TaskEvent, TaskStatus
 
 __all__ = [
@@ -74,6 +81,7 @@ __all__ = [
     "ReachError",
     "Reason",
     "Reply",
+    "RegistrationRefused",
     "RunningAgent",
     "StreamHandler",
     "Task",

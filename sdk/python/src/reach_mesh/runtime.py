@@ -216,7 +216,9 @@ class AgentRuntime:
         """Starts serving on ``host:port`` (0: a free port) and registering; returns the
         running agent, to :meth:`RunningAgent.drain` later. Registration goes on in the
         background: retried (20 ms doubling to 2 s) while the registry is unreachable or
-        refuses, repeated whenever the registry has lost the lease.
+        busy, repeated whenever the registry has lost the lease, and given up when the
+        registry refuses the spec itself (INVALID_ARGUMENT or FAILED_PRECONDITION; see
+        :meth:`RunningAgent.registration_refused`).
 
         Raises:
             ValueError: the config, or a declared capability, is invalid (the message names
@@ -281,6 +283,8 @@ class AgentRuntime:
 
         Raises:
             ValueError, RuntimeError: as :meth:`start`.
+            RegistrationRefused: the registry refused the registration for good (raised
+                after draining).
         """
         agent = await self.start(host, port)
         loop = asyncio.get_running_loop()
@@ -298,12 +302,30 @@ class AgentRuntime:
 
         for sig in signals:
             loop.add_signal_handler(sig, first_signal)
+        stopped = asyncio.ensure_future(stop.wait())
+        refused = asyncio.ensure_future(agent.registration_refused())
         try:
-            await stop.wait()
+            await asyncio.wait((stopped, refused), return_when=asyncio.FIRST_COMPLETED)
             await agent.drain()
+            if refused.done():
+                raise RegistrationRefused(refused.result())
         finally:
+            stopped.cancel()
+            refused.cancel()
             for sig in signals:
                 loop.remove_signal_handler(sig)
+
+
+class RegistrationRefused(Exception):
+    """The registry refused the agent's registration for good: no retry can succeed until
+    the spec (what the registry's message names) is fixed. ``error`` is the registry's."""
+
+    def __init__(self, error: ReachError) -> None:
+        super().__init__(
+            f"the registry refused this agent's registration: {error}; it cannot succeed as "
+            "configured: fix what it names and start the agent again"
+        )
+        self.error = error
 
 
 # === the running agent ===
@@ -331,6 +353,7 @@ class RunningAgent:
         self.endpoint = endpoint
         self._lease_id: str | None = None
         self._registering: asyncio.Task[None] | None = None
+        self._refused: asyncio.Future[ReachError] = asyncio.get_running_loop().create_future()
 
     @property
     def instance_id(self) -> str:
@@ -352,6 +375,14 @@ class RunningAgent:
         """This instance's model call slots."""
         return self._core.model_slots
 
+    async def registration_refused(self) -> ReachError:
+        """Waits until the registry refuses the registration for good (INVALID_ARGUMENT or
+        FAILED_PRECONDITION: a bad name, version or descriptor, an undeclared capability, an
+        instance an operator drained), and returns the registry's error; never returns
+        while the registration stands or is being retried. :meth:`AgentRuntime.run` drains
+        and raises :class:`RegistrationRefused` then."""
+        return await asyncio.shield(self._refused)
+
     def _start_registering(self) -> None:
         self._registering = asyncio.ensure_future(self._keep_registered())
 
@@ -369,6 +400,10 @@ class RunningAgent:
                 response = await self._registry.Register(request, timeout=_REGISTRY_CALL_TIMEOUT)
             except grpc.aio.AioRpcError as failure:
                 error = ReachError.from_rpc_error(failure)
+                if failure.code() in (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.FAILED_PRECONDITION):
+                    _log.error("the registry refused the registration; not retrying: %s", error)
+                    self._refused.set_result(error)
+                    return
                 _log.warning("registration failed; retrying in %.2fs: %s", backoff, error)
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, _BACKOFF_MAX)
