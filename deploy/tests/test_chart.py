@@ -14,6 +14,7 @@ from typing import Any, Iterator
 
 import helm_python as helm
 import pytest
+import yaml
 
 from chart import CHART, REPO, render, render_text, values_files
 
@@ -441,3 +442,52 @@ def test_readiness_service_names_exist_in_the_contracts():
     protos = "".join(p.read_text() for p in (REPO / "proto" / "reach" / "v1").glob("*.proto"))
     for name in SERVICES.values():
         assert f"service {name.rsplit('.', 1)[1]} " in protos, name
+
+
+# === values.yaml ===
+
+#: Blocks handed to Kubernetes as they are (their keys are Kubernetes', documented there).
+PASS_THROUGH = {
+    "resources", "podSecurityContext", "securityContext", "startup", "liveness", "readiness",
+    "behavior", "commonLabels", "annotations", "podAnnotations", "podLabels", "nodeSelector",
+    "affinity", "resourceAttributes", "files",
+}
+
+
+def values_keys() -> list[tuple[tuple[str, ...], bool]]:
+    """Every key of values.yaml outside the pass-through blocks: (path, documented), where
+    documented means a comment on the line itself or right above it."""
+    keys, stack, previous = [], [], ""
+    for line in (CHART / "values.yaml").read_text().splitlines():
+        match = re.match(r"^( *)([A-Za-z][\w.-]*):", line)
+        if match:
+            indent = len(match.group(1))
+            while stack and stack[-1][0] >= indent:
+                stack.pop()
+            path = tuple(k for _, k in stack) + (match.group(2),)
+            stack.append((indent, match.group(2)))
+            if not PASS_THROUGH & set(path[:-1]):
+                documented = "#" in line or previous.strip().startswith("#")
+                keys.append((path, documented))
+        if line.strip():
+            previous = line
+    return keys
+
+
+def test_every_value_is_documented():
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+    undocumented = []
+    for path, documented in values_keys():
+        node = values
+        for key in path:
+            node = node[key]
+        is_block = isinstance(node, dict) and node and path[-1] not in PASS_THROUGH
+        if not documented and not is_block:
+            undocumented.append(".".join(path))
+    assert not undocumented, f"values.yaml keys without a comment: {undocumented}"
+
+
+def test_every_value_is_used():
+    templates = "".join(p.read_text() for p in (CHART / "templates").rglob("*") if p.is_file())
+    unused = [".".join(path) for path, _ in values_keys() if f".{path[-1]}" not in templates]
+    assert not unused, f"values.yaml keys no template reads: {unused}"
