@@ -4,7 +4,9 @@
 # must fail with the message their first line names), validates every rendered manifest
 # against the Kubernetes API schemas of the oldest supported and the newest Kubernetes
 # (kubernetes-validate --strict: unknown fields are errors), then runs the invariant tests
-# (deploy/tests/test_chart.py). No helm binary or cluster is needed.
+# (deploy/tests/test_chart.py). No helm binary or cluster is needed. One test runs each
+# service's rendered settings through `reach <service> --dump-config`: it uses $REACH_BIN, else
+# target/debug/reach or target/release/reach, and is skipped (saying so) when none is built.
 set -euo pipefail
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$repo"
@@ -24,4 +26,4 @@ for version in 1.30.0 latest; do
     "$repo/.venv/bin/kubernetes-validate" --strict --quiet "${args[@]}" "$out"/*.yaml
 done
 echo "== chart: invariants (pytest)"
-"$python" -m pytest -q -p no:cacheprovider deploy/tests
+"$python" -m pytest -q -p no:cacheprovider -rs deploy/tests

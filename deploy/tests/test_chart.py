@@ -7,7 +7,9 @@ raising one there without the chart following fails here.
 
 from __future__ import annotations
 
+import os
 import re
+import subprocess
 import tomllib
 from pathlib import Path
 from typing import Any, Iterator
@@ -491,3 +493,70 @@ def test_every_value_is_used():
     templates = "".join(p.read_text() for p in (CHART / "templates").rglob("*") if p.is_file())
     unused = [".".join(path) for path, _ in values_keys() if f".{path[-1]}" not in templates]
     assert not unused, f"values.yaml keys no template reads: {unused}"
+
+
+# === the rendered settings, read by the binary ===
+
+
+def reach_binary() -> Path | None:
+    """The `reach` binary to check settings with: $REACH_BIN, else a cargo build of this tree."""
+    candidates = [os.environ.get("REACH_BIN")] + [
+        str(REPO / "target" / profile / "reach") for profile in ("debug", "release")
+    ]
+    for candidate in candidates:
+        if candidate and os.access(candidate, os.X_OK):
+            return Path(candidate)
+    return None
+
+
+def test_the_binary_accepts_every_rendered_setting(case, tmp_path):
+    """Each service's rendered args and environment, with its ConfigMaps written where they
+    are mounted (under tmp_path), make `reach <service> --dump-config` exit 0: no unknown key,
+    bad value or unreadable file (which exit 64). The pod's own fields are stood in for."""
+    binary = reach_binary()
+    if binary is None:
+        pytest.skip("no reach binary: set REACH_BIN or build it (cargo build -p reach)")
+    _, manifests = case
+    configmaps = named(manifests, "ConfigMap")
+    pod = {"POD_NAME": "ci-reach-router-0", "POD_NAMESPACE": "reach", "POD_IP": "10.1.2.3"}
+    for deployment_ in of_kind(manifests, "Deployment"):
+        if component(deployment_) not in SERVICES:
+            continue
+        workload = deployment_["metadata"]["name"]
+        spec = deployment_["spec"]["template"]["spec"]
+        (container,) = spec["containers"]
+        root = tmp_path / workload
+        volumes = {v["name"]: v for v in spec["volumes"]}
+        moved = {}
+        for mount in container["volumeMounts"]:
+            target = root / mount["mountPath"].lstrip("/")
+            target.mkdir(parents=True)
+            moved[mount["mountPath"]] = str(target)
+            source = volumes[mount["name"]].get("configMap")
+            if source:
+                for name, text in configmaps[source["name"]]["data"].items():
+                    (target / name).write_text(text)
+
+        def local(value: str) -> str:
+            for path, target in moved.items():
+                value = value.replace(path, target)
+            return re.sub(r"\$\((\w+)\)", lambda m: env[m.group(1)], value)
+
+        env = {"PATH": os.environ["PATH"]}
+        for var in container["env"]:
+            if "value" in var:
+                env[var["name"]] = local(var["value"])
+            elif "fieldRef" in var["valueFrom"]:
+                env[var["name"]] = pod[var["name"]]
+            else:  # the PostgreSQL URL's Secret
+                env[var["name"]] = "postgres://reach:secret@127.0.0.1:5432/reach"
+        args = [local(arg) for arg in container["args"]] + ["--dump-config"]
+        result = subprocess.run([binary, *args], env=env, capture_output=True, text=True, timeout=60)
+        assert result.returncode == 0, f"{workload}: reach {' '.join(args)}: {result.stderr}"
+        dumped = tomllib.loads(result.stdout)
+        assert dumped["listen"] == args[args.index("--listen") + 1]
+        if container["args"][0] == "router":
+            assert dumped["router"]["advertise_endpoint"] == "http://10.1.2.3:7070"
+            assert dumped["router"]["registry_endpoint"].endswith("-registry:7070")
+        if container["args"][0] == "orchestrator":
+            assert dumped["orchestrator"]["node_id"] == pod["POD_NAME"]
