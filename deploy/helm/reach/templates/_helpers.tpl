@@ -1,0 +1,427 @@
+{{/*
+Names, labels and the pieces every Reach pod shares. Components: registry, router,
+orchestrator, and one per agent ("agent-<name>").
+*/}}
+
+{{/* The chart name, or nameOverride. */}}
+{{- define "reach.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{/*
+The prefix of every resource name: fullnameOverride, else "<release>-<chart>", or the release
+name alone when it already contains the chart name. Kept to 40 characters so that the longest
+suffix ("-orchestrator-store", "-agent-<name>") still fits a 63-character name.
+*/}}
+{{- define "reach.fullname" -}}
+{{- if .Values.fullnameOverride -}}
+{{- .Values.fullnameOverride | trunc 40 | trimSuffix "-" -}}
+{{- else -}}
+{{- $name := include "reach.name" . -}}
+{{- if contains $name .Release.Name -}}
+{{- .Release.Name | trunc 40 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-%s" .Release.Name $name | trunc 40 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{/* "reach-0.1.0", for the helm.sh/chart label. */}}
+{{- define "reach.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{/*
+Labels of every resource. Call with (dict "root" $ "component" "router").
+*/}}
+{{- define "reach.labels" -}}
+helm.sh/chart: {{ include "reach.chart" .root }}
+{{ include "reach.selectorLabels" . }}
+app.kubernetes.io/version: {{ .root.Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .root.Release.Service }}
+app.kubernetes.io/part-of: reach
+{{- with .root.Values.commonLabels }}
+{{ toYaml . }}
+{{- end }}
+{{- end -}}
+
+{{/*
+The labels that select one component's pods (Deployments, Services, the PDB, the HPA's
+target). Never add a label here that changes between upgrades: a Deployment's selector is
+immutable. Call with (dict "root" $ "component" "router").
+*/}}
+{{- define "reach.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "reach.name" .root }}
+app.kubernetes.io/instance: {{ .root.Release.Name }}
+app.kubernetes.io/component: {{ .component }}
+{{- end -}}
+
+{{/* A component's resource name: (dict "root" $ "component" "router") -> "<fullname>-router". */}}
+{{- define "reach.componentName" -}}
+{{- printf "%s-%s" (include "reach.fullname" .root) .component | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{/* The gRPC URL of a component's Service, as other pods dial it: "http://<name>:7070". */}}
+{{- define "reach.endpoint" -}}
+{{- printf "http://%s:%d" (include "reach.componentName" .) (int .root.Values.ports.grpc) -}}
+{{- end -}}
+
+{{- define "reach.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create -}}
+{{- default (include "reach.fullname" .) .Values.serviceAccount.name -}}
+{{- else -}}
+{{- default "default" .Values.serviceAccount.name -}}
+{{- end -}}
+{{- end -}}
+
+{{/*
+An image reference from (dict "image" <an image block> "root" $): its repository, then
+"@digest" when a digest is set, else ":tag" (the chart's appVersion when the tag is empty).
+*/}}
+{{- define "reach.image" -}}
+{{- if .image.digest -}}
+{{- printf "%s@%s" .image.repository .image.digest -}}
+{{- else -}}
+{{- printf "%s:%s" .image.repository (.image.tag | default .root.Chart.AppVersion | toString) -}}
+{{- end -}}
+{{- end -}}
+
+{{/* The pod's own identity, for node ids, advertised endpoints and resource attributes. */}}
+{{- define "reach.podEnv" -}}
+- name: POD_NAME
+  valueFrom:
+    fieldRef:
+      fieldPath: metadata.name
+- name: POD_NAMESPACE
+  valueFrom:
+    fieldRef:
+      fieldPath: metadata.namespace
+- name: POD_IP
+  valueFrom:
+    fieldRef:
+      fieldPath: status.podIP
+{{- end -}}
+
+{{/*
+Logs and OpenTelemetry, the same for every service and agent (docs/observability.md). Comes
+after reach.podEnv, whose variables OTEL_RESOURCE_ATTRIBUTES refers to.
+*/}}
+{{- define "reach.telemetryEnv" -}}
+{{- with .Values.log.filter }}
+- name: REACH_LOG
+  value: {{ . | quote }}
+{{- end }}
+- name: REACH_LOG_FORMAT
+  value: {{ .Values.log.format | quote }}
+{{- with .Values.otel }}
+{{- if .endpoint }}
+- name: OTEL_EXPORTER_OTLP_ENDPOINT
+  value: {{ .endpoint | quote }}
+{{- $attributes := list "k8s.namespace.name=$(POD_NAMESPACE)" "k8s.pod.name=$(POD_NAME)" "service.instance.id=$(POD_NAME)" }}
+{{- range $key, $value := .resourceAttributes }}
+{{- $attributes = append $attributes (printf "%s=%s" $key (toString $value)) }}
+{{- end }}
+- name: OTEL_RESOURCE_ATTRIBUTES
+  value: {{ join "," $attributes | quote }}
+{{- with .sampler }}
+- name: OTEL_TRACES_SAMPLER
+  value: {{ . | quote }}
+{{- end }}
+{{- if ne (toString .samplerArg) "" }}
+- name: OTEL_TRACES_SAMPLER_ARG
+  value: {{ .samplerArg | toString | quote }}
+{{- end }}
+{{- with .timeoutMillis }}
+- name: OTEL_EXPORTER_OTLP_TIMEOUT
+  value: {{ int64 . | toString | quote }}
+{{- end }}
+{{- end }}
+{{- end }}
+{{- end -}}
+
+{{/* The container ports of a service: gRPC and admin. */}}
+{{- define "reach.servicePorts" -}}
+- name: grpc
+  containerPort: {{ .Values.ports.grpc | int }}
+  protocol: TCP
+- name: admin
+  containerPort: {{ .Values.ports.admin | int }}
+  protocol: TCP
+{{- end -}}
+
+{{/*
+The gRPC probes of a service (grpc.health.v1 on its gRPC port): startup and liveness ask for
+the server as a whole (service ""), readiness for the component's own gRPC service, which turns
+NOT_SERVING as soon as shutdown begins. Call with (dict "root" $ "service" "reach.v1.RouterService").
+*/}}
+{{- define "reach.serviceProbes" -}}
+{{- $port := .root.Values.ports.grpc | int -}}
+{{- with .root.Values.probes -}}
+startupProbe:
+  grpc:
+    port: {{ $port }}
+  {{- toYaml .startup | nindent 2 }}
+livenessProbe:
+  grpc:
+    port: {{ $port }}
+  {{- toYaml .liveness | nindent 2 }}
+readinessProbe:
+  grpc:
+    port: {{ $port }}
+    service: {{ $.service }}
+  {{- toYaml .readiness | nindent 2 }}
+{{- end -}}
+{{- end -}}
+
+{{/*
+The preStop hook and grace period of a component's pod spec: the hook keeps the pod serving
+for preStopSleepSeconds while its Service endpoint is withdrawn, so no new connection reaches
+a process that is already shutting down; the grace period is the whole budget (hook, drain,
+trace flush) before SIGKILL. Call with (dict "component" .Values.router).
+*/}}
+{{- define "reach.terminationGracePeriod" -}}
+terminationGracePeriodSeconds: {{ .component.terminationGracePeriodSeconds | int }}
+{{- end -}}
+
+{{- define "reach.lifecycle" -}}
+{{- if gt (int .component.preStopSleepSeconds) 0 }}
+lifecycle:
+  preStop:
+    sleep:
+      seconds: {{ .component.preStopSleepSeconds | int }}
+{{- end }}
+{{- end -}}
+
+{{/* The scheduling fields a component may set. */}}
+{{- define "reach.scheduling" -}}
+{{- with .nodeSelector }}
+nodeSelector:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with .affinity }}
+affinity:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with .tolerations }}
+tolerations:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with .topologySpreadConstraints }}
+topologySpreadConstraints:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with .priorityClassName }}
+priorityClassName: {{ . }}
+{{- end }}
+{{- end -}}
+
+{{/* The pod-level fields every Reach pod shares. */}}
+{{- define "reach.podCommon" -}}
+serviceAccountName: {{ include "reach.serviceAccountName" . }}
+automountServiceAccountToken: false
+enableServiceLinks: false
+{{- with .Values.imagePullSecrets }}
+imagePullSecrets:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+securityContext:
+  {{- toYaml .Values.podSecurityContext | nindent 2 }}
+{{- end -}}
+
+{{/* Whether a protocol registry is deployed ("true" or ""). */}}
+{{- define "reach.protocolRegistry.enabled" -}}
+{{- if or .Values.protocolRegistry.content .Values.protocolRegistry.example -}}true{{- end -}}
+{{- end -}}
+
+{{/* The protocol registry's text: the given content, else the example fleet's. */}}
+{{- define "reach.protocolRegistry.content" -}}
+{{- if .Values.protocolRegistry.content -}}
+{{- .Values.protocolRegistry.content -}}
+{{- else if .Values.protocolRegistry.example -}}
+{{- .Files.Get "files/protocol-registry.yaml" -}}
+{{- end -}}
+{{- end -}}
+
+{{/* Where the protocol registry's ConfigMap is mounted, and the file in it. */}}
+{{- define "reach.protocolRegistry.dir" -}}/etc/reach/protocol{{- end -}}
+{{- define "reach.protocolRegistry.path" -}}/etc/reach/protocol/protocol-registry.yaml{{- end -}}
+
+{{/* The flow files (name -> YAML): the example flows when enabled, then flows.files. */}}
+{{- define "reach.flows" -}}
+{{- $flows := dict -}}
+{{- if .Values.flows.examples -}}
+{{- range $path, $_ := .Files.Glob "files/flows/*.yaml" -}}
+{{- $_ := set $flows (base $path) ($.Files.Get $path) -}}
+{{- end -}}
+{{- end -}}
+{{- range $name, $text := .Values.flows.files -}}
+{{- $_ := set $flows $name $text -}}
+{{- end -}}
+{{- toYaml $flows -}}
+{{- end -}}
+
+{{/* Where the orchestrator reads flows from (the flows ConfigMap). */}}
+{{- define "reach.flows.dir" -}}/etc/reach/flows{{- end -}}
+
+{{/* Where a component's TOML config file (its `config` value) is mounted. */}}
+{{- define "reach.config.path" -}}/etc/reach/config/reach.toml{{- end -}}
+
+{{/*
+The volumes and mounts every Reach container needs with a read-only root filesystem: /tmp.
+*/}}
+{{- define "reach.tmpVolume" -}}
+- name: tmp
+  emptyDir:
+    sizeLimit: 64Mi
+{{- end -}}
+{{- define "reach.tmpMount" -}}
+- name: tmp
+  mountPath: /tmp
+{{- end -}}
+
+{{/*
+The TOML config volume of a component, when its `config` is set. Call with
+(dict "root" $ "component" "router" "values" .Values.router).
+*/}}
+{{- define "reach.configVolume" -}}
+{{- if .values.config }}
+- name: config
+  configMap:
+    name: {{ include "reach.componentName" . }}-config
+{{- end }}
+{{- end -}}
+{{- define "reach.configMount" -}}
+{{- if .values.config }}
+- name: config
+  mountPath: {{ dir (include "reach.config.path" .root) }}
+  readOnly: true
+{{- end }}
+{{- end -}}
+{{- define "reach.configArgs" -}}
+{{- if .values.config }}
+- --config
+- {{ include "reach.config.path" .root }}
+{{- end }}
+{{- end -}}
+
+{{/*
+The pod annotations of a component: checksums of what its pods read from ConfigMaps and
+Secrets (so that a change rolls them), Prometheus scraping of the admin port for the services,
+then the component's podAnnotations. Call with (dict "root" $ "values" .Values.router
+"protocol" bool "flows" bool "store" bool "scrape" bool).
+*/}}
+{{- define "reach.podAnnotations" -}}
+{{- $annotations := dict -}}
+{{- if .values.config -}}
+{{- $_ := set $annotations "checksum/config" (sha256sum .values.config) -}}
+{{- end -}}
+{{- if and .protocol (include "reach.protocolRegistry.enabled" .root) -}}
+{{- $_ := set $annotations "checksum/protocol-registry" (include "reach.protocolRegistry.content" .root | sha256sum) -}}
+{{- end -}}
+{{- if .flows -}}
+{{- $_ := set $annotations "checksum/flows" (include "reach.flows" .root | sha256sum) -}}
+{{- end -}}
+{{- if .store -}}
+{{- $_ := set $annotations "checksum/store" (.values.store.postgres.url | sha256sum) -}}
+{{- end -}}
+{{- if and .scrape .root.Values.metrics.scrapeAnnotations -}}
+{{- $_ := set $annotations "prometheus.io/scrape" "true" -}}
+{{- $_ := set $annotations "prometheus.io/port" (.root.Values.ports.admin | int | toString) -}}
+{{- $_ := set $annotations "prometheus.io/path" "/metrics" -}}
+{{- end -}}
+{{- range $key, $value := .values.podAnnotations -}}
+{{- $_ := set $annotations $key $value -}}
+{{- end -}}
+{{- with $annotations -}}
+annotations:
+  {{- toYaml . | nindent 2 }}
+{{- end -}}
+{{- end -}}
+
+{{/*
+Checks that values.schema.json cannot express; each failure says what to change.
+*/}}
+{{- define "reach.validate" -}}
+{{- $o := .Values.orchestrator -}}
+{{- if and $o.enabled (gt (int $o.replicas) 1) (eq $o.store.type "sqlite") -}}
+{{- fail (printf "orchestrator.replicas is %d, but orchestrator.store.type is sqlite: a SQLite store belongs to one process. Run one replica, or set orchestrator.store.type=postgres and orchestrator.store.postgres.existingSecret (a Secret holding the postgres:// URL) to run several" (int $o.replicas)) -}}
+{{- end -}}
+{{- if and $o.enabled (eq $o.store.type "postgres") (not $o.store.postgres.existingSecret) (not $o.store.postgres.url) -}}
+{{- fail "orchestrator.store.type is postgres, but neither orchestrator.store.postgres.existingSecret nor orchestrator.store.postgres.url is set: name the Secret (and its key, orchestrator.store.postgres.secretKey) holding the postgres://USER:PASSWORD@HOST:PORT/DB URL" -}}
+{{- end -}}
+{{- if and .Values.protocolRegistry.strict (not (include "reach.protocolRegistry.enabled" .)) -}}
+{{- fail "protocolRegistry.strict needs a protocol registry to check registrations against: set protocolRegistry.content, or protocolRegistry.example=true" -}}
+{{- end -}}
+{{- $autoscaling := .Values.router.autoscaling -}}
+{{- if and $autoscaling.enabled (gt (int $autoscaling.minReplicas) (int $autoscaling.maxReplicas)) -}}
+{{- fail (printf "router.autoscaling.minReplicas (%d) is above router.autoscaling.maxReplicas (%d)" (int $autoscaling.minReplicas) (int $autoscaling.maxReplicas)) -}}
+{{- end -}}
+{{- range $name := list "registry" "router" "orchestrator" -}}
+{{- $component := index $.Values $name -}}
+{{- if le (int $component.terminationGracePeriodSeconds) (int $component.preStopSleepSeconds) -}}
+{{- fail (printf "%s.terminationGracePeriodSeconds (%d) must be above %s.preStopSleepSeconds (%d): the grace period includes the preStop sleep, and the drain after it" $name (int $component.terminationGracePeriodSeconds) $name (int $component.preStopSleepSeconds)) -}}
+{{- end -}}
+{{- end -}}
+{{- $seen := dict -}}
+{{- range .Values.agents -}}
+{{- if hasKey $seen .name -}}
+{{- fail (printf "agents: the name %q is used twice; each agent is a Deployment named after it" .name) -}}
+{{- end -}}
+{{- $_ := set $seen .name true -}}
+{{- if le (int (.terminationGracePeriodSeconds | default 45)) (int (.preStopSleepSeconds | default 0)) -}}
+{{- fail (printf "agents[%s].terminationGracePeriodSeconds must be above its preStopSleepSeconds: the grace period includes the preStop sleep, and the drain after it" .name) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{/*
+A component's Service: its gRPC and admin ports, selecting its pods. Call with
+(dict "root" $ "component" "router" "service" .Values.router.service).
+*/}}
+{{- define "reach.service" -}}
+{{- $ctx := dict "root" .root "component" .component -}}
+apiVersion: v1
+kind: Service
+metadata:
+  name: {{ include "reach.componentName" $ctx }}
+  labels:
+    {{- include "reach.labels" $ctx | nindent 4 }}
+  {{- with .service.annotations }}
+  annotations:
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
+spec:
+  type: {{ .service.type }}
+  selector:
+    {{- include "reach.selectorLabels" $ctx | nindent 4 }}
+  ports:
+    - name: grpc
+      port: {{ .root.Values.ports.grpc | int }}
+      targetPort: grpc
+      protocol: TCP
+      # gRPC without TLS: HTTP/2 over cleartext.
+      appProtocol: kubernetes.io/h2c
+    - name: admin
+      port: {{ .root.Values.ports.admin | int }}
+      targetPort: admin
+      protocol: TCP
+      appProtocol: http
+{{- end -}}
+
+{{/*
+A component's TOML config file, when its `config` value is set. Call with
+(dict "root" $ "component" "router" "values" .Values.router).
+*/}}
+{{- define "reach.configMap" -}}
+{{- if .values.config -}}
+apiVersion: v1
+kind: ConfigMap
+metadata:
+  name: {{ include "reach.componentName" . }}-config
+  labels:
+    {{- include "reach.labels" . | nindent 4 }}
+data:
+  {{ base (include "reach.config.path" .root) }}: |
+    {{- .values.config | nindent 4 }}
+{{- end -}}
+{{- end -}}

@@ -1,0 +1,562 @@
+"""Invariants of the Reach chart's rendered output, for every values file of
+deploy/helm/reach/ci (scripts/test-chart.sh runs them after lint and kubernetes-validate).
+
+The drain times the grace periods are checked against are read from the Rust sources, so
+raising one there without the chart following fails here.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import tomllib
+from pathlib import Path
+from typing import Any, Iterator
+
+import helm_python as helm
+import pytest
+import yaml
+
+from chart import CHART, REPO, render, render_text, values_files
+
+GOOD = [f for f in values_files() if f.expect_error is None]
+BAD = [f for f in values_files() if f.expect_error is not None]
+
+SERVICES = {
+    # component -> the gRPC service its readiness probe must ask for (what the binary
+    # registers with tonic-health, reach_rpc::GrpcServer::add_service).
+    "registry": "reach.v1.RegistryService",
+    "router": "reach.v1.RouterService",
+    "orchestrator": "reach.v1.OrchestratorService",
+}
+
+
+@pytest.fixture(scope="module", params=GOOD, ids=lambda f: f.name)
+def case(request) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """(values, rendered manifests) of one good values file."""
+    values = request.param.values()
+    return values, render(values)
+
+
+# === helpers ===
+
+
+def of_kind(manifests, kind: str) -> list[dict[str, Any]]:
+    return [m for m in manifests if m["kind"] == kind]
+
+
+def named(manifests, kind: str) -> dict[str, dict[str, Any]]:
+    return {m["metadata"]["name"]: m for m in of_kind(manifests, kind)}
+
+
+def component(manifest) -> str:
+    return manifest["metadata"]["labels"]["app.kubernetes.io/component"]
+
+
+def deployment(manifests, name: str) -> dict[str, Any]:
+    (found,) = [d for d in of_kind(manifests, "Deployment") if component(d) == name]
+    return found
+
+
+def pod_specs(manifests) -> Iterator[tuple[str, dict[str, Any]]]:
+    for workload in of_kind(manifests, "Deployment"):
+        yield workload["metadata"]["name"], workload["spec"]["template"]["spec"]
+
+
+def containers(spec) -> list[dict[str, Any]]:
+    return spec.get("initContainers", []) + spec["containers"]
+
+
+def selects(selector: dict[str, str], labels: dict[str, str]) -> bool:
+    return all(labels.get(key) == value for key, value in selector.items())
+
+
+def rust_seconds(path: str, pattern: str) -> int:
+    """The seconds of the `Duration::from_secs(N)` that `pattern` (a regex with one group
+    around N) finds in the Rust source `path`."""
+    text = (REPO / path).read_text()
+    match = re.search(pattern, text)
+    assert match, f"{path}: {pattern!r} not found; the chart's drain budget reads it"
+    return int(match.group(1))
+
+
+def seconds(duration: str) -> float:
+    """A humantime duration as reach.toml writes them ("10s", "1500ms", "2m")."""
+    units = {"ms": 0.001, "s": 1, "m": 60, "h": 3600}
+    match = re.fullmatch(r"(\d+)\s*(ms|s|m|h)", duration.strip())
+    assert match, f"duration {duration!r}"
+    return int(match.group(1)) * units[match.group(2)]
+
+
+#: How long a service's server lets calls and streams run after shutdown starts, unless
+#: [server] shutdown_grace says otherwise.
+SHUTDOWN_GRACE = rust_seconds(
+    "sdk/rust/reach-rpc/src/server.rs", r"DEFAULT_GRACE: Duration = Duration::from_secs\((\d+)\)"
+)
+#: The longest an SDK agent drains by default, and what `reach example-agents` uses.
+SDK_MAX_DRAIN = rust_seconds(
+    "sdk/rust/reach-sdk/src/config.rs", r"max_drain: Duration::from_secs\((\d+)\)"
+)
+FLEET_MAX_DRAIN = rust_seconds(
+    "services/agents/src/fleet.rs", r"max_drain: Duration::from_secs\((\d+)\)"
+)
+#: After its drain an agent's server gets this long, and the wait for it two more seconds
+#: (reach_sdk::runtime::RunningAgent::drain).
+AGENT_CLOSE = (
+    rust_seconds(
+        "sdk/rust/reach-sdk/src/runtime.rs",
+        r"SERVER_GRACE_AFTER_DRAIN: Duration = Duration::from_secs\((\d+)\)",
+    )
+    + 2
+)
+#: The most the trace flush adds to an exit, whatever OTEL_EXPORTER_OTLP_TIMEOUT says
+#: (docs/observability.md).
+FLUSH_BOUND = 5
+
+
+# === tests ===
+
+
+def test_probe_ports_are_container_ports(case):
+    _, manifests = case
+    for name, spec in pod_specs(manifests):
+        for container in containers(spec):
+            ports = {p["containerPort"] for p in container.get("ports", [])}
+            names = {p["name"] for p in container.get("ports", [])}
+            for kind in ("startupProbe", "livenessProbe", "readinessProbe"):
+                probe = container.get(kind)
+                if probe is None:
+                    continue
+                action = probe.get("grpc") or probe.get("httpGet") or probe.get("tcpSocket")
+                port = action["port"]
+                assert port in ports or port in names, (
+                    f"{name}/{container['name']}: {kind} probes port {port}, "
+                    f"but the container declares {sorted(ports)}"
+                )
+
+
+def test_services_probe_their_own_grpc_health(case):
+    _, manifests = case
+    for comp, service in SERVICES.items():
+        if not [d for d in of_kind(manifests, "Deployment") if component(d) == comp]:
+            continue
+        (container,) = deployment(manifests, comp)["spec"]["template"]["spec"]["containers"]
+        grpc_port = next(p["containerPort"] for p in container["ports"] if p["name"] == "grpc")
+        assert container["readinessProbe"]["grpc"] == {"port": grpc_port, "service": service}
+        # Liveness and startup ask for the server as a whole (""), which the binary reports.
+        for kind in ("livenessProbe", "startupProbe"):
+            assert container[kind]["grpc"] == {"port": grpc_port}, f"{comp}: {kind}"
+        args = container["args"]
+        assert args[0] == comp
+        assert args[args.index("--listen") + 1] == f"0.0.0.0:{grpc_port}"
+
+
+def test_agents_with_a_port_are_probed_on_it(case):
+    values, manifests = case
+    for agent in values.get("agents", []):
+        spec = deployment(manifests, f"agent-{agent['name']}")["spec"]["template"]["spec"]
+        (container,) = spec["containers"]
+        if agent.get("port"):
+            assert container["readinessProbe"]["grpc"] == {
+                "port": agent["port"],
+                "service": "reach.v1.AgentService",
+            }
+            assert container["ports"][0]["containerPort"] == agent["port"]
+        else:
+            assert "readinessProbe" not in container and "ports" not in container
+
+
+def test_everything_mounted_or_referenced_is_rendered(case):
+    values, manifests = case
+    rendered = {
+        "ConfigMap": named(manifests, "ConfigMap"),
+        "Secret": named(manifests, "Secret"),
+        "PersistentVolumeClaim": named(manifests, "PersistentVolumeClaim"),
+    }
+    postgres = values.get("orchestrator", {}).get("store", {}).get("postgres", {})
+    sqlite = values.get("orchestrator", {}).get("store", {}).get("sqlite", {})
+    # What the values name as existing outside the chart.
+    external = {
+        ("Secret", postgres.get("existingSecret")),
+        ("PersistentVolumeClaim", sqlite.get("persistence", {}).get("existingClaim")),
+    }
+    for agent in values.get("agents", []):
+        for source in agent.get("envFrom", []):
+            for kind, key in (("ConfigMap", "configMapRef"), ("Secret", "secretRef")):
+                if key in source:
+                    external.add((kind, source[key]["name"]))
+
+    def check(kind: str, name: str, key: str | None, where: str) -> None:
+        if (kind, name) in external:
+            return
+        assert name in rendered[kind], f"{where}: {kind} {name} is not rendered"
+        if key is not None:
+            data = rendered[kind][name].get("data", {}) | rendered[kind][name].get("stringData", {})
+            assert key in data, f"{where}: {kind} {name} has no key {key}"
+
+    for workload, spec in pod_specs(manifests):
+        volumes = {v["name"]: v for v in spec.get("volumes", [])}
+        mounted = set()
+        for container in containers(spec):
+            where = f"{workload}/{container['name']}"
+            for mount in container.get("volumeMounts", []):
+                assert mount["name"] in volumes, f"{where}: mounts an undeclared volume {mount['name']}"
+                mounted.add(mount["name"])
+            for env in container.get("env", []):
+                source = env.get("valueFrom", {})
+                if "configMapKeyRef" in source:
+                    ref = source["configMapKeyRef"]
+                    check("ConfigMap", ref["name"], ref["key"], where)
+                if "secretKeyRef" in source:
+                    ref = source["secretKeyRef"]
+                    check("Secret", ref["name"], ref["key"], where)
+            for source in container.get("envFrom", []):
+                if "configMapRef" in source:
+                    check("ConfigMap", source["configMapRef"]["name"], None, where)
+                if "secretRef" in source:
+                    check("Secret", source["secretRef"]["name"], None, where)
+        assert mounted == set(volumes), f"{workload}: volumes never mounted: {set(volumes) - mounted}"
+        for name, volume in volumes.items():
+            where = f"{workload} volume {name}"
+            if "configMap" in volume:
+                check("ConfigMap", volume["configMap"]["name"], None, where)
+            if "secret" in volume:
+                check("Secret", volume["secret"]["secretName"], None, where)
+            if "persistentVolumeClaim" in volume:
+                check("PersistentVolumeClaim", volume["persistentVolumeClaim"]["claimName"], None, where)
+
+
+def test_services_read_what_is_mounted(case):
+    """The paths passed to the services are where the ConfigMaps and volumes are mounted."""
+    _, manifests = case
+    for workload, spec in pod_specs(manifests):
+        for container in spec["containers"]:
+            mounts = [m["mountPath"] for m in container.get("volumeMounts", [])]
+            args = container.get("args", [])
+            paths = [args[args.index(flag) + 1] for flag in ("--flows", "--config") if flag in args]
+            if "--store" in args:
+                paths.append(args[args.index("--store") + 1].removeprefix("sqlite://"))
+            paths += [
+                e["value"] for e in container.get("env", []) if e["name"].endswith("__PROTOCOL_REGISTRY")
+            ]
+            for path in paths:
+                assert any(path == m or path.startswith(m.rstrip("/") + "/") for m in mounts), (
+                    f"{workload}: reads {path}, which no volume is mounted at ({mounts})"
+                )
+
+
+def test_configmap_changes_roll_the_pods():
+    """Every pod that mounts a ConfigMap carries a checksum of it, which changes with it."""
+    base = {"registry": {"config": "[registry]\nstrict = false\n"}}
+    changed = {
+        "registry": {"config": "[registry]\nstrict = true\n"},
+        "flows": {"files": {"x.yaml": "id: x\nversion: 1\ninitial: d\nstates: {d: {type: succeed}}\n"}},
+        "protocolRegistry": {"content": "capabilities: {}\n"},
+    }
+
+    def annotations(values) -> dict[str, dict[str, str]]:
+        return {
+            component(d): d["spec"]["template"]["metadata"].get("annotations", {})
+            for d in of_kind(render(values), "Deployment")
+        }
+
+    before, after = annotations(base), annotations(changed)
+    for comp, keys in {
+        "registry": ["checksum/config", "checksum/protocol-registry"],
+        "router": ["checksum/protocol-registry"],
+        "orchestrator": ["checksum/flows"],
+    }.items():
+        for key in keys:
+            assert before[comp][key] != after[comp][key], f"{comp}: {key} did not change"
+
+
+def test_services_select_their_own_pods(case):
+    _, manifests = case
+    deployments = of_kind(manifests, "Deployment")
+    for service in of_kind(manifests, "Service"):
+        selector = service["spec"]["selector"]
+        matched = [d for d in deployments if selects(selector, d["spec"]["template"]["metadata"]["labels"])]
+        assert len(matched) == 1, f"service {service['metadata']['name']} selects {len(matched)} deployments"
+        ports = {p["name"] for p in matched[0]["spec"]["template"]["spec"]["containers"][0]["ports"]}
+        for port in service["spec"]["ports"]:
+            assert port["targetPort"] in ports
+
+
+def test_deployment_selectors_match_their_pods(case):
+    _, manifests = case
+    for workload in of_kind(manifests, "Deployment"):
+        assert selects(
+            workload["spec"]["selector"]["matchLabels"], workload["spec"]["template"]["metadata"]["labels"]
+        )
+
+
+def test_services_find_each_other_by_service_name(case):
+    values, manifests = case
+    services = {s["metadata"]["name"]: s for s in of_kind(manifests, "Service")}
+    urls = {}
+    for comp in ("registry", "router", "orchestrator"):
+        for name, service in services.items():
+            if component(service) == comp:
+                port = next(p["port"] for p in service["spec"]["ports"] if p["name"] == "grpc")
+                urls[comp] = f"http://{name}:{port}"
+    router = deployment(manifests, "router")["spec"]["template"]["spec"]["containers"][0]
+    assert router["args"][router["args"].index("--registry") + 1] == urls["registry"]
+    if "orchestrator" in urls:
+        orchestrator = deployment(manifests, "orchestrator")["spec"]["template"]["spec"]["containers"][0]
+        assert orchestrator["args"][orchestrator["args"].index("--router") + 1] == urls["router"]
+        env = {e["name"]: e.get("value") for e in router["env"]}
+        assert env["REACH_ROUTER__LEDGER_ENDPOINT"] == urls["orchestrator"]
+    for agent in values.get("agents", []):
+        container = deployment(manifests, f"agent-{agent['name']}")["spec"]["template"]["spec"]["containers"][0]
+        env = {e["name"]: e.get("value") for e in container["env"]}
+        assert env["REACH_REGISTRY_ENDPOINT"] == urls["registry"]
+        assert env["REACH_ROUTER_ENDPOINT"] == urls["router"]
+
+
+def test_pdb_selects_the_router_pods_only(case):
+    values, manifests = case
+    pdbs = of_kind(manifests, "PodDisruptionBudget")
+    if not values.get("router", {}).get("pdb", {}).get("enabled", True):
+        assert not pdbs
+        return
+    (pdb,) = pdbs
+    selector = pdb["spec"]["selector"]["matchLabels"]
+    for workload in of_kind(manifests, "Deployment"):
+        labels = workload["spec"]["template"]["metadata"]["labels"]
+        assert selects(selector, labels) == (component(workload) == "router"), workload["metadata"]["name"]
+    assert pdb["spec"]["maxUnavailable"] >= 1
+
+
+def test_hpa_targets_the_router_deployment(case):
+    values, manifests = case
+    hpas = of_kind(manifests, "HorizontalPodAutoscaler")
+    router = deployment(manifests, "router")
+    if not values.get("router", {}).get("autoscaling", {}).get("enabled", True):
+        assert not hpas
+        assert router["spec"]["replicas"] == values["router"]["replicas"]
+        return
+    (hpa,) = hpas
+    assert hpa["spec"]["scaleTargetRef"] == {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "name": router["metadata"]["name"],
+    }
+    # The HPA owns the replica count, and CPU utilisation is relative to the request.
+    assert "replicas" not in router["spec"]
+    (container,) = router["spec"]["template"]["spec"]["containers"]
+    assert container["resources"]["requests"]["cpu"]
+    assert hpa["spec"]["minReplicas"] <= hpa["spec"]["maxReplicas"]
+
+
+def test_grace_periods_exceed_the_drain(case):
+    values, manifests = case
+    for workload in of_kind(manifests, "Deployment"):
+        comp = component(workload)
+        spec = workload["spec"]["template"]["spec"]
+        (container,) = spec["containers"]
+        pre_stop = container.get("lifecycle", {}).get("preStop", {}).get("sleep", {}).get("seconds", 0)
+        if comp in SERVICES:
+            config = tomllib.loads(values.get(comp, {}).get("config", ""))
+            grace = config.get("server", {}).get("shutdown_grace")
+            drain = seconds(grace) if grace else SHUTDOWN_GRACE
+        else:
+            fleet = container.get("args", [])[:1] == ["example-agents"]
+            drain = (FLEET_MAX_DRAIN if fleet else SDK_MAX_DRAIN) + AGENT_CLOSE
+        budget = pre_stop + drain + FLUSH_BOUND
+        assert spec["terminationGracePeriodSeconds"] > budget, (
+            f"{workload['metadata']['name']}: terminationGracePeriodSeconds "
+            f"{spec['terminationGracePeriodSeconds']} does not cover preStop {pre_stop}s + drain "
+            f"{drain}s + trace flush {FLUSH_BOUND}s"
+        )
+
+
+def test_every_container_is_locked_down(case):
+    _, manifests = case
+    for workload, spec in pod_specs(manifests):
+        pod = spec["securityContext"]
+        assert pod["seccompProfile"] == {"type": "RuntimeDefault"}, workload
+        assert spec["automountServiceAccountToken"] is False, workload
+        writable = {
+            m["mountPath"]
+            for c in containers(spec)
+            for m in c.get("volumeMounts", [])
+            if not m.get("readOnly")
+        }
+        assert "/tmp" in writable, f"{workload}: no writable /tmp on a read-only root filesystem"
+        for container in containers(spec):
+            where = f"{workload}/{container['name']}"
+            context = container["securityContext"]
+            assert context["allowPrivilegeEscalation"] is False, where
+            assert context["readOnlyRootFilesystem"] is True, where
+            assert "ALL" in context["capabilities"]["drop"], where
+            assert not context["capabilities"].get("add"), where
+            assert context.get("runAsNonRoot", pod.get("runAsNonRoot")) is True, where
+            assert context.get("runAsUser", pod.get("runAsUser", 1)) != 0, where
+            assert not context.get("privileged"), where
+
+
+def test_orchestrator_replicas_and_store_agree(case):
+    values, manifests = case
+    store = values.get("orchestrator", {}).get("store", {}).get("type", "sqlite")
+    orchestrator = deployment(manifests, "orchestrator")
+    (container,) = orchestrator["spec"]["template"]["spec"]["containers"]
+    env = {e["name"]: e for e in container["env"]}
+    assert env["REACH_ORCHESTRATOR__NODE_ID"]["value"] == "$(POD_NAME)"
+    if store == "sqlite":
+        assert orchestrator["spec"]["replicas"] == 1
+        assert orchestrator["spec"]["strategy"]["type"] == "Recreate"
+        assert container["args"][container["args"].index("--store") + 1].startswith("sqlite:///")
+    else:
+        assert "--store" not in container["args"]
+        assert "secretKeyRef" in env["REACH_ORCHESTRATOR__STORE_URL"]["valueFrom"]
+
+
+@pytest.mark.parametrize("file", BAD, ids=lambda f: f.name)
+def test_bad_values_are_refused_with_their_message(file):
+    with pytest.raises(helm.HelmError) as error:
+        render(file.values())
+    assert file.expect_error in str(error.value)
+
+
+def test_notes_say_how_to_reach_the_mesh():
+    notes = render_text({})["reach/templates/NOTES.txt"]
+    assert "port-forward svc/ci-reach-registry" in notes
+    assert "reach agents --endpoint http://127.0.0.1:7070" in notes
+
+
+def test_the_chart_ships_the_repository_examples():
+    """files/ holds copies of examples/ (a chart cannot read outside itself): keep them equal."""
+    pairs = [(CHART / "files" / "protocol-registry.yaml", REPO / "examples" / "protocol-registry.yaml")]
+    pairs += [
+        (CHART / "files" / "flows" / path.name, path) for path in sorted((REPO / "examples" / "flows").glob("*.yaml"))
+    ]
+    assert sorted(p.name for p in (CHART / "files" / "flows").iterdir()) == sorted(
+        p[1].name for p in pairs[1:]
+    )
+    for copy, original in pairs:
+        assert copy.read_text() == original.read_text(), (
+            f"{copy.relative_to(REPO)} differs from {original.relative_to(REPO)}; copy it again"
+        )
+
+
+def test_readiness_service_names_exist_in_the_contracts():
+    protos = "".join(p.read_text() for p in (REPO / "proto" / "reach" / "v1").glob("*.proto"))
+    for name in SERVICES.values():
+        assert f"service {name.rsplit('.', 1)[1]} " in protos, name
+
+
+# === values.yaml ===
+
+#: Blocks handed to Kubernetes as they are (their keys are Kubernetes', documented there).
+PASS_THROUGH = {
+    "resources", "podSecurityContext", "securityContext", "startup", "liveness", "readiness",
+    "behavior", "commonLabels", "annotations", "podAnnotations", "podLabels", "nodeSelector",
+    "affinity", "resourceAttributes", "files",
+}
+
+
+def values_keys() -> list[tuple[tuple[str, ...], bool]]:
+    """Every key of values.yaml outside the pass-through blocks: (path, documented), where
+    documented means a comment on the line itself or right above it."""
+    keys, stack, previous = [], [], ""
+    for line in (CHART / "values.yaml").read_text().splitlines():
+        match = re.match(r"^( *)([A-Za-z][\w.-]*):", line)
+        if match:
+            indent = len(match.group(1))
+            while stack and stack[-1][0] >= indent:
+                stack.pop()
+            path = tuple(k for _, k in stack) + (match.group(2),)
+            stack.append((indent, match.group(2)))
+            if not PASS_THROUGH & set(path[:-1]):
+                documented = "#" in line or previous.strip().startswith("#")
+                keys.append((path, documented))
+        if line.strip():
+            previous = line
+    return keys
+
+
+def test_every_value_is_documented():
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+    undocumented = []
+    for path, documented in values_keys():
+        node = values
+        for key in path:
+            node = node[key]
+        is_block = isinstance(node, dict) and node and path[-1] not in PASS_THROUGH
+        if not documented and not is_block:
+            undocumented.append(".".join(path))
+    assert not undocumented, f"values.yaml keys without a comment: {undocumented}"
+
+
+def test_every_value_is_used():
+    templates = "".join(p.read_text() for p in (CHART / "templates").rglob("*") if p.is_file())
+    unused = [".".join(path) for path, _ in values_keys() if f".{path[-1]}" not in templates]
+    assert not unused, f"values.yaml keys no template reads: {unused}"
+
+
+# === the rendered settings, read by the binary ===
+
+
+def reach_binary() -> Path | None:
+    """The `reach` binary to check settings with: $REACH_BIN, else a cargo build of this tree."""
+    candidates = [os.environ.get("REACH_BIN")] + [
+        str(REPO / "target" / profile / "reach") for profile in ("debug", "release")
+    ]
+    for candidate in candidates:
+        if candidate and os.access(candidate, os.X_OK):
+            return Path(candidate)
+    return None
+
+
+def test_the_binary_accepts_every_rendered_setting(case, tmp_path):
+    """Each service's rendered args and environment, with its ConfigMaps written where they
+    are mounted (under tmp_path), make `reach <service> --dump-config` exit 0: no unknown key,
+    bad value or unreadable file (which exit 64). The pod's own fields are stood in for."""
+    binary = reach_binary()
+    if binary is None:
+        pytest.skip("no reach binary: set REACH_BIN or build it (cargo build -p reach)")
+    _, manifests = case
+    configmaps = named(manifests, "ConfigMap")
+    pod = {"POD_NAME": "ci-reach-router-0", "POD_NAMESPACE": "reach", "POD_IP": "10.1.2.3"}
+    for deployment_ in of_kind(manifests, "Deployment"):
+        if component(deployment_) not in SERVICES:
+            continue
+        workload = deployment_["metadata"]["name"]
+        spec = deployment_["spec"]["template"]["spec"]
+        (container,) = spec["containers"]
+        root = tmp_path / workload
+        volumes = {v["name"]: v for v in spec["volumes"]}
+        moved = {}
+        for mount in container["volumeMounts"]:
+            target = root / mount["mountPath"].lstrip("/")
+            target.mkdir(parents=True)
+            moved[mount["mountPath"]] = str(target)
+            source = volumes[mount["name"]].get("configMap")
+            if source:
+                for name, text in configmaps[source["name"]]["data"].items():
+                    (target / name).write_text(text)
+
+        def local(value: str) -> str:
+            for path, target in moved.items():
+                value = value.replace(path, target)
+            return re.sub(r"\$\((\w+)\)", lambda m: env[m.group(1)], value)
+
+        env = {"PATH": os.environ["PATH"]}
+        for var in container["env"]:
+            if "value" in var:
+                env[var["name"]] = local(var["value"])
+            elif "fieldRef" in var["valueFrom"]:
+                env[var["name"]] = pod[var["name"]]
+            else:  # the PostgreSQL URL's Secret
+                env[var["name"]] = "postgres://reach:secret@127.0.0.1:5432/reach"
+        args = [local(arg) for arg in container["args"]] + ["--dump-config"]
+        result = subprocess.run([binary, *args], env=env, capture_output=True, text=True, timeout=60)
+        assert result.returncode == 0, f"{workload}: reach {' '.join(args)}: {result.stderr}"
+        dumped = tomllib.loads(result.stdout)
+        assert dumped["listen"] == args[args.index("--listen") + 1]
+        if container["args"][0] == "router":
+            assert dumped["router"]["advertise_endpoint"] == "http://10.1.2.3:7070"
+            assert dumped["router"]["registry_endpoint"].endswith("-registry:7070")
+        if container["args"][0] == "orchestrator":
+            assert dumped["orchestrator"]["node_id"] == pod["POD_NAME"]
