@@ -26,4 +26,4 @@ for version in 1.30.0 latest; do
     "$repo/.venv/bin/kubernetes-validate" --strict --quiet "${args[@]}" "$out"/*.yaml
 done
 echo "== chart: invariants (pytest)"
-"$python" -m pytest -q -p no:cacheprovider -rs deploy/tests
+"$python" -m pytest -q -p no:cacheprovider -p no:asyncio -rs deploy/tests

@@ -4,7 +4,8 @@
 # protobuf contracts and that the generated Python and TypeScript code is up to date, runs
 # every Rust test — unit tests and cross-service tests against real servers on 127.0.0.1
 # ephemeral ports (and a throwaway PostgreSQL on 127.0.0.1:5433 for the orchestrator's store
-# tests) — then the Python and TypeScript SDKs' tests against the `reach` binary it built.
+# tests) — then the Python and TypeScript SDKs' tests against the `reach` binary it built,
+# and the helm chart's checks (lint, render, kubernetes-validate, invariants).
 set -euo pipefail
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$repo"
@@ -26,3 +27,4 @@ cargo test --workspace --locked "$@"
 export REACH_BIN="$repo/target/debug/reach"
 scripts/test-python.sh
 scripts/test-typescript.sh
+scripts/test-chart.sh

@@ -10,7 +10,20 @@ import pytest
 
 from conftest import REPO
 from reach.v1 import envelope_pb2
-from reach_mesh import Capability, Part, PartError, Payload, ReachError, Reason, data_part, raw_part, text_part, url_part
+from reach_mesh import (
+    AgentConfig,
+    AgentRuntime,
+    Capability,
+    Part,
+    PartError,
+    Payload,
+    ReachError,
+    Reason,
+    data_part,
+    raw_part,
+    text_part,
+    url_part,
+)
 from reach_mesh.dedupe import DedupeCache
 from reach_mesh.ids import is_trace_id, new_message_id, new_trace_id, trace_id_of_traceparent, traceparent
 
@@ -198,3 +211,10 @@ def test_errors_round_trip_through_a_call_error_with_their_details() -> None:
     assert back.retry_after == pytest.approx(0.05)
     plain = ReachError.from_call_error(ReachError(grpc.StatusCode.NOT_FOUND, "gone").to_call_error())
     assert plain.reason is None and plain.to_call_error().details == b""
+
+
+async def test_a_wildcard_listener_needs_an_advertised_host() -> None:
+    runtime = AgentRuntime(AgentConfig(service="wild", registry_endpoint="http://127.0.0.1:1"))
+    runtime.handle(Capability("wild.echo", "1.0.0"), lambda ctx, message: text_part("x"))
+    with pytest.raises(ValueError, match="wildcard address the router cannot dial: set AgentConfig.advertise_host"):
+        await runtime.start(host="0.0.0.0")

@@ -113,6 +113,9 @@ export class Agent {
   #leaseId: string | undefined;
   #heartbeats: Promise<void> | undefined;
   #drained: Promise<void> | undefined;
+  /** Resolves with the registry's error once it refused the registration for good. */
+  readonly refused: Promise<ReachError>;
+  #refuse: (error: ReachError) => void = () => {};
   endpoint = "";
 
   constructor(
@@ -122,6 +125,9 @@ export class Agent {
     capabilities: Capability[],
   ) {
     this.settings = settings;
+    this.refused = new Promise((resolve) => {
+      this.#refuse = resolve;
+    });
     this.#handlers = handlers;
     this.#streamHandlers = streamHandlers;
     this.#capabilities = capabilities;
@@ -267,8 +273,9 @@ export class Agent {
   /**
    * Registers, then heartbeats every third of the granted lease until the drain begins;
    * registers again whenever the registry no longer knows the lease (NOT_FOUND). Registration
-   * is retried with back-off (20 ms doubling to 2 s) while the registry is unreachable. An
-   * operator's drain (`INSTANCE_DRAINED`, or DRAINING in a heartbeat's answer) ends the loop
+   * is retried with back-off (20 ms doubling to 2 s) while the registry is unreachable, and
+   * given up when the registry refuses the spec itself (INVALID_ARGUMENT or
+   * FAILED_PRECONDITION: no retry can fix it; {@link Agent.refused} resolves). An operator's drain (`INSTANCE_DRAINED`, or DRAINING in a heartbeat's answer) ends the loop
    * for good: the instance takes no new work through the registry and never registers again.
    */
   async #keepRegistered(spec: InstanceSpec): Promise<void> {
@@ -288,6 +295,14 @@ export class Agent {
           return;
         }
         const status = ReachError.from(error);
+        if (status.code === Code.INVALID_ARGUMENT || status.code === Code.FAILED_PRECONDITION) {
+          logger.warn("the registry refused the registration; not retrying", {
+            code: status.codeName,
+            error: status.statusMessage,
+          });
+          this.#refuse(status);
+          return;
+        }
         logger.warn("registration failed; retrying", {
           code: status.codeName,
           error: status.statusMessage,

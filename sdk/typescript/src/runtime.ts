@@ -17,6 +17,7 @@
  * @module
  */
 
+import type { ReachError } from "./errors.js";
 import type { MessageInitShape } from "@bufbuild/protobuf";
 
 import { Agent, type Settings } from "./agent.js";
@@ -202,19 +203,21 @@ export class AgentRuntime {
 
   /**
    * Starts, serves until SIGTERM or SIGINT, then drains and resolves once the instance has
-   * left the mesh. A second signal during the drain exits the process at once.
+   * left the mesh. A second signal during the drain exits the process at once. Rejects (after
+   * draining) when the registry refuses the registration for good
+   * ({@link RunningAgent.registrationRefused}).
    */
   async run(): Promise<void> {
     const running = await this.start();
-    await new Promise<void>((resolve) => {
-      const stop = () => {
-        process.off("SIGTERM", stop);
-        process.off("SIGINT", stop);
-        resolve();
-      };
+    let stop = () => {};
+    const signalled = new Promise<undefined>((resolve) => {
+      stop = () => resolve(undefined);
       process.once("SIGTERM", stop);
       process.once("SIGINT", stop);
     });
+    const refused = await Promise.race([signalled, running.registrationRefused()]);
+    process.off("SIGTERM", stop);
+    process.off("SIGINT", stop);
     const exitNow = (signal: NodeJS.Signals) => process.exit(signal === "SIGINT" ? 130 : 143);
     process.once("SIGTERM", exitNow);
     process.once("SIGINT", exitNow);
@@ -223,6 +226,12 @@ export class AgentRuntime {
     } finally {
       process.off("SIGTERM", exitNow);
       process.off("SIGINT", exitNow);
+    }
+    if (refused !== undefined) {
+      throw new Error(
+        `the registry refused this agent's registration: ${refused.message}; it cannot succeed as configured: fix what it names and start the agent again`,
+        { cause: refused },
+      );
     }
   }
 
@@ -274,6 +283,16 @@ export class RunningAgent {
   /** How many `HandleMux` streams callers (routers) opened to this instance; for diagnostics and tests. */
   get muxStreamsOpened(): number {
     return this.#agent.muxStreamsOpened;
+  }
+
+  /**
+   * Resolves, with the registry's error, once the registry refused the registration for good
+   * (INVALID_ARGUMENT or FAILED_PRECONDITION: a bad name, version or descriptor, an undeclared
+   * capability, an instance an operator drained); stays pending while the registration stands
+   * or is being retried. {@link AgentRuntime.run} drains and throws then.
+   */
+  registrationRefused(): Promise<ReachError> {
+    return this.#agent.refused;
   }
 
   /**

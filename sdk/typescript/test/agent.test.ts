@@ -380,6 +380,24 @@ describe("a Node agent on reach dev", { timeout: 60_000 }, () => {
     assert.equal(reply.source, "ts.math.ts-math-1");
   });
 
+  test("a registration the registry refuses as invalid is not retried: run() drains and throws", async () => {
+    const runtime = new AgentRuntime({
+      service: "ts.bad",
+      registry: mesh.endpoint,
+      logger: silentLogger,
+    }).handle(
+      // "type" must be a string or a list: the registry cannot compile this schema.
+      { name: "ts.bad.echo", version: "1.0.0", inputSchema: { type: 12 } },
+      (_ctx, message) => message.payload ?? makePayload("t"),
+    );
+    await assert.rejects(runtime.run(), (error: Error) => {
+      assert.match(error.message, /the registry refused this agent's registration: .*input_schema/);
+      assert.ok(error.cause instanceof ReachError);
+      assert.equal(error.cause.code, Code.INVALID_ARGUMENT);
+      return true;
+    });
+  });
+
   test("registers again when the registry no longer knows its lease", async () => {
     // A restarted registry is empty: the agent's next heartbeat is NOT_FOUND / LEASE_NOT_FOUND.
     await mesh.restart();

@@ -1,5 +1,6 @@
 //! Starts the example fleet: ingest, coordinator and two executors per category, each on its
-//! own 127.0.0.1 ephemeral port, registered with the given registry.
+//! own ephemeral port (127.0.0.1 unless `FleetOptions::listen_host` says otherwise), registered
+//! with the given registry.
 
 use std::time::Duration;
 
@@ -29,6 +30,12 @@ pub struct FleetOptions {
     /// The coordinators' classifier: the rules (the default), or a model with the rules as
     /// its fallback.
     pub classifier: ComplaintClassifier,
+    /// The address every agent listens on, each on an ephemeral port (127.0.0.1; `0.0.0.0`
+    /// in a container, with `advertise_host` set).
+    pub listen_host: std::net::IpAddr,
+    /// The host the agents register for the router to dial (a pod IP, say); empty: the
+    /// listen address, which must then not be a wildcard.
+    pub advertise_host: String,
 }
 
 impl Default for FleetOptions {
@@ -40,6 +47,8 @@ impl Default for FleetOptions {
             lease_ttl: Duration::from_secs(10),
             max_drain: Duration::from_secs(10),
             classifier: ComplaintClassifier::rules(),
+            listen_host: std::net::Ipv4Addr::LOCALHOST.into(),
+            advertise_host: String::new(),
         }
     }
 }
@@ -78,6 +87,7 @@ impl Fleet {
                 .with_instance_id(format!("{service}-{index}"))
                 .with_lease_ttl(options.lease_ttl)
                 .with_max_drain(options.max_drain)
+                .with_advertise_host(&options.advertise_host)
         };
         let mut members = Vec::new();
         for category in Category::ALL {
@@ -90,7 +100,7 @@ impl Fleet {
                         crate::executor::handle(category, ctx, message)
                     },
                 );
-                members.push(start(runtime, &service).await?);
+                members.push(start(runtime, &service, options.listen_host).await?);
             }
         }
         for index in 1..=options.coordinators.max(1) {
@@ -111,7 +121,7 @@ impl Fleet {
                 .handle_stream("complaint.classify", "1.0.0", move |ctx, first, rest| {
                     crate::coordinator::classify_stream(stream.clone(), ctx, first, rest)
                 });
-            members.push(start(runtime, "coordinator").await?);
+            members.push(start(runtime, "coordinator", options.listen_host).await?);
         }
         let mesh = MeshClient::new(router, "ingest.1");
         let runtime = AgentRuntime::new(config("ingest", 1)).handle(
@@ -119,7 +129,7 @@ impl Fleet {
             "1.0.0",
             move |ctx, message| ingest_handler(mesh.clone(), ctx, message),
         );
-        members.push(start(runtime, "ingest").await?);
+        members.push(start(runtime, "ingest", options.listen_host).await?);
         Ok(Self { members })
     }
 
@@ -134,8 +144,12 @@ impl Fleet {
     }
 }
 
-async fn start(runtime: AgentRuntime, service: &str) -> Result<FleetMember, AgentError> {
-    let listener = TcpListener::bind("127.0.0.1:0")
+async fn start(
+    runtime: AgentRuntime,
+    service: &str,
+    host: std::net::IpAddr,
+) -> Result<FleetMember, AgentError> {
+    let listener = TcpListener::bind((host, 0))
         .await
         .map_err(AgentError::Listener)?;
     let (agent, endpoint) = runtime.start(listener).await?;

@@ -176,6 +176,14 @@ enum Command {
         /// (`reach dev` serves both on one port).
         #[arg(long, value_parser = grpc_endpoint)]
         router: Option<String>,
+        /// The address the agents listen on, each on an ephemeral port: 0.0.0.0 in a
+        /// container (with --advertise-host).
+        #[arg(long, default_value = "127.0.0.1")]
+        listen_host: std::net::IpAddr,
+        /// The host the agents register for routers to dial (a pod IP); default: the listen
+        /// address, which must then not be a wildcard.
+        #[arg(long, default_value = "")]
+        advertise_host: String,
         #[command(flatten)]
         model: ModelArgs,
     },
@@ -645,6 +653,8 @@ async fn run(command: Command) -> anyhow::Result<ExitCode> {
         Command::ExampleAgents {
             registry,
             router,
+            listen_host,
+            advertise_host,
             model,
         } => {
             let router = router.unwrap_or_else(|| registry.clone());
@@ -657,6 +667,8 @@ async fn run(command: Command) -> anyhow::Result<ExitCode> {
             };
             let options = reach_agents::fleet::FleetOptions {
                 classifier,
+                listen_host,
+                advertise_host,
                 ..Default::default()
             };
             let fleet = reach_agents::fleet::Fleet::start(&registry, &router, &options).await?;

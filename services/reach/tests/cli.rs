@@ -1538,3 +1538,95 @@ async fn call_prints_the_reply_and_agents_says_why_an_instance_is_not_ready() {
     );
     drop(dev);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn example_agents_listen_on_a_wildcard_only_with_an_advertised_host() {
+    let dev = start_dev(&[
+        "--listen",
+        "127.0.0.1:0",
+        "--admin-listen",
+        "",
+        "--no-agents",
+    ])
+    .await;
+    let endpoint = format!("http://{}", dev.grpc);
+    // A wildcard listener without an advertised host would register an address nobody can
+    // dial: refused, saying what to set.
+    let refused = tokio::task::spawn_blocking({
+        let endpoint = endpoint.clone();
+        move || {
+            reach()
+                .args([
+                    "example-agents",
+                    "--registry",
+                    &endpoint,
+                    "--listen-host",
+                    "0.0.0.0",
+                ])
+                .output()
+                .unwrap()
+        }
+    })
+    .await
+    .unwrap();
+    assert!(!refused.status.success());
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert!(
+        stderr.contains("wildcard address the router cannot dial: set agent.advertise_host"),
+        "{stderr}"
+    );
+    // As in a pod: listen on every interface, register the advertised host.
+    let _agents = tokio::process::Command::new(env!("CARGO_BIN_EXE_reach"))
+        .args([
+            "example-agents",
+            "--registry",
+            &endpoint,
+            "--listen-host",
+            "0.0.0.0",
+            "--advertise-host",
+            "127.0.0.1",
+        ])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut registry =
+        reach_proto::v1::registry_service_client::RegistryServiceClient::connect(endpoint.clone())
+            .await
+            .unwrap();
+    let mut ready = Vec::new();
+    for _ in 0..1000 {
+        let list = registry
+            .list_instances(reach_proto::v1::ListInstancesRequest::default())
+            .await
+            .unwrap()
+            .into_inner();
+        ready = list
+            .instances
+            .into_iter()
+            .filter(|i| i.state() == reach_proto::v1::InstanceState::Ready)
+            .map(|i| i.spec.unwrap().endpoint)
+            .collect();
+        if ready.len() == 10 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(ready.len(), 10, "every example agent READY: {ready:?}");
+    assert!(
+        ready.iter().all(|e| e.starts_with("http://127.0.0.1:")),
+        "{ready:?}"
+    );
+    let reply = run_reach(vec![
+        "call".into(),
+        "complaint.classify".into(),
+        "--json".into(),
+        r#"{"complaint_id": "1", "narrative": "late fee on my autopay"}"#.into(),
+        "--endpoint".into(),
+        endpoint,
+    ])
+    .await;
+    assert!(reply.contains("\"service\": \"coordinator\""), "{reply}");
+    drop(dev);
+}

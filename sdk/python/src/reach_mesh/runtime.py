@@ -231,6 +231,12 @@ class AgentRuntime:
             raise ValueError(self._problems[0])
         if not self._capabilities:
             raise ValueError("the agent serves nothing: add a handler with handle() or @handler first")
+        if not config.advertise_host and host in ("0.0.0.0", "::", ""):
+            raise ValueError(
+                f"the agent listens on {host!r}, a wildcard address the router cannot dial: set "
+                "AgentConfig.advertise_host to the address others reach it at (a pod IP, a DNS "
+                "name), or listen on a specific address"
+            )
         instance_id = config.instance_id or f"{config.service}-{uuid.uuid4().hex[:8]}"
         core = _Core(config, instance_id, dict(self._handlers), dict(self._stream_handlers), self.model_slots)
 

@@ -93,6 +93,13 @@ impl AgentConfig {
         self
     }
 
+    /// Sets the host the router dials (a pod IP or DNS name): needed when the agent
+    /// listens on a wildcard address (`0.0.0.0`, `::`). Empty keeps the listener's address.
+    pub fn with_advertise_host(mut self, host: impl Into<String>) -> Self {
+        self.advertise_host = host.into();
+        self
+    }
+
     /// Sets the concurrency limit.
     pub fn with_max_concurrency(mut self, n: usize) -> Self {
         self.max_concurrency = n;

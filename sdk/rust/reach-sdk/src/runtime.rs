@@ -249,6 +249,11 @@ impl AgentRuntime {
         }
         let addr: SocketAddr = listener.local_addr().map_err(AgentError::Listener)?;
         let host = if config.advertise_host.is_empty() {
+            if addr.ip().is_unspecified() {
+                return Err(AgentError::Config(format!(
+                    "the agent listens on {addr}, a wildcard address the router cannot dial: set agent.advertise_host to the address others reach it at (a pod IP, a DNS name), or listen on a specific address"
+                )));
+            }
             addr.ip().to_string()
         } else {
             config.advertise_host.clone()
