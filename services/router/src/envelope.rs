@@ -6,13 +6,14 @@
 //!    `max_turn` (the loop guard across agents), completes its header (validates
 //!    the trace id or assigns one from its [`TraceOrigin`], assigns a message id and a
 //!    creation time), checks its size (encoded, with the completed header: the size the
-//!    instance receives) and the target name's length ([`MAX_TARGET_NAME_BYTES`]);
+//!    instance receives), how deep its data nests and the target name's length
+//!    ([`MAX_TARGET_NAME_BYTES`]);
 //! 2. [`EnvelopeRules::deadline`]: checks the TTL (and `created_at` against
 //!    `max_clock_skew`) and folds the expiry into the caller's deadline. Call does this once
 //!    the call is counted in the route's metrics and the ledger, so expired messages are.
 //!
-//! [`EnvelopeRules::check_size`] is the one size check of every message: `admit` calls it,
-//! and so does every path again after a version adapter rewrote a message.
+//! [`EnvelopeRules::check_bounds`] is the one size and nesting check of every message: `admit`
+//! calls it, and so does every path again after a version adapter rewrote a message.
 //!
 //! The target itself is read by [`route_key`] (Call, Stream) or [`topic`] (Publish). Also
 //! here: the caller's deadline ([`read_deadline`]) and the metadata forwarded to instances
@@ -72,6 +73,8 @@ impl EnvelopeRules {
     /// [`RouteError::TurnLimitExceeded`] when `header.turn` is above `max_turn`;
     /// [`RouteError::InvalidTraceId`] for a malformed trace id;
     /// [`RouteError::PayloadTooLarge`] over `max_message_bytes`;
+    /// [`RouteError::PayloadTooDeep`] for data nesting deeper than
+    /// [`reach_proto::json::MAX_DATA_DEPTH`];
     /// [`RouteError::TargetNameTooLong`] for a target name over [`MAX_TARGET_NAME_BYTES`].
     pub fn admit(
         &self,
@@ -86,7 +89,7 @@ impl EnvelopeRules {
             });
         }
         complete_header(message, origin)?;
-        self.check_size(message)?;
+        self.check_bounds(message)?;
         check_target_name(message.header.as_ref())
     }
 
@@ -111,16 +114,26 @@ impl EnvelopeRules {
         })
     }
 
-    /// Checks `message`'s encoded size against `max_message_bytes`.
+    /// Checks `message`'s encoded size against `max_message_bytes`, and how deep its data
+    /// parts nest against [`reach_proto::json::MAX_DATA_DEPTH`] (a message deeper than that
+    /// could not be decoded once wrapped in a multiplexed frame).
     ///
     /// # Errors
-    /// [`RouteError::PayloadTooLarge`] with both sizes, in bytes.
-    pub fn check_size(&self, message: &ReachMessage) -> Result<(), RouteError> {
+    /// [`RouteError::PayloadTooLarge`] with both sizes, in bytes;
+    /// [`RouteError::PayloadTooDeep`] naming the part and its depth.
+    pub fn check_bounds(&self, message: &ReachMessage) -> Result<(), RouteError> {
         let size = message.encoded_len();
         if size > self.max_message_bytes {
             return Err(RouteError::PayloadTooLarge {
                 size,
                 limit: self.max_message_bytes,
+            });
+        }
+        if let Some((part, depth)) = message.payload.as_ref().and_then(|p| p.too_deep()) {
+            return Err(RouteError::PayloadTooDeep {
+                part,
+                depth,
+                limit: reach_proto::json::MAX_DATA_DEPTH,
             });
         }
         Ok(())

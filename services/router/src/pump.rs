@@ -110,7 +110,7 @@ impl InboundPump {
         }
         if let Some(adapter) = &self.adapter {
             adapter.adapt_request(&mut message)?;
-            rules.check_size(&message)?;
+            rules.check_bounds(&message)?;
         }
         Ok(message)
     }

@@ -89,7 +89,52 @@ impl Part {
     }
 }
 
+/// The deepest a data part's JSON value may nest: each object or list is one level, a scalar
+/// none (`{"a": [1]}` nests 2). The router refuses deeper messages (INVALID_ARGUMENT /
+/// INVALID_PAYLOAD) and the SDKs refuse to send deeper data or replies. A JSON level is two
+/// protobuf message levels (`Value` and its `Struct` or `ListValue`), so 32 levels leave room
+/// under protobuf's decoding limit of 100 for the envelope and the multiplexed frames
+/// (`CallMuxRequest`, `HandleMuxRequest`) that wrap it: without a bound at the edge, a message
+/// the router could still decode would be undecodable once wrapped, and end the stream every
+/// other call to that instance shares.
+pub const MAX_DATA_DEPTH: usize = 32;
+
+/// How deep `value` nests: 0 for a scalar, 1 + its deepest element for a list or struct.
+/// Walks with an explicit stack, so any value is safe to measure.
+pub fn depth(value: &Value) -> usize {
+    let mut deepest = 0;
+    let mut stack = vec![(value, 0usize)];
+    while let Some((value, at)) = stack.pop() {
+        match &value.kind {
+            Some(Kind::ListValue(list)) => {
+                deepest = deepest.max(at + 1);
+                stack.extend(list.values.iter().map(|v| (v, at + 1)));
+            }
+            Some(Kind::StructValue(s)) => {
+                deepest = deepest.max(at + 1);
+                stack.extend(s.fields.values().map(|v| (v, at + 1)));
+            }
+            _ => {}
+        }
+    }
+    deepest
+}
+
 impl Payload {
+    /// The first data part nesting deeper than [`MAX_DATA_DEPTH`], as (part index, depth).
+    pub fn too_deep(&self) -> Option<(usize, usize)> {
+        self.parts
+            .iter()
+            .enumerate()
+            .find_map(|(index, part)| match &part.content {
+                Some(part::Content::Data(value)) => {
+                    let depth = depth(value);
+                    (depth > MAX_DATA_DEPTH).then_some((index, depth))
+                }
+                _ => None,
+            })
+    }
+
     /// A payload of `message_type` with one data part.
     pub fn json(message_type: impl Into<String>, value: &serde_json::Value) -> Self {
         Payload {

@@ -9,11 +9,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::Stream;
+use prost::Message as _;
 use reach_proto::v1::router_service_client::RouterServiceClient;
 use reach_proto::v1::{
     CallMuxResponse, CallRequest, CallResponse, Header, Payload, PublishRequest, PublishResponse,
     ReachMessage, ReplyRequest, StreamRequest, StreamResponse, header,
 };
+use reach_rpc::errors::{reason, status_with_reason};
 use reach_rpc::mux::{MuxError, MuxLink, OutgoingCall};
 
 use crate::handler::HandlerContext;
@@ -74,6 +76,10 @@ pub struct MeshClient {
 /// The largest message the client sends or accepts (bytes); the router enforces its own,
 /// usually smaller, limit with PAYLOAD_TOO_LARGE.
 const MAX_MESSAGE_BYTES: usize = 64 << 20;
+
+/// The largest message sent as a CallMux frame (bytes): the router's default
+/// `max_message_bytes`. Larger messages go as unary Calls.
+pub const MUX_MAX_MESSAGE_BYTES: usize = 4 << 20;
 
 impl MeshClient {
     /// A client over a channel to a router, sending as `source` (dotted, e.g. `ingest.main`).
@@ -186,16 +192,36 @@ impl MeshClient {
     /// # Errors
     /// As [`MeshClient::call`]; DEADLINE_EXCEEDED when `timeout` passes first; UNAVAILABLE
     /// when the connection to the router broke while the call was in flight (it may have
-    /// been handled: resend with the same `message_id`).
+    /// been handled: resend with the same `message_id`); INVALID_ARGUMENT /
+    /// `INVALID_PAYLOAD`, without sending, for data nesting deeper than
+    /// [`reach_proto::json::MAX_DATA_DEPTH`].
     pub async fn send(
         &self,
         message: ReachMessage,
         timeout: Option<Duration>,
     ) -> Result<CallResponse, Status> {
+        if let Some((part, depth)) = message.payload.as_ref().and_then(Payload::too_deep) {
+            let limit = reach_proto::json::MAX_DATA_DEPTH;
+            return Err(status_with_reason(
+                tonic::Code::InvalidArgument,
+                format!(
+                    "payload.parts[{part}] nests {depth} levels deep, over the limit of {limit}; flatten the data (each object or list is one level)"
+                ),
+                reason::INVALID_PAYLOAD,
+                [
+                    ("depth".to_string(), depth.to_string()),
+                    ("limit".to_string(), limit.to_string()),
+                ],
+            ));
+        }
         // The edge span belongs to the message's trace, so the `traceparent` sent with the
         // call does too.
         let span = reach_telemetry::message_span("mesh.call", &message);
-        let result = if self.link.is_unsupported() {
+        // A message over the router's default limit goes unary: over CallMux, a frame above
+        // the router's transport limit would end the stream every concurrent call shares,
+        // where a unary Call is refused (PAYLOAD_TOO_LARGE) alone.
+        let result = if self.link.is_unsupported() || message.encoded_len() > MUX_MAX_MESSAGE_BYTES
+        {
             self.send_unary(message, timeout, &span).await
         } else {
             match self.send_mux(message, timeout, &span).await {

@@ -802,6 +802,16 @@ fn too_large(what: &str, size: usize, limit: usize) -> Status {
     )
 }
 
+/// INTERNAL for a handler's reply whose data part `part` nests `depth` levels deep, over
+/// [`reach_proto::json::MAX_DATA_DEPTH`]: the router could not decode it in the multiplexed
+/// stream other calls share, so it is not sent.
+fn too_deep_reply(part: usize, depth: usize) -> Status {
+    Status::internal(format!(
+        "the handler's reply part {part} nests {depth} levels deep, over the limit of {}; the reply was not sent: flatten it",
+        reach_proto::json::MAX_DATA_DEPTH
+    ))
+}
+
 /// Calls one multiplexed stream may have open at once (beyond the handler concurrency they
 /// wait for a permit, as unary calls do).
 const MAX_OPEN_CALLS_PER_STREAM: usize = 1024;
@@ -895,6 +905,9 @@ async fn handle_message(
                     let request_header = message.header.clone().unwrap_or_default();
                     let reply_metadata = ctx.reply_metadata.clone();
                     let payload = handler.handle(ctx, message).await?;
+                    if let Some((part, depth)) = payload.too_deep() {
+                        return Err(too_deep_reply(part, depth));
+                    }
                     let reply = shared.reply(&request_header, payload, reply_metadata.take());
                     let size = reply.encoded_len();
                     if size > shared.max_message_bytes {
@@ -1083,11 +1096,14 @@ impl AgentService for AgentGrpc {
         let replies = handler.handle(ctx, first, rest).map(move |item| {
             // Keep the stream counted and its cancellation armed for as long as it lives.
             let _ = (&guard, &cancel_on_drop);
-            item.map(|payload| {
-                let answering = answering.lock().unwrap_or_else(|p| p.into_inner());
-                HandleStreamResponse {
-                    message: Some(shared.reply(&answering, payload, reply_metadata.take())),
+            item.and_then(|payload| {
+                if let Some((part, depth)) = payload.too_deep() {
+                    return Err(too_deep_reply(part, depth));
                 }
+                let answering = answering.lock().unwrap_or_else(|p| p.into_inner());
+                Ok(HandleStreamResponse {
+                    message: Some(shared.reply(&answering, payload, reply_metadata.take())),
+                })
             })
         });
         Ok(Response::new(Box::pin(replies)))

@@ -30,9 +30,10 @@ pub struct CallArgs {
 const SOURCE: &str = "reach.cli";
 
 /// `reach call`: sends one message to `args.capability` through the router at `endpoint`
-/// and writes the reply as one JSON object: `{"trace_id", "message_id", "instance_id",
-/// "service", "type", "parts": [{"data": …} | {"text": …} | {"raw_base64": …} | {"url": …}]}`
-/// (each part also carries `media_type` and `filename` when set).
+/// and writes the reply as one JSON object: `{"trace_id", "request_message_id" (the id the
+/// request carried: resend with it to be deduplicated), "instance_id", "service", "type" (the
+/// reply's message type), "parts": [{"data": …} | {"text": …} | {"raw_base64": …} | {"url":
+/// …}]}` (each part also carries `media_type` and `filename` when set).
 ///
 /// # Errors
 /// When the router is unreachable, or the router or the agent answers with an error status
@@ -78,7 +79,7 @@ pub async fn call(endpoint: &str, args: CallArgs, out: &mut impl Write) -> anyho
     let payload = message.payload.unwrap_or_default();
     let json = serde_json::json!({
         "trace_id": route.trace_id,
-        "message_id": route.message_id,
+        "request_message_id": route.message_id,
         "instance_id": route.instance_id,
         "service": route.service,
         "type": payload.r#type,

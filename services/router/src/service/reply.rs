@@ -23,7 +23,7 @@ impl Router {
         let forwarded = request.metadata().contains_key(FORWARDED_REPLY_METADATA);
         let body = request.into_inner();
         let message = body.message.ok_or(RouteError::MissingMessage)?;
-        self.rules().check_size(&message)?;
+        self.rules().check_bounds(&message)?;
         if message
             .header
             .as_ref()

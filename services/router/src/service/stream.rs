@@ -87,7 +87,7 @@ impl Router {
         // on the way in, the instance's back to the caller's on the way out.
         if let Some(adapter) = &plan.adapter {
             adapter.adapt_request(&mut message)?;
-            rules.check_size(&message)?;
+            rules.check_bounds(&message)?;
         }
         let (trace_id, _) = ids_of(&message);
 
