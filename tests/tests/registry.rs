@@ -481,3 +481,71 @@ async fn lease_ids_are_never_shown_to_others_and_reports_are_checked() {
     );
     sandbox.stop().await;
 }
+
+#[tokio::test]
+async fn a_router_is_ready_for_probes_once_its_registry_view_has_synced() {
+    use tonic_health::pb::health_check_response::ServingStatus;
+    // The registry's address is chosen now; the registry starts later.
+    let registry_listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let registry_addr = registry_listener.local_addr().unwrap();
+    drop(registry_listener);
+    let mut config = reach::config::ReachConfig::default();
+    config.router.registry_endpoint = format!("http://{registry_addr}");
+    let router = reach::control_plane::ControlPlane::start(
+        TcpListener::bind("127.0.0.1:0").await.unwrap(),
+        &config,
+        reach::control_plane::Services {
+            registry: false,
+            router: true,
+            orchestrator: false,
+        },
+    )
+    .await
+    .unwrap();
+    let channel = tonic::transport::Endpoint::from_shared(router.endpoint())
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let health = tonic_health::pb::health_client::HealthClient::new(channel);
+    let status = |service: &'static str| {
+        let mut health = health.clone();
+        async move {
+            health
+                .check(tonic_health::pb::HealthCheckRequest {
+                    service: service.into(),
+                })
+                .await
+                .unwrap()
+                .into_inner()
+                .status()
+        }
+    };
+    // The process is alive (liveness), the router not ready: it has no routes to use.
+    eventually(Duration::from_secs(5), || async {
+        status("").await == ServingStatus::Serving
+    })
+    .await;
+    assert_eq!(
+        status("reach.v1.RouterService").await,
+        ServingStatus::NotServing
+    );
+    // Once the registry answers and the first snapshot is applied, it is.
+    let registry = reach::control_plane::ControlPlane::start(
+        TcpListener::bind(registry_addr).await.unwrap(),
+        &reach::config::ReachConfig::default(),
+        reach::control_plane::Services {
+            registry: true,
+            router: false,
+            orchestrator: false,
+        },
+    )
+    .await
+    .unwrap();
+    eventually(Duration::from_secs(10), || async {
+        status("reach.v1.RouterService").await == ServingStatus::Serving
+    })
+    .await;
+    let _ = router.shutdown().await;
+    let _ = registry.shutdown().await;
+}

@@ -110,6 +110,13 @@ impl ControlPlane {
             let router = Router::new(router_config)?;
             background.push(router.spawn_registry_watch());
             server = router.add_to(server);
+            // Ready (for readiness probes) once the first registry snapshot is applied: before
+            // that every call would be ROUTE_NOT_FOUND.
+            let table = router.table().clone();
+            let name = reach_proto::v1::router_service_server::SERVICE_NAME;
+            server = server.ready_when(name, async move {
+                table.wait_synced().await;
+            });
             Some(router)
         } else {
             None

@@ -52,6 +52,9 @@ pub struct GrpcServer {
     message_limits: MessageLimits,
     fallback: Option<Fallback>,
     reflection_source: Option<std::sync::Arc<dyn crate::reflection::ReflectionSource>>,
+    /// Services reported NOT_SERVING until their future resolves (see
+    /// [`GrpcServer::ready_when`]).
+    readiness: Vec<(&'static str, futures::future::BoxFuture<'static, ()>)>,
 }
 
 impl Default for GrpcServer {
@@ -84,7 +87,22 @@ impl GrpcServer {
             message_limits: MessageLimits::default(),
             fallback: None,
             reflection_source: None,
+            readiness: Vec::new(),
         }
+    }
+
+    /// Reports the added service `name` NOT_SERVING until `ready` resolves, then SERVING
+    /// (unless shutdown has begun): for a service that answers before it can do its job, such
+    /// as a router whose registry view has not synced yet, so readiness probes (Kubernetes'
+    /// gRPC probe on the service's name) wait for it. The server's own status (`""`) is
+    /// SERVING from the start.
+    pub fn ready_when(
+        mut self,
+        name: &'static str,
+        ready: impl Future<Output = ()> + Send + 'static,
+    ) -> Self {
+        self.readiness.push((name, Box::pin(ready)));
+        self
     }
 
     /// Sends requests for paths no added service serves to `fallback` (the router's typed
@@ -222,10 +240,32 @@ impl GrpcServer {
         );
         let v1 = reflection.clone().v1();
         let v1alpha = reflection.v1alpha();
+        let stopping = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
         for name in &self.service_names {
-            self.health
-                .set_service_status(*name, ServingStatus::Serving)
-                .await;
+            let gated = self.readiness.iter().any(|(gated, _)| gated == name);
+            let status = if gated {
+                ServingStatus::NotServing
+            } else {
+                ServingStatus::Serving
+            };
+            self.health.set_service_status(*name, status).await;
+        }
+        for (name, ready) in self.readiness {
+            let (health, stopping) = (self.health.clone(), stopping.clone());
+            tokio::spawn(async move {
+                ready.await;
+                if !stopping.load(std::sync::atomic::Ordering::SeqCst) {
+                    health
+                        .set_service_status(name, ServingStatus::Serving)
+                        .await;
+                    // Shutdown may have begun meanwhile, its NOT_SERVING already set.
+                    if stopping.load(std::sync::atomic::Ordering::SeqCst) {
+                        health
+                            .set_service_status(name, ServingStatus::NotServing)
+                            .await;
+                    }
+                }
+            });
         }
         let mut router = self
             .routes
@@ -242,6 +282,7 @@ impl GrpcServer {
         let names = self.service_names.clone();
         let shutdown = async move {
             shutdown.await;
+            stopping.store(true, std::sync::atomic::Ordering::SeqCst);
             // "" is the server's overall status, which probes ask by default (Kubernetes'
             // gRPC probe, grpc_health_probe).
             for name in names.into_iter().chain([""]) {
