@@ -221,6 +221,20 @@ async fn a_malformed_registration_is_refused_with_the_field_to_fix() {
         "{}",
         err.message()
     );
+    // Credentials in the endpoint would be shown to everyone who lists instances.
+    let err = registry
+        .register(RegisterRequest {
+            instance: Some(spec("svc", "x", "http://admin:hunter2@127.0.0.1:50051")),
+            lease_ttl: None,
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::InvalidArgument);
+    assert!(
+        err.message().contains("no user info") && !err.message().contains("hunter2"),
+        "{}",
+        err.message()
+    );
     let err = registry
         .register(RegisterRequest {
             instance: Some(spec("", "x", "http://127.0.0.1:1")),

@@ -112,6 +112,16 @@ impl CheckedSpec {
     }
 }
 
+/// `endpoint` with any user info (`user:password@`) replaced by `…@`, for error messages.
+fn redact_user_info(endpoint: &str) -> String {
+    match (endpoint.find("://"), endpoint.rfind('@')) {
+        (Some(scheme_end), Some(at)) if at > scheme_end => {
+            format!("{}…{}", &endpoint[..scheme_end + 3], &endpoint[at..])
+        }
+        _ => endpoint.to_string(),
+    }
+}
+
 /// Checks a registration's spec: names, endpoint, bounds, and every capability's
 /// descriptor (schemas are compiled, so this is CPU-bound: the gRPC service runs it with
 /// [`Registry::check_off_worker`]).
@@ -762,12 +772,14 @@ fn validate_spec(spec: &InstanceSpec) -> Result<(), RegistryError> {
         Ok(uri)
             if matches!(uri.scheme_str(), Some("http" | "https"))
                 && uri.host().is_some()
+                // No user info: everyone who lists instances would read the credentials.
+                && uri.authority().is_some_and(|a| !a.as_str().contains('@'))
                 && uri.port_u16().is_some_and(|p| p != 0)
                 && uri.path_and_query().is_none_or(|pq| pq.as_str() == "/") => {}
         _ => {
             return bad(format!(
-                "instance.endpoint {:?} must be an http(s) URL with host and a non-zero port and no path, e.g. \"http://127.0.0.1:50051\"",
-                clip(&spec.endpoint)
+                "instance.endpoint must be an http(s) URL with host and a non-zero port, no user info and no path, e.g. \"http://127.0.0.1:50051\"; got {:?}",
+                clip(&redact_user_info(&spec.endpoint))
             ));
         }
     }
