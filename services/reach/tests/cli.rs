@@ -1630,3 +1630,31 @@ async fn example_agents_listen_on_a_wildcard_only_with_an_advertised_host() {
     assert!(reply.contains("\"service\": \"coordinator\""), "{reply}");
     drop(dev);
 }
+
+#[test]
+fn a_store_that_cannot_be_opened_is_reported_once_not_once_per_cause() {
+    let output = reach()
+        .args([
+            "orchestrator",
+            "--listen",
+            "127.0.0.1:0",
+            "--admin-listen",
+            "",
+            "--store",
+            "sqlite:///dev/null/tasks.db",
+        ])
+        .output()
+        .unwrap();
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    let line = stderr
+        .lines()
+        .find(|l| l.starts_with("error: "))
+        .unwrap_or_else(|| panic!("no error line in:\n{stderr}"));
+    assert!(line.contains("task store"), "{line}");
+    assert_eq!(
+        line.matches("unable to open database file").count(),
+        1,
+        "{line}"
+    );
+}
