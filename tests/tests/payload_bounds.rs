@@ -23,6 +23,16 @@ fn nested(depth: usize) -> serde_json::Value {
     value
 }
 
+/// `1` inside `depth` nested objects (`{"k": {"k": … 1}}`): an object level costs protobuf
+/// one more message level than a list level (the map entry).
+fn nested_objects(depth: usize) -> serde_json::Value {
+    let mut value = serde_json::json!(1);
+    for _ in 0..depth {
+        value = serde_json::json!({ "k": value });
+    }
+    value
+}
+
 /// An agent whose `deep.echo` answers with the request's payload, `deep.reply` with data 40
 /// levels deep, and `deep.slow` once `release` is notified.
 fn agent(sandbox: &Sandbox, release: Arc<Notify>) -> AgentRuntime {
@@ -63,20 +73,22 @@ async fn deep_data_is_refused_at_the_edge_and_in_replies_without_breaking_shared
         })
     };
 
-    // At the limit: delivered, and answered intact.
-    let at_limit = nested(MAX_DATA_DEPTH);
-    let reply = mesh
-        .call(
-            "deep.echo",
-            Payload::json("t", &at_limit),
-            CallOptions::default(),
-        )
-        .await
-        .unwrap();
-    let echoed = reply.message.unwrap().payload.unwrap().parts[0]
-        .as_json()
-        .unwrap();
-    assert_eq!(echoed, at_limit);
+    // At the limit, in lists and in objects: delivered over both multiplexed streams, and
+    // answered intact.
+    for at_limit in [nested(MAX_DATA_DEPTH), nested_objects(MAX_DATA_DEPTH)] {
+        let reply = mesh
+            .call(
+                "deep.echo",
+                Payload::json("t", &at_limit),
+                CallOptions::default(),
+            )
+            .await
+            .unwrap();
+        let echoed = reply.message.unwrap().payload.unwrap().parts[0]
+            .as_json()
+            .unwrap();
+        assert_eq!(echoed, at_limit);
+    }
 
     // One level deeper: the client refuses it without sending.
     let err = mesh
@@ -110,7 +122,7 @@ async fn deep_data_is_refused_at_the_edge_and_in_replies_without_breaking_shared
     assert_eq!(metadata_of(&err)["depth"], "45");
     assert!(
         err.message()
-            .contains("payload.parts[0] nests 45 levels deep, over the limit of 32"),
+            .contains("payload.parts[0] nests 45 levels deep, over the limit of 31"),
         "{}",
         err.message()
     );

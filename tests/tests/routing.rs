@@ -463,3 +463,50 @@ async fn an_instance_reports_each_running_message_once_in_its_load() {
     call.await.unwrap().unwrap();
     sandbox.stop().await;
 }
+
+#[tokio::test]
+async fn a_handler_failing_on_its_own_undelivered_call_is_not_taken_for_undelivered() {
+    let sandbox = Sandbox::start().await;
+    let mesh = sandbox.mesh().await;
+    let inner = mesh.clone();
+    let runtime = AgentRuntime::new(sandbox.agent_config("relay", "relay-1")).handle(
+        "relay.forward",
+        "1.0.0",
+        move |ctx: HandlerContext, message: ReachMessage| {
+            let mesh = inner.clone();
+            async move {
+                // The natural code: the nested call's error propagates with `?`.
+                let reply = mesh
+                    .call(
+                        "nothing.serves.this",
+                        message.payload.unwrap_or_default(),
+                        CallOptions::within(&ctx),
+                    )
+                    .await?;
+                Ok(reply
+                    .message
+                    .unwrap_or_default()
+                    .payload
+                    .unwrap_or_default())
+            }
+        },
+    );
+    let _relay = sandbox.start_agent(runtime).await;
+    let err = mesh
+        .call(
+            "relay.forward",
+            Payload::text("t", "x"),
+            CallOptions::default(),
+        )
+        .await
+        .unwrap_err();
+    // Not ROUTE_NOT_FOUND: relay.forward was routed and ran; what failed was its own call.
+    assert_eq!(err.code(), Code::FailedPrecondition, "{err:?}");
+    assert_eq!(reason_of(&err), None);
+    assert!(
+        err.message().starts_with("a call this handler made failed: no routable instance serves capability \"nothing.serves.this\""),
+        "{}",
+        err.message()
+    );
+    sandbox.stop().await;
+}

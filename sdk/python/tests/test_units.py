@@ -11,20 +11,24 @@ import pytest
 from conftest import REPO
 from reach.v1 import envelope_pb2
 from reach_mesh import (
+    MAX_DATA_DEPTH,
     AgentConfig,
     AgentRuntime,
     Capability,
+    DataTooDeep,
     Part,
     PartError,
     Payload,
     ReachError,
     Reason,
+    data_depth,
     data_part,
     raw_part,
     text_part,
     url_part,
 )
 from reach_mesh.dedupe import DedupeCache
+from reach_mesh.parts import too_deep_part
 from reach_mesh.ids import is_trace_id, new_message_id, new_trace_id, trace_id_of_traceparent, traceparent
 
 
@@ -70,6 +74,50 @@ def test_parts_refuse_what_json_cannot_carry_naming_the_path() -> None:
     part = data_part(source)
     source["n"] = 2
     assert part.data == {"n": 1}
+
+
+def test_data_nests_at_most_max_data_depth_levels() -> None:
+    # Each object or list is one level; a scalar none.
+    assert MAX_DATA_DEPTH == 31
+    assert [data_depth(v) for v in (1, "x", None, [], {}, {"a": [1]}, [[1], [[2]]], ({"a": ()},))] == [
+        0, 0, 0, 1, 1, 2, 3, 3,
+    ]
+    at_limit: object = 1
+    for level in range(MAX_DATA_DEPTH):
+        at_limit = {"a": at_limit} if level % 2 else [at_limit]
+    assert data_part(at_limit).data == at_limit
+    assert data_depth(at_limit) == MAX_DATA_DEPTH
+
+    with pytest.raises(DataTooDeep) as refused:
+        data_part({"ok": 1, "deep": [at_limit]})
+    error = refused.value
+    assert isinstance(error, PartError)
+    assert (error.depth, error.limit) == (MAX_DATA_DEPTH + 2, MAX_DATA_DEPTH)
+    # The path names where the first level past the limit begins: 31 steps below $.
+    assert error.path.startswith("$.deep[0][0].a[0].a")
+    assert len(re.findall(r"\.\w+|\[\d+\]", error.path)) == MAX_DATA_DEPTH
+    assert f"nests {MAX_DATA_DEPTH + 2} levels deep, over the limit of {MAX_DATA_DEPTH}" in str(error)
+    assert error.path in str(error)
+
+    # Any depth is measured without recursion, and refused (not a RecursionError).
+    very_deep: object = 1
+    for _ in range(100_000):
+        very_deep = [very_deep]
+    assert data_depth(very_deep) == 100_000
+    with pytest.raises(DataTooDeep, match="nests 100000 levels deep"):
+        data_part(very_deep)
+    # A Part built without data_part is refused when it is encoded.
+    with pytest.raises(DataTooDeep):
+        Part("data", very_deep).to_proto()
+
+    # The protobuf side: the first data part over the limit, with its depth.
+    payload = envelope_pb2.Payload(parts=[text_part("t").to_proto(), data_part(at_limit).to_proto()])
+    assert too_deep_part(payload) is None
+    value = payload.parts.add().data
+    for _ in range(MAX_DATA_DEPTH + 4):
+        value = value.struct_value.fields["a"]
+    value.number_value = 1
+    assert too_deep_part(payload) == (2, MAX_DATA_DEPTH + 4)
 
 
 def test_trace_ids_and_traceparent_follow_w3c_trace_context() -> None:

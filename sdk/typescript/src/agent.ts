@@ -43,6 +43,7 @@ import {
 import { HealthReporter, ServingStatus } from "./health.js";
 import { newMessageId } from "./ids.js";
 import type { Logger } from "./log.js";
+import { DataTooDeepError, MAX_DATA_DEPTH, tooDeepPart } from "./parts.js";
 import { RpcChannel, serviceDefinition } from "./rpc.js";
 import type { Handler, HandlerContext, PayloadInit, StreamHandler } from "./runtime.js";
 import { AsyncQueue, delay, Semaphore, timerDelay } from "./sync.js";
@@ -66,6 +67,17 @@ export const FRAME_OVERHEAD_BYTES = 16 * 1024;
 const SERVER_GRACE_AFTER_DRAIN_MS = 1000;
 /** The retry hint of a multiplexed call refused because its stream has too many calls open. */
 const OVERLOADED_RETRY_AFTER_MS = 50;
+/**
+ * Reasons that tell a caller its message was not delivered, so it may be sent elsewhere or
+ * again (`docs/errors.md`). A handler that lets a nested call's error with one of them escape
+ * answers FAILED_PRECONDITION instead (see `Agent.#handlerFailure`).
+ */
+const DELIVERY_REASONS: ReadonlySet<string | undefined> = new Set([
+  Reason.ROUTE_NOT_FOUND,
+  Reason.INSTANCE_DRAINING,
+  Reason.OVERLOADED,
+  Reason.INSTANCE_UNAVAILABLE,
+]);
 
 /** The validated agent options, with defaults filled in. */
 export interface Settings {
@@ -156,14 +168,17 @@ export class Agent {
 
   /** Binds, serves AgentService and health, and starts the registration loop. */
   async serve(): Promise<void> {
-    this.#server.addService(serviceDefinition(AgentService), {
+    this.#server.addService(agentServiceDefinition(), {
       handle: this.#serveHandle,
       handleStream: this.#serveStream,
       handleMux: this.#serveMux,
     } satisfies {
       handle: grpc.handleUnaryCall<HandleRequest, HandleResponse>;
-      handleStream: grpc.handleBidiStreamingCall<HandleStreamRequest, HandleStreamResponse>;
-      handleMux: grpc.handleBidiStreamingCall<HandleMuxRequest, HandleMuxResponse>;
+      handleStream: grpc.handleBidiStreamingCall<
+        HandleStreamRequest | Undecodable,
+        HandleStreamResponse
+      >;
+      handleMux: grpc.handleBidiStreamingCall<HandleMuxRequest | Undecodable, HandleMuxResponse>;
     });
     this.#server.addService(serviceDefinition(Health), this.#health.implementation());
     const port = await new Promise<number>((resolve, reject) => {
@@ -458,6 +473,77 @@ export class Agent {
     };
   }
 
+  /**
+   * The reply envelope of `payload` answering `request`, or the error that answers instead:
+   * INTERNAL when the payload cannot be sent (a data part nesting deeper than
+   * {@link MAX_DATA_DEPTH}, which the router could not decode inside the multiplexed stream
+   * other calls share; a payload that is not valid or cannot be encoded), PAYLOAD_TOO_LARGE when
+   * the reply is larger than `maxMessageBytes`.
+   */
+  #replyOutcome(
+    request: Header | undefined,
+    payload: PayloadInit,
+    metadata: Record<string, string>,
+    capability: string,
+  ): Outcome {
+    let error: ReachError;
+    try {
+      const reply = this.#reply(request, payload, metadata);
+      const tooDeep = tooDeepPart(reply.payload);
+      if (tooDeep === undefined) {
+        const size = toBinary(ReachMessageSchema, reply).length;
+        return size > this.settings.maxMessageBytes
+          ? { error: this.#tooLarge("reply", size) }
+          : { reply };
+      }
+      error = new ReachError(
+        Code.INTERNAL,
+        `the handler's reply part ${tooDeep.part} nests ${tooDeep.depth} levels deep, over the limit of ${MAX_DATA_DEPTH}; the reply was not sent: flatten it`,
+      );
+    } catch (failure) {
+      error = new ReachError(
+        Code.INTERNAL,
+        `the handler's reply cannot be sent: ${failure instanceof Error ? failure.message : String(failure)}`,
+      );
+    }
+    this.settings.logger.warn("handler returned a reply that cannot be sent", {
+      capability,
+      error: error.statusMessage,
+    });
+    return { error };
+  }
+
+  /**
+   * What a handler's failure answers its caller. A {@link DataTooDeepError} (`dataPart`
+   * refused what the reply was being built from) answers INTERNAL. A {@link ReachError} with a
+   * delivery reason (`ROUTE_NOT_FOUND`, `INSTANCE_DRAINING`, `OVERLOADED`,
+   * `INSTANCE_UNAVAILABLE`) came from a call the handler made; forwarded as it is, the router,
+   * the orchestrator and callers would take this message for "not delivered" and send it again
+   * or elsewhere, although the handler ran: it answers FAILED_PRECONDITION, without a reason,
+   * with the message prefixed `a call this handler made failed: `. Any other ReachError answers
+   * as it is, anything else thrown UNKNOWN with its message.
+   */
+  #handlerFailure(error: unknown, capability: string): ReachError {
+    if (error instanceof DataTooDeepError) {
+      this.settings.logger.warn("handler returned a reply that cannot be sent", {
+        capability,
+        error: error.message,
+      });
+      return new ReachError(
+        Code.INTERNAL,
+        `the handler's reply nests ${error.depth} levels deep, over the limit of ${error.limit} (level ${error.limit + 1} begins at ${error.path}); the reply was not sent: flatten it`,
+      );
+    }
+    const failure = ReachError.from(error);
+    if (!DELIVERY_REASONS.has(failure.reason)) {
+      return failure;
+    }
+    return new ReachError(
+      Code.FAILED_PRECONDITION,
+      `a call this handler made failed: ${failure.statusMessage}`,
+    );
+  }
+
   /** The envelope of `payload` answering a request with `request` as its header. */
   #reply(
     request: Header | undefined,
@@ -514,19 +600,15 @@ export class Agent {
       if (!(await this.#permits.acquire(told.signal))) {
         return undefined;
       }
+      let payload: PayloadInit;
       try {
-        const payload = await handler(ctx, message);
-        const reply = this.#reply(message.header, payload, metadata.take());
-        const replySize = toBinary(ReachMessageSchema, reply).length;
-        if (replySize > this.settings.maxMessageBytes) {
-          return { error: this.#tooLarge("reply", replySize) };
-        }
-        return { reply };
+        payload = await handler(ctx, message);
       } catch (error) {
-        return { error: ReachError.from(error) };
+        return { error: this.#handlerFailure(error, ctx.capability) };
       } finally {
         this.#permits.release();
       }
+      return this.#replyOutcome(message.header, payload, metadata.take(), ctx.capability);
     };
     // Counted in flight until the handler returns, even after the caller has gone: a drain
     // waits for it. Its outcome is remembered under the message id, so a redelivery gets it
@@ -619,13 +701,16 @@ export class Agent {
    * cancel frame tells its handler and the reply (CANCELLED, or the handler's outcome if it
    * finished first) acknowledges it. At most {@link MAX_OPEN_CALLS_PER_STREAM} calls are
    * unanswered at once (a call counts until its reply is flushed); more are refused
-   * UNAVAILABLE / `OVERLOADED`. When the drain begins the stream reads no more frames,
-   * answers every call it read, and ends UNAVAILABLE / `INSTANCE_DRAINING`: calls without a
-   * reply were not read, and the router sends them elsewhere.
+   * UNAVAILABLE / `OVERLOADED`. Every call read gets exactly one answer. When the drain begins
+   * the stream reads no more frames, answers every call it read, and ends UNAVAILABLE /
+   * `INSTANCE_DRAINING`: calls without a reply were not read, and the router sends them
+   * elsewhere. A frame that cannot be decoded (its call id unknown, it cannot be refused alone)
+   * does the same, ending INVALID_ARGUMENT / `INVALID_FRAME`.
    */
-  readonly #serveMux: grpc.handleBidiStreamingCall<HandleMuxRequest, HandleMuxResponse> = (
-    call,
-  ) => {
+  readonly #serveMux: grpc.handleBidiStreamingCall<
+    HandleMuxRequest | Undecodable,
+    HandleMuxResponse
+  > = (call) => {
     if (this.#closing.signal.aborted) {
       call.emit("error", this.#drainingError().toGrpcStatus());
       return;
@@ -640,15 +725,23 @@ export class Agent {
     let finished = false;
     /** Set when the caller went away: nobody reads replies any more. */
     let gone = false;
+    /** Set when a frame could not be decoded: the status the stream ends with. */
+    let undecodable: ReachError | undefined;
     const closing = this.#closing.signal;
 
     const finish = () => {
-      if (finished || unanswered > 0 || !(inputEnded || closing.aborted)) {
+      if (
+        finished ||
+        unanswered > 0 ||
+        !(inputEnded || closing.aborted || undecodable !== undefined)
+      ) {
         return;
       }
       finished = true;
       closing.removeEventListener("abort", finish);
-      if (closing.aborted) {
+      if (undecodable !== undefined) {
+        call.emit("error", undecodable.toGrpcStatus());
+      } else if (closing.aborted) {
         call.emit(
           "error",
           new ReachError(
@@ -694,7 +787,23 @@ export class Agent {
     };
 
     closing.addEventListener("abort", finish, { once: true });
-    call.on("data", (request: HandleMuxRequest) => {
+    call.on("data", (request: HandleMuxRequest | Undecodable) => {
+      if (undecodable !== undefined) {
+        // Not read: the stream's closing status says calls without a reply were not handled.
+        return;
+      }
+      if (request instanceof Undecodable) {
+        this.settings.logger.warn("a HandleMux frame could not be decoded; ending the stream", {
+          error: request.why,
+        });
+        undecodable = ReachError.of(
+          Code.INVALID_ARGUMENT,
+          `a frame on this stream could not be decoded (${request.why}); send HandleMuxRequests whose data nests at most ${MAX_DATA_DEPTH} levels (MAX_DATA_DEPTH). No frame after it was read: calls without a reply were not handled, send them again`,
+          Reason.INVALID_FRAME,
+        );
+        finish();
+        return;
+      }
       const frame = request.frame;
       if (frame === undefined) {
         refuse(0n, invalidFrame(0n));
@@ -790,9 +899,10 @@ export class Agent {
    * message the handler has read. The stream counts as one message in flight while it lives
    * (it takes no concurrency slot, as in the Rust SDK).
    */
-  readonly #serveStream: grpc.handleBidiStreamingCall<HandleStreamRequest, HandleStreamResponse> = (
-    call,
-  ) => {
+  readonly #serveStream: grpc.handleBidiStreamingCall<
+    HandleStreamRequest | Undecodable,
+    HandleStreamResponse
+  > = (call) => {
     if (this.#closing.signal.aborted) {
       call.emit("error", this.#drainingError().toGrpcStatus());
       return;
@@ -800,7 +910,16 @@ export class Agent {
     const deadline = deadlineOf(call.getDeadline());
     const gone = new AbortController();
     const inbound = new AsyncQueue<ReachMessage>(64, () => call.resume());
-    call.on("data", (request: HandleStreamRequest) => {
+    call.on("data", (request: HandleStreamRequest | Undecodable) => {
+      if (request instanceof Undecodable) {
+        inbound.fail(
+          new ReachError(
+            Code.INVALID_ARGUMENT,
+            `a message on the stream could not be decoded (${request.why}); send HandleStreamRequests whose data nests at most ${MAX_DATA_DEPTH} levels (MAX_DATA_DEPTH)`,
+          ),
+        );
+        return;
+      }
       inbound.push(request.message ?? create(ReachMessageSchema));
       if (inbound.length >= inbound.highWater) {
         call.pause();
@@ -818,7 +937,7 @@ export class Agent {
   };
 
   async #runStream(
-    call: grpc.ServerDuplexStream<HandleStreamRequest, HandleStreamResponse>,
+    call: grpc.ServerDuplexStream<HandleStreamRequest | Undecodable, HandleStreamResponse>,
     inbound: AsyncQueue<ReachMessage>,
     deadline: number | undefined,
     gone: AbortController,
@@ -854,22 +973,25 @@ export class Agent {
           },
         }),
       };
-      for await (const payload of handler(ctx, first, rest)) {
-        const reply = this.#reply(answering, payload, metadata.take());
-        const size = toBinary(ReachMessageSchema, reply).length;
-        if (size > this.settings.maxMessageBytes) {
-          throw this.#tooLarge("reply", size);
+      try {
+        for await (const payload of handler(ctx, first, rest)) {
+          const outcome = this.#replyOutcome(answering, payload, metadata.take(), ctx.capability);
+          if (outcome.error !== undefined) {
+            throw outcome.error;
+          }
+          if (!call.write(create(HandleStreamResponseSchema, { message: outcome.reply }))) {
+            // Flow control pushes back: wait for room, or stop when the caller has gone.
+            await new Promise<void>((resolve) => {
+              call.once("drain", resolve);
+              gone.signal.addEventListener("abort", () => resolve(), { once: true });
+            });
+          }
+          if (gone.signal.aborted) {
+            return;
+          }
         }
-        if (!call.write(create(HandleStreamResponseSchema, { message: reply }))) {
-          // Flow control pushes back: wait for room, or stop when the caller has gone.
-          await new Promise<void>((resolve) => {
-            call.once("drain", resolve);
-            gone.signal.addEventListener("abort", () => resolve(), { once: true });
-          });
-        }
-        if (gone.signal.aborted) {
-          return;
-        }
+      } catch (error) {
+        throw this.#handlerFailure(error, ctx.capability);
       }
       call.end();
     } finally {
@@ -920,6 +1042,36 @@ class ReplyMetadata {
     this.#entries = {};
     return entries;
   }
+}
+
+/** A HandleMux or HandleStream request that could not be decoded, and why. */
+class Undecodable {
+  constructor(readonly why: string) {}
+}
+
+/**
+ * AgentService's grpc-js definition, except that a HandleMux or HandleStream request that
+ * cannot be decoded (bytes that are not the request, data nested past protobuf's recursion
+ * limit) arrives as an {@link Undecodable}: grpc-js itself would end the stream INTERNAL at
+ * once, dropping the answers of the calls it had read.
+ */
+function agentServiceDefinition(): grpc.ServiceDefinition {
+  const definition = serviceDefinition(AgentService);
+  const tolerant = (method: grpc.MethodDefinition<unknown, unknown>) => ({
+    ...method,
+    requestDeserialize: (bytes: Buffer) => {
+      try {
+        return method.requestDeserialize(bytes);
+      } catch (error) {
+        return new Undecodable(error instanceof Error ? error.message : String(error));
+      }
+    },
+  });
+  return {
+    ...definition,
+    handleMux: tolerant(definition.handleMux!),
+    handleStream: tolerant(definition.handleStream!),
+  };
 }
 
 /** What remembering `outcome` in the dedupe memory costs, bytes. */

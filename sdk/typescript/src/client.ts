@@ -3,16 +3,17 @@
  * capabilities or services, and starts, reads and resumes orchestrator tasks. Messages are
  * stamped at the edge as the Rust SDK's `MeshClient` stamps them: a fresh UUIDv7 message id,
  * a fresh W3C trace id unless the call continues a trace, `source`, protocol version `1.0`,
- * `created_at`; each call carries a `traceparent` naming that trace.
+ * `created_at`; each call carries a `traceparent` naming that trace. A message whose data nests
+ * deeper than {@link MAX_DATA_DEPTH} is refused before anything is sent.
  *
  * @module
  */
 
-import { create, type JsonObject, type JsonValue } from "@bufbuild/protobuf";
+import { create, type JsonObject, type JsonValue, toBinary } from "@bufbuild/protobuf";
 import { timestampNow } from "@bufbuild/protobuf/wkt";
 import type * as grpc from "@grpc/grpc-js";
 
-import { Code, ReachError } from "./errors.js";
+import { Code, Reason, ReachError } from "./errors.js";
 import { type Payload, type ReachMessage, ReachMessageSchema } from "./gen/reach/v1/envelope_pb.js";
 import { OrchestratorService, type Task } from "./gen/reach/v1/orchestrator_service_pb.js";
 import {
@@ -24,7 +25,7 @@ import {
   StreamRequestSchema,
 } from "./gen/reach/v1/router_service_pb.js";
 import { isTraceId, newMessageId, newTraceId, TRACEPARENT, traceparentFor } from "./ids.js";
-import { firstData, makePayload, valueOf } from "./parts.js";
+import { firstData, MAX_DATA_DEPTH, makePayload, tooDeepPart, valueOf } from "./parts.js";
 import type { HandlerContext } from "./runtime.js";
 import { CallMuxLink, UNSUPPORTED } from "./mux.js";
 import { RpcChannel } from "./rpc.js";
@@ -35,6 +36,14 @@ import { AsyncQueue } from "./sync.js";
  * usually smaller, limit with RESOURCE_EXHAUSTED / `PAYLOAD_TOO_LARGE`.
  */
 const MAX_MESSAGE_BYTES = 64 * 1024 * 1024;
+
+/**
+ * The largest message (encoded, bytes) a multiplexed client sends as a CallMux frame: the
+ * router's default `max_message_bytes`. A larger one goes as a unary `Call`: as a frame above
+ * the router's transport limit it would end the stream every concurrent call shares, where a
+ * unary `Call` is refused (RESOURCE_EXHAUSTED / `PAYLOAD_TOO_LARGE`) alone.
+ */
+export const MUX_MAX_MESSAGE_BYTES = 4 * 1024 * 1024;
 
 /** The response metadata the router sets on a routed stream. */
 const TRACE_ID_METADATA = "x-reach-trace-id";
@@ -217,22 +226,35 @@ export class MeshClient {
 
   /**
    * Sends a prepared message (see {@link MeshClient.message}) through the router — a CallMux
-   * frame with `multiplex`, else a unary `Call` — with a `traceparent` naming its trace.
+   * frame with `multiplex` (unless it is larger than {@link MUX_MAX_MESSAGE_BYTES}), else a
+   * unary `Call` — with a `traceparent` naming its trace.
    *
-   * @throws {ReachError} as {@link MeshClient.call}; with `multiplex` also UNAVAILABLE when
-   * the stream to the router broke while the call was in flight (it may have been handled:
-   * resend with the same `message_id`).
+   * @throws {ReachError} as {@link MeshClient.call}; INVALID_ARGUMENT / `INVALID_PAYLOAD`
+   * (metadata `depth`, `limit`), without sending, when a data part nests deeper than
+   * {@link MAX_DATA_DEPTH}; with `multiplex` also INVALID_ARGUMENT / `INVALID_PAYLOAD`, without
+   * sending, when the message cannot be encoded (a field out of range), and UNAVAILABLE when the
+   * stream to the router broke while the call was in flight (it may have been handled: resend
+   * with the same `message_id`).
    */
   async send(
     message: ReachMessage,
     options: Pick<CallOptions, "timeoutMs" | "signal"> = {},
   ): Promise<CallResult> {
+    const tooDeep = tooDeepPart(message.payload);
+    if (tooDeep !== undefined) {
+      throw ReachError.of(
+        Code.INVALID_ARGUMENT,
+        `payload.parts[${tooDeep.part}] nests ${tooDeep.depth} levels deep, over the limit of ${MAX_DATA_DEPTH}; flatten the data (each object or array is one level)`,
+        Reason.INVALID_PAYLOAD,
+        { depth: String(tooDeep.depth), limit: String(MAX_DATA_DEPTH) },
+      );
+    }
     const settings = {
       timeoutMs: options.timeoutMs,
       signal: options.signal,
       metadata: traceMetadata(message),
     };
-    if (this.#mux !== undefined) {
+    if (this.#mux !== undefined && encodedSize(message) <= MUX_MAX_MESSAGE_BYTES) {
       const response = await this.#mux.call(message, settings);
       if (response !== UNSUPPORTED) {
         const frame = response.frame?.result;
@@ -524,6 +546,25 @@ export class MeshStream implements AsyncIterable<ReachMessage> {
 
   [Symbol.asyncIterator](): AsyncIterator<ReachMessage> {
     return this.#replies[Symbol.asyncIterator]();
+  }
+}
+
+/**
+ * The encoded size of `message`, bytes. Encoding it before it goes on the shared stream keeps a
+ * message that cannot be encoded from failing the stream (grpc-js cancels a stream whose
+ * message fails to serialize).
+ *
+ * @throws {ReachError} INVALID_ARGUMENT / `INVALID_PAYLOAD` when it cannot be encoded.
+ */
+function encodedSize(message: ReachMessage): number {
+  try {
+    return toBinary(ReachMessageSchema, message).length;
+  } catch (error) {
+    throw ReachError.of(
+      Code.INVALID_ARGUMENT,
+      `the message cannot be encoded (${error instanceof Error ? error.message : String(error)}); nothing was sent`,
+      Reason.INVALID_PAYLOAD,
+    );
   }
 }
 

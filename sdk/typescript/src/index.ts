@@ -8,7 +8,8 @@
  * - `runtime` — {@link AgentRuntime}, its options and the handler types; `agent` behind it:
  *   register, heartbeat, serve AgentService (Handle, HandleMux, HandleStream) and health,
  *   bounded concurrency, dedupe, drain.
- * - `parts` — payloads and parts as plain values ({@link dataPart}, {@link firstData}, ...).
+ * - `parts` — payloads and parts as plain values ({@link dataPart}, {@link firstData}, ...),
+ *   nesting at most {@link MAX_DATA_DEPTH} levels.
  * - `errors` — {@link ReachError} and the {@link Reason}s to branch on.
  * - `capability` — the bounds on what a capability declares.
  * - `ids` — trace ids, `traceparent`, UUIDv7 message ids.
@@ -34,6 +35,7 @@ export {
   MeshClient,
   type MeshClientOptions,
   MeshStream,
+  MUX_MAX_MESSAGE_BYTES,
   type StartTaskOptions,
   type StreamRoute,
 } from "./client.js";
@@ -56,12 +58,16 @@ export {
 } from "./rpc.js";
 export { isTraceId, newMessageId, newTraceId, traceparentFor } from "./ids.js";
 export { type Logger, silentLogger, stderrLogger } from "./log.js";
+export type { JsonObject, JsonValue } from "@bufbuild/protobuf";
 export {
+  dataDepth,
   dataPart,
+  DataTooDeepError,
   firstData,
   firstText,
   jsonOf,
   makePayload,
+  MAX_DATA_DEPTH,
   partData,
   type PartOptions,
   partText,

@@ -125,8 +125,12 @@ export type PayloadInit = Payload | MessageInitShape<typeof PayloadSchema>;
 /**
  * Handles one message and returns the reply payload; the runtime wraps it in an envelope
  * that answers the request (same trace and task, `correlation_id` = the request's id).
- * Throw a {@link ReachError} to answer with its status; anything else thrown answers UNKNOWN
- * with its message.
+ * Throw a {@link ReachError} to answer with its status — except that one with a reason meaning
+ * "not delivered" (`ROUTE_NOT_FOUND`, `INSTANCE_DRAINING`, `OVERLOADED`,
+ * `INSTANCE_UNAVAILABLE`: a call the handler made failed) answers FAILED_PRECONDITION,
+ * `a call this handler made failed: ...`; anything else thrown answers UNKNOWN with its
+ * message. A reply that cannot be sent (data deeper than `MAX_DATA_DEPTH`, which `dataPart`
+ * throws for) answers INTERNAL.
  */
 export type Handler = (
   ctx: HandlerContext,
@@ -136,7 +140,8 @@ export type Handler = (
 /**
  * Handles a bidirectional stream: reads the caller's messages (`first` opened it, `rest`
  * follows until the caller half-closes) and yields reply payloads. Returning ends the stream
- * OK; throwing ends it with that status (after the payloads already yielded).
+ * OK; throwing ends it with that status, as a {@link Handler}'s (after the payloads already
+ * yielded).
  */
 export type StreamHandler = (
   ctx: HandlerContext,

@@ -6,13 +6,17 @@
 import assert from "node:assert/strict";
 import { describe, test } from "node:test";
 
+import type { JsonValue } from "@reach-mesh/sdk";
 import {
   checkCapability,
   Code,
+  dataDepth,
   dataPart,
+  DataTooDeepError,
   firstData,
   isTraceId,
   makePayload,
+  MAX_DATA_DEPTH,
   newMessageId,
   newTraceId,
   partData,
@@ -57,6 +61,42 @@ describe("parts", () => {
       undefined,
       "an array is not an object",
     );
+  });
+});
+
+describe("data depth", () => {
+  test("a data part nests at most MAX_DATA_DEPTH levels, each object or array one", () => {
+    assert.equal(MAX_DATA_DEPTH, 31);
+    const depths = [1, "x", null, [], {}, { a: [1] }, [[1], [[2]]]].map((v) => dataDepth(v));
+    assert.deepEqual(depths, [0, 0, 0, 1, 1, 2, 3]);
+    let atLimit: JsonValue = 1;
+    for (let level = 0; level < MAX_DATA_DEPTH; level += 1) {
+      atLimit = level % 2 === 0 ? [atLimit] : { a: atLimit };
+    }
+    assert.equal(dataDepth(atLimit), MAX_DATA_DEPTH);
+    assert.deepEqual(partData(dataPart(atLimit)), atLimit);
+
+    assert.throws(
+      () => dataPart({ ok: 1, deep: [[atLimit]] }),
+      (error: unknown) => {
+        assert.ok(error instanceof DataTooDeepError && error instanceof TypeError);
+        assert.equal(error.depth, MAX_DATA_DEPTH + 3);
+        assert.equal(error.limit, MAX_DATA_DEPTH);
+        // Where the first level past the limit begins: 31 steps below $.
+        assert.ok(error.path.startsWith("$.deep[0][0][0].a[0]"), error.path);
+        assert.equal(error.path.match(/\.\w+|\[\d+\]/g)?.length, MAX_DATA_DEPTH);
+        assert.match(error.message, /nests 34 levels deep, over the limit of 31/);
+        return true;
+      },
+    );
+
+    // Any depth is measured without recursion, and refused.
+    let veryDeep: JsonValue = 1;
+    for (let level = 0; level < 100_000; level += 1) {
+      veryDeep = [veryDeep];
+    }
+    assert.equal(dataDepth(veryDeep), 100_000);
+    assert.throws(() => dataPart(veryDeep), /nests 100000 levels deep/);
   });
 });
 

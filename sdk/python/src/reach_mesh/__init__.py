@@ -20,7 +20,8 @@ follows orchestrator tasks. Both behave on the wire as the Rust SDK (``reach-sdk
 
 # Layout
 - :mod:`reach_mesh.parts` — :class:`Part` and :class:`Payload`: message content as plain
-  Python values (``data_part({...})``, ``text_part(...)``, ``part.data``).
+  Python values (``data_part({...})``, ``text_part(...)``, ``part.data``), nesting at most
+  :data:`MAX_DATA_DEPTH` levels.
 - :mod:`reach_mesh.message` — :class:`Message` (a received envelope) and :class:`Reply`.
 - :mod:`reach_mesh.errors` — :class:`ReachError` (status code, message, ErrorInfo reason and
   metadata) and the :class:`Reason` constants.
@@ -41,13 +42,25 @@ follows orchestrator tasks. Both behave on the wire as the Rust SDK (``reach-sdk
 """
 
 from reach_mesh.capability import Capability
-from reach_mesh.client import CallOptions, MeshClient, PublishFailure, PublishResult
+from reach_mesh.client import MUX_MAX_MESSAGE_BYTES, CallOptions, MeshClient, PublishFailure, PublishResult
 from reach_mesh.config import AgentConfig
 from reach_mesh.context import HandlerContext
 from reach_mesh.errors import ReachError, Reason
 from reach_mesh.message import Message, Reply
 from reach_mesh.models import ModelLoad, ModelSlots
-from reach_mesh.parts import JsonValue, Part, PartError, Payload, data_part, raw_part, text_part, url_part
+from reach_mesh.parts import (
+    MAX_DATA_DEPTH,
+    DataTooDeep,
+    JsonValue,
+    Part,
+    PartError,
+    Payload,
+    data_depth,
+    data_part,
+    raw_part,
+    text_part,
+    url_part,
+)
 from reach_mesh.runtime import (
     AgentRuntime,
     Handler,
@@ -59,10 +72,13 @@ from reach_mesh.runtime import (
 from reach_mesh.tasks import HumanWait, NodeRun, Task, TaskEvent, TaskStatus
 
 __all__ = [
+    "MAX_DATA_DEPTH",
+    "MUX_MAX_MESSAGE_BYTES",
     "AgentConfig",
     "AgentRuntime",
     "CallOptions",
     "Capability",
+    "DataTooDeep",
     "Handler",
     "HandlerContext",
     "HandlerResult",
@@ -87,6 +103,7 @@ __all__ = [
     "Task",
     "TaskEvent",
     "TaskStatus",
+    "data_depth",
     "data_part",
     "raw_part",
     "text_part",

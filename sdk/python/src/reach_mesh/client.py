@@ -4,7 +4,10 @@ as the Rust SDK's ``reach_sdk::MeshClient``.
 
 Calls go over one multiplexed ``RouterService.CallMux`` stream per client (opened on first
 use, reopened after it breaks; see :mod:`reach_mesh.mux`), so a call costs one frame each way
-instead of a new HTTP/2 stream; a router that does not serve CallMux gets unary ``Call`` s.
+instead of a new HTTP/2 stream; a router that does not serve CallMux gets unary ``Call`` s, and
+so does a message larger than :data:`MUX_MAX_MESSAGE_BYTES` (the router refuses it alone).
+Data nesting deeper than :data:`~reach_mesh.parts.MAX_DATA_DEPTH` is refused before anything is
+sent.
 Each new message gets a fresh UUIDv7 ``message_id`` and, unless the options continue a trace,
 a fresh W3C trace id; each call carries a W3C ``traceparent`` naming a fresh client span of
 that trace (in the frame's metadata, or as gRPC metadata on a unary call).
@@ -28,18 +31,23 @@ from reach.v1 import (
 )
 from reach_mesh import _grpc
 from reach_mesh.context import HandlerContext
-from reach_mesh.errors import ReachError
+from reach_mesh.errors import ReachError, Reason
 from reach_mesh.ids import TRACEPARENT, is_trace_id, new_message_id, new_trace_id, traceparent
 from reach_mesh.message import Message, Reply
 from reach_mesh.mux import MuxLink, Unsupported
-from reach_mesh.parts import Part, Payload, to_value
+from reach_mesh.parts import MAX_DATA_DEPTH, Part, Payload, to_value, too_deep_part
 from reach_mesh.tasks import ENDED, Task, TaskEvent, TaskStatus
 
-__all__ = ["CallOptions", "MeshClient", "PublishFailure", "PublishResult"]
+__all__ = ["MUX_MAX_MESSAGE_BYTES", "CallOptions", "MeshClient", "PublishFailure", "PublishResult"]
 
 #: The largest message the client sends or accepts, in bytes; the router enforces its own,
 #: usually smaller, limit with PAYLOAD_TOO_LARGE.
 MAX_MESSAGE_BYTES: Final = 64 << 20
+#: The largest message (encoded, in bytes) sent as a CallMux frame: the router's default
+#: ``max_message_bytes``. A larger one goes as a unary ``Call``: as a frame above the router's
+#: transport limit it would end the stream every concurrent call of this client shares,
+#: where a unary Call is refused (PAYLOAD_TOO_LARGE) alone.
+MUX_MAX_MESSAGE_BYTES: Final = 4 << 20
 
 #: What a call sends: a payload, one part, or a list of parts.
 Content = Union[Payload, Part, Sequence[Part]]
@@ -210,31 +218,53 @@ class MeshClient:
             ReachError: the router's or the agent's status: ``NOT_FOUND`` /
                 ``ROUTE_NOT_FOUND``, ``UNAVAILABLE`` / ``OVERLOADED``, ``DEADLINE_EXCEEDED``,
                 the handler's own error, ... (branch on ``.reason``).
-            PartError: ``content`` holds data that is not JSON.
+            PartError: ``content`` holds data that is not JSON, or nests deeper than
+                :data:`~reach_mesh.parts.MAX_DATA_DEPTH` (:class:`~reach_mesh.DataTooDeep`);
+                nothing was sent.
         """
         options = options or CallOptions()
-        return await self.send(self.message_to_capability(capability, content, options), options.timeout)
+        # The content was checked (depth included) while the message was built.
+        return await self._deliver(self.message_to_capability(capability, content, options), options.timeout)
 
     async def call_service(self, service: str, content: Content, options: CallOptions | None = None) -> Reply:
         """Calls any instance of ``service`` (see :meth:`call`)."""
         options = options or CallOptions()
-        return await self.send(self.message_to_service(service, content, options), options.timeout)
+        return await self._deliver(self.message_to_service(service, content, options), options.timeout)
 
     async def send(self, message: envelope_pb2.ReachMessage, timeout: float | None = None) -> Reply:
         """Sends a prepared message through the router: over CallMux, or as a unary Call to a
-        router that does not serve it.
+        router that does not serve it or when the message is larger than
+        :data:`MUX_MAX_MESSAGE_BYTES`.
 
         Raises:
-            ReachError: as :meth:`call`; DEADLINE_EXCEEDED when ``timeout`` (seconds) passes
-                first; UNAVAILABLE when the connection to the router broke while the call was
-                in flight (it may have been handled: resend with the same ``message_id``).
+            ReachError: as :meth:`call`; INVALID_ARGUMENT / ``INVALID_PAYLOAD`` (metadata
+                ``depth``, ``limit``), without sending, when a data part nests deeper than
+                :data:`~reach_mesh.parts.MAX_DATA_DEPTH`; DEADLINE_EXCEEDED when ``timeout``
+                (seconds) passes first; UNAVAILABLE when the connection to the router broke
+                while the call was in flight (it may have been handled: resend with the same
+                ``message_id``).
         """
+        too_deep = too_deep_part(message.payload)
+        if too_deep is not None:
+            part, depth = too_deep
+            raise ReachError(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"payload.parts[{part}] nests {depth} levels deep, over the limit of {MAX_DATA_DEPTH}; "
+                "flatten the data (each object or list is one level)",
+                Reason.INVALID_PAYLOAD,
+                {"depth": str(depth), "limit": str(MAX_DATA_DEPTH)},
+            )
+        return await self._deliver(message, timeout)
+
+    async def _deliver(self, message: envelope_pb2.ReachMessage, timeout: float | None) -> Reply:
+        """Sends ``message``, whose data is within the depth limit (see :meth:`send`)."""
         metadata = {}
         if is_trace_id(message.header.trace_id):
             metadata[TRACEPARENT] = traceparent(message.header.trace_id)
-        if self._link is not None and not self._link.is_unsupported():
+        link = self._link
+        if link is not None and not link.is_unsupported() and message.ByteSize() <= MUX_MAX_MESSAGE_BYTES:
             try:
-                response = await self._link.call(message, timeout, metadata)
+                response = await link.call(message, timeout, metadata)
             except Unsupported:
                 pass  # not served: the call goes as a unary Call
             else:

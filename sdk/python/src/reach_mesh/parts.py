@@ -4,7 +4,8 @@ and :class:`Payload` (a message type and its parts), converted to and from ``rea
 Data parts hold JSON: ``dict`` / ``list`` / ``str`` / ``int`` / ``float`` / ``bool`` /
 ``None``, carried as ``google.protobuf.Value``. As in the Rust SDK (``reach_proto::json``),
 numbers travel as doubles: whole numbers within ±2**53 come back as ``int``, others as
-``float``, and integers beyond ±2**53 lose precision, as in JSON itself.
+``float``, and integers beyond ±2**53 lose precision, as in JSON itself. A value may nest at
+most :data:`MAX_DATA_DEPTH` levels (each object or list is one level).
 
     >>> part = data_part({"complaint_id": "1", "amounts": [12.5, 300]})
     >>> Part.from_proto(part.to_proto()).data
@@ -16,23 +17,27 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal, Union
+from typing import Any, Final, Literal, Union
 
 from google.protobuf import struct_pb2
 
 from reach.v1 import envelope_pb2
 
 __all__ = [
+    "MAX_DATA_DEPTH",
+    "DataTooDeep",
     "JsonValue",
     "Part",
     "PartError",
     "PartKind",
     "Payload",
+    "data_depth",
     "data_part",
     "from_value",
     "raw_part",
     "text_part",
     "to_value",
+    "too_deep_part",
     "url_part",
 ]
 
@@ -45,10 +50,97 @@ PartKind = Literal["text", "data", "raw", "url"]
 #: Whole numbers of at most this magnitude are exact as doubles and come back as ``int``.
 _EXACT_INTEGER = 2**53
 
+#: The deepest a data part's JSON value may nest, in levels: each object or list is one level,
+#: a scalar none (``{"a": [1]}`` nests 2). The SDKs refuse to send deeper data, in a call or a
+#: reply, and the router refuses deeper messages (INVALID_ARGUMENT / ``INVALID_PAYLOAD``).
+#: Protobuf decoders (prost, upb) stop at 100 nested messages, and in a multiplexed frame
+#: (``CallMuxRequest``, ``HandleMuxRequest``) the data's outermost ``Value`` is already the 5th
+#: (frame, message, payload, part, value); each object level adds 3 (``Struct``, its map entry,
+#: the inner ``Value``), each list level 2. 31 object levels end at 98; 32 would end at 101,
+#: and an undecodable frame ends the stream every other call on it shares.
+MAX_DATA_DEPTH: Final = 31
+
 
 class PartError(ValueError):
-    """A value cannot be carried as a part: not JSON (a set, a NaN, a non-string key), or the
-    wrong kind of content for the part. The message names the offending path."""
+    """A value cannot be carried as a part: not JSON (a set, a NaN, a non-string key), nested
+    deeper than :data:`MAX_DATA_DEPTH` (:class:`DataTooDeep`), or the wrong kind of content for
+    the part. The message names the offending path."""
+
+
+class DataTooDeep(PartError):
+    """A JSON value nests deeper than :data:`MAX_DATA_DEPTH` levels.
+
+    Attributes:
+        depth: how many levels the whole value nests.
+        limit: :data:`MAX_DATA_DEPTH`.
+        path: where the first level past the limit begins (``$.a.b[0]``).
+    """
+
+    def __init__(self, depth: int, path: str) -> None:
+        self.depth = depth
+        self.limit = MAX_DATA_DEPTH
+        self.path = path
+        super().__init__(
+            f"the data nests {depth} levels deep, over the limit of {MAX_DATA_DEPTH} (MAX_DATA_DEPTH): "
+            f"level {MAX_DATA_DEPTH + 1} begins at {path}; flatten it (each object or list is one level)"
+        )
+
+
+class _TooDeep(Exception):
+    """Raised inside :func:`_fill` where the value goes past the limit; :func:`to_value`
+    measures the whole value and raises :class:`DataTooDeep` instead."""
+
+    def __init__(self, path: str) -> None:
+        super().__init__(path)
+        self.path = path
+
+
+def data_depth(value: Any) -> int:
+    """How many levels ``value`` nests: 0 for a scalar, one more than its deepest element for
+    a dict, list or tuple (an empty one nests 1). Walks with an explicit stack, so any value is
+    safe to measure."""
+    deepest = 0
+    stack: list[tuple[Any, int]] = [(value, 0)]
+    while stack:
+        item, level = stack.pop()
+        if isinstance(item, Mapping):
+            children: Any = item.values()
+        elif isinstance(item, (list, tuple)):
+            children = item
+        else:
+            continue
+        deepest = max(deepest, level + 1)
+        stack.extend((child, level + 1) for child in children)
+    return deepest
+
+
+def _value_depth(value: struct_pb2.Value) -> int:
+    """How many levels a ``google.protobuf.Value`` nests (as :func:`data_depth`)."""
+    deepest = 0
+    stack = [(value, 0)]
+    while stack:
+        item, level = stack.pop()
+        kind = item.WhichOneof("kind")
+        if kind == "struct_value":
+            children: Any = item.struct_value.fields.values()
+        elif kind == "list_value":
+            children = item.list_value.values
+        else:
+            continue
+        deepest = max(deepest, level + 1)
+        stack.extend((child, level + 1) for child in children)
+    return deepest
+
+
+def too_deep_part(payload: envelope_pb2.Payload) -> tuple[int, int] | None:
+    """The first data part of ``payload`` nesting deeper than :data:`MAX_DATA_DEPTH`, as
+    (part index, depth in levels); ``None`` when every one is within the limit."""
+    for index, part in enumerate(payload.parts):
+        if part.WhichOneof("content") == "data":
+            depth = _value_depth(part.data)
+            if depth > MAX_DATA_DEPTH:
+                return index, depth
+    return None
 
 
 def to_value(value: Any) -> struct_pb2.Value:
@@ -58,13 +150,18 @@ def to_value(value: Any) -> struct_pb2.Value:
     Raises:
         PartError: ``value`` is not JSON; the message gives the path of the bad element
             (for example ``$.items[2]``).
+        DataTooDeep: ``value`` nests deeper than :data:`MAX_DATA_DEPTH` levels.
     """
     out = struct_pb2.Value()
-    _fill(out, value, "$")
+    try:
+        _fill(out, value, "$", 0)
+    except _TooDeep as too_deep:
+        raise DataTooDeep(data_depth(value), too_deep.path) from None
     return out
 
 
-def _fill(out: struct_pb2.Value, value: Any, path: str) -> None:
+def _fill(out: struct_pb2.Value, value: Any, path: str, level: int) -> None:
+    """Fills ``out`` with ``value``, found at ``path`` inside ``level`` containers."""
     # bool before int: bool is a subclass of int.
     if value is None:
         out.null_value = struct_pb2.NULL_VALUE
@@ -78,17 +175,21 @@ def _fill(out: struct_pb2.Value, value: Any, path: str) -> None:
     elif isinstance(value, str):
         out.string_value = value
     elif isinstance(value, Mapping):
+        if level == MAX_DATA_DEPTH:
+            raise _TooDeep(path)
         fields = out.struct_value.fields
         for key, item in value.items():
             if not isinstance(key, str):
                 raise PartError(f"{path} has the key {key!r}; JSON object keys must be strings")
-            _fill(fields[key], item, f"{path}.{key}")
+            _fill(fields[key], item, f"{path}.{key}", level + 1)
         if not value:
             out.struct_value.SetInParent()
     elif isinstance(value, (list, tuple)):
+        if level == MAX_DATA_DEPTH:
+            raise _TooDeep(path)
         items = out.list_value.values
         for index, item in enumerate(value):
-            _fill(items.add(), item, f"{path}[{index}]")
+            _fill(items.add(), item, f"{path}[{index}]", level + 1)
         if not value:
             out.list_value.SetInParent()
     else:
@@ -158,7 +259,8 @@ class Part:
         """This part as a ``reach.v1.Part``.
 
         Raises:
-            PartError: a data part's content is not JSON.
+            PartError: a data part's content is not JSON, or nests deeper than
+                :data:`MAX_DATA_DEPTH` (:class:`DataTooDeep`).
         """
         part = envelope_pb2.Part(media_type=self.media_type, filename=self.filename)
         if self.kind == "text":
@@ -206,6 +308,8 @@ def data_part(value: Any, *, media_type: str = "application/json") -> Part:
 
     Raises:
         PartError: ``value`` is not JSON; the message gives the path of the bad element.
+        DataTooDeep: ``value`` nests deeper than :data:`MAX_DATA_DEPTH` levels; the message
+            gives its depth, the limit and where the first level past it begins.
     """
     return Part("data", from_value(to_value(value)), media_type=media_type)
 
@@ -255,7 +359,8 @@ class Payload:
         """This payload as a ``reach.v1.Payload``.
 
         Raises:
-            PartError: a data part's content is not JSON.
+            PartError: a data part's content is not JSON, or nests deeper than
+                :data:`MAX_DATA_DEPTH` (:class:`DataTooDeep`).
         """
         return envelope_pb2.Payload(type=self.type, parts=[part.to_proto() for part in self.parts])
 

@@ -55,7 +55,7 @@ from reach_mesh.errors import ReachError, Reason
 from reach_mesh.ids import new_message_id
 from reach_mesh.message import Message
 from reach_mesh.models import ModelSlots
-from reach_mesh.parts import Part, PartError, Payload
+from reach_mesh.parts import MAX_DATA_DEPTH, DataTooDeep, Part, PartError, Payload
 
 __all__ = ["AGENT_SERVICE", "AgentRuntime", "Handler", "HandlerResult", "RunningAgent", "StreamHandler"]
 
@@ -67,13 +67,17 @@ AGENT_SERVICE: Final = "reach.v1.AgentService"
 #: What a handler returns: a payload (with its message type), one part, or a list of parts.
 HandlerResult = Union[Payload, Part, Sequence[Part]]
 #: A unary handler: ``async def handle(ctx, message) -> HandlerResult``. Raise
-#: :class:`~reach_mesh.ReachError` to answer with a status; any other exception answers
-#: INTERNAL. A plain (non-async) function works too; it runs on the event loop, so keep it short.
+#: :class:`~reach_mesh.ReachError` to answer with a status — except that one with a reason
+#: meaning "not delivered" (``ROUTE_NOT_FOUND``, ``INSTANCE_DRAINING``, ``OVERLOADED``,
+#: ``INSTANCE_UNAVAILABLE``: a call the handler made failed) answers FAILED_PRECONDITION; any
+#: other exception, and a reply that cannot be sent (data deeper than ``MAX_DATA_DEPTH``),
+#: answers INTERNAL. A plain (non-async) function works too; it runs on the event loop, so keep
+#: it short.
 Handler = Callable[[HandlerContext, Message], Union[Awaitable[HandlerResult], HandlerResult]]
 #: A stream handler: an async generator ``async def handle(ctx, first, rest)`` that yields a
 #: :data:`HandlerResult` per reply; ``rest`` yields the caller's later messages. Returning ends
-#: the stream with OK; raising :class:`~reach_mesh.ReachError` ends it with that status, after
-#: the replies already yielded.
+#: the stream with OK; raising :class:`~reach_mesh.ReachError` ends it with that status (a
+#: delivery reason as for :data:`Handler`), after the replies already yielded.
 StreamHandler = Callable[[HandlerContext, Message, AsyncIterator[Message]], AsyncIterator[HandlerResult]]
 
 #: Calls one multiplexed stream may have open at once (beyond the handler concurrency they
@@ -89,8 +93,16 @@ _BACKOFF_INITIAL: Final = 0.02
 _BACKOFF_MAX: Final = 2.0
 #: Bytes remembering one outcome costs beyond its own size (id and bookkeeping).
 _DEDUPE_ENTRY_OVERHEAD: Final = 256
-#: The longest a Register or Heartbeat call may take before it counts as failed, in seconds.
-_REGISTRY_CALL_TIMEOUT: Final = 10.0
+#: The longest a Register, a draining Heartbeat or a Deregister call may take before it counts
+#: as failed, in seconds (the Rust and TypeScript SDKs' 5 s): a hung registry cannot stall the
+#: registration loop past a lease.
+_REGISTRY_CALL_TIMEOUT: Final = 5.0
+#: Reasons that tell a caller its message was not delivered, so it may be sent elsewhere or
+#: again (``docs/errors.md``). A handler that lets a nested call's error with one of them
+#: escape answers FAILED_PRECONDITION instead (see :func:`_handler_outcome`).
+_DELIVERY_REASONS: Final = frozenset(
+    {Reason.ROUTE_NOT_FOUND, Reason.INSTANCE_DRAINING, Reason.OVERLOADED, Reason.INSTANCE_UNAVAILABLE}
+)
 
 #: The outcome of one handled message: the reply envelope, or the error the handler (or the
 #: runtime, for an oversized reply) answered with. Remembered for redeliveries.
@@ -118,6 +130,34 @@ def _too_large(what: str, size: int, limit: int) -> ReachError:
 
 async def _abort(context: grpc.aio.ServicerContext[Any, Any], error: ReachError) -> None:
     await context.abort(error.code, error.message, trailing_metadata=error.trailing_metadata())
+
+
+def _handler_outcome(error: ReachError) -> ReachError:
+    """What a handler's unhandled ``error`` answers its caller: the error itself, unless it
+    carries a delivery reason (``ROUTE_NOT_FOUND``, ``INSTANCE_DRAINING``, ``OVERLOADED``,
+    ``INSTANCE_UNAVAILABLE``). Such an error came from a call the handler made; forwarded as
+    it is, the router, the orchestrator and callers would take this message for "not
+    delivered" and send it again or elsewhere, although the handler ran. It answers
+    FAILED_PRECONDITION, without a reason, with the message prefixed ``a call this handler
+    made failed:`` instead."""
+    if error.reason not in _DELIVERY_REASONS:
+        return error
+    return ReachError(grpc.StatusCode.FAILED_PRECONDITION, f"a call this handler made failed: {error.message}")
+
+
+def _unsendable_reply(capability: str, error: Exception) -> ReachError:
+    """INTERNAL for a handler's reply that cannot be sent: its data nests deeper than
+    :data:`~reach_mesh.parts.MAX_DATA_DEPTH` (the router could not decode it inside the
+    multiplexed stream other calls share), is not JSON, or cannot be encoded."""
+    _log.error("handler for %s returned content that cannot be sent: %s", capability or "the service", error)
+    if isinstance(error, DataTooDeep):
+        return ReachError(
+            grpc.StatusCode.INTERNAL,
+            f"the handler's reply nests {error.depth} levels deep, over the limit of {error.limit} "
+            f"(level {error.limit + 1} begins at {error.path}); the reply was not sent: flatten it",
+        )
+    what = str(error) if isinstance(error, PartError) else f"{type(error).__name__}: {error}"
+    return ReachError(grpc.StatusCode.INTERNAL, f"the handler's reply cannot be sent: {what}")
 
 
 class AgentRuntime:
@@ -754,24 +794,30 @@ class _Core:
         return outcome
 
     async def _call(self, handler: Handler, ctx: HandlerContext, message: envelope_pb2.ReachMessage) -> _Outcome:
-        """Runs the handler; its errors become outcomes (remembered like replies)."""
+        """Runs the handler and builds its reply envelope; every failure becomes an outcome
+        (remembered like replies): the handler's :class:`ReachError` (see
+        :func:`_handler_outcome`), INTERNAL for any other exception, for content that cannot
+        be sent (data deeper than :data:`~reach_mesh.parts.MAX_DATA_DEPTH`, not JSON, not
+        encodable), and PAYLOAD_TOO_LARGE for a reply over ``max_message_bytes``."""
         try:
             result = handler(ctx, ctx.message)
             if inspect.isawaitable(result):
                 result = await result
-            payload = Payload.of(result)
-            reply = self.reply(message.header, payload, ctx.take_reply_metadata())
         except ReachError as error:
-            return error
+            return _handler_outcome(error)
         except PartError as error:
-            _log.error("handler for %s returned content that cannot be sent: %s", ctx.capability or "the service", error)
-            return ReachError(grpc.StatusCode.INTERNAL, f"the handler's reply cannot be sent: {error}")
+            # data_part() and friends refused what the handler was building its reply from.
+            return _unsendable_reply(ctx.capability, error)
         except Exception as error:
             _log.exception("handler for %s failed (trace %s)", ctx.capability or "the service", ctx.trace_id)
             return ReachError(
                 grpc.StatusCode.INTERNAL, f"the handler failed: {type(error).__name__}: {error}"
             )
-        size = reply.ByteSize()
+        try:
+            reply = self.reply(message.header, Payload.of(result), ctx.take_reply_metadata())
+            size = reply.ByteSize()
+        except Exception as error:  # PartError, DataTooDeep, or protobuf's own refusal
+            return _unsendable_reply(ctx.capability, error)
         if size > self.config.max_message_bytes:
             return _too_large("reply", size, self.config.max_message_bytes)
         return reply
@@ -808,7 +854,11 @@ class _AgentServicer(agent_service_pb2_grpc.AgentServiceServicer):
         except ReachError as error:
             await _abort(context, error)
             raise AssertionError("unreachable: abort raises") from None
-        return agent_service_pb2.HandleResponse(message=reply)
+        try:
+            return agent_service_pb2.HandleResponse(message=reply)
+        except Exception as error:  # the reply cannot be copied into the response
+            await _abort(context, _unsendable_reply(request.message.header.capability, error))
+            raise AssertionError("unreachable: abort raises") from None
 
     async def HandleMux(
         self, request_iterator: AsyncIterator[agent_service_pb2.HandleMuxRequest], context: grpc.aio.ServicerContext[Any, Any]
@@ -831,7 +881,7 @@ class _AgentServicer(agent_service_pb2_grpc.AgentServiceServicer):
         core = self._core
         try:
             core.refuse_if_draining()
-            first = await context.read()
+            first = await _read_stream(context)
             if first is grpc.aio.EOF or not first.HasField("message"):
                 raise ReachError(grpc.StatusCode.INVALID_ARGUMENT, "the stream closed before its first message")
             handler: StreamHandler = core.pick(core.stream_handlers, first.message)
@@ -845,7 +895,7 @@ class _AgentServicer(agent_service_pb2_grpc.AgentServiceServicer):
 
         async def rest() -> AsyncIterator[Message]:
             while True:
-                item = await context.read()
+                item = await _read_stream(context)
                 if item is grpc.aio.EOF:
                     return
                 answering[0] = item.message.header
@@ -855,13 +905,17 @@ class _AgentServicer(agent_service_pb2_grpc.AgentServiceServicer):
         with core.entered():
             try:
                 async for result in handler(ctx, ctx.message, rest()):
-                    payload = Payload.of(result)
-                    reply = core.reply(answering[0], payload, ctx.take_reply_metadata())
-                    yield agent_service_pb2.HandleStreamResponse(message=reply)
+                    try:
+                        reply = core.reply(answering[0], Payload.of(result), ctx.take_reply_metadata())
+                        response = agent_service_pb2.HandleStreamResponse(message=reply)
+                    except Exception as error:  # PartError, DataTooDeep, protobuf's own refusal
+                        failure = _unsendable_reply(ctx.capability, error)
+                        break
+                    yield response
             except ReachError as error:
-                failure = error
+                failure = _handler_outcome(error)
             except PartError as error:
-                failure = ReachError(grpc.StatusCode.INTERNAL, f"the handler's reply cannot be sent: {error}")
+                failure = _unsendable_reply(ctx.capability, error)
             except Exception as error:
                 if isinstance(error, grpc.aio.AbortError):
                     raise
@@ -873,13 +927,43 @@ class _AgentServicer(agent_service_pb2_grpc.AgentServiceServicer):
             await _abort(context, failure)
 
 
+async def _read_stream(context: grpc.aio.ServicerContext[Any, Any]) -> Any:
+    """The next request of a HandleStream RPC; ``grpc.aio.EOF`` once the caller half-closed.
+
+    Raises:
+        ReachError: INVALID_ARGUMENT when the request cannot be decoded.
+        grpc.aio.AioRpcError, grpc.aio.UsageError, asyncio.CancelledError: the caller went
+            away.
+    """
+    try:
+        return await context.read()
+    except (grpc.aio.AioRpcError, grpc.aio.UsageError, asyncio.CancelledError):
+        raise
+    except Exception as error:  # the request deserializer's (DecodeError)
+        raise ReachError(
+            grpc.StatusCode.INVALID_ARGUMENT,
+            f"a message on the stream could not be decoded ({_undecodable(error)}); send "
+            "HandleStreamRequests whose data nests at most "
+            f"{MAX_DATA_DEPTH} levels (MAX_DATA_DEPTH)",
+        ) from None
+
+
+def _undecodable(error: Exception) -> str:
+    """Why a request could not be decoded, for a status message."""
+    return f"{type(error).__name__}: {error}" if str(error) else type(error).__name__
+
+
 class _MuxSession:
     """The calls of one HandleMux stream (the callee's side of ``reach_rpc::mux::serve``):
     every call frame runs as its own task and is answered as it finishes, in completion
     order; a cancel frame tells the call's handler and the call answers once it stopped; at
     most :data:`MAX_OPEN_CALLS_PER_STREAM` calls are open (answered or acknowledged) at once.
-    When the agent drains the session stops reading, answers what it read, and the stream ends
-    with UNAVAILABLE / ``INSTANCE_DRAINING``."""
+    Every call read gets exactly one answer.
+
+    The session stops reading frames, answers every call it read, and ends the stream with a
+    status when the agent drains (UNAVAILABLE / ``INSTANCE_DRAINING``) or a frame cannot be
+    decoded (INVALID_ARGUMENT / ``INVALID_FRAME``): calls without a reply were not read, so
+    the caller may send them again or elsewhere."""
 
     def __init__(self, core: _Core, context: grpc.aio.ServicerContext[Any, Any]) -> None:
         self._core = core
@@ -915,6 +999,30 @@ class _MuxSession:
         )
 
     async def _read(self) -> None:
+        """Reads frames and starts or cancels calls until the caller half-closes, the agent
+        drains or a frame cannot be decoded; then waits for the calls read to be answered and
+        ends the reply stream. Ends at once when the caller went away. Never dies silently:
+        an unexpected failure ends the stream with INTERNAL."""
+        try:
+            await self._read_frames()
+        except asyncio.CancelledError:
+            raise
+        except Exception as error:
+            _log.exception("multiplexed stream failed; ending it")
+            self._gone()
+            self.end = ReachError(
+                grpc.StatusCode.INTERNAL,
+                f"the callee failed while reading this stream ({type(error).__name__}: {error}); calls "
+                "without a reply may or may not have been handled",
+            )
+            await self._replies.put(None)
+
+    def _gone(self) -> None:
+        """Stops every open call (their handlers are told); nobody will read their replies."""
+        for task, _ in self._open.values():
+            task.cancel()
+
+    async def _read_frames(self) -> None:
         core = self._core
         closing = asyncio.ensure_future(core.closing.wait())
         read: asyncio.Future[Any] | None = None
@@ -936,11 +1044,24 @@ class _MuxSession:
                     request = read.result()
                 except (grpc.aio.AioRpcError, grpc.aio.UsageError, asyncio.CancelledError):
                     # The caller went away: its open calls stop (their handlers are told).
-                    for task, _ in self._open.values():
-                        task.cancel()
+                    self._gone()
                     with contextlib.suppress(asyncio.QueueFull):
                         self._replies.put_nowait(None)
                     return
+                except Exception as error:  # the request deserializer's (DecodeError)
+                    # Its call id is unknown, so it cannot be refused alone: no further frame
+                    # is read; the calls read are answered, then the stream ends saying the
+                    # rest were not handled.
+                    why = _undecodable(error)
+                    _log.warning("a HandleMux frame could not be decoded; ending the stream: %s", why)
+                    self.end = ReachError(
+                        grpc.StatusCode.INVALID_ARGUMENT,
+                        f"a frame on this stream could not be decoded ({why}); send HandleMuxRequests "
+                        f"whose data nests at most {MAX_DATA_DEPTH} levels (MAX_DATA_DEPTH). No frame "
+                        "after it was read: calls without a reply were not handled, send them again",
+                        Reason.INVALID_FRAME,
+                    )
+                    break
                 if request is grpc.aio.EOF:
                     break
                 refusal = self._accept(request.frame)
@@ -1020,18 +1141,32 @@ class _MuxSession:
         return None
 
     async def _call(self, call_id: int, frame: mux_pb2.CallFrame, deadline: float | None, cancel: asyncio.Event) -> None:
-        reply_frame = mux_pb2.ReplyFrame(call_id=call_id)
+        """Handles one call and queues its one answer: the reply, or its error — INTERNAL
+        when the reply cannot be put in a frame, or handling failed unexpectedly, so that the
+        caller (which counts the call against ``max_concurrency`` until it is answered) never
+        waits for an answer that cannot come."""
         try:
             try:
                 self._core.refuse_if_draining()
                 reply = await self._core.handle(frame.message, deadline, dict(frame.metadata), cancel)
-                reply_frame.reply.CopyFrom(reply)
+                response = agent_service_pb2.HandleMuxResponse(
+                    frame=mux_pb2.ReplyFrame(call_id=call_id, reply=reply)
+                )
             except ReachError as error:
-                reply_frame.error.CopyFrom(error.to_call_error())
+                response = self._refusal(call_id, error)
+            except Exception as error:  # DecodeError copying the reply, or a bug
+                _log.exception("call %d on a multiplexed stream could not be answered with its reply", call_id)
+                response = self._refusal(
+                    call_id,
+                    ReachError(
+                        grpc.StatusCode.INTERNAL,
+                        f"the handler's reply cannot be sent: {type(error).__name__}: {error}",
+                    ),
+                )
             # The id is closed before the reply goes, so the caller may reuse it once the
             # reply arrives.
             self._open.pop(call_id, None)
-            await self._replies.put(agent_service_pb2.HandleMuxResponse(frame=reply_frame))
+            await self._replies.put(response)
         finally:
             self._open.pop(call_id, None)
             self._unanswered -= 1

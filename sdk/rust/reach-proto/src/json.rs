@@ -91,13 +91,13 @@ impl Part {
 
 /// The deepest a data part's JSON value may nest: each object or list is one level, a scalar
 /// none (`{"a": [1]}` nests 2). The router refuses deeper messages (INVALID_ARGUMENT /
-/// INVALID_PAYLOAD) and the SDKs refuse to send deeper data or replies. A JSON level is two
-/// protobuf message levels (`Value` and its `Struct` or `ListValue`), so 32 levels leave room
-/// under protobuf's decoding limit of 100 for the envelope and the multiplexed frames
-/// (`CallMuxRequest`, `HandleMuxRequest`) that wrap it: without a bound at the edge, a message
-/// the router could still decode would be undecodable once wrapped, and end the stream every
-/// other call to that instance shares.
-pub const MAX_DATA_DEPTH: usize = 32;
+/// INVALID_PAYLOAD) and the SDKs refuse to send deeper data or replies. An object level costs
+/// three protobuf message levels (`Value`, `Struct` and its map entry), a list level two, and
+/// the data's first `Value` is the fifth message of a `CallMuxRequest` or `HandleMuxRequest`:
+/// 31 object levels end at the 98th, under protobuf's decoding limit of 100 (prost, upb).
+/// Without a bound at the edge, a message the router could still decode would be undecodable
+/// once wrapped, and end the stream every other call to that instance shares.
+pub const MAX_DATA_DEPTH: usize = 31;
 
 /// How deep `value` nests: 0 for a scalar, 1 + its deepest element for a list or struct.
 /// Walks with an explicit stack, so any value is safe to measure.

@@ -802,6 +802,27 @@ fn too_large(what: &str, size: usize, limit: usize) -> Status {
     )
 }
 
+/// A handler's error as the handler's own outcome: an error carrying a delivery reason
+/// (ROUTE_NOT_FOUND, INSTANCE_DRAINING, OVERLOADED, INSTANCE_UNAVAILABLE) comes from a call
+/// the handler made, which was not delivered, while this message was; passed on unchanged, the
+/// router, the orchestrator and callers would read it as "this message was not delivered" and
+/// send it again. It becomes FAILED_PRECONDITION without details, its message prefixed with
+/// "a call this handler made failed: ". Other errors pass unchanged.
+fn as_handler_outcome(status: Status) -> Status {
+    match reach_rpc::errors::reason_of(&status).as_deref() {
+        Some(
+            reason::ROUTE_NOT_FOUND
+            | reason::INSTANCE_DRAINING
+            | reason::OVERLOADED
+            | reason::INSTANCE_UNAVAILABLE,
+        ) => Status::failed_precondition(format!(
+            "a call this handler made failed: {}",
+            status.message()
+        )),
+        _ => status,
+    }
+}
+
 /// INTERNAL for a handler's reply whose data part `part` nests `depth` levels deep, over
 /// [`reach_proto::json::MAX_DATA_DEPTH`]: the router could not decode it in the multiplexed
 /// stream other calls share, so it is not sent.
@@ -904,7 +925,10 @@ async fn handle_message(
                 let outcome = async {
                     let request_header = message.header.clone().unwrap_or_default();
                     let reply_metadata = ctx.reply_metadata.clone();
-                    let payload = handler.handle(ctx, message).await?;
+                    let payload = handler
+                        .handle(ctx, message)
+                        .await
+                        .map_err(as_handler_outcome)?;
                     if let Some((part, depth)) = payload.too_deep() {
                         return Err(too_deep_reply(part, depth));
                     }
@@ -1096,7 +1120,7 @@ impl AgentService for AgentGrpc {
         let replies = handler.handle(ctx, first, rest).map(move |item| {
             // Keep the stream counted and its cancellation armed for as long as it lives.
             let _ = (&guard, &cancel_on_drop);
-            item.and_then(|payload| {
+            item.map_err(as_handler_outcome).and_then(|payload| {
                 if let Some((part, depth)) = payload.too_deep() {
                     return Err(too_deep_reply(part, depth));
                 }
