@@ -17,6 +17,7 @@ import pytest
 
 from conftest import ReachProcess, eventually, load_example
 from reach.v1 import agent_service_pb2, agent_service_pb2_grpc, registry_service_pb2
+from reach_mesh.client import MUX_MAX_OUTSTANDING
 from reach_mesh import (
     AgentConfig,
     AgentRuntime,
@@ -203,6 +204,28 @@ async def test_the_mux_client_matches_out_of_order_replies(dev: ReachProcess) ->
 
             replies = [m.text async for m in mesh.stream(first, more(), timeout=10)]
             assert replies == ["1: a", "2: b", "3: c"]
+    finally:
+        await agent.drain()
+
+
+async def test_calls_beyond_the_streams_share_go_unary_meanwhile(dev: ReachProcess) -> None:
+    runtime, state = await echo_agent(dev, "wide", max_concurrency=32)
+    agent = await runtime.start()
+    await dev.wait_ready("wide")
+    try:
+        async with MeshClient(dev.endpoint, "pytest.wide") as mesh:
+            total = MUX_MAX_OUTSTANDING + 4
+            held = [
+                asyncio.ensure_future(mesh.call("wide.echo", data_part({"block": True, "n": n}), CallOptions(timeout=20)))
+                for n in range(total)
+            ]
+            await eventually(lambda: state["calls"] == total, f"{total} handlers running")
+            # The stream carries its share; the rest went as unary Calls, and all run at once.
+            assert mesh._mux_calls == MUX_MAX_OUTSTANDING
+            state["release"].set()
+            replies = await asyncio.gather(*held)
+            assert sorted(r.data["echo"]["n"] for r in replies) == list(range(total))
+            assert mesh.mux_streams_opened == 1
     finally:
         await agent.drain()
 

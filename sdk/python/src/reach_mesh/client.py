@@ -48,6 +48,11 @@ MAX_MESSAGE_BYTES: Final = 64 << 20
 #: transport limit it would end the stream every concurrent call of this client shares,
 #: where a unary Call is refused (PAYLOAD_TOO_LARGE) alone.
 MUX_MAX_MESSAGE_BYTES: Final = 4 << 20
+#: The most calls waiting on the CallMux stream at once; more go as unary Calls meanwhile.
+#: The stream's bookkeeping (frames, futures, one writer and one reader coroutine) runs in
+#: Python, where grpcio's unary path runs in its C core: the stream is the faster path for a
+#: few concurrent calls, unary Calls for many (docs/benchmarks.md measures both).
+MUX_MAX_OUTSTANDING: Final = 8
 
 #: What a call sends: a payload, one part, or a list of parts.
 Content = Union[Payload, Part, Sequence[Part]]
@@ -144,6 +149,8 @@ class MeshClient:
         self._channel = _grpc.channel(endpoint, options)
         self._router = router_service_pb2_grpc.RouterServiceStub(self._channel)
         self._link = MuxLink(self._router.CallMux, "the router") if multiplex else None
+        #: Calls on the CallMux stream now (at most MUX_MAX_OUTSTANDING; more go unary).
+        self._mux_calls = 0
         if orchestrator_endpoint is None or orchestrator_endpoint == endpoint:
             self._orchestrator_channel: grpc.aio.Channel | None = None
             self._orchestrator = orchestrator_grpc.OrchestratorServiceStub(self._channel)
@@ -262,12 +269,20 @@ class MeshClient:
         if is_trace_id(message.header.trace_id):
             metadata[TRACEPARENT] = traceparent(message.header.trace_id)
         link = self._link
-        if link is not None and not link.is_unsupported() and message.ByteSize() <= MUX_MAX_MESSAGE_BYTES:
+        if (
+            link is not None
+            and not link.is_unsupported()
+            and self._mux_calls < MUX_MAX_OUTSTANDING
+            and message.ByteSize() <= MUX_MAX_MESSAGE_BYTES
+        ):
+            self._mux_calls += 1
             try:
                 response = await link.call(message, timeout, metadata)
             except Unsupported:
-                pass  # not served: the call goes as a unary Call
-            else:
+                response = None  # not served: the call goes as a unary Call
+            finally:
+                self._mux_calls -= 1
+            if response is not None:
                 frame = response.frame
                 if frame.WhichOneof("result") == "reply":
                     return Reply.of(frame.reply, response.route)
