@@ -521,7 +521,8 @@ export class Agent {
    * the orchestrator and callers would take this message for "not delivered" and send it again
    * or elsewhere, although the handler ran: it answers FAILED_PRECONDITION, without a reason,
    * with the message prefixed `a call this handler made failed: `. Any other ReachError answers
-   * as it is, anything else thrown UNKNOWN with its message.
+   * as it is; anything else thrown answers INTERNAL, `the handler failed: <name>: <message>`,
+   * as in the Rust and Python SDKs.
    */
   #handlerFailure(error: unknown, capability: string): ReachError {
     if (error instanceof DataTooDeepError) {
@@ -535,6 +536,10 @@ export class Agent {
       );
     }
     const failure = ReachError.from(error);
+    if (!(error instanceof ReachError) && failure.code === Code.UNKNOWN) {
+      const name = error instanceof Error ? error.name : typeof error;
+      return new ReachError(Code.INTERNAL, `the handler failed: ${name}: ${failure.statusMessage}`);
+    }
     if (!DELIVERY_REASONS.has(failure.reason)) {
       return failure;
     }

@@ -128,7 +128,7 @@ export type PayloadInit = Payload | MessageInitShape<typeof PayloadSchema>;
  * Throw a {@link ReachError} to answer with its status — except that one with a reason meaning
  * "not delivered" (`ROUTE_NOT_FOUND`, `INSTANCE_DRAINING`, `OVERLOADED`,
  * `INSTANCE_UNAVAILABLE`: a call the handler made failed) answers FAILED_PRECONDITION,
- * `a call this handler made failed: ...`; anything else thrown answers UNKNOWN with its
+ * `a call this handler made failed: ...`; anything else thrown answers INTERNAL with its
  * message. A reply that cannot be sent (data deeper than `MAX_DATA_DEPTH`, which `dataPart`
  * throws for) answers INTERNAL.
  */

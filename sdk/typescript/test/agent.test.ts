@@ -380,6 +380,33 @@ describe("a Node agent on reach dev", { timeout: 60_000 }, () => {
     assert.equal(reply.source, "ts.math.ts-math-1");
   });
 
+  test("a handler's unexpected exception answers INTERNAL, naming it", async () => {
+    const running = await new AgentRuntime({
+      service: "ts.faulty",
+      instanceId: "ts-faulty-1",
+      registry: mesh.endpoint,
+      logger: silentLogger,
+    })
+      .handle({ name: "ts.faulty.run", version: "1.0.0" }, () => {
+        throw new RangeError("boom");
+      })
+      .start();
+    try {
+      await mesh.waitForState("ts-faulty-1", InstanceState.READY);
+      await assert.rejects(
+        client.call("ts.faulty.run", makePayload("t"), { timeoutMs: 5000 }),
+        (error: unknown) => {
+          assert.ok(error instanceof ReachError);
+          assert.equal(error.code, Code.INTERNAL);
+          assert.equal(error.statusMessage, "the handler failed: RangeError: boom");
+          return true;
+        },
+      );
+    } finally {
+      await running.drain();
+    }
+  });
+
   test("a registration the registry refuses as invalid is not retried: run() drains and throws", async () => {
     const runtime = new AgentRuntime({
       service: "ts.bad",
