@@ -363,14 +363,19 @@ Checks that values.schema.json cannot express; each failure says what to change.
 {{- end -}}
 {{- end -}}
 {{- $seen := dict -}}
-{{- range .Values.agents -}}
-{{- if hasKey $seen .name -}}
-{{- fail (printf "agents: the name %q is used twice; each agent is a Deployment named after it" .name) -}}
+{{- range $entry := .Values.agents -}}
+{{- if hasKey $seen $entry.name -}}
+{{- fail (printf "agents: the name %q is used twice; each agent is a Deployment named after it" $entry.name) -}}
 {{- end -}}
-{{- $_ := set $seen .name true -}}
-{{- if le (int (.terminationGracePeriodSeconds | default 45)) (int (.preStopSleepSeconds | default 0)) -}}
-{{- fail (printf "agents[%s].terminationGracePeriodSeconds must be above its preStopSleepSeconds: the grace period includes the preStop sleep, and the drain after it" .name) -}}
+{{- $_ := set $seen $entry.name true -}}
+{{- /* As the Deployment sees it: agentDefaults, then the entry. */}}
+{{- $agent := mergeOverwrite (deepCopy $.Values.agentDefaults) $entry -}}
+{{- if le (int $agent.terminationGracePeriodSeconds) (int $agent.preStopSleepSeconds) -}}
+{{- fail (printf "agents[%s].terminationGracePeriodSeconds (%d) must be above its preStopSleepSeconds (%d, agentDefaults included): the grace period includes the preStop sleep, and the drain after it" $entry.name (int $agent.terminationGracePeriodSeconds) (int $agent.preStopSleepSeconds)) -}}
 {{- end -}}
+{{- end -}}
+{{- if eq (int .Values.ports.grpc) (int .Values.ports.admin) -}}
+{{- fail (printf "ports.grpc and ports.admin are both %d: the gRPC and admin servers each need a port of their own" (int .Values.ports.grpc)) -}}
 {{- end -}}
 {{- end -}}
 
