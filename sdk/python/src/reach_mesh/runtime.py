@@ -88,6 +88,11 @@ _OVERLOADED_RETRY_AFTER: Final = 0.05
 #: How long the server lets calls still open at the end of a drain finish before it closes
 #: their connections, in seconds.
 _SERVER_GRACE_AFTER_DRAIN: Final = 1.0
+#: How long a drained instance keeps answering after it deregistered, in seconds, before its
+#: server stops: a router that has not yet applied the deregistration still gets an
+#: ``INSTANCE_DRAINING`` refusal (and redelivers the message elsewhere), where grpcio's
+#: stopping server would cancel the call, which the router cannot tell from one that ran.
+_LINGER_AFTER_DEREGISTER: Final = 0.5
 #: The registration back-off: 20 ms, doubling, at most 2 s (``Backoff::doubling``).
 _BACKOFF_INITIAL: Final = 0.02
 _BACKOFF_MAX: Final = 2.0
@@ -550,6 +555,7 @@ class RunningAgent:
                 _log.warning(
                     "could not deregister; the lease will expire: %s", ReachError.from_rpc_error(failure)
                 )
+        await asyncio.sleep(_LINGER_AFTER_DEREGISTER)
         await self._server.stop(grace=_SERVER_GRACE_AFTER_DRAIN)
         core.abandon_runs()
         await self._registry_channel.close()
