@@ -387,7 +387,7 @@ async fn main() -> ExitCode {
         // tell, so exit quietly and successfully, as `cat` and `grep` users expect.
         Err(error) if is_broken_pipe(&error) => ExitCode::SUCCESS,
         Err(error) => {
-            eprintln!("error: {}", error_chain(&error));
+            eprintln!("error: {}", reach_rpc::errors::chain(error.as_ref()));
             ExitCode::FAILURE
         }
     };
@@ -422,24 +422,6 @@ fn is_broken_pipe(error: &anyhow::Error) -> bool {
 
 /// Checks an `--endpoint`: a URL with its scheme (`http://127.0.0.1:7070`), since a bare
 /// `host:port` otherwise fails later as an unexplained transport error.
-/// `error` and its causes joined with ": ", leaving out a cause whose text the message already
-/// holds: many errors both print their source and return it as `source()`, and `{:#}` would
-/// repeat it (`task store: unable to open database file: unable to open database file`).
-fn error_chain(error: &anyhow::Error) -> String {
-    let mut text = String::new();
-    for cause in error.chain() {
-        let cause = cause.to_string();
-        if text.contains(&cause) {
-            continue;
-        }
-        if !text.is_empty() {
-            text.push_str(": ");
-        }
-        text.push_str(&cause);
-    }
-    text
-}
-
 /// Parses a `--json` flag: any JSON value, with the parser's location on error.
 fn json_value(value: &str) -> Result<serde_json::Value, String> {
     serde_json::from_str(value).map_err(|e| {

@@ -61,7 +61,7 @@ async fn check(endpoint: &str, timeout: Duration) -> Result<(), String> {
         .map_err(|error| {
             failed(format!(
                 "cannot connect ({}); is the agent listening there?",
-                source_chain(&error)
+                reach_rpc::errors::chain(&error)
             ))
         })?;
     let request = HealthCheckRequest {
@@ -93,16 +93,4 @@ async fn check(endpoint: &str, timeout: Duration) -> Result<(), String> {
             other.as_str_name()
         ))),
     }
-}
-
-/// The error and its sources, joined: tonic's transport errors say little at the top level.
-fn source_chain(error: &(dyn std::error::Error + 'static)) -> String {
-    let mut text = error.to_string();
-    let mut source = error.source();
-    while let Some(cause) = source {
-        text.push_str(": ");
-        text.push_str(&cause.to_string());
-        source = cause.source();
-    }
-    text
 }

@@ -229,6 +229,24 @@ pub fn is_connect_error(status: &Status) -> bool {
     false
 }
 
+/// `error` and its sources joined with ": ", leaving out a source whose text the line already
+/// holds: many errors both print their source and return it from `source()`, and a plain walk
+/// (or anyhow's `{:#}`) would repeat it (`task store: unable to open database file: unable to
+/// open database file`).
+pub fn chain(error: &(dyn std::error::Error + 'static)) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        let cause_text = cause.to_string();
+        if !text.contains(&cause_text) {
+            text.push_str(": ");
+            text.push_str(&cause_text);
+        }
+        source = cause.source();
+    }
+    text
+}
+
 /// `text` cut to `max` characters, with `…` when it was cut: what error messages and tool
 /// errors echo of a caller's value, so a message stays small whatever the input.
 pub fn cut(text: &str, max: usize) -> String {
