@@ -130,11 +130,7 @@ impl EnvelopeRules {
             });
         }
         if let Some((part, depth)) = message.payload.as_ref().and_then(|p| p.too_deep()) {
-            return Err(RouteError::PayloadTooDeep {
-                part,
-                depth,
-                limit: reach_proto::json::MAX_DATA_DEPTH,
-            });
+            return Err(RouteError::PayloadTooDeep { part, depth });
         }
         Ok(())
     }

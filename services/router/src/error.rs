@@ -159,16 +159,12 @@ pub enum RouteError {
     )]
     InvalidVersionRequirement(String),
     /// A data part nests deeper than [`reach_proto::json::MAX_DATA_DEPTH`].
-    #[error(
-        "payload.parts[{part}] nests {depth} levels deep, over the limit of {limit}; flatten the data (each object or list is one level)"
-    )]
+    #[error("{}", reach_rpc::errors::too_deep_message(*part, *depth))]
     PayloadTooDeep {
         /// The index of the part.
         part: usize,
         /// How deep it nests.
         depth: usize,
-        /// The limit.
-        limit: usize,
     },
     /// The payload does not match the capability's input schema.
     #[error("payload of {capability:?} does not match its input schema at {pointer:?}: {detail}")]
@@ -418,24 +414,8 @@ impl From<RouteError> for Status {
                     ("available".to_string(), available),
                 ],
             ),
-            RouteError::PayloadTooDeep { part, depth, limit } => {
-                let mut details = tonic_types::ErrorDetails::with_error_info(
-                    reason::INVALID_PAYLOAD,
-                    reach_rpc::errors::ERROR_DOMAIN,
-                    [
-                        ("depth".to_string(), depth.to_string()),
-                        ("limit".to_string(), limit.to_string()),
-                    ],
-                );
-                details.add_bad_request_violation(
-                    format!("message.payload.parts[{part}].data"),
-                    format!("nests {depth} levels deep, over the limit of {limit}"),
-                );
-                <Status as tonic_types::StatusExt>::with_error_details(
-                    Code::InvalidArgument,
-                    message,
-                    details,
-                )
+            RouteError::PayloadTooDeep { part, depth } => {
+                reach_rpc::errors::payload_too_deep(part, depth)
             }
             RouteError::InvalidPayload {
                 capability,

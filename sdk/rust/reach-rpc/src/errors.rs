@@ -229,6 +229,39 @@ pub fn is_connect_error(status: &Status) -> bool {
     false
 }
 
+/// INVALID_ARGUMENT / `INVALID_PAYLOAD` for a message whose data part `part` nests `depth`
+/// levels deep, over [`reach_proto::json::MAX_DATA_DEPTH`]: metadata `depth` and `limit`, and a
+/// `BadRequest` violation on `message.payload.parts[N].data`. What the router answers such a
+/// message, and what the SDK's client answers without sending it.
+pub fn payload_too_deep(part: usize, depth: usize) -> Status {
+    let limit = reach_proto::json::MAX_DATA_DEPTH;
+    let mut details = ErrorDetails::with_error_info(
+        reason::INVALID_PAYLOAD,
+        ERROR_DOMAIN,
+        [
+            ("depth".to_string(), depth.to_string()),
+            ("limit".to_string(), limit.to_string()),
+        ],
+    );
+    details.add_bad_request_violation(
+        format!("message.payload.parts[{part}].data"),
+        format!("nests {depth} levels deep, over the limit of {limit}"),
+    );
+    Status::with_error_details(
+        Code::InvalidArgument,
+        too_deep_message(part, depth),
+        details,
+    )
+}
+
+/// The message of [`payload_too_deep`].
+pub fn too_deep_message(part: usize, depth: usize) -> String {
+    let limit = reach_proto::json::MAX_DATA_DEPTH;
+    format!(
+        "payload.parts[{part}] nests {depth} levels deep, over the limit of {limit}; flatten the data (each object or list is one level)"
+    )
+}
+
 /// `error` and its sources joined with ": ", leaving out a source whose text the line already
 /// holds: many errors both print their source and return it from `source()`, and a plain walk
 /// (or anyhow's `{:#}`) would repeat it (`task store: unable to open database file: unable to

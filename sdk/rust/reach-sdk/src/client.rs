@@ -15,7 +15,6 @@ use reach_proto::v1::{
     CallMuxResponse, CallRequest, CallResponse, Header, Payload, PublishRequest, PublishResponse,
     ReachMessage, ReplyRequest, StreamRequest, StreamResponse, header,
 };
-use reach_rpc::errors::{reason, status_with_reason};
 use reach_rpc::mux::{MuxError, MuxLink, OutgoingCall};
 
 use crate::handler::HandlerContext;
@@ -201,18 +200,7 @@ impl MeshClient {
         timeout: Option<Duration>,
     ) -> Result<CallResponse, Status> {
         if let Some((part, depth)) = message.payload.as_ref().and_then(Payload::too_deep) {
-            let limit = reach_proto::json::MAX_DATA_DEPTH;
-            return Err(status_with_reason(
-                tonic::Code::InvalidArgument,
-                format!(
-                    "payload.parts[{part}] nests {depth} levels deep, over the limit of {limit}; flatten the data (each object or list is one level)"
-                ),
-                reason::INVALID_PAYLOAD,
-                [
-                    ("depth".to_string(), depth.to_string()),
-                    ("limit".to_string(), limit.to_string()),
-                ],
-            ));
+            return Err(reach_rpc::errors::payload_too_deep(part, depth));
         }
         // The edge span belongs to the message's trace, so the `traceparent` sent with the
         // call does too.
