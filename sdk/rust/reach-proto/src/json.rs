@@ -120,6 +120,21 @@ pub fn depth(value: &Value) -> usize {
     deepest
 }
 
+/// Whether `value` nests at most `levels` levels: recursion no deeper than `levels` + 1 and
+/// no allocation, so the router's request path checks every message cheaply; [`depth`]
+/// measures only the ones that fail.
+fn within(value: &Value, levels: usize) -> bool {
+    match &value.kind {
+        Some(Kind::ListValue(list)) => {
+            levels > 0 && list.values.iter().all(|v| within(v, levels - 1))
+        }
+        Some(Kind::StructValue(s)) => {
+            levels > 0 && s.fields.values().all(|v| within(v, levels - 1))
+        }
+        _ => true,
+    }
+}
+
 impl Payload {
     /// The first data part nesting deeper than [`MAX_DATA_DEPTH`], as (part index, depth).
     pub fn too_deep(&self) -> Option<(usize, usize)> {
@@ -127,9 +142,8 @@ impl Payload {
             .iter()
             .enumerate()
             .find_map(|(index, part)| match &part.content {
-                Some(part::Content::Data(value)) => {
-                    let depth = depth(value);
-                    (depth > MAX_DATA_DEPTH).then_some((index, depth))
+                Some(part::Content::Data(value)) if !within(value, MAX_DATA_DEPTH) => {
+                    Some((index, depth(value)))
                 }
                 _ => None,
             })
