@@ -1,0 +1,26 @@
+//! Reach's trust layer: who a caller is and what it may do.
+//!
+//! - [`identity`]: SPIFFE IDs and the [`Caller`] of a request.
+//! - [`tls`]: TLS server and client configurations from files, reloaded when they change,
+//!   verifying peers the SPIFFE way; [`connector`] dials outbound channels with them.
+//! - [`token`]: bearer tokens (JWT) verified against configured keys; join tokens.
+//! - [`policy`]: the policy file (serve, call, tasks, operators, open admin paths).
+//! - [`Trust`]: a process's settings and the decisions made with them; [`audit`] records them.
+//! - `issue` (feature `issue`): a development CA issuing certificates (rcgen).
+//!
+//! See `docs/security.md` for the threat model and setup.
+
+pub mod audit;
+pub mod connector;
+pub mod identity;
+#[cfg(feature = "issue")]
+pub mod issue;
+pub mod policy;
+mod reload;
+pub mod tls;
+pub mod token;
+mod trust;
+
+pub use identity::{Caller, DEFAULT_TRUST_DOMAIN, Identity, Via};
+pub use policy::{CallGrant, CallTarget, TaskAction};
+pub use trust::{AuthError, Denied, ERROR_DOMAIN, Trust, TrustConfig, TrustError};
