@@ -1,6 +1,10 @@
 //! HTTP/2 settings shared by every Reach server and data-path channel.
 
-use tonic::transport::{Endpoint, Error};
+use std::sync::Arc;
+
+use reach_trust::Identity;
+use reach_trust::tls::TlsSource;
+use tonic::transport::{Channel, Endpoint, Error};
 
 /// The HTTP/2 `SETTINGS_MAX_FRAME_SIZE` every Reach server and data-path channel advertises,
 /// in bytes: the largest DATA frame the peer may send it.
@@ -52,4 +56,48 @@ pub fn endpoint(url: impl Into<String>) -> Result<Endpoint, Error> {
     Ok(Endpoint::from_shared(url.into())?
         .tcp_nodelay(true)
         .max_frame_size(MAX_FRAME_BYTES))
+}
+
+/// A channel on `endpoint` that connects when first used: plaintext without `tls`; with it,
+/// TLS presenting `tls`'s certificate and verifying the server the SPIFFE way (chained to the
+/// CA, an identity of the trust domain) and, when `expected` is given, that the server is that
+/// identity (a connection to another is refused, so calls fail `UNAVAILABLE`).
+pub fn channel_lazy(
+    endpoint: &Endpoint,
+    tls: Option<&Arc<TlsSource>>,
+    expected: Option<Identity>,
+) -> Channel {
+    match tls {
+        None => endpoint.connect_lazy(),
+        Some(tls) => {
+            let connector = tls.connector();
+            let connector = match expected {
+                Some(expected) => connector.expecting(expected),
+                None => connector,
+            };
+            endpoint.connect_with_connector_lazy(connector)
+        }
+    }
+}
+
+/// [`channel_lazy`], connected now.
+///
+/// # Errors
+/// When the connection (or, with `tls`, the handshake or the identity check) fails.
+pub async fn channel(
+    endpoint: &Endpoint,
+    tls: Option<&Arc<TlsSource>>,
+    expected: Option<Identity>,
+) -> Result<Channel, Error> {
+    match tls {
+        None => endpoint.connect().await,
+        Some(tls) => {
+            let connector = tls.connector();
+            let connector = match expected {
+                Some(expected) => connector.expecting(expected),
+                None => connector,
+            };
+            endpoint.connect_with_connector(connector).await
+        }
+    }
 }

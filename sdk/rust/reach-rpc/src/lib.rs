@@ -9,6 +9,8 @@
 //!   asked at request time.
 //! - [`http2`] — the HTTP/2 settings servers and data-path channels advertise, and
 //!   [`http2::endpoint`] to build such a channel.
+//! - [`authenticate`] — TLS on accepted connections and each request's caller
+//!   ([`reach_trust::Caller`]), for servers given a [`reach_trust::Trust`].
 //! - [`limits`] — [`limits::ConnectionLimits`]: connections at once, handshake time and
 //!   buffered message bytes per listener, enforced by [`server::serve_http`].
 //! - [`deadline`] — the `grpc-timeout` header (gRPC over HTTP/2 spec), parsed and written.
@@ -19,6 +21,7 @@
 //! - [`time`] — conversions between `std::time` and the protobuf well-known types.
 //! - [`usage`] — model token usage in reply metadata ([`usage::TokenUsage`]).
 
+pub mod authenticate;
 pub mod backoff;
 pub mod deadline;
 pub mod errors;

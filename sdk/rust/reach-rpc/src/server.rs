@@ -55,6 +55,7 @@ pub struct GrpcServer {
     /// Services reported NOT_SERVING until their future resolves (see
     /// [`GrpcServer::ready_when`]).
     readiness: Vec<(&'static str, futures::future::BoxFuture<'static, ()>)>,
+    trust: std::sync::Arc<reach_trust::Trust>,
 }
 
 impl Default for GrpcServer {
@@ -88,7 +89,17 @@ impl GrpcServer {
             fallback: None,
             reflection_source: None,
             readiness: Vec::new(),
+            trust: reach_trust::Trust::disabled(),
         }
+    }
+
+    /// Serves with `trust`: TLS when it has certificates (client certificates verified the
+    /// SPIFFE way), and every request's caller authenticated (certificate or bearer token) and
+    /// put in its extensions as a [`reach_trust::Caller`] for the services to authorize.
+    /// Default [`reach_trust::Trust::disabled`]: plaintext, every caller anonymous.
+    pub fn with_trust(mut self, trust: std::sync::Arc<reach_trust::Trust>) -> Self {
+        self.trust = trust;
+        self
     }
 
     /// Reports the added service `name` NOT_SERVING until `ready` resolves, then SERVING
@@ -292,13 +303,14 @@ impl GrpcServer {
             }
         };
         let grace = self.grace.unwrap_or(self.limits.shutdown_grace);
-        serve_http_with_message_limits(
+        serve_http_with_trust(
             listener,
             router,
             shutdown,
             grace,
             self.limits,
             message_limits,
+            self.trust,
         )
         .await;
         Ok(())
@@ -368,11 +380,47 @@ pub async fn serve_http_with_message_limits(
     limits: ConnectionLimits,
     message_limits: MessageLimits,
 ) {
+    serve_http_with_trust(
+        listener,
+        router,
+        shutdown,
+        grace,
+        limits,
+        message_limits,
+        reach_trust::Trust::disabled(),
+    )
+    .await;
+}
+
+/// [`serve_http_with_message_limits`], with `trust`: when it has certificates, each
+/// connection is TLS (the handshake held to the limits' `handshake_timeout`; a client
+/// certificate whose identity is not of the trust domain ends the connection), and when it
+/// authenticates, each request's caller is established ([`reach_trust::Trust::authenticate`])
+/// and put in its extensions as a [`reach_trust::Caller`]. A request whose credentials are
+/// refused is answered `UNAUTHENTICATED` (gRPC) or 401 (HTTP) without reaching `router`,
+/// except GETs of the admin paths the policy leaves open and gRPC health checks.
+pub async fn serve_http_with_trust(
+    listener: tokio::net::TcpListener,
+    router: axum::Router,
+    shutdown: impl Future<Output = ()>,
+    grace: Duration,
+    limits: ConnectionLimits,
+    message_limits: MessageLimits,
+    trust: std::sync::Arc<reach_trust::Trust>,
+) {
     use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
     use hyper_util::server::conn::auto::Builder;
     use hyper_util::service::TowerToHyperService;
     use tower::ServiceExt;
 
+    let router = if trust.is_enabled() {
+        router.layer(axum::middleware::from_fn_with_state(
+            trust.clone(),
+            crate::authenticate::authenticate,
+        ))
+    } else {
+        router
+    };
     let mut builder = Builder::new(TokioExecutor::new());
     // The timer lets hyper enforce its HTTP/1.1 header read timeout (30 s).
     builder.http1().timer(TokioTimer::new());
@@ -408,11 +456,6 @@ pub async fn serve_http_with_message_limits(
                     } else {
                         // Small gRPC frames must not wait for Nagle's algorithm.
                         let _ = tcp.set_nodelay(true);
-                        let io = HandshakeDeadline::new(
-                            tcp,
-                            limits.handshake_timeout,
-                            listener_name.clone(),
-                        );
                         let budgets = ConnectionBudgets {
                             connection: BufferBudget::new(limits.max_buffered_bytes_per_connection),
                             listener: listener_budget.clone(),
@@ -420,13 +463,39 @@ pub async fn serve_http_with_message_limits(
                             metered: Metered::Requests,
                             message_limits: message_limits.clone(),
                         };
-                        let service = router.clone().map_request(move |request| budgets.meter(request));
-                        let connection = builder
-                            .serve_connection(TokioIo::new(io), TowerToHyperService::new(service));
-                        let connection = graceful.watch(connection.into_owned());
                         let open = OpenConnection::new(&listener_name);
+                        let (router, builder, watcher) =
+                            (router.clone(), builder.clone(), graceful.watcher());
+                        let (listener_name, trust) = (listener_name.clone(), trust.clone());
                         connections.spawn(async move {
-                            if let Err(error) = connection.await {
+                            let Some(tls) = trust.tls() else {
+                                let io = HandshakeDeadline::new(
+                                    tcp,
+                                    limits.handshake_timeout,
+                                    listener_name,
+                                );
+                                let service = router.map_request(move |request| budgets.meter(request));
+                                let connection = builder
+                                    .serve_connection(TokioIo::new(io), TowerToHyperService::new(service));
+                                if let Err(error) = watcher.watch(connection.into_owned()).await {
+                                    tracing::trace!(%error, "connection ended with an error");
+                                }
+                                drop(open);
+                                return;
+                            };
+                            let Some((stream, peer)) =
+                                crate::authenticate::accept_tls(tls, tcp, limits.handshake_timeout, &listener_name).await
+                            else {
+                                return;
+                            };
+                            let io = HandshakeDeadline::new(stream, limits.handshake_timeout, listener_name);
+                            let service = router.map_request(move |mut request: http::Request<_>| {
+                                request.extensions_mut().insert(peer.clone());
+                                budgets.meter(request)
+                            });
+                            let connection = builder
+                                .serve_connection(TokioIo::new(io), TowerToHyperService::new(service));
+                            if let Err(error) = watcher.watch(connection.into_owned()).await {
                                 tracing::trace!(%error, "connection ended with an error");
                             }
                             drop(open);

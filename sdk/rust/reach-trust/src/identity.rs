@@ -155,6 +155,11 @@ impl fmt::Debug for Identity {
     }
 }
 
+/// The identity in the client certificate of the TLS connection a request came on (`None`:
+/// the client presented none), in the request's extensions when the listener serves TLS.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PeerIdentity(pub Option<Identity>);
+
 /// How a caller proved who it is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Via {

@@ -21,6 +21,8 @@ pub mod tls;
 pub mod token;
 mod trust;
 
-pub use identity::{Caller, DEFAULT_TRUST_DOMAIN, Identity, Via};
+pub use identity::{Caller, DEFAULT_TRUST_DOMAIN, Identity, PeerIdentity, Via};
 pub use policy::{CallGrant, CallTarget, TaskAction};
+/// The rustls crate Reach builds on, for certificates and configurations in callers.
+pub use rustls;
 pub use trust::{AuthError, Denied, ERROR_DOMAIN, Trust, TrustConfig, TrustError};

@@ -1,0 +1,117 @@
+//! TLS on accepted connections and the caller of each request (see
+//! [`crate::server::serve_http_with_trust`]).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::response::IntoResponse;
+use reach_trust::{AuthError, Caller, PeerIdentity, Trust, tls::TlsSource};
+use tokio::net::TcpStream;
+
+use crate::limits::CONNECTIONS_REFUSED;
+
+/// Runs the TLS handshake on `tcp` within `timeout` and reads the client's identity. Returns
+/// `None` (the connection is dropped, counted in [`CONNECTIONS_REFUSED`] by reason) when the
+/// handshake fails or times out, or the client certificate names no identity of the trust
+/// domain.
+pub(crate) async fn accept_tls(
+    tls: &Arc<TlsSource>,
+    tcp: TcpStream,
+    timeout: Duration,
+    listener_name: &str,
+) -> Option<(tokio_rustls::server::TlsStream<TcpStream>, PeerIdentity)> {
+    let refused = |reason: &'static str| {
+        metrics::counter!(
+            CONNECTIONS_REFUSED,
+            "reason" => reason,
+            "listener" => listener_name.to_string()
+        )
+        .increment(1);
+    };
+    let config = match tls.server_config() {
+        Ok(config) => config,
+        Err(error) => {
+            tracing::error!(%error, "cannot serve TLS");
+            return None;
+        }
+    };
+    let peer = tcp.peer_addr().ok();
+    let accept = tokio_rustls::TlsAcceptor::from(config).accept(tcp);
+    let stream = match tokio::time::timeout(timeout, accept).await {
+        Ok(Ok(stream)) => stream,
+        Ok(Err(error)) => {
+            // Plaintext clients, wrong CAs and missing client certificates end here.
+            tracing::debug!(?peer, %error, "TLS handshake refused");
+            refused("tls_handshake");
+            return None;
+        }
+        Err(_) => {
+            refused("handshake_timeout");
+            return None;
+        }
+    };
+    match reach_trust::tls::peer_identity(
+        stream.get_ref().1.peer_certificates(),
+        tls.trust_domain(),
+    ) {
+        Ok(identity) => Some((stream, PeerIdentity(identity))),
+        Err(reason) => {
+            tracing::info!(?peer, %reason, "refused a client certificate");
+            refused("tls_identity");
+            None
+        }
+    }
+}
+
+/// The gRPC paths anyone may call without credentials when client certificates are optional:
+/// health checks (probes present none).
+fn is_open_grpc(path: &str) -> bool {
+    path.starts_with("/grpc.health.v1.Health/")
+}
+
+/// Axum middleware: establishes the request's [`Caller`] and puts it in its extensions, or
+/// answers `UNAUTHENTICATED` / 401 for refused credentials.
+pub(crate) async fn authenticate(
+    axum::extract::State(trust): axum::extract::State<Arc<Trust>>,
+    mut request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> axum::response::Response {
+    let peer = request
+        .extensions()
+        .get::<PeerIdentity>()
+        .and_then(|peer| peer.0.clone());
+    let caller = match trust.authenticate(peer.as_ref(), request.headers()) {
+        Ok(caller) => caller,
+        Err(AuthError::Missing)
+            if is_open_grpc(request.uri().path())
+                || (request.method() == http::Method::GET
+                    && trust.is_open_path(request.uri().path())) =>
+        {
+            Caller::anonymous()
+        }
+        Err(error) => {
+            reach_trust::audit::record(
+                &Caller::anonymous(),
+                "authenticate",
+                request.uri().path(),
+                reach_trust::audit::Decision::Denied,
+                &error.to_string(),
+            );
+            return if crate::limits::is_grpc(request.headers()) {
+                error
+                    .to_status()
+                    .into_http::<axum::body::Body>()
+                    .into_response()
+            } else {
+                (
+                    http::StatusCode::UNAUTHORIZED,
+                    [(http::header::WWW_AUTHENTICATE, "Bearer")],
+                    format!("{error}\n"),
+                )
+                    .into_response()
+            };
+        }
+    };
+    request.extensions_mut().insert(caller);
+    next.run(request).await
+}
