@@ -14,8 +14,9 @@ use serde::{Deserialize, Serialize};
 
 /// The top-level keys of [`ReachConfig`], which `REACH_<KEY>` / `REACH_<KEY>__<FIELD>`
 /// variables may set.
-const SECTIONS: [&str; 7] = [
+const SECTIONS: [&str; 8] = [
     "agents",
+    "trust",
     "listen",
     "admin_listen",
     "server",
@@ -44,6 +45,9 @@ pub struct ReachConfig {
     /// The example agents' settings (`[agents.model]`: the coordinator's optional model);
     /// used by the commands that start them (`reach dev`).
     pub agents: AgentsConfig,
+    /// Identities, TLS, bearer tokens and the policy (`docs/security.md`); none by default,
+    /// which is only allowed on loopback.
+    pub trust: reach_trust::TrustConfig,
 }
 
 impl Default for ReachConfig {
@@ -56,6 +60,7 @@ impl Default for ReachConfig {
             router: RouterConfig::default(),
             orchestrator: OrchestratorConfig::default(),
             agents: AgentsConfig::default(),
+            trust: reach_trust::TrustConfig::default(),
         }
     }
 }

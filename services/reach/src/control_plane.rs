@@ -54,6 +54,9 @@ pub enum StartError {
     /// The listener could not be used.
     #[error("cannot use the listener: {0}")]
     Io(#[from] std::io::Error),
+    /// The trust settings did not load, or forbid this listener.
+    #[error("{0}")]
+    Trust(#[from] reach_trust::TrustError),
 }
 
 /// A running control plane.
@@ -68,10 +71,12 @@ pub struct ControlPlane {
     shutdown: CancellationToken,
     serve: JoinHandle<Result<(), reach_rpc::server::ServeError>>,
     background: Vec<JoinHandle<()>>,
+    trust: std::sync::Arc<reach_trust::Trust>,
 }
 
 impl ControlPlane {
-    /// Starts the chosen services on `listener`.
+    /// Starts the chosen services on `listener`, with the trust settings of `config` (loaded
+    /// here; see [`ControlPlane::start_with_trust`]).
     ///
     /// # Errors
     /// [`StartError`] for invalid settings or an unusable listener.
@@ -80,8 +85,27 @@ impl ControlPlane {
         config: &ReachConfig,
         services: Services,
     ) -> Result<Self, StartError> {
+        let trust = reach_trust::Trust::load(&config.trust)?;
+        Self::start_with_trust(listener, config, services, trust).await
+    }
+
+    /// Starts the chosen services on `listener` with `trust`: TLS and authenticated callers
+    /// when it has certificates or token keys, and its policy applied by each service.
+    ///
+    /// # Errors
+    /// [`StartError`] for invalid settings or an unusable listener, including a non-loopback
+    /// listener without TLS unless `trust.insecure` is set.
+    pub async fn start_with_trust(
+        listener: TcpListener,
+        config: &ReachConfig,
+        services: Services,
+        trust: std::sync::Arc<reach_trust::Trust>,
+    ) -> Result<Self, StartError> {
         let addr = listener.local_addr()?;
-        let mut server = GrpcServer::new().with_limits(config.server);
+        trust.check_listener(addr)?;
+        let mut server = GrpcServer::new()
+            .with_limits(config.server)
+            .with_trust(trust.clone());
         let mut background = Vec::new();
         let registry = if services.registry {
             let registry = Registry::new(config.registry.clone())?;
@@ -151,7 +175,13 @@ impl ControlPlane {
             shutdown,
             serve,
             background,
+            trust,
         })
+    }
+
+    /// The trust this control plane serves with.
+    pub fn trust(&self) -> &std::sync::Arc<reach_trust::Trust> {
+        &self.trust
     }
 
     /// The gRPC address.
