@@ -131,7 +131,7 @@ impl ControlPlane {
                 // router.advertise_endpoint.
                 router_config.advertise_endpoint = format!("http://{addr}");
             }
-            let router = Router::new(router_config)?;
+            let router = Router::with_trust(router_config, trust.clone())?;
             background.push(router.spawn_registry_watch());
             server = router.add_to(server);
             // Ready (for readiness probes) once the first registry snapshot is applied: before

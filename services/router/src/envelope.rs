@@ -298,6 +298,50 @@ pub fn read_deadline(
     Ok(timeout.map(|t| started + t))
 }
 
+/// Request metadata the router sets on every forwarded message to the verified identity of
+/// its caller (a SPIFFE ID, or `anonymous`) when it serves with trust; a value the caller sent
+/// is never forwarded. An agent that sees this from a connection whose client certificate is
+/// the router's can rely on it without authenticating the caller again.
+pub const CALLER_METADATA: &str = "x-reach-caller";
+
+/// Holds a call of `caller` to `key` to the router's trust policy, and makes `metadata` what
+/// the instance may see of the caller: [`CALLER_METADATA`] set to the verified identity (and a
+/// forged one removed), and, when trust is on, the caller's `authorization` removed unless the
+/// policy rule that grants the call says to pass it (`pass_authorization`). Without trust,
+/// `authorization` is forwarded as before and no caller is named.
+///
+/// Typed pass-through calls are matched as capabilities by their gRPC service's full name.
+///
+/// # Errors
+/// [`RouteError::NotAuthorized`] when no rule of a loaded policy grants the call.
+pub fn authorize(
+    trust: &reach_trust::Trust,
+    caller: &reach_trust::Caller,
+    key: &RouteKey,
+    metadata: &mut MetadataMap,
+) -> Result<(), RouteError> {
+    use reach_trust::CallTarget;
+    metadata.remove(CALLER_METADATA);
+    if !trust.is_enabled() {
+        return Ok(());
+    }
+    let target = match key {
+        RouteKey::Service(name) => CallTarget::Service(name),
+        RouteKey::Capability(name) | RouteKey::GrpcService(name) => CallTarget::Capability(name),
+        RouteKey::Topic(name) => CallTarget::Topic(name),
+    };
+    let grant = trust
+        .check_call(caller, target)
+        .map_err(RouteError::NotAuthorized)?;
+    if !grant.pass_authorization {
+        metadata.remove("authorization");
+    }
+    if let Ok(value) = MetadataValue::try_from(caller.name()) {
+        metadata.insert(CALLER_METADATA, value);
+    }
+    Ok(())
+}
+
 /// Connection-specific (hop-by-hop) HTTP fields, which describe the caller's connection to the
 /// router and are never forwarded (RFC 9110 §7.6.1; `proxy-authorization` is the router's to
 /// consume, `host` names the router, not the instance).

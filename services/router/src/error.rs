@@ -94,6 +94,9 @@ pub enum RouteError {
         /// The instance that answered.
         instance: String,
     },
+    /// The trust policy does not let the caller call the target.
+    #[error("{0}")]
+    NotAuthorized(reach_trust::Denied),
     /// The caller's deadline passed.
     #[error(
         "the caller's deadline passed {} after the call arrived, before an instance answered; allow more time (grpc-timeout, CallFrame.timeout_ms) or look at the instance's latency",
@@ -362,6 +365,8 @@ impl From<RouteError> for Status {
                     ("limit".to_string(), limit.to_string()),
                 ],
             ),
+            // PERMISSION_DENIED / NOT_AUTHORIZED with the identity, action and target.
+            RouteError::NotAuthorized(denied) => denied.to_status(),
             RouteError::DeadlineExceeded(_) => status_with_reason(
                 Code::DeadlineExceeded,
                 message,

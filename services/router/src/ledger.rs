@@ -64,12 +64,26 @@ impl LedgerSink {
     /// # Errors
     /// [`LedgerError::InvalidEndpoint`] when `endpoint` is not a valid URI.
     pub fn spawn(endpoint: &str, config: LedgerSinkConfig) -> Result<Self, LedgerError> {
-        let channel = tonic::transport::Endpoint::from_shared(endpoint.to_string())
-            .map_err(|source| LedgerError::InvalidEndpoint {
-                endpoint: endpoint.to_string(),
-                source,
-            })?
-            .connect_lazy();
+        Self::spawn_with_tls(endpoint, config, None)
+    }
+
+    /// [`LedgerSink::spawn`], over TLS with `tls`'s certificate when given.
+    ///
+    /// # Errors
+    /// As [`LedgerSink::spawn`].
+    pub fn spawn_with_tls(
+        endpoint: &str,
+        config: LedgerSinkConfig,
+        tls: Option<&Arc<reach_trust::tls::TlsSource>>,
+    ) -> Result<Self, LedgerError> {
+        let channel =
+            tonic::transport::Endpoint::from_shared(endpoint.to_string()).map_err(|source| {
+                LedgerError::InvalidEndpoint {
+                    endpoint: endpoint.to_string(),
+                    source,
+                }
+            })?;
+        let channel = reach_rpc::http2::channel_lazy(&channel, tls, None);
         let (tx, rx) = mpsc::channel(config.capacity.max(1));
         let recorded_by = config.recorded_by.clone();
         let dropped = Arc::new(AtomicU64::new(0));

@@ -124,6 +124,18 @@ impl PassThrough {
                 "no routable instance serves gRPC service {service:?}; an agent serves its own gRPC service through the router by registering it in InstanceSpec.grpc_services"
             )));
         }
+        // The caller's policy, and what the instance sees of the caller, as for a Call.
+        let (mut parts, body) = request.into_parts();
+        let caller = reach_trust::Caller::of(&parts.extensions);
+        let mut metadata =
+            tonic::metadata::MetadataMap::from_headers(std::mem::take(&mut parts.headers));
+        if let Err(error) =
+            crate::envelope::authorize(self.table.trust(), &caller, &key, &mut metadata)
+        {
+            return record.fail(error.into());
+        }
+        parts.headers = metadata.into_headers();
+        let request = http::Request::from_parts(parts, body);
         let limit = self.table.config().passthrough_message_limit();
         self.forward_routed(request, key, limit, record)
             .instrument(span)

@@ -86,6 +86,8 @@ pub struct RoutingTable {
     replies: reach_rpc::ReplyBudget,
     /// What the balancing policies draw from.
     random: Arc<dyn Random>,
+    /// Certificates for the connections to instances, and the policy calls are held to.
+    trust: Arc<reach_trust::Trust>,
 }
 
 #[derive(Default)]
@@ -140,7 +142,20 @@ impl RoutingTable {
     /// An empty table whose balancing draws from `random` (a [`crate::balance::SeededRandom`]
     /// makes random and weighted picks reproducible).
     pub fn with_random(config: RouterConfig, random: Arc<dyn Random>) -> Arc<Self> {
+        Self::with_trust(config, random, reach_trust::Trust::disabled())
+    }
+
+    /// An empty table whose connections to instances use `trust`'s certificates: TLS, each
+    /// instance required to present the identity of the service it registered as
+    /// (`spiffe://<trust-domain>/agent/<service>`), so an address taken over by another
+    /// process gets no calls.
+    pub fn with_trust(
+        config: RouterConfig,
+        random: Arc<dyn Random>,
+        trust: Arc<reach_trust::Trust>,
+    ) -> Arc<Self> {
         Arc::new(Self {
+            trust,
             random,
             state: RwLock::new(State::default()),
             synced: watch::Sender::new(false),
@@ -157,6 +172,11 @@ impl RoutingTable {
     /// The router configuration.
     pub fn config(&self) -> &RouterConfig {
         &self.config
+    }
+
+    /// The trust the router serves and connects with.
+    pub fn trust(&self) -> &Arc<reach_trust::Trust> {
+        &self.trust
     }
 
     /// Resolves after the first registry snapshot has been applied.
@@ -521,9 +541,13 @@ impl RoutingTable {
         spec: &InstanceSpec,
         state: InstanceState,
     ) -> Result<InstanceEndpoint, tonic::transport::Error> {
-        let channel = reach_rpc::http2::endpoint(spec.endpoint.clone())?
-            .connect_timeout(self.config.connect_timeout)
-            .connect_lazy();
+        let endpoint = reach_rpc::http2::endpoint(spec.endpoint.clone())?
+            .connect_timeout(self.config.connect_timeout);
+        let expected = self
+            .trust
+            .tls()
+            .and_then(|tls| reach_trust::Identity::agent(tls.trust_domain(), &spec.service).ok());
+        let channel = reach_rpc::http2::channel_lazy(&endpoint, self.trust.tls(), expected);
         // Connect now, in the background, so the instance's first call does not pay (and its
         // first latency sample does not include) the TCP and HTTP/2 handshakes: peak-EWMA
         // takes a first sample as a peak, and an inflated one would keep a new instance out

@@ -32,11 +32,14 @@ async fn watch_once(
     table: &RoutingTable,
     endpoint: &str,
 ) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
-    let channel = tonic::transport::Endpoint::from_shared(endpoint.to_string())?
-        .connect_timeout(table.config().connect_timeout)
-        .tcp_nodelay(true)
-        .connect()
-        .await?;
+    let channel = reach_rpc::http2::channel(
+        &tonic::transport::Endpoint::from_shared(endpoint.to_string())?
+            .connect_timeout(table.config().connect_timeout)
+            .tcp_nodelay(true),
+        table.trust().tls(),
+        None,
+    )
+    .await?;
     let mut stream = RegistryServiceClient::new(channel)
         .max_decoding_message_size(64 << 20)
         .watch(WatchRequest {})

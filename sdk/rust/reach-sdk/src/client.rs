@@ -105,6 +105,21 @@ impl MeshClient {
         Ok(Self::new(channel, source))
     }
 
+    /// Connects to the router at `endpoint` over TLS, presenting `tls`'s certificate and
+    /// verifying the router's the SPIFFE way (chained to the CA, in the trust domain).
+    ///
+    /// # Errors
+    /// When the URL is invalid, the router is unreachable or the handshake fails.
+    pub async fn connect_tls(
+        endpoint: &str,
+        source: impl Into<String>,
+        tls: &Arc<reach_trust::tls::TlsSource>,
+    ) -> Result<Self, tonic::transport::Error> {
+        let endpoint = reach_rpc::http2::endpoint(endpoint)?;
+        let channel = reach_rpc::http2::channel(&endpoint, Some(tls), None).await?;
+        Ok(Self::new(channel, source))
+    }
+
     /// How many multiplexed CallMux streams this client (and its clones) opened to the
     /// router: 1 while the first lives, more after reconnects, 0 when calls go unary (a
     /// router without CallMux). For diagnostics and tests.

@@ -51,6 +51,17 @@ pub struct AgentConfig {
     /// Limits on the agent's own listener: connections at once, handshake time, bytes of
     /// partly received messages (see [`reach_rpc::ConnectionLimits`]).
     pub server: reach_rpc::ConnectionLimits,
+    /// The mesh's SPIFFE trust domain (default `reach.local`).
+    pub trust_domain: String,
+    /// This agent's certificate (`spiffe://<trust-domain>/agent/<service>`), key and the mesh
+    /// CA: when set, the agent serves TLS requiring client certificates of the CA, connects
+    /// to the registry over TLS presenting it, and trusts `x-reach-caller` from the router
+    /// (see [`crate::HandlerContext::caller`]). `None` (the default): plaintext.
+    pub tls: Option<reach_trust::tls::TlsConfig>,
+    /// A join token (`reach token join`), sent as `authorization: Bearer` on Register, for an
+    /// agent without a certificate of its service; "" sends none. A one-time token registers
+    /// once: an agent that must re-register (after a registry restart) needs a reusable one.
+    pub join_token: String,
 }
 
 impl Default for AgentConfig {
@@ -73,6 +84,9 @@ impl Default for AgentConfig {
             max_message_bytes: 4 * 1024 * 1024,
             model_slots: 0,
             server: reach_rpc::ConnectionLimits::default(),
+            trust_domain: reach_trust::DEFAULT_TRUST_DOMAIN.into(),
+            tls: None,
+            join_token: String::new(),
         }
     }
 }
@@ -97,6 +111,24 @@ impl AgentConfig {
     /// listens on a wildcard address (`0.0.0.0`, `::`). Empty keeps the listener's address.
     pub fn with_advertise_host(mut self, host: impl Into<String>) -> Self {
         self.advertise_host = host.into();
+        self
+    }
+
+    /// Serves and connects over TLS with `tls` (see [`AgentConfig::tls`]).
+    pub fn with_tls(mut self, tls: reach_trust::tls::TlsConfig) -> Self {
+        self.tls = Some(tls);
+        self
+    }
+
+    /// Registers with `token` (see [`AgentConfig::join_token`]).
+    pub fn with_join_token(mut self, token: impl Into<String>) -> Self {
+        self.join_token = token.into();
+        self
+    }
+
+    /// Sets the trust domain (see [`AgentConfig::trust_domain`]).
+    pub fn with_trust_domain(mut self, domain: impl Into<String>) -> Self {
+        self.trust_domain = domain.into();
         self
     }
 

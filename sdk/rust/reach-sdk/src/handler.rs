@@ -46,6 +46,12 @@ pub struct HandlerContext {
     /// This instance's model call slots: wrap each model call in
     /// [`ModelSlots::acquire`] so heartbeats report the model's load.
     pub model_slots: ModelSlots,
+    /// Who the call is from, as the router verified it (`x-reach-caller`): set only when this
+    /// agent serves TLS and the call came over a connection whose client certificate is the
+    /// router's (`spiffe://<trust-domain>/router`), so it can be relied on without
+    /// authenticating the caller again. `None` for anonymous callers, plaintext agents and
+    /// calls from anyone else.
+    pub caller: Option<reach_trust::Identity>,
 }
 
 impl HandlerContext {

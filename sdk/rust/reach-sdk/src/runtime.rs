@@ -52,7 +52,7 @@ pub enum AgentError {
     /// Serving failed.
     #[error(transparent)]
     Serve(#[from] reach_rpc::server::ServeError),
-    /// The registry refused the registration for good (INVALID_ARGUMENT or
+    /// The registry refused the registration for good (INVALID_ARGUMENT, PERMISSION_DENIED, UNAUTHENTICATED or
     /// FAILED_PRECONDITION: a bad name, version or capability descriptor, which no retry can
     /// fix); the message is the registry's.
     #[error(
@@ -264,7 +264,20 @@ impl AgentRuntime {
             format!("http://{host}:{}", addr.port())
         };
 
+        let trust = match &config.tls {
+            None => reach_trust::Trust::disabled(),
+            Some(tls) => reach_trust::Trust::load(&reach_trust::TrustConfig {
+                trust_domain: config.trust_domain.clone(),
+                tls: Some(tls.clone()),
+                ..reach_trust::TrustConfig::default()
+            })
+            .map_err(|e| AgentError::Config(format!("agent.tls: {e}")))?,
+        };
+        let router_identity = trust
+            .tls()
+            .and_then(|tls| reach_trust::Identity::service(tls.trust_domain(), "router").ok());
         let shared = Arc::new(Shared {
+            router_identity,
             instance_id: Arc::from(config.instance_id.as_str()),
             source: format!("{}.{}", config.service, config.instance_id),
             protocol_version: config.protocol_version.clone(),
@@ -290,7 +303,8 @@ impl AgentRuntime {
         // `max_drain`; what is still open then gets a short grace, not another full one.
         let mut server = GrpcServer::new()
             .with_grace(SERVER_GRACE_AFTER_DRAIN)
-            .with_limits(config.server);
+            .with_limits(config.server)
+            .with_trust(trust.clone());
         for (name, add) in self.grpc_services {
             grpc_service_names.push(name);
             server = add(server);
@@ -336,8 +350,23 @@ impl AgentRuntime {
             })?
             .connect_timeout(Duration::from_secs(1))
             .timeout(REGISTRY_CALL_TIMEOUT)
-            .tcp_nodelay(true)
-            .connect_lazy();
+            .tcp_nodelay(true);
+        let registry = reach_rpc::http2::channel_lazy(&registry, trust.tls(), None);
+        let join_token = if config.join_token.is_empty() {
+            None
+        } else {
+            Some(
+                tonic::metadata::MetadataValue::try_from(format!(
+                    "Bearer {}",
+                    config.join_token.trim()
+                ))
+                .map_err(|_| {
+                    AgentError::Config(
+                        "agent.join_token is not a valid token (it must be printable ASCII)".into(),
+                    )
+                })?,
+            )
+        };
         let lease = Arc::new(tokio::sync::Mutex::new(None::<String>));
         let stop_heartbeats = CancellationToken::new();
         let (refused_tx, refused) = watch::channel(None);
@@ -355,6 +384,7 @@ impl AgentRuntime {
             },
             lease.clone(),
             stop_heartbeats.clone(),
+            join_token,
         );
         let heartbeats = tokio::spawn(
             async move {
@@ -524,6 +554,7 @@ async fn keep_registered<T>(
     (in_flight, max_concurrency, models): (impl Fn() -> u32, usize, ModelSlots),
     lease: Arc<tokio::sync::Mutex<Option<String>>>,
     stop: CancellationToken,
+    join_token: Option<tonic::metadata::MetadataValue<tonic::metadata::Ascii>>,
 ) -> Result<(), Status>
 where
     T: tonic::client::GrpcService<tonic::body::Body>,
@@ -533,10 +564,17 @@ where
 {
     let mut backoff = Backoff::doubling(Duration::from_millis(20), Duration::from_secs(2));
     'register: loop {
-        let request = RegisterRequest {
+        let mut request = tonic::Request::new(RegisterRequest {
             instance: Some(spec.clone()),
             lease_ttl: Some(reach_rpc::time::proto_duration(lease_ttl)),
-        };
+        });
+        // The join token proves the right to register; heartbeats then authenticate with the
+        // lease id the registration granted.
+        if let Some(token) = &join_token {
+            request
+                .metadata_mut()
+                .insert("authorization", token.clone());
+        }
         let granted = tokio::select! {
             _ = stop.cancelled() => return Ok(()),
             result = registry.register(request) => result,
@@ -546,7 +584,10 @@ where
             Err(status)
                 if matches!(
                     status.code(),
-                    Code::InvalidArgument | Code::FailedPrecondition
+                    Code::InvalidArgument
+                        | Code::FailedPrecondition
+                        | Code::PermissionDenied
+                        | Code::Unauthenticated
                 ) =>
             {
                 error!(error = %status.message(), code = ?status.code(), "the registry refused the registration; not retrying: fix the agent's configuration");
@@ -639,9 +680,28 @@ struct Shared {
     /// they read and end (see `reach_rpc::mux::serve`).
     closing: CancellationToken,
     dedupe: DedupeCache<Result<HandleResponse, Status>>,
+    /// The router identity whose `x-reach-caller` is believed, when the agent serves TLS.
+    router_identity: Option<reach_trust::Identity>,
 }
 
+/// The metadata key the router names a call's verified caller in.
+const CALLER_METADATA: &str = "x-reach-caller";
+
 impl Shared {
+    /// The caller the router vouches for: `vouched` (the `x-reach-caller` value) when the
+    /// connection's peer (`peer`, from the TLS handshake) is the router, else `None`.
+    fn caller(
+        &self,
+        peer: &reach_trust::Caller,
+        vouched: Option<&str>,
+    ) -> Option<reach_trust::Identity> {
+        let router = self.router_identity.as_ref()?;
+        if peer.identity() != Some(router) {
+            return None;
+        }
+        reach_trust::Identity::parse(vouched?).ok()
+    }
+
     async fn wait_idle(&self) {
         loop {
             let notified = self.idle.notified();
@@ -667,7 +727,12 @@ impl Shared {
         Ok(())
     }
 
-    fn context(&self, message: &ReachMessage, deadline: Option<Instant>) -> HandlerContext {
+    fn context(
+        &self,
+        message: &ReachMessage,
+        deadline: Option<Instant>,
+        caller: Option<reach_trust::Identity>,
+    ) -> HandlerContext {
         let header = message.header.clone().unwrap_or_default();
         let capability = match header.target {
             Some(header::Target::Capability(name)) => name,
@@ -685,6 +750,7 @@ impl Shared {
             deadline,
             cancellation: CancellationToken::new(),
             instance_id: self.instance_id.clone(),
+            caller,
         }
     }
 
@@ -863,6 +929,7 @@ async fn handle_message(
     deadline: Option<Instant>,
     cancelled: Option<CancellationToken>,
     span: tracing::Span,
+    caller: Option<reach_trust::Identity>,
 ) -> Result<HandleResponse, Status> {
     span.record("instance", &*shared.instance_id);
     let size = message.encoded_len();
@@ -878,7 +945,7 @@ async fn handle_message(
             return Err(status);
         }
     };
-    let ctx = shared.context(&message, deadline);
+    let ctx = shared.context(&message, deadline, caller);
     let started = Instant::now();
     let capability = ctx.capability.clone();
     let _in_flight_metric = crate::metrics::in_flight(&capability);
@@ -1016,12 +1083,19 @@ impl AgentService for AgentGrpc {
     ) -> Result<Response<HandleResponse>, Status> {
         self.shared.refuse_if_draining()?;
         let deadline = read_deadline(request.metadata())?;
+        let caller = self.shared.caller(
+            &reach_trust::Caller::of(request.extensions()),
+            request
+                .metadata()
+                .get(CALLER_METADATA)
+                .and_then(|v| v.to_str().ok()),
+        );
         let message = request
             .into_inner()
             .message
             .ok_or_else(|| Status::invalid_argument("the request has no message"))?;
         let span = reach_telemetry::message_span("agent.handle", &message);
-        handle_message(&self.shared, message, deadline, None, span)
+        handle_message(&self.shared, message, deadline, None, span, caller)
             .await
             .map(Response::new)
     }
@@ -1033,6 +1107,7 @@ impl AgentService for AgentGrpc {
         request: Request<Streaming<HandleMuxRequest>>,
     ) -> Result<Response<Self::HandleMuxStream>, Status> {
         self.shared.refuse_if_draining()?;
+        let peer = reach_trust::Caller::of(request.extensions());
         let inbound = request
             .into_inner()
             .map(|item| item.map(|request| request.frame.unwrap_or_default()));
@@ -1042,6 +1117,10 @@ impl AgentService for AgentGrpc {
             inbound,
             move |call: mux::IncomingCall| {
                 let shared = shared.clone();
+                let caller = shared.caller(
+                    &peer,
+                    call.metadata.get(CALLER_METADATA).map(String::as_str),
+                );
                 async move {
                     shared.refuse_if_draining()?;
                     let parent = reach_telemetry::extract_map(&call.metadata);
@@ -1056,6 +1135,7 @@ impl AgentService for AgentGrpc {
                         call.deadline,
                         Some(call.cancelled),
                         span,
+                        caller,
                     )
                     .await?;
                     Ok(response.message.unwrap_or_default())
@@ -1082,6 +1162,13 @@ impl AgentService for AgentGrpc {
     ) -> Result<Response<Self::HandleStreamStream>, Status> {
         self.shared.refuse_if_draining()?;
         let deadline = read_deadline(request.metadata())?;
+        let caller = self.shared.caller(
+            &reach_trust::Caller::of(request.extensions()),
+            request
+                .metadata()
+                .get(CALLER_METADATA)
+                .and_then(|v| v.to_str().ok()),
+        );
         let mut inbound = request.into_inner();
         let first = inbound
             .message()
@@ -1094,7 +1181,7 @@ impl AgentService for AgentGrpc {
             .shared
             .pick(&self.shared.stream_handlers, &first)?
             .clone();
-        let ctx = self.shared.context(&first, deadline);
+        let ctx = self.shared.context(&first, deadline, caller);
         // Each reply answers the latest message the handler has read: the first, until it
         // reads another.
         let answering = Arc::new(std::sync::Mutex::new(
@@ -1310,6 +1397,7 @@ mod tests {
             (move || in_flight, 4, ModelSlots::default()),
             Arc::default(),
             stop.clone(),
+            None,
         ));
         tokio::time::sleep(run_for).await;
         let ended = task.is_finished();
@@ -1361,6 +1449,7 @@ mod tests {
             (|| 1, 4, slots.clone()),
             Arc::default(),
             stop.clone(),
+            None,
         ));
         tokio::time::sleep(Duration::from_millis(30)).await;
         // The only slot is taken at 30 ms: a heartbeat goes at once, not at 100 ms.
@@ -1413,6 +1502,7 @@ mod tests {
             (|| 0, 4, ModelSlots::default()),
             Arc::default(),
             CancellationToken::new(),
+            None,
         )
         .await;
         let refusal = ended.unwrap_err();

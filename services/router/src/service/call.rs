@@ -38,10 +38,11 @@ impl Router {
         request: Request<CallRequest>,
     ) -> Result<Response<CallResponse>, Status> {
         let started = Instant::now();
-        let (metadata, _, body) = request.into_parts();
+        let (metadata, extensions, body) = request.into_parts();
+        let caller = reach_trust::Caller::of(&extensions);
         let caller_deadline = read_deadline(&metadata, started)?;
         let message = body.message.ok_or(RouteError::MissingMessage)?;
-        self.route_call(message, metadata, caller_deadline, started, None)
+        self.route_call(&caller, message, metadata, caller_deadline, started, None)
             .await
             .map(Response::new)
     }
@@ -52,6 +53,8 @@ impl Router {
         &self,
         request: Request<Streaming<CallMuxRequest>>,
     ) -> Response<<Router as RouterService>::CallMuxStream> {
+        // Every call of the stream is the stream's caller's.
+        let caller = reach_trust::Caller::of(request.extensions());
         let inbound = request
             .into_inner()
             .map(|item| item.map(|request| request.frame.unwrap_or_default()));
@@ -60,11 +63,13 @@ impl Router {
             inbound,
             move |call: mux::IncomingCall| {
                 let router = router.clone();
+                let caller = caller.clone();
                 async move {
                     let parent = reach_telemetry::extract_map(&call.metadata);
                     let metadata = metadata_of(call.metadata);
                     router
                         .route_call(
+                            &caller,
                             call.message,
                             metadata,
                             call.deadline,
@@ -326,8 +331,9 @@ impl Router {
     /// `traceparent` (a unary call's parent is the current gRPC server span).
     async fn route_call(
         &self,
+        caller: &reach_trust::Caller,
         mut message: ReachMessage,
-        metadata: MetadataMap,
+        mut metadata: MetadataMap,
         caller_deadline: Option<Instant>,
         started: Instant,
         remote_parent: Option<reach_telemetry::OtelContext>,
@@ -335,6 +341,7 @@ impl Router {
         self.rules()
             .admit(&mut message, TraceOrigin::Caller(&metadata))?;
         let key = route_key(&message)?;
+        envelope::authorize(self.table().trust(), caller, &key, &mut metadata)?;
         let span =
             reach_telemetry::message_span_with_parent("router.call", &message, remote_parent);
 

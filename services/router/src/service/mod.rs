@@ -97,6 +97,31 @@ impl Router {
     /// # Errors
     /// As [`Router::new`].
     pub fn with_random(config: RouterConfig, random: Arc<dyn Random>) -> Result<Self, StartError> {
+        Self::with_random_and_trust(config, random, reach_trust::Trust::disabled())
+    }
+
+    /// [`Router::new`] with `trust` (see [`Router::with_random_and_trust`]).
+    ///
+    /// # Errors
+    /// As [`Router::new`].
+    pub fn with_trust(
+        config: RouterConfig,
+        trust: Arc<reach_trust::Trust>,
+    ) -> Result<Self, StartError> {
+        Self::with_random_and_trust(config, Arc::new(ThreadRandom), trust)
+    }
+
+    /// [`Router::with_random`] with `trust`: connections to instances, the registry, the
+    /// ledger and peer routers use its certificates (instances must present their service's
+    /// identity), and every call is held to its policy (see [`crate::envelope::authorize`]).
+    ///
+    /// # Errors
+    /// As [`Router::new`].
+    pub fn with_random_and_trust(
+        config: RouterConfig,
+        random: Arc<dyn Random>,
+        trust: Arc<reach_trust::Trust>,
+    ) -> Result<Self, StartError> {
         config.validate()?;
         let protocols = match &config.protocol_registry {
             Some(path) => Some(Arc::new(ProtocolRegistry::load(path)?)),
@@ -110,18 +135,19 @@ impl Router {
         let ledger = if config.ledger_endpoint.is_empty() {
             None
         } else {
-            Some(LedgerSink::spawn(
+            Some(LedgerSink::spawn_with_tls(
                 &config.ledger_endpoint,
                 LedgerSinkConfig {
                     recorded_by: "router".into(),
                     sample_rate: config.ledger_sample_rate,
                     ..LedgerSinkConfig::default()
                 },
+                trust.tls(),
             )?)
         };
         Ok(Self {
             inner: Arc::new(Inner {
-                table: RoutingTable::with_random(config, random),
+                table: RoutingTable::with_trust(config, random, trust),
                 budget,
                 protocols,
                 waiting_replies: Mutex::new(HashMap::new()),

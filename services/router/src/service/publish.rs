@@ -24,19 +24,22 @@ impl Router {
         request: Request<PublishRequest>,
     ) -> Result<Response<PublishResponse>, Status> {
         let started = Instant::now();
-        let (metadata, _, body) = request.into_parts();
+        let (mut metadata, extensions, body) = request.into_parts();
+        let caller = reach_trust::Caller::of(&extensions);
         let caller_deadline = read_deadline(&metadata, started)?;
         let mut message = body.message.ok_or(RouteError::MissingMessage)?;
         let rules = self.rules();
         rules.admit(&mut message, TraceOrigin::Caller(&metadata))?;
         let deadline = rules.deadline(&message, caller_deadline)?;
         let topic = envelope::topic(&message)?;
+        let key = RouteKey::Topic(topic);
+        envelope::authorize(self.table().trust(), &caller, &key, &mut metadata)?;
         let (_, message_id) = ids_of(&message);
         let metadata = forwarded_metadata(metadata);
         let members = self
             .inner
             .table
-            .route(&RouteKey::Topic(topic))
+            .route(&key)
             .map(|route| route.members.clone())
             .unwrap_or_else(|| Arc::from(Vec::new()));
         let sends = members.iter().map(|endpoint| {

@@ -84,8 +84,8 @@ impl Router {
             .map_err(|e| {
                 Status::invalid_argument(format!("reply_to {endpoint:?} is not a router URL: {e}"))
             })?
-            .connect_timeout(self.config().connect_timeout)
-            .connect_lazy();
+            .connect_timeout(self.config().connect_timeout);
+        let channel = reach_rpc::http2::channel_lazy(&channel, self.table().trust().tls(), None);
         let client = RouterServiceClient::new(channel)
             .max_decoding_message_size(self.config().decoding_limit())
             .max_encoding_message_size(self.config().decoding_limit());

@@ -47,7 +47,8 @@ impl Router {
         started: Instant,
         route_label: &mut Option<String>,
     ) -> Result<Response<<Router as RouterService>::StreamStream>, Status> {
-        let (metadata, extensions, mut inbound) = request.into_parts();
+        let (mut metadata, extensions, mut inbound) = request.into_parts();
+        let caller = reach_trust::Caller::of(&extensions);
         let caller_end = extensions.get::<CallerEnd>().cloned().unwrap_or_default();
         let deadline = read_deadline(&metadata, started)?;
         let first = inbound.message().await?.ok_or_else(|| {
@@ -61,6 +62,7 @@ impl Router {
         // The TTL bounds the delivery of each message, not how long the stream lives.
         rules.deadline(&message, None)?;
         let key = route_key(&message)?;
+        crate::envelope::authorize(self.table().trust(), &caller, &key, &mut metadata)?;
         *route_label = Some(self.route_metrics(&key).label().to_string());
         let plan = match &key {
             RouteKey::Capability(name) => VersionPlan::resolve(
