@@ -287,6 +287,11 @@ struct ServiceArgs {
     /// Print the effective configuration as TOML and exit.
     #[arg(long)]
     dump_config: bool,
+    /// Allow listening on a non-loopback address without TLS (trust.insecure): only on a
+    /// network where everyone who can reach the ports may register agents, call every
+    /// capability and run tasks.
+    #[arg(long)]
+    insecure: bool,
 }
 
 /// The coordinator's model (`[agents.model]`), for the commands that start the example agents.
@@ -355,6 +360,9 @@ impl ServiceArgs {
         }
         if let Some(admin) = &self.admin_listen {
             map.insert("admin_listen".into(), json!(admin));
+        }
+        if self.insecure {
+            map.insert("trust".into(), json!({"insecure": true}));
         }
         map
     }
@@ -822,6 +830,7 @@ async fn serve(
             )
         })?;
         let admin_addr = admin_listener.local_addr()?;
+        plane.trust().check_listener(admin_addr)?;
         let mut routes = reach::admin::routes(metrics, plane.registry().cloned());
         if let Some(orchestrator) = plane.orchestrator() {
             routes = routes.merge(orchestrator.admin_router());

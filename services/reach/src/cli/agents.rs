@@ -11,14 +11,7 @@ use reach_proto::v1::registry_service_client::RegistryServiceClient;
 /// # Errors
 /// When the registry is unreachable or answers with an error.
 pub async fn agents(endpoint: &str, json: bool, out: &mut impl Write) -> anyhow::Result<()> {
-    let channel = tonic::transport::Endpoint::from_shared(endpoint.to_string())?
-        .connect()
-        .await
-        .map_err(|e| {
-            anyhow::anyhow!(
-                "cannot reach the registry at {endpoint}: {e}; is `reach dev` running? (--endpoint)"
-            )
-        })?;
+    let channel = super::credentials::connect(endpoint).await?;
     let list = RegistryServiceClient::new(channel)
         .list_instances(ListInstancesRequest::default())
         .await

@@ -39,11 +39,9 @@ const SOURCE: &str = "reach.cli";
 /// When the router is unreachable, or the router or the agent answers with an error status
 /// (its code, message and, when the status carries one, its ErrorInfo reason).
 pub async fn call(endpoint: &str, args: CallArgs, out: &mut impl Write) -> anyhow::Result<()> {
-    let client = MeshClient::connect(endpoint, SOURCE).await.map_err(|e| {
-        anyhow::anyhow!(
-            "cannot reach the router at {endpoint}: {e}; is `reach dev` (or `reach router`) running? (--endpoint)"
-        )
-    })?;
+    // TLS from REACH_TLS_*; the router knows the caller by its certificate.
+    let channel = super::credentials::channel(endpoint).await?;
+    let client = MeshClient::new(channel, SOURCE);
     let mut parts = Vec::new();
     if let Some(value) = &args.json {
         parts.push(Part::data(value));

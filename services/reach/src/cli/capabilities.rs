@@ -37,15 +37,7 @@ pub async fn capabilities(
     args: &CapabilitiesArgs,
     out: &mut impl Write,
 ) -> anyhow::Result<()> {
-    let channel = tonic::transport::Endpoint::from_shared(endpoint.to_string())?
-        .connect_timeout(std::time::Duration::from_secs(3))
-        .connect()
-        .await
-        .map_err(|e| {
-            anyhow::anyhow!(
-                "cannot reach the registry at {endpoint}: {e}; is `reach dev` running? (--endpoint)"
-            )
-        })?;
+    let channel = super::credentials::connect(endpoint).await?;
     let mut client = RegistryServiceClient::new(channel);
     let mut capabilities: Vec<CapabilityDescriptor> = Vec::new();
     let mut revision = 0;

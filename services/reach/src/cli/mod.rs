@@ -8,6 +8,7 @@
 //! - [`flow`] — `reach flow validate | apply | list`.
 //! - [`task`] — `reach task start | get | list | resume | cancel | retry | watch | dead-letters`.
 //! - [`dump`] — `reach dump --task ID`: a task's messages and events in time order.
+//! - [`credentials`] — TLS and bearer-token settings from `REACH_TLS_*` / `REACH_TOKEN`.
 //!
 //! Every orchestrator command returns the process exit code (0 ok, 1 failure such as an
 //! invalid flow); [`CliError`] is for transport problems (unreachable endpoint, gRPC errors).
@@ -15,6 +16,7 @@
 pub mod agents;
 pub mod call;
 pub mod capabilities;
+pub mod credentials;
 pub mod dump;
 pub mod flow;
 pub mod task;
@@ -40,7 +42,7 @@ pub const DEFAULT_ENDPOINT: &str = "http://127.0.0.1:7070";
 pub enum CliError {
     /// The endpoint could not be reached.
     #[error(
-        "cannot reach the orchestrator at {endpoint}: {message}; is it running (`reach dev` or `reach orchestrator`)? pass --endpoint otherwise"
+        "cannot reach {endpoint}: {message}; is it running (`reach dev`, or the service alone)? pass --endpoint otherwise"
     )]
     Connect {
         /// The endpoint.
@@ -66,26 +68,18 @@ impl From<tonic::Status> for CliError {
     }
 }
 
-/// A gRPC client of the orchestrator at `endpoint` (connect timeout 3 s).
+/// A gRPC client of the orchestrator at `endpoint` (connect timeout 3 s), with the
+/// environment's credentials ([`credentials`]).
 ///
 /// # Errors
-/// [`CliError::Usage`] when `endpoint` is not a URI, [`CliError::Connect`] when nothing
-/// answers there.
+/// [`CliError::Usage`] when `endpoint` is not a URI or the credentials do not load,
+/// [`CliError::Connect`] when nothing answers there.
 pub(crate) async fn client(
     endpoint: &str,
-) -> Result<OrchestratorServiceClient<tonic::transport::Channel>, CliError> {
-    let ep = tonic::transport::Endpoint::from_shared(endpoint.to_string())
-        .map_err(|e| {
-            CliError::Usage(format!(
-                "--endpoint {endpoint:?} is not a URI: {e}; use http://HOST:PORT"
-            ))
-        })?
-        .connect_timeout(std::time::Duration::from_secs(3));
-    let channel = ep.connect().await.map_err(|e| CliError::Connect {
-        endpoint: endpoint.to_string(),
-        message: std::error::Error::source(&e).map_or_else(|| e.to_string(), ToString::to_string),
-    })?;
-    Ok(OrchestratorServiceClient::new(channel))
+) -> Result<OrchestratorServiceClient<credentials::Authorized>, CliError> {
+    Ok(OrchestratorServiceClient::new(
+        credentials::connect(endpoint).await?,
+    ))
 }
 
 pub(crate) fn parse_json(flag: &str, text: &str) -> Result<Value, CliError> {
