@@ -9,4 +9,5 @@
 //!   PostgreSQL).
 
 pub mod flows;
+mod mtls;
 pub mod router;

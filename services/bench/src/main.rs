@@ -1,7 +1,7 @@
 //! `reach-bench`: runs one of Reach's benchmarks and prints its report to stdout.
 //!
 //! ```text
-//! reach-bench router [--quick] [--no-nats] [--only MODES] [--payloads BYTES] [--concurrency N]
+//! reach-bench router [--quick] [--no-nats] [--mtls] [--only MODES] [--payloads BYTES] [--concurrency N]
 //! reach-bench flows [--quick] [--postgres URL]
 //! ```
 
@@ -49,6 +49,10 @@ enum Bench {
         /// matrix's.
         #[arg(long, value_delimiter = ',', value_parser = clap::value_parser!(u16).range(1..=4096))]
         concurrency: Vec<u16>,
+        /// Also measure the same modes (but NATS) on a mesh whose every hop is mutual TLS,
+        /// printed side by side with the plaintext cells.
+        #[arg(long)]
+        mtls: bool,
     },
     /// Durable flow transitions per second on SQLite (and PostgreSQL with --postgres).
     Flows {
@@ -88,6 +92,7 @@ async fn main() -> ExitCode {
             only,
             payloads,
             concurrency,
+            mtls,
         } => {
             reach_bench::router::run(&reach_bench::router::BenchOptions {
                 quick,
@@ -95,6 +100,7 @@ async fn main() -> ExitCode {
                 only,
                 payloads: payloads.into_iter().map(|b| b as usize).collect(),
                 concurrencies: concurrency.into_iter().map(usize::from).collect(),
+                mtls,
             })
             .await
         }

@@ -53,6 +53,8 @@ use reach_rpc::GrpcServer;
 use reach_rpc::mux::{MuxLink, MuxReply, OutgoingCall};
 use reach_rpc::trace::{self, TraceId};
 use reach_sdk::{AgentConfig, AgentRuntime, HandlerContext, MeshClient};
+
+use crate::mtls::{BenchPki, render_mtls};
 use tokio::net::TcpListener;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -77,6 +79,9 @@ pub struct BenchOptions {
     pub payloads: Vec<usize>,
     /// Measure only these concurrencies (empty: the matrix's).
     pub concurrencies: Vec<usize>,
+    /// Also run every mode but NATS on a second mesh whose every hop is mutual TLS (SPIFFE
+    /// certificates, the router's policy checks on), and print the two side by side.
+    pub mtls: bool,
 }
 
 /// The modes, in the order they run.
@@ -137,7 +142,7 @@ async fn run_until_done(options: &BenchOptions) -> anyhow::Result<()> {
     // The Prometheus recorder, as `reach router` and `reach dev` install it: without it every
     // metric update would be a no-op and the router would be measured without its metrics.
     reach_telemetry::metrics::install().context("installing the metrics recorder")?;
-    let mesh = Mesh::start().await?;
+    let mesh = Mesh::start(None).await?;
     let nats = if options.no_nats || !wanted("nats") {
         None
     } else {
@@ -179,102 +184,29 @@ async fn run_until_done(options: &BenchOptions) -> anyhow::Result<()> {
     } else {
         &options.concurrencies
     };
-    let mut cells = Vec::new();
-    for &payload in payloads {
-        for &concurrency in concurrencies {
-            let shape = Shape {
-                payload,
-                concurrency,
-                warmup,
-                duration,
-            };
-            if wanted("direct") {
-                let direct = mesh.direct.clone();
-                cells.push(
-                    measure("direct", shape, None, move |m| {
-                        let mut client = direct.clone();
-                        async move {
-                            let reply = client
-                                .handle(HandleRequest { message: Some(m) })
-                                .await
-                                .map_err(|s| s.to_string())?;
-                            echoed(reply.into_inner().message, payload)
-                        }
-                    })
-                    .await,
-                );
-            }
-            if wanted("direct-mux") {
-                let link = mesh.direct_mux.clone();
-                cells.push(
-                    measure("direct-mux", shape, None, move |m| {
-                        let link = link.clone();
-                        async move { mux_echo(&link, m, payload).await }
-                    })
-                    .await,
-                );
-            }
-            if wanted("router-mux") {
-                let link = mesh.router_mux.clone();
-                cells.push(
-                    measure("router-mux", shape, None, move |m| {
-                        let link = link.clone();
-                        async move { mux_echo(&link, m, payload).await }
-                    })
-                    .await,
-                );
-            }
-            if wanted("router") {
-                let router = mesh.router.clone();
-                cells.push(
-                    measure("router", shape, None, move |m| {
-                        let mut client = router.clone();
-                        async move {
-                            let reply = client
-                                .call(CallRequest { message: Some(m) })
-                                .await
-                                .map_err(|s| s.to_string())?;
-                            echoed(reply.into_inner().message, payload)
-                        }
-                    })
-                    .await,
-                );
-            }
-            if let Some(nats) = &nats {
-                let client = nats.client.clone();
-                cells.push(
-                    measure("nats", shape, Some(nats.pid), move |m| {
-                        let client = client.clone();
-                        async move {
-                            let reply = client
-                                .request(SUBJECT, m.encode_to_vec().into())
-                                .await
-                                .map_err(|e| e.to_string())?;
-                            let reply =
-                                ReachMessage::decode(reply.payload).map_err(|e| e.to_string())?;
-                            echoed(Some(reply), payload)
-                        }
-                    })
-                    .await,
-                );
-            }
-            if wanted("sdk") {
-                let client = mesh.client.clone();
-                cells.push(
-                    measure("sdk", shape, None, move |mut m| {
-                        let client = client.clone();
-                        if let Some(header) = m.header.as_mut() {
-                            header.target = Some(header::Target::Capability(SDK_CAPABILITY.into()));
-                        }
-                        async move {
-                            let reply = client.send(m, None).await.map_err(|s| s.to_string())?;
-                            echoed(reply.message, payload)
-                        }
-                    })
-                    .await,
-                );
-            }
-        }
+    let cells = measure_all(
+        &mesh,
+        nats.as_ref(),
+        &wanted,
+        payloads,
+        concurrencies,
+        (warmup, duration),
+    )
+    .await;
+    if options.mtls {
+        let pki = BenchPki::new()?;
+        let secured = Mesh::start(Some(&pki)).await?;
+        let secured_cells = measure_all(
+            &secured,
+            None,
+            &|mode: &str| wanted(mode) && mode != "nats",
+            payloads,
+            concurrencies,
+            (warmup, duration),
+        )
+        .await;
+        secured.stop().await;
+        write!(stdout, "{}", render_mtls(&cells, &secured_cells))?;
     }
     // The stream comparison runs with the full set of modes only.
     let streams = if options.only.is_empty() {
@@ -669,7 +601,14 @@ struct Mesh {
 }
 
 impl Mesh {
-    async fn start() -> anyhow::Result<Self> {
+    /// Starts the mesh: plaintext, or with `pki` every server serving mutual TLS with its own
+    /// certificate and every client presenting one.
+    async fn start(pki: Option<&BenchPki>) -> anyhow::Result<Self> {
+        let trust = |identity: &str| match pki {
+            Some(pki) => pki.trust(identity),
+            None => Ok(reach_trust::Trust::disabled()),
+        };
+        let client_trust = trust("agent/bench.client")?;
         let stop = CancellationToken::new();
         let registry = Registry::new(RegistryConfig {
             health_probe: false,
@@ -683,6 +622,7 @@ impl Mesh {
         let closing = registry.clone();
         tokio::spawn(
             GrpcServer::new()
+                .with_trust(trust("registry")?)
                 .add_service(RegistryGrpc::new(registry.clone()).into_server())
                 .with_grace(Duration::from_millis(100))
                 .serve(registry_listener, async move {
@@ -693,15 +633,20 @@ impl Mesh {
 
         let router_listener = TcpListener::bind("127.0.0.1:0").await?;
         let router_url = format!("http://{}", router_listener.local_addr()?);
-        let router = Router::new(RouterConfig {
-            registry_endpoint: registry_url.clone(),
-            ..RouterConfig::default()
-        })
+        let router_trust = trust("router")?;
+        let router = Router::with_trust(
+            RouterConfig {
+                registry_endpoint: registry_url.clone(),
+                ..RouterConfig::default()
+            },
+            router_trust.clone(),
+        )
         .map_err(anyhow::Error::msg)?;
         let watch = router.spawn_registry_watch();
         let token = stop.clone();
         tokio::spawn(
             GrpcServer::new()
+                .with_trust(router_trust)
                 .add_service(router.clone().into_server())
                 .with_grace(Duration::from_millis(100))
                 .serve(router_listener, async move { token.cancelled().await }),
@@ -714,6 +659,7 @@ impl Mesh {
         let token = stop.clone();
         tokio::spawn(
             GrpcServer::new()
+                .with_trust(trust("agent/bench.echo")?)
                 .add_service(
                     AgentServiceServer::new(EchoAgent {
                         closing: echo_closing.clone(),
@@ -749,6 +695,11 @@ impl Mesh {
             .with_max_concurrency(4096)
             .with_max_drain(Duration::from_millis(200));
         config.max_message_bytes = MAX_MESSAGE_BYTES;
+        if let Some(pki) = pki {
+            config = config
+                .with_trust_domain(BenchPki::TRUST_DOMAIN)
+                .with_tls(pki.tls("agent/bench.sdk-echo")?);
+        }
         let (agent, agent_url) =
             AgentRuntime::new(config)
                 .handle(
@@ -778,7 +729,17 @@ impl Mesh {
         })
         .await
         .context("the bench agents did not become routable within 10 s")?;
-        let connect = |url: String| async move { reach_rpc::http2::endpoint(url)?.connect().await };
+        let connect = |url: String| {
+            let client_trust = client_trust.clone();
+            async move {
+                reach_rpc::http2::channel(
+                    &reach_rpc::http2::endpoint(url)?,
+                    client_trust.tls(),
+                    None,
+                )
+                .await
+            }
+        };
         let echo_channel = connect(echo_url).await?;
         let direct = AgentServiceClient::new(echo_channel.clone())
             .max_decoding_message_size(MAX_FRAME_BYTES)
@@ -994,4 +955,112 @@ impl Drop for KillOnDrop {
         let _ = self.0.kill();
         let _ = self.0.wait();
     }
+}
+/// Measures every wanted mode on `mesh` (and `nats`) for each payload and concurrency.
+async fn measure_all(
+    mesh: &Mesh,
+    nats: Option<&Nats>,
+    wanted: &dyn Fn(&str) -> bool,
+    payloads: &[usize],
+    concurrencies: &[usize],
+    (warmup, duration): (Duration, Duration),
+) -> Vec<Cell> {
+    let mut cells = Vec::new();
+    for &payload in payloads {
+        for &concurrency in concurrencies {
+            let shape = Shape {
+                payload,
+                concurrency,
+                warmup,
+                duration,
+            };
+            if wanted("direct") {
+                let direct = mesh.direct.clone();
+                cells.push(
+                    measure("direct", shape, None, move |m| {
+                        let mut client = direct.clone();
+                        async move {
+                            let reply = client
+                                .handle(HandleRequest { message: Some(m) })
+                                .await
+                                .map_err(|s| s.to_string())?;
+                            echoed(reply.into_inner().message, payload)
+                        }
+                    })
+                    .await,
+                );
+            }
+            if wanted("direct-mux") {
+                let link = mesh.direct_mux.clone();
+                cells.push(
+                    measure("direct-mux", shape, None, move |m| {
+                        let link = link.clone();
+                        async move { mux_echo(&link, m, payload).await }
+                    })
+                    .await,
+                );
+            }
+            if wanted("router-mux") {
+                let link = mesh.router_mux.clone();
+                cells.push(
+                    measure("router-mux", shape, None, move |m| {
+                        let link = link.clone();
+                        async move { mux_echo(&link, m, payload).await }
+                    })
+                    .await,
+                );
+            }
+            if wanted("router") {
+                let router = mesh.router.clone();
+                cells.push(
+                    measure("router", shape, None, move |m| {
+                        let mut client = router.clone();
+                        async move {
+                            let reply = client
+                                .call(CallRequest { message: Some(m) })
+                                .await
+                                .map_err(|s| s.to_string())?;
+                            echoed(reply.into_inner().message, payload)
+                        }
+                    })
+                    .await,
+                );
+            }
+            if let Some(nats) = nats {
+                let client = nats.client.clone();
+                cells.push(
+                    measure("nats", shape, Some(nats.pid), move |m| {
+                        let client = client.clone();
+                        async move {
+                            let reply = client
+                                .request(SUBJECT, m.encode_to_vec().into())
+                                .await
+                                .map_err(|e| e.to_string())?;
+                            let reply =
+                                ReachMessage::decode(reply.payload).map_err(|e| e.to_string())?;
+                            echoed(Some(reply), payload)
+                        }
+                    })
+                    .await,
+                );
+            }
+            if wanted("sdk") {
+                let client = mesh.client.clone();
+                cells.push(
+                    measure("sdk", shape, None, move |mut m| {
+                        let client = client.clone();
+                        if let Some(header) = m.header.as_mut() {
+                            header.target = Some(header::Target::Capability(SDK_CAPABILITY.into()));
+                        }
+                        async move {
+                            let reply = client.send(m, None).await.map_err(|s| s.to_string())?;
+                            echoed(reply.message, payload)
+                        }
+                    })
+                    .await,
+                );
+            }
+        }
+    }
+    cells
 }
