@@ -36,6 +36,12 @@ pub struct FleetOptions {
     /// The host the agents register for the router to dial (a pod IP, say); empty: the
     /// listen address, which must then not be a wildcard.
     pub advertise_host: String,
+    /// Where each agent's certificate is (`agent-<service>.pem`, `agent-<service>-key.pem`
+    /// and `ca.pem`, as `reach certs init` writes them), for a mesh that serves TLS: every
+    /// agent then serves and connects over mutual TLS with its own. `None`: plaintext.
+    pub tls_dir: Option<std::path::PathBuf>,
+    /// The trust domain of the certificates in `tls_dir`.
+    pub trust_domain: String,
 }
 
 impl Default for FleetOptions {
@@ -49,6 +55,8 @@ impl Default for FleetOptions {
             classifier: ComplaintClassifier::rules(),
             listen_host: std::net::Ipv4Addr::LOCALHOST.into(),
             advertise_host: String::new(),
+            tls_dir: None,
+            trust_domain: reach_trust::DEFAULT_TRUST_DOMAIN.into(),
         }
     }
 }
@@ -80,20 +88,52 @@ impl Fleet {
         options: &FleetOptions,
     ) -> Result<Self, AgentError> {
         let router = reach_rpc::http2::endpoint(router_endpoint)
-            .map_err(|e| AgentError::Config(format!("router endpoint {router_endpoint:?}: {e}")))?
-            .connect_lazy();
-        let config = |service: &str, index: usize| {
-            AgentConfig::new(service, registry_endpoint)
+            .map_err(|e| AgentError::Config(format!("router endpoint {router_endpoint:?}: {e}")))?;
+        let tls = |service: &str| -> Result<Option<reach_trust::tls::TlsConfig>, AgentError> {
+            let Some(dir) = &options.tls_dir else {
+                return Ok(None);
+            };
+            let tls = reach_trust::tls::TlsConfig::new(
+                dir.join(format!("agent-{service}.pem")),
+                dir.join(format!("agent-{service}-key.pem")),
+                dir.join("ca.pem"),
+            );
+            if let Some(missing) = [&tls.cert, &tls.key].into_iter().flatten().find(|p| !p.is_file()) {
+                return Err(AgentError::Config(format!(
+                    "the example agent {service} serves TLS with {}, which does not exist; `reach certs init --dir {}` makes the example agents' certificates (or start without them: --no-agents)",
+                    missing.display(),
+                    dir.display()
+                )));
+            }
+            Ok(Some(tls))
+        };
+        // A client of the router presenting `service`'s certificate, when the mesh is TLS.
+        let router_for = |service: &str| -> Result<tonic::transport::Channel, AgentError> {
+            let source = tls(service)?
+                .map(|tls| {
+                    reach_trust::tls::TlsSource::load(&tls, &options.trust_domain)
+                        .map_err(|e| AgentError::Config(format!("agent {service}: {e}")))
+                })
+                .transpose()?;
+            Ok(reach_rpc::http2::channel_lazy(&router, source.as_ref(), None))
+        };
+        let config = |service: &str, index: usize| -> Result<AgentConfig, AgentError> {
+            let config = AgentConfig::new(service, registry_endpoint)
                 .with_instance_id(format!("{service}-{index}"))
                 .with_lease_ttl(options.lease_ttl)
                 .with_max_drain(options.max_drain)
                 .with_advertise_host(&options.advertise_host)
+                .with_trust_domain(&options.trust_domain);
+            Ok(match tls(service)? {
+                Some(tls) => config.with_tls(tls),
+                None => config,
+            })
         };
         let mut members = Vec::new();
         for category in Category::ALL {
             let service = format!("executor.{}", category.name());
             for index in 1..=options.executors_per_category {
-                let runtime = AgentRuntime::new(config(&service, index)).handle(
+                let runtime = AgentRuntime::new(config(&service, index)?).handle(
                     category.capability(),
                     "1.0.0",
                     move |ctx: HandlerContext, message: ReachMessage| {
@@ -104,14 +144,14 @@ impl Fleet {
             }
         }
         for index in 1..=options.coordinators.max(1) {
-            let mesh = MeshClient::new(router.clone(), format!("coordinator.{index}"));
+            let mesh = MeshClient::new(router_for("coordinator")?, format!("coordinator.{index}"));
             let threshold = options.review_threshold;
             let (triage, classify, stream) = (
                 options.classifier.clone(),
                 options.classifier.clone(),
                 options.classifier.clone(),
             );
-            let runtime = AgentRuntime::new(config("coordinator", index))
+            let runtime = AgentRuntime::new(config("coordinator", index)?)
                 .handle(TRIAGE_CAPABILITY, "1.0.0", move |ctx, message| {
                     triage_handler(mesh.clone(), triage.clone(), threshold, ctx, message)
                 })
@@ -123,8 +163,8 @@ impl Fleet {
                 });
             members.push(start(runtime, "coordinator", options.listen_host).await?);
         }
-        let mesh = MeshClient::new(router, "ingest.1");
-        let runtime = AgentRuntime::new(config("ingest", 1)).handle(
+        let mesh = MeshClient::new(router_for("ingest")?, "ingest.1");
+        let runtime = AgentRuntime::new(config("ingest", 1)?).handle(
             INGEST_CAPABILITY,
             "1.0.0",
             move |ctx, message| ingest_handler(mesh.clone(), ctx, message),

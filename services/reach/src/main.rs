@@ -790,6 +790,14 @@ async fn serve(
         match classifier(&config.agents.model) {
             Ok(classifier) => Some(reach_agents::fleet::FleetOptions {
                 classifier,
+                // With TLS, the example agents use their certificates from the same directory
+                // as the control plane's (as `reach certs init` lays them out).
+                tls_dir: config
+                    .trust
+                    .tls
+                    .as_ref()
+                    .and_then(|tls| tls.ca.parent().map(std::path::Path::to_path_buf)),
+                trust_domain: config.trust.trust_domain.clone(),
                 ..Default::default()
             }),
             Err(message) => {
