@@ -98,7 +98,11 @@ impl Fleet {
                 dir.join(format!("agent-{service}-key.pem")),
                 dir.join("ca.pem"),
             );
-            if let Some(missing) = [&tls.cert, &tls.key].into_iter().flatten().find(|p| !p.is_file()) {
+            if let Some(missing) = [&tls.cert, &tls.key]
+                .into_iter()
+                .flatten()
+                .find(|p| !p.is_file())
+            {
                 return Err(AgentError::Config(format!(
                     "the example agent {service} serves TLS with {}, which does not exist; `reach certs init --dir {}` makes the example agents' certificates (or start without them: --no-agents)",
                     missing.display(),
@@ -115,7 +119,11 @@ impl Fleet {
                         .map_err(|e| AgentError::Config(format!("agent {service}: {e}")))
                 })
                 .transpose()?;
-            Ok(reach_rpc::http2::channel_lazy(&router, source.as_ref(), None))
+            Ok(reach_rpc::http2::channel_lazy(
+                &router,
+                source.as_ref(),
+                None,
+            ))
         };
         let config = |service: &str, index: usize| -> Result<AgentConfig, AgentError> {
             let config = AgentConfig::new(service, registry_endpoint)

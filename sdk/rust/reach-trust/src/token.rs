@@ -123,11 +123,24 @@ fn load_key(path: &PathBuf) -> Result<Key, TokenError> {
     ))
 }
 
+/// The most verified tokens remembered (see [`TokenVerifier::verify`]).
+pub const MAX_CACHED_TOKENS: usize = 4096;
+
+/// A token verified before: its identity, claims and expiry (seconds since the epoch).
+struct Verified {
+    identity: Identity,
+    claims: Map<String, Value>,
+    expires_at: u64,
+}
+
 /// Verifies bearer tokens and maps them to identities.
 pub struct TokenVerifier {
     keys: Vec<Key>,
     config: JwtConfig,
     trust_domain: String,
+    /// Tokens verified before, so a client that sends the same token with every call pays
+    /// the signature check once (at most [`MAX_CACHED_TOKENS`]; all forgotten when full).
+    verified: std::sync::Mutex<std::collections::HashMap<String, Verified>>,
 }
 
 impl std::fmt::Debug for TokenVerifier {
@@ -152,11 +165,13 @@ impl TokenVerifier {
             keys: config.keys.iter().map(load_key).collect::<Result<_, _>>()?,
             config: config.clone(),
             trust_domain: trust_domain.to_string(),
+            verified: std::sync::Mutex::new(std::collections::HashMap::new()),
         })
     }
 
     /// Verifies `token` (signature by one of the keys, `exp`, `nbf`, `aud`, `iss` when
-    /// configured) and returns the identity of its `sub` with all its claims.
+    /// configured) and returns the identity of its `sub` with all its claims. A token verified
+    /// before is taken from memory until its `exp` (plus the leeway).
     ///
     /// # Errors
     /// [`TokenError`] saying why the token is refused.
@@ -164,6 +179,43 @@ impl TokenVerifier {
         if token.len() > MAX_TOKEN_BYTES {
             return Err(TokenError::TooLong);
         }
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap_or_default()
+            .as_secs();
+        {
+            let verified = self
+                .verified
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            if let Some(hit) = verified.get(token)
+                && now <= hit.expires_at.saturating_add(self.config.leeway.as_secs())
+            {
+                return Ok((hit.identity.clone(), hit.claims.clone()));
+            }
+        }
+        let (identity, claims) = self.verify_signature(token)?;
+        if let Some(expires_at) = claims.get("exp").and_then(Value::as_u64) {
+            let mut verified = self
+                .verified
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            if verified.len() >= MAX_CACHED_TOKENS {
+                verified.clear();
+            }
+            verified.insert(
+                token.to_string(),
+                Verified {
+                    identity: identity.clone(),
+                    claims: claims.clone(),
+                    expires_at,
+                },
+            );
+        }
+        Ok((identity, claims))
+    }
+
+    fn verify_signature(&self, token: &str) -> Result<(Identity, Map<String, Value>), TokenError> {
         let header =
             jsonwebtoken::decode_header(token).map_err(|e| TokenError::Invalid(e.to_string()))?;
         let mut last = None;
