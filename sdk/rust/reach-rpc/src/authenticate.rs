@@ -8,7 +8,28 @@ use axum::response::IntoResponse;
 use reach_trust::{AuthError, Caller, PeerIdentity, Trust, tls::TlsSource};
 use tokio::net::TcpStream;
 
+use crate::errors::reason;
 use crate::limits::CONNECTIONS_REFUSED;
+
+/// Whether two strings are equal, at compile time.
+const fn same(a: &str, b: &str) -> bool {
+    let (a, b) = (a.as_bytes(), b.as_bytes());
+    if a.len() != b.len() {
+        return false;
+    }
+    let mut i = 0;
+    while i < a.len() {
+        if a[i] != b[i] {
+            return false;
+        }
+        i += 1;
+    }
+    true
+}
+
+// The trust crate builds these statuses; the reasons are listed (and documented) here.
+const _: () = assert!(same(reason::NOT_AUTHORIZED, reach_trust::NOT_AUTHORIZED));
+const _: () = assert!(same(reason::UNAUTHENTICATED, reach_trust::UNAUTHENTICATED));
 
 /// Runs the TLS handshake on `tcp` within `timeout` and reads the client's identity. Returns
 /// `None` (the connection is dropped, counted in [`CONNECTIONS_REFUSED`] by reason) when the

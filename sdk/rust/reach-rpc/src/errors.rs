@@ -10,6 +10,10 @@ pub const ERROR_DOMAIN: &str = "reach.dev";
 
 /// Stable ErrorInfo reasons Reach returns.
 pub mod reason {
+    /// The trust policy does not let the caller do what it asked (`reach_trust::Denied`).
+    pub const NOT_AUTHORIZED: &str = "NOT_AUTHORIZED";
+    /// The caller's credentials were refused, or it sent none where some are needed.
+    pub const UNAUTHENTICATED: &str = "UNAUTHENTICATED";
     /// No routable instance serves the addressed service or capability.
     pub const ROUTE_NOT_FOUND: &str = "ROUTE_NOT_FOUND";
     /// The message is larger than the configured limit.

@@ -25,4 +25,7 @@ pub use identity::{Caller, DEFAULT_TRUST_DOMAIN, Identity, PeerIdentity, Via};
 pub use policy::{CallGrant, CallTarget, TaskAction};
 /// The rustls crate Reach builds on, for certificates and configurations in callers.
 pub use rustls;
-pub use trust::{AuthError, Denied, ERROR_DOMAIN, Trust, TrustConfig, TrustError};
+pub use trust::{
+    AuthError, Denied, ERROR_DOMAIN, NOT_AUTHORIZED, Trust, TrustConfig, TrustError,
+    UNAUTHENTICATED,
+};

@@ -15,6 +15,13 @@ use crate::token::{JoinGrant, JwtConfig, TokenError, TokenVerifier};
 /// The ErrorInfo domain of trust refusals.
 pub const ERROR_DOMAIN: &str = "reach.dev";
 
+/// The ErrorInfo reason of a refused authorization ([`Denied`]); `reach_rpc::errors::reason`
+/// lists it with the others (and checks at compile time that the two agree).
+pub const NOT_AUTHORIZED: &str = "NOT_AUTHORIZED";
+
+/// The ErrorInfo reason of refused credentials ([`AuthError`]).
+pub const UNAUTHENTICATED: &str = "UNAUTHENTICATED";
+
 /// The `[trust]` section of a Reach configuration.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
 #[serde(default, deny_unknown_fields)]
@@ -104,7 +111,7 @@ impl AuthError {
             tonic::Code::Unauthenticated,
             self.to_string(),
             ErrorDetails::with_error_info(
-                "UNAUTHENTICATED",
+                UNAUTHENTICATED,
                 ERROR_DOMAIN,
                 std::collections::HashMap::new(),
             ),
@@ -141,7 +148,7 @@ impl Denied {
         tonic::Status::with_error_details(
             tonic::Code::PermissionDenied,
             self.to_string(),
-            ErrorDetails::with_error_info("NOT_AUTHORIZED", ERROR_DOMAIN, metadata),
+            ErrorDetails::with_error_info(NOT_AUTHORIZED, ERROR_DOMAIN, metadata),
         )
     }
 }
