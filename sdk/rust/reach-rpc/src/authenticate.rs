@@ -19,6 +19,7 @@ pub(crate) async fn accept_tls(
     tcp: TcpStream,
     timeout: Duration,
     listener_name: &str,
+    client_certificates: crate::server::ClientCertificates,
 ) -> Option<(tokio_rustls::server::TlsStream<TcpStream>, PeerIdentity)> {
     let refused = |reason: &'static str| {
         metrics::counter!(
@@ -28,7 +29,11 @@ pub(crate) async fn accept_tls(
         )
         .increment(1);
     };
-    let config = match tls.server_config() {
+    let config = match client_certificates {
+        crate::server::ClientCertificates::AsConfigured => tls.server_config(),
+        crate::server::ClientCertificates::Optional => tls.server_config_optional_client_auth(),
+    };
+    let config = match config {
         Ok(config) => config,
         Err(error) => {
             tracing::error!(%error, "cannot serve TLS");
