@@ -485,7 +485,7 @@ impl ServerCertVerifier for SpiffeServerVerifier {
         )
         .map_err(certificate_error)?;
         peer_identity(Some(std::slice::from_ref(end_entity)), &self.trust_domain)
-            .map_err(|reason| rustls::Error::General(reason))?;
+            .map_err(rustls::Error::General)?;
         Ok(ServerCertVerified::assertion())
     }
 
