@@ -87,8 +87,6 @@ impl Pki {
 async fn start_plane(pki: &Pki, policy: &Path) -> ControlPlane {
     let mut config = ReachConfig::default();
     config.registry.default_lease_ttl = Duration::from_secs(2);
-    // TEMP until the registry probes over TLS.
-    config.registry.health_probe = false;
     let mut tls = pki.tls("router", &Identity::service(TD, "router").unwrap());
     // Callers without a certificate may present a bearer token.
     tls.client_auth = ClientAuth::Optional;

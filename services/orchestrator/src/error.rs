@@ -21,6 +21,10 @@ use crate::store::{StoreError, StoreErrorKind};
 /// Why an orchestrator operation failed.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
+    /// The trust layer refused the caller: PERMISSION_DENIED with ErrorInfo reason
+    /// `NOT_AUTHORIZED`.
+    #[error(transparent)]
+    Denied(#[from] reach_trust::Denied),
     /// No task has this id (never started, or purged after the context TTL).
     #[error("task {task_id:?} does not exist (or was purged after its TTL)")]
     TaskNotFound {
@@ -255,6 +259,7 @@ impl From<Error> for Status {
     fn from(err: Error) -> Self {
         let message = err.to_string();
         match err {
+            Error::Denied(denied) => denied.to_status(),
             Error::TaskNotFound { task_id } => status(
                 Code::NotFound,
                 message,

@@ -135,6 +135,10 @@ pub enum Event {
         input: Value,
         /// The task's W3C trace id.
         trace_id: String,
+        /// Who started it (the caller's SPIFFE ID, or `anonymous`); absent in tasks started
+        /// before it was recorded.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        started_by: Option<String>,
     },
     /// The task moved to a node.
     NodeEntered {
@@ -500,6 +504,8 @@ pub struct TaskState {
     pub visits_base: usize,
     /// What the task's model calls cost, summed over every node's replies.
     pub usage: TokenUsage,
+    /// Who started the task (`None` for tasks started before starters were recorded).
+    pub started_by: Option<String>,
 }
 
 impl TaskState {
@@ -530,6 +536,7 @@ impl TaskState {
             partial: false,
             visits_base: 0,
             usage: TokenUsage::default(),
+            started_by: None,
         }
     }
 
@@ -571,7 +578,9 @@ impl TaskState {
                 flow_version,
                 input,
                 trace_id,
+                started_by,
             } => {
+                self.started_by.clone_from(started_by);
                 self.flow_id.clone_from(flow_id);
                 self.flow_version = *flow_version;
                 self.input = input.clone();

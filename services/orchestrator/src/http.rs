@@ -1,6 +1,9 @@
 //! HTTP admin routes as an `axum::Router`: `GET /tasks/{id}` (the task with its node history,
 //! masked, as JSON) and `POST /tasks/{id}/retry`. The `reach` binary merges them with its own
 //! `/health`, `/metrics` and `/agents` routes.
+//!
+//! With trust on, both need an operator ([`reach_trust::Trust::check_operator`]): a refusal
+//! is 403 with the message as JSON.
 
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
@@ -60,7 +63,12 @@ fn http_status(code: tonic::Code) -> StatusCode {
 async fn get_task(
     State(api): State<OrchestratorApi>,
     Path(id): Path<String>,
+    extensions: axum::http::Extensions,
 ) -> Result<Json<serde_json::Value>, HttpError> {
+    let caller = reach_trust::Caller::of(&extensions);
+    api.trust()
+        .check_operator(&caller, "view", &format!("task {id:?}"))
+        .map_err(|denied| HttpError(denied.into()))?;
     let state = api.engine().load(&id).await.map_err(HttpError)?;
     Ok(Json(crate::json::task_json(&api.task_view(&state))))
 }
@@ -68,7 +76,12 @@ async fn get_task(
 async fn retry_task(
     State(api): State<OrchestratorApi>,
     Path(id): Path<String>,
+    extensions: axum::http::Extensions,
 ) -> Result<Json<serde_json::Value>, HttpError> {
+    let caller = reach_trust::Caller::of(&extensions);
+    api.trust()
+        .check_operator(&caller, "retry", &format!("task {id:?}"))
+        .map_err(|denied| HttpError(denied.into()))?;
     let state = api.engine().retry(&id).await.map_err(HttpError)?;
     Ok(Json(crate::json::task_json(&api.task_view(&state))))
 }

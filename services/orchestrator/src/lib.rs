@@ -48,6 +48,7 @@ pub mod service;
 pub mod store;
 
 use std::future::Future;
+use std::sync::Arc;
 
 pub use config::OrchestratorConfig;
 pub use engine::{Clock, Engine, EngineSettings};
@@ -103,6 +104,33 @@ impl Orchestrator {
     /// # Errors
     /// As [`Orchestrator::new`].
     pub async fn with_clock(config: OrchestratorConfig, clock: Clock) -> Result<Self, Error> {
+        Self::with_clock_and_trust(config, clock, reach_trust::Trust::disabled()).await
+    }
+
+    /// [`Orchestrator::new`] authorizing with `trust`: each task records its starter, and
+    /// starting, viewing, resuming, cancelling and retrying tasks and applying flows are
+    /// checked with [`reach_trust::Trust::check_task`] (ListTasks shows only the tasks the
+    /// caller may view); the admin routes need an operator; the channel to the router
+    /// presents `trust`'s certificate.
+    ///
+    /// # Errors
+    /// As [`Orchestrator::new`].
+    pub async fn with_trust(
+        config: OrchestratorConfig,
+        trust: Arc<reach_trust::Trust>,
+    ) -> Result<Self, Error> {
+        Self::with_clock_and_trust(config, Clock::new(), trust).await
+    }
+
+    /// [`Orchestrator::with_trust`] with an explicit clock.
+    ///
+    /// # Errors
+    /// As [`Orchestrator::new`].
+    pub async fn with_clock_and_trust(
+        config: OrchestratorConfig,
+        clock: Clock,
+        trust: Arc<reach_trust::Trust>,
+    ) -> Result<Self, Error> {
         config.validate()?;
         let durability = if config.sqlite_full_sync {
             store::SqliteDurability::Full
@@ -135,14 +163,21 @@ impl Orchestrator {
             max_concurrent_evaluations: config.max_concurrent_evaluations,
             source: "orchestrator".into(),
         };
-        let engine = Engine::new(store, flows, &config.router_endpoint, settings, clock)?;
+        let engine = Engine::new(
+            store,
+            flows,
+            &config.router_endpoint,
+            settings,
+            clock,
+            trust.tls(),
+        )?;
         let masker = mask::Masker::new(
             mask::DEFAULT_SENSITIVE_FIELDS
                 .iter()
                 .map(|s| (*s).to_string())
                 .chain(config.redact_fields.iter().cloned()),
         );
-        let api = OrchestratorApi::new(engine.clone(), masker);
+        let api = OrchestratorApi::new(engine.clone(), masker).with_trust(trust);
         Ok(Self {
             config,
             engine,
@@ -199,6 +234,7 @@ impl Orchestrator {
     ) -> Result<(), Error> {
         let running = self.start()?;
         let result = reach_rpc::GrpcServer::new()
+            .with_trust(self.api.trust().clone())
             .add_service(self.grpc_service())
             .serve(listener, shutdown)
             .await;

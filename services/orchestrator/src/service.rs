@@ -8,6 +8,7 @@ use futures::Stream;
 use prost::Message;
 use reach_proto::v1 as pb;
 use reach_proto::v1::orchestrator_service_server::OrchestratorService;
+use reach_trust::{Caller, TaskAction, Trust};
 use tonic::{Request, Response, Status};
 
 use crate::engine::Engine;
@@ -24,6 +25,7 @@ pub struct OrchestratorApi {
     engine: Engine,
     masker: Masker,
     ledger_dropped: Arc<std::sync::atomic::AtomicU64>,
+    trust: Arc<Trust>,
 }
 
 impl OrchestratorApi {
@@ -33,7 +35,59 @@ impl OrchestratorApi {
             engine,
             masker,
             ledger_dropped: Arc::default(),
+            trust: Trust::disabled(),
         }
+    }
+
+    /// Authorizes callers with `trust` ([`Trust::check_task`]); see
+    /// [`crate::Orchestrator::with_trust`].
+    pub fn with_trust(mut self, trust: Arc<Trust>) -> Self {
+        self.trust = trust;
+        self
+    }
+
+    /// The trust callers are authorized with.
+    pub fn trust(&self) -> &Arc<Trust> {
+        &self.trust
+    }
+
+    /// Loads task `task_id` and checks that `caller` may `action` it.
+    ///
+    /// # Errors
+    /// [`Error::TaskNotFound`]; [`Error::Denied`]; [`Error::Store`].
+    pub async fn authorized(
+        &self,
+        caller: &Caller,
+        action: TaskAction,
+        task_id: &str,
+    ) -> Result<TaskState, Error> {
+        let state = self.engine.load(task_id).await?;
+        self.trust
+            .check_task(caller, action, &state.flow_id, state.started_by.as_deref())?;
+        Ok(state)
+    }
+
+    /// Keeps the tasks of `tasks` that `caller` may view (their starters are read only for
+    /// tasks the caller may not view by flow alone).
+    async fn viewable(&self, caller: &Caller, tasks: &[TaskSummary]) -> Vec<bool> {
+        let mut keep = Vec::with_capacity(tasks.len());
+        for task in tasks {
+            let by_flow = self
+                .trust
+                .allows_task(caller, TaskAction::View, &task.flow_id, None);
+            let allowed = by_flow
+                || match self.engine.load(&task.task_id).await {
+                    Ok(state) => self.trust.allows_task(
+                        caller,
+                        TaskAction::View,
+                        &state.flow_id,
+                        state.started_by.as_deref(),
+                    ),
+                    Err(_) => false,
+                };
+            keep.push(allowed);
+        }
+        keep
     }
 
     /// Ledger entries routers reported as dropped so far.
@@ -339,6 +393,7 @@ impl OrchestratorService for OrchestratorApi {
         &self,
         request: Request<pb::StartTaskRequest>,
     ) -> Result<Response<pb::StartTaskResponse>, Status> {
+        let caller = Caller::of(request.extensions());
         let r = request.into_inner();
         if r.flow_id.is_empty() {
             return Err(Error::MissingField {
@@ -347,11 +402,32 @@ impl OrchestratorService for OrchestratorApi {
             }
             .into());
         }
+        self.trust
+            .check_task(&caller, TaskAction::Start, &r.flow_id, None)
+            .map_err(Error::from)?;
         let input = json::from_proto_opt(r.input.as_ref());
+        let started_by = self.trust.is_enabled().then(|| caller.name().to_string());
         let state = self
             .engine
-            .start_task(&r.flow_id, r.flow_version, input, Some(r.task_id))
+            .start_task_as(
+                &r.flow_id,
+                r.flow_version,
+                input,
+                Some(r.task_id),
+                started_by,
+            )
             .await?;
+        if self.trust.is_enabled() && state.started_by.as_deref() != Some(caller.name()) {
+            // The id named an existing task: it is the caller's to see only if it may view it.
+            self.trust
+                .check_task(
+                    &caller,
+                    TaskAction::View,
+                    &state.flow_id,
+                    state.started_by.as_deref(),
+                )
+                .map_err(Error::from)?;
+        }
         Ok(Response::new(pb::StartTaskResponse {
             task: Some(self.task_view(&state)),
         }))
@@ -361,7 +437,10 @@ impl OrchestratorService for OrchestratorApi {
         &self,
         request: Request<pb::GetTaskRequest>,
     ) -> Result<Response<pb::GetTaskResponse>, Status> {
-        let state = self.engine.load(&request.into_inner().task_id).await?;
+        let caller = Caller::of(request.extensions());
+        let state = self
+            .authorized(&caller, TaskAction::View, &request.into_inner().task_id)
+            .await?;
         Ok(Response::new(pb::GetTaskResponse {
             task: Some(self.task_view(&state)),
         }))
@@ -371,6 +450,7 @@ impl OrchestratorService for OrchestratorApi {
         &self,
         request: Request<pb::ListTasksRequest>,
     ) -> Result<Response<pb::ListTasksResponse>, Status> {
+        let caller = Caller::of(request.extensions());
         let r = request.into_inner();
         let status = status_from_proto(
             pb::TaskStatus::try_from(r.status).unwrap_or(pb::TaskStatus::Unspecified),
@@ -383,9 +463,16 @@ impl OrchestratorService for OrchestratorApi {
             .list_tasks(status, flow, limit, parse_token(&r.page_token)?)
             .await
             .map_err(Error::from)?;
+        // The page is filtered after it is read, so the token still follows the whole list.
+        let keep = self.viewable(&caller, &tasks).await;
         Ok(Response::new(pb::ListTasksResponse {
             next_page_token: page_token(&tasks, limit),
-            tasks: tasks.iter().map(|t| self.summary_view(t)).collect(),
+            tasks: tasks
+                .iter()
+                .zip(keep)
+                .filter(|(_, keep)| *keep)
+                .map(|(t, _)| self.summary_view(t))
+                .collect(),
         }))
     }
 
@@ -395,6 +482,7 @@ impl OrchestratorService for OrchestratorApi {
         &self,
         request: Request<pb::WatchTaskRequest>,
     ) -> Result<Response<Self::WatchTaskStream>, Status> {
+        let caller = Caller::of(request.extensions());
         let r = request.into_inner();
         let task_id = r.task_id;
         let mut updates = self.engine.subscribe();
@@ -406,6 +494,17 @@ impl OrchestratorService for OrchestratorApi {
             .map_err(Error::from)?;
         if first.is_empty() {
             return Err(Error::TaskNotFound { task_id }.into());
+        }
+        {
+            let state = TaskState::fold(&task_id, &first);
+            self.trust
+                .check_task(
+                    &caller,
+                    TaskAction::View,
+                    &state.flow_id,
+                    state.started_by.as_deref(),
+                )
+                .map_err(Error::from)?;
         }
         let api = self.clone();
         let after = i64::try_from(r.after_sequence).unwrap_or(0);
@@ -467,7 +566,10 @@ impl OrchestratorService for OrchestratorApi {
         &self,
         request: Request<pb::ResumeTaskRequest>,
     ) -> Result<Response<pb::ResumeTaskResponse>, Status> {
+        let caller = Caller::of(request.extensions());
         let r = request.into_inner();
+        self.authorized(&caller, TaskAction::Resume, &r.task_id)
+            .await?;
         let input = json::from_proto_opt(r.input.as_ref());
         let state = self
             .engine
@@ -482,7 +584,10 @@ impl OrchestratorService for OrchestratorApi {
         &self,
         request: Request<pb::CancelTaskRequest>,
     ) -> Result<Response<pb::CancelTaskResponse>, Status> {
+        let caller = Caller::of(request.extensions());
         let r = request.into_inner();
+        self.authorized(&caller, TaskAction::Cancel, &r.task_id)
+            .await?;
         let state = self.engine.cancel(&r.task_id, &r.reason).await?;
         Ok(Response::new(pb::CancelTaskResponse {
             task: Some(self.task_view(&state)),
@@ -493,7 +598,11 @@ impl OrchestratorService for OrchestratorApi {
         &self,
         request: Request<pb::RetryTaskRequest>,
     ) -> Result<Response<pb::RetryTaskResponse>, Status> {
-        let state = self.engine.retry(&request.into_inner().task_id).await?;
+        let caller = Caller::of(request.extensions());
+        let task_id = request.into_inner().task_id;
+        self.authorized(&caller, TaskAction::Retry, &task_id)
+            .await?;
+        let state = self.engine.retry(&task_id).await?;
         Ok(Response::new(pb::RetryTaskResponse {
             task: Some(self.task_view(&state)),
         }))
@@ -503,6 +612,7 @@ impl OrchestratorService for OrchestratorApi {
         &self,
         request: Request<pb::ListDeadLettersRequest>,
     ) -> Result<Response<pb::ListDeadLettersResponse>, Status> {
+        let caller = Caller::of(request.extensions());
         let r = request.into_inner();
         let limit = page_size(r.page_size);
         let flow = (!r.flow_id.is_empty()).then_some(r.flow_id.as_str());
@@ -521,7 +631,9 @@ impl OrchestratorService for OrchestratorApi {
             next_page_token: page_token(&tasks, limit),
             dead_letters: tasks
                 .iter()
-                .map(|t| pb::DeadLetter {
+                .zip(self.viewable(&caller, &tasks).await)
+                .filter(|(_, keep)| *keep)
+                .map(|(t, _)| pb::DeadLetter {
                     task: Some(self.summary_view(t)),
                     failed_node: t.failed_node.clone().unwrap_or_default(),
                     error: t
@@ -538,7 +650,16 @@ impl OrchestratorService for OrchestratorApi {
         &self,
         request: Request<pb::ApplyFlowRequest>,
     ) -> Result<Response<pb::ApplyFlowResponse>, Status> {
+        let caller = Caller::of(request.extensions());
         let r = request.into_inner();
+        if self.trust.is_enabled() {
+            // The flow's id decides; a flow that does not parse is checked as flow "*" (and
+            // then refused by apply with its errors).
+            let flow_id = Flow::parse("api", &r.yaml).map_or_else(|_| "*".to_string(), |f| f.id);
+            self.trust
+                .check_task(&caller, TaskAction::Apply, &flow_id, None)
+                .map_err(Error::from)?;
+        }
         let source = if r.source.is_empty() {
             "api".to_string()
         } else {
@@ -612,9 +733,10 @@ impl OrchestratorService for OrchestratorApi {
         &self,
         request: Request<pb::DumpTaskRequest>,
     ) -> Result<Response<pb::DumpTaskResponse>, Status> {
-        Ok(Response::new(
-            self.dump(&request.into_inner().task_id).await?,
-        ))
+        let caller = Caller::of(request.extensions());
+        let task_id = request.into_inner().task_id;
+        self.authorized(&caller, TaskAction::View, &task_id).await?;
+        Ok(Response::new(self.dump(&task_id).await?))
     }
 }
 

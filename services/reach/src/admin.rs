@@ -2,6 +2,12 @@
 //! `GET /agents` (JSON) and `DELETE /agents/{service}` (drain, then remove), as users of the
 //! original gateway expect; `reach dev` adds the orchestrator's `GET /tasks/{id}` and
 //! `POST /tasks/{id}/retry`.
+//!
+//! With trust on (see [`serve`]), `/health` and `/metrics` stay open to anyone and every
+//! other route needs an operator ([`reach_trust::Trust::check_operator`]); a refusal is 403
+//! with `{"error": "<message>", "reason": "NOT_AUTHORIZED"}`.
+
+use std::sync::Arc;
 
 use axum::extract::State;
 use axum::http::StatusCode;
@@ -9,6 +15,24 @@ use axum::response::IntoResponse;
 use axum::routing::get;
 use axum::{Json, Router};
 use reach_registry::Registry;
+use reach_trust::{Caller, Trust};
+
+/// What the `/agents` routes serve from: the local registry, if any, and the trust that
+/// authorizes their callers.
+#[derive(Clone)]
+struct AgentsState {
+    registry: Option<Registry>,
+    trust: Arc<Trust>,
+}
+
+/// 403 with the refusal as JSON.
+fn forbidden(denied: &reach_trust::Denied) -> axum::response::Response {
+    (
+        StatusCode::FORBIDDEN,
+        Json(serde_json::json!({"error": denied.to_string(), "reason": "NOT_AUTHORIZED"})),
+    )
+        .into_response()
+}
 
 /// The paths [`routes`] serves when the process runs a registry (without one they answer 404
 /// naming the registry's admin port instead).
@@ -30,21 +54,70 @@ pub fn paths(registry: bool, orchestrator: bool) -> Vec<&'static str> {
 }
 
 /// The admin routes: `/metrics` and `/health` (from `metrics`), and `/agents` over an
-/// optional local registry.
+/// optional local registry, for operators only once `trust` is on.
 pub fn routes(
     metrics: reach_telemetry::metrics::PrometheusHandle,
     registry: Option<Registry>,
+    trust: Arc<Trust>,
 ) -> Router {
     reach_telemetry::admin_router(metrics).merge(
         Router::new()
             .route("/agents", get(agents))
             .route("/agents/{service}", axum::routing::delete(drain_service))
-            .with_state(registry),
+            .with_state(AgentsState { registry, trust }),
     )
 }
 
-async fn agents(State(registry): State<Option<Registry>>) -> impl IntoResponse {
-    let Some(registry) = registry else {
+/// The admin routes of `plane`: [`routes`] over its registry, and its orchestrator's task
+/// routes when it runs one, authorized with its trust.
+pub fn plane_routes(
+    metrics: reach_telemetry::metrics::PrometheusHandle,
+    plane: &crate::control_plane::ControlPlane,
+) -> Router {
+    let mut routes = routes(metrics, plane.registry().cloned(), plane.trust().clone());
+    if let Some(orchestrator) = plane.orchestrator() {
+        routes = routes.merge(orchestrator.admin_router());
+    }
+    routes
+}
+
+/// Serves `plane`'s admin routes ([`plane_routes`]) on `listener` with its trust (TLS when it
+/// has certificates, client certificates optional; see
+/// [`reach_telemetry::serve_admin_with_trust`]) until `shutdown` resolves.
+///
+/// # Errors
+/// [`reach_trust::TrustError::PlaintextListener`] for a non-loopback listener without TLS
+/// unless `trust.insecure` is set.
+pub fn serve(
+    listener: tokio::net::TcpListener,
+    metrics: reach_telemetry::metrics::PrometheusHandle,
+    plane: &crate::control_plane::ControlPlane,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+    grace: std::time::Duration,
+) -> Result<tokio::task::JoinHandle<()>, reach_trust::TrustError> {
+    if let Ok(addr) = listener.local_addr() {
+        plane.trust().check_listener(addr)?;
+    }
+    Ok(tokio::spawn(reach_telemetry::serve_admin_with_trust(
+        listener,
+        plane_routes(metrics, plane),
+        shutdown,
+        grace,
+        plane.trust().clone(),
+    )))
+}
+
+async fn agents(
+    State(state): State<AgentsState>,
+    extensions: axum::http::Extensions,
+) -> impl IntoResponse {
+    if let Err(denied) = state
+        .trust
+        .check_operator(&Caller::of(&extensions), "list", "agents")
+    {
+        return forbidden(&denied);
+    }
+    let Some(registry) = state.registry else {
         return (
             StatusCode::NOT_FOUND,
             Json(serde_json::json!({"error": "this process runs no registry; ask the registry's admin port"})),
@@ -80,16 +153,25 @@ const DRAIN_GRACE: std::time::Duration = std::time::Duration::from_secs(30);
 /// `DELETE /agents/{service}`: drains every instance of the service (DRAINING now, removed
 /// once idle or after 30 s). 202 with the instance ids; 404 when the service has none.
 async fn drain_service(
-    State(registry): State<Option<Registry>>,
+    State(state): State<AgentsState>,
     axum::extract::Path(service): axum::extract::Path<String>,
-) -> impl IntoResponse {
-    let Some(registry) = registry else {
+    extensions: axum::http::Extensions,
+) -> axum::response::Response {
+    if let Err(denied) = state.trust.check_operator(
+        &Caller::of(&extensions),
+        "drain",
+        &format!("service {service:?}"),
+    ) {
+        return forbidden(&denied);
+    }
+    let Some(registry) = state.registry else {
         return (
             StatusCode::NOT_FOUND,
             Json(
                 serde_json::json!({"error": "this process runs no registry; ask the registry's admin port"}),
             ),
-        );
+        )
+            .into_response();
     };
     let drained = registry.drain_service(&service, DRAIN_GRACE);
     if drained.is_empty() {
@@ -98,7 +180,8 @@ async fn drain_service(
             Json(
                 serde_json::json!({"error": format!("no instance of service {service:?} is registered; see GET /agents")}),
             ),
-        );
+        )
+            .into_response();
     }
     (
         StatusCode::ACCEPTED,
@@ -106,4 +189,5 @@ async fn drain_service(
             serde_json::json!({"service": service, "draining": drained, "grace_s": DRAIN_GRACE.as_secs()}),
         ),
     )
+        .into_response()
 }

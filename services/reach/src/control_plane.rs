@@ -111,7 +111,9 @@ impl ControlPlane {
             let registry = Registry::new(config.registry.clone())?;
             background.push(tokio::spawn(registry.clone().run_sweeper()));
             server = server.add_service(reach_telemetry::traced(
-                RegistryGrpc::new(registry.clone()).into_server(),
+                RegistryGrpc::new(registry.clone())
+                    .with_trust(trust.clone())
+                    .into_server(),
             ));
             Some(registry)
         } else {
@@ -150,7 +152,9 @@ impl ControlPlane {
             if services.router {
                 orchestrator_config.router_endpoint = format!("http://{addr}");
             }
-            let orchestrator = reach_orchestrator::Orchestrator::new(orchestrator_config).await?;
+            let orchestrator =
+                reach_orchestrator::Orchestrator::with_trust(orchestrator_config, trust.clone())
+                    .await?;
             let running = orchestrator.start()?;
             server = server.add_service(reach_telemetry::traced(orchestrator.grpc_service()));
             Some((orchestrator, running))

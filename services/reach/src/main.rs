@@ -839,23 +839,25 @@ async fn serve(
         })?;
         let admin_addr = admin_listener.local_addr()?;
         plane.trust().check_listener(admin_addr)?;
-        let mut routes = reach::admin::routes(metrics, plane.registry().cloned());
-        if let Some(orchestrator) = plane.orchestrator() {
-            routes = routes.merge(orchestrator.admin_router());
-        }
         let token = shutdown.clone();
+        let scheme = if plane.trust().tls().is_some() {
+            "https"
+        } else {
+            "http"
+        };
         let paths = reach::admin::paths(plane.registry().is_some(), plane.orchestrator().is_some());
         writeln!(
             std::io::stdout(),
-            "admin http   http://{admin_addr}  ({})",
+            "admin http   {scheme}://{admin_addr}  ({})",
             paths.join(", ")
         )?;
-        Some(tokio::spawn(reach_telemetry::serve_admin(
+        Some(reach::admin::serve(
             admin_listener,
-            routes,
+            metrics,
+            &plane,
             async move { token.cancelled().await },
             config.server.shutdown_grace,
-        )))
+        )?)
     } else {
         None
     };

@@ -57,14 +57,58 @@ pub enum RegistryError {
     /// A registry bug (a check panicked): INTERNAL.
     #[error("internal registry error: {0}")]
     Internal(String),
+    /// Another identity holds the instance id while its lease lives: PERMISSION_DENIED with
+    /// ErrorInfo reason `NOT_AUTHORIZED` (metadata `identity`, `action`, `target`).
+    #[error(
+        "{identity} may not register as instance {instance_id:?}: it is registered by {owner} while its lease lives; choose another instance id, or deregister it as {owner}"
+    )]
+    NotOwner {
+        /// The identity that asked.
+        identity: String,
+        /// The instance id.
+        instance_id: String,
+        /// The identity holding it.
+        owner: String,
+    },
+    /// The trust layer refused the caller: PERMISSION_DENIED, `NOT_AUTHORIZED`.
+    #[error(transparent)]
+    Denied(#[from] reach_trust::Denied),
     /// An operator drained the instance (`DELETE /agents/{service}`); it must not register again.
     #[error("instance {0:?} was drained by an operator and removed; it must not register again")]
     Drained(String),
 }
 
+impl RegistryError {
+    /// The refusal as the trust layer records it, for [`RegistryError::NotOwner`] and
+    /// [`RegistryError::Denied`].
+    pub fn denied(&self) -> Option<reach_trust::Denied> {
+        match self {
+            RegistryError::NotOwner {
+                identity,
+                instance_id,
+                owner,
+            } => Some(reach_trust::Denied {
+                identity: identity.clone(),
+                action: "register as".into(),
+                target: format!("instance {instance_id:?}"),
+                reason: format!(
+                    "it is registered by {owner} while its lease lives; choose another instance id, or deregister it as {owner}"
+                ),
+            }),
+            RegistryError::Denied(denied) => Some(denied.clone()),
+            _ => None,
+        }
+    }
+}
+
 impl From<RegistryError> for Status {
     fn from(err: RegistryError) -> Self {
         match &err {
+            RegistryError::NotOwner { .. } => err
+                .denied()
+                .map(|d| d.to_status())
+                .unwrap_or_else(|| Status::permission_denied(err.to_string())),
+            RegistryError::Denied(denied) => denied.to_status(),
             RegistryError::InvalidRegistration(_) => Status::invalid_argument(err.to_string()),
             RegistryError::CheckerBusy(_) => Status::unavailable(err.to_string()),
             RegistryError::Internal(_) => Status::internal(err.to_string()),

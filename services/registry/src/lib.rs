@@ -12,6 +12,7 @@
 //!   registry's for ListCapabilities.
 //! - [`service`] — the `reach.v1.RegistryService` gRPC implementation over a [`Registry`].
 //! - [`probe`] — the first health probe that moves an instance from REGISTERED to READY.
+//! - [`tokens`] — one-time join tokens already used.
 //! - [`error`] — [`RegistryError`] and its mapping to gRPC statuses; [`InitError`].
 //! - [`metrics`] — instances per state, lease expiries and RPCs by code.
 
@@ -22,6 +23,7 @@ pub mod metrics;
 pub mod probe;
 pub mod service;
 pub mod store;
+pub mod tokens;
 
 pub use config::{ConfigError, RegistryConfig};
 pub use error::{InitError, RegistryError};

@@ -6,7 +6,11 @@
 
 use std::time::Duration;
 
+use std::sync::Arc;
+
 use reach_rpc::backoff::Backoff;
+use reach_trust::Identity;
+use reach_trust::tls::TlsSource;
 use tonic::Code;
 use tonic_health::pb::health_check_response::ServingStatus;
 use tonic_health::pb::{HealthCheckRequest, health_client::HealthClient};
@@ -17,13 +21,19 @@ use crate::store::Registry;
 /// The gRPC service every agent serves; its health status is what the probe checks.
 const AGENT_SERVICE: &str = "reach.v1.AgentService";
 
+/// TLS for probes: the registry's certificates, and the identity the instance must prove
+/// (`spiffe://<td>/agent/<service>`; `None` checks only that it is of the trust domain).
+pub type ProbeTls = (Arc<TlsSource>, Option<Identity>);
+
 /// Probes `endpoint` until it answers SERVING or the lease is gone, backing off from 5 ms to
-/// 500 ms between attempts, then marks the probe passed.
+/// 500 ms between attempts, then marks the probe passed. With `tls`, probes connect over TLS
+/// presenting the registry's certificate and expecting the instance's identity.
 pub async fn probe_until_ready(
     registry: Registry,
     instance_id: String,
     lease_id: String,
     endpoint: String,
+    tls: Option<ProbeTls>,
 ) {
     let timeout = registry.config().probe_timeout;
     let mut backoff = Backoff::doubling(Duration::from_millis(5), Duration::from_millis(500));
@@ -31,7 +41,7 @@ pub async fn probe_until_ready(
         if !registry.holds_lease(&instance_id, &lease_id) {
             return;
         }
-        match check(&endpoint, timeout).await {
+        match check(&endpoint, timeout, tls.as_ref()).await {
             Ok(()) => {
                 registry.probe_passed(&instance_id, &lease_id);
                 return;
@@ -50,20 +60,24 @@ pub async fn probe_until_ready(
 
 /// One probe attempt. `Err` is why it failed, as a user reads it: what was asked of whom, what
 /// came back, and what the agent must do about it.
-async fn check(endpoint: &str, timeout: Duration) -> Result<(), String> {
+async fn check(endpoint: &str, timeout: Duration, tls: Option<&ProbeTls>) -> Result<(), String> {
     let failed = |what: String| format!("health probe: {AGENT_SERVICE} on {endpoint}: {what}");
-    let channel = tonic::transport::Endpoint::from_shared(endpoint.to_string())
+    let target = tonic::transport::Endpoint::from_shared(endpoint.to_string())
         .map_err(|error| failed(format!("the endpoint is not a URL ({error})")))?
         .connect_timeout(timeout)
-        .timeout(timeout)
-        .connect()
-        .await
-        .map_err(|error| {
-            failed(format!(
-                "cannot connect ({}); is the agent listening there?",
-                reach_rpc::errors::chain(&error)
-            ))
-        })?;
+        .timeout(timeout);
+    let channel = reach_rpc::http2::channel(
+        &target,
+        tls.map(|(source, _)| source),
+        tls.and_then(|(_, expected)| expected.clone()),
+    )
+    .await
+    .map_err(|error| {
+        failed(format!(
+            "cannot connect ({}); is the agent listening there?",
+            reach_rpc::errors::chain(&error)
+        ))
+    })?;
     let request = HealthCheckRequest {
         // The agent's own service, not the server as a whole: an endpoint that serves
         // something else (a router, say) must not pass for an agent.

@@ -1,6 +1,7 @@
 //! `reach.v1.RegistryService` over a [`Registry`].
 
 use std::pin::Pin;
+use std::sync::Arc;
 
 use futures::Stream;
 use reach_proto::v1::registry_service_server::{RegistryService, RegistryServiceServer};
@@ -9,6 +10,7 @@ use reach_proto::v1::{
     ListCapabilitiesRequest, ListCapabilitiesResponse, ListInstancesRequest, ListInstancesResponse,
     RegisterRequest, RegisterResponse, WatchRequest, WatchResponse,
 };
+use reach_trust::{Caller, Denied, Trust};
 use tokio::sync::{broadcast, mpsc};
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status};
@@ -17,17 +19,116 @@ use tracing::warn;
 use crate::error::RegistryError;
 use crate::probe::probe_until_ready;
 use crate::store::Registry;
+use crate::tokens::{Refused, UsedTokens};
 
 /// The gRPC face of a [`Registry`].
 #[derive(Clone)]
 pub struct RegistryGrpc {
     registry: Registry,
+    trust: Arc<Trust>,
+    used_tokens: Arc<UsedTokens>,
 }
 
 impl RegistryGrpc {
-    /// Serves `registry` over gRPC.
+    /// Serves `registry` over gRPC, with trust off (see [`RegistryGrpc::with_trust`]).
     pub fn new(registry: Registry) -> Self {
-        Self { registry }
+        Self {
+            registry,
+            trust: Trust::disabled(),
+            used_tokens: Arc::default(),
+        }
+    }
+
+    /// Authorizes with `trust`: Register only as the service the caller's certificate or
+    /// join token names ([`Trust::check_register`]), a one-time join token once; Heartbeat
+    /// and Deregister only by the instance's owner (the identity that registered it) or an
+    /// operator, with its lease id (an instance that joined with a join token: its lease id
+    /// alone, without credentials); health probes over TLS when `trust` has certificates,
+    /// expecting the agent's identity.
+    pub fn with_trust(mut self, trust: Arc<Trust>) -> Self {
+        self.trust = trust;
+        self
+    }
+
+    /// With trust on: `caller` must own `instance_id` (registered it) or be an operator to
+    /// `action` it. An unknown instance or lease passes here (the store answers
+    /// LEASE_NOT_FOUND).
+    fn check_owner(
+        &self,
+        caller: &Caller,
+        action: &str,
+        instance_id: &str,
+        lease_id: &str,
+    ) -> Result<(), Status> {
+        if !self.trust.is_enabled() {
+            return Ok(());
+        }
+        let Some(owner) = self.registry.owner_of(instance_id, lease_id) else {
+            return Ok(());
+        };
+        if owner == caller.name() || self.trust.is_operator(caller) {
+            return Ok(());
+        }
+        // An instance that joined with a join token keeps its lease with the lease id alone
+        // (it matched above): the token may have been one-time, or have expired since.
+        if caller.identity().is_none()
+            && reach_trust::Identity::parse(&owner).is_ok_and(|id| id.path().starts_with("/join/"))
+        {
+            return Ok(());
+        }
+        let denied = Denied {
+            identity: caller.name().to_string(),
+            action: action.to_string(),
+            target: format!("instance {instance_id:?}"),
+            reason: format!(
+                "it is registered by {owner}; only its owner or an operator may {action} it"
+            ),
+        };
+        reach_trust::audit::denied(&denied);
+        Err(denied.to_status())
+    }
+
+    /// Claims a one-time join token the caller presents; returns its `jti` to release should
+    /// the registration fail for another reason.
+    fn claim_join_token(&self, caller: &Caller, service: &str) -> Result<Option<String>, Status> {
+        let Some(claims) = caller.claims() else {
+            return Ok(None);
+        };
+        let Ok(Some(grant)) = reach_trust::token::JoinGrant::of(claims) else {
+            return Ok(None);
+        };
+        if !grant.one_time {
+            return Ok(None);
+        }
+        let refuse = |reason: String| {
+            let denied = Denied {
+                identity: caller.name().to_string(),
+                action: "register as".into(),
+                target: format!("service {service:?}"),
+                reason,
+            };
+            reach_trust::audit::denied(&denied);
+            denied.to_status()
+        };
+        let Some(jti) = claims.get("jti").and_then(serde_json::Value::as_str) else {
+            return Err(refuse(
+                "its one-time join token has no jti claim to record it by; make one with `reach token join`".into(),
+            ));
+        };
+        let exp = claims
+            .get("exp")
+            .and_then(serde_json::Value::as_u64)
+            .unwrap_or(u64::MAX);
+        match self.used_tokens.claim(jti, exp) {
+            Ok(()) => Ok(Some(jti.to_string())),
+            Err(Refused::Used) => Err(refuse(format!(
+                "its one-time join token (jti {jti}) was used already; make a new one with `reach token join --service {service}`"
+            ))),
+            Err(Refused::Full) => Err(Status::unavailable(format!(
+                "the registry remembers {} one-time join tokens in use and takes no more until some expire; retry later or use a certificate",
+                crate::tokens::MAX_USED_TOKENS
+            ))),
+        }
     }
 
     /// The tonic service, ready to add to a server.
@@ -45,6 +146,7 @@ impl RegistryGrpc {
         let deadline = reach_rpc::deadline::grpc_timeout(request.metadata())
             .ok()
             .flatten();
+        let caller = Caller::of(request.extensions());
         let request = request.into_inner();
         let spec = request
             .instance
@@ -56,18 +158,46 @@ impl RegistryGrpc {
             })?),
         };
         let endpoint = spec.endpoint.clone();
+        let service = spec.service.clone();
+        {
+            let capabilities: Vec<&str> =
+                spec.capabilities.iter().map(|c| c.name.as_str()).collect();
+            self.trust
+                .check_register(&caller, &service, &capabilities)
+                .map_err(|denied| denied.to_status())?;
+        }
         // Checking descriptors compiles schemas: off the async workers, one at a time.
         let checked = self
             .registry
             .check_off_worker(deadline, move || crate::store::check_spec(spec))
             .await??;
-        let registration = self.registry.register_checked(checked, requested)?;
+        let join_token = self.claim_join_token(&caller, &service)?;
+        let registration = match self
+            .registry
+            .register_owned(checked, requested, caller.name())
+        {
+            Ok(registration) => registration,
+            Err(error) => {
+                if let Some(jti) = join_token {
+                    self.used_tokens.release(&jti);
+                }
+                if let Some(denied) = error.denied() {
+                    reach_trust::audit::denied(&denied);
+                }
+                return Err(error.into());
+            }
+        };
         if self.registry.config().health_probe {
+            let tls = self.trust.tls().cloned().map(|tls| {
+                let expected = reach_trust::Identity::agent(tls.trust_domain(), &service).ok();
+                (tls, expected)
+            });
             tokio::spawn(probe_until_ready(
                 self.registry.clone(),
                 crate::store::instance_id(&registration.instance).to_string(),
                 registration.lease_id.clone(),
                 endpoint,
+                tls,
             ));
         }
         Ok(RegisterResponse {
@@ -77,7 +207,12 @@ impl RegistryGrpc {
         })
     }
 
-    fn heartbeat_request(&self, request: HeartbeatRequest) -> Result<HeartbeatResponse, Status> {
+    fn heartbeat_request(
+        &self,
+        caller: &Caller,
+        request: HeartbeatRequest,
+    ) -> Result<HeartbeatResponse, Status> {
+        self.check_owner(caller, "heartbeat", &request.instance_id, &request.lease_id)?;
         let reported = InstanceState::try_from(request.state)
             .ok()
             .filter(|s| {
@@ -174,19 +309,32 @@ impl RegistryService for RegistryGrpc {
         &self,
         request: Request<HeartbeatRequest>,
     ) -> Result<Response<HeartbeatResponse>, Status> {
-        observed("heartbeat", self.heartbeat_request(request.into_inner()))
+        let caller = Caller::of(request.extensions());
+        observed(
+            "heartbeat",
+            self.heartbeat_request(&caller, request.into_inner()),
+        )
     }
 
     async fn deregister(
         &self,
         request: Request<DeregisterRequest>,
     ) -> Result<Response<DeregisterResponse>, Status> {
+        let caller = Caller::of(request.extensions());
         let request = request.into_inner();
         let result = self
-            .registry
-            .deregister(&request.instance_id, &request.lease_id)
-            .map(|()| DeregisterResponse {})
-            .map_err(Status::from);
+            .check_owner(
+                &caller,
+                "deregister",
+                &request.instance_id,
+                &request.lease_id,
+            )
+            .and_then(|()| {
+                self.registry
+                    .deregister(&request.instance_id, &request.lease_id)
+                    .map_err(Status::from)
+            })
+            .map(|()| DeregisterResponse {});
         observed("deregister", result)
     }
 

@@ -81,6 +81,9 @@ struct Entry {
     /// The registry revision of the registration: orders registrations by recency (the
     /// latest one's capability descriptors win in ListCapabilities).
     registered: u64,
+    /// The identity that registered it ([`reach_trust::Caller::name`]; `anonymous` when
+    /// trust is off): while its lease lives, no other identity may register the same id.
+    owner: String,
 }
 
 /// The load an instance reports with a heartbeat.
@@ -237,14 +240,32 @@ impl Registry {
         })
     }
 
-    /// [`Registry::register`] of a spec [`check_spec`] already passed.
+    /// [`Registry::register`] of a spec [`check_spec`] already passed, owned by `anonymous`
+    /// (see [`Registry::register_owned`]).
     ///
     /// # Errors
-    /// [`RegistryError::CapabilityNotDeclared`] in strict mode.
+    /// [`RegistryError::CapabilityNotDeclared`] in strict mode;
+    /// [`RegistryError::NotOwner`] when another identity holds the instance id.
     pub fn register_checked(
         &self,
         spec: CheckedSpec,
         requested_ttl: Option<Duration>,
+    ) -> Result<Registration, RegistryError> {
+        self.register_owned(spec, requested_ttl, reach_trust::Caller::ANONYMOUS)
+    }
+
+    /// [`Registry::register_checked`] by `owner` (the registering caller's identity). An
+    /// instance id whose lease lives belongs to the identity that registered it: the same
+    /// identity may register it again (replacing the lease), another may not.
+    ///
+    /// # Errors
+    /// [`RegistryError::CapabilityNotDeclared`] in strict mode;
+    /// [`RegistryError::NotOwner`] when another identity holds the instance id.
+    pub fn register_owned(
+        &self,
+        spec: CheckedSpec,
+        requested_ttl: Option<Duration>,
+        owner: &str,
     ) -> Result<Registration, RegistryError> {
         let CheckedSpec(spec) = spec;
         if let Some(protocols) = self
@@ -264,6 +285,16 @@ impl Registry {
         let probed = !self.inner.config.health_probe;
         let now = SystemTime::now();
         let mut table = self.table();
+        if let Some(held) = table.instances.get(&spec.instance_id)
+            && held.owner != owner
+            && held.lease_deadline > Instant::now()
+        {
+            return Err(RegistryError::NotOwner {
+                identity: owner.to_string(),
+                instance_id: spec.instance_id.clone(),
+                owner: held.owner.clone(),
+            });
+        }
         table.revision += 1;
         let instance = Instance {
             state: if probed {
@@ -299,6 +330,7 @@ impl Registry {
                 lease_ttl: ttl,
                 probed,
                 registered: revision,
+                owner: owner.to_string(),
             },
         );
         self.publish(&table, watch_response::Event::Upserted(shown));
@@ -346,6 +378,16 @@ impl Registry {
         entry.instance.health_probe_error = reason.to_string();
         self.touch_and_publish(&mut table, instance_id);
         true
+    }
+
+    /// The identity that registered `instance_id` when `lease_id` is its live lease (`None`
+    /// for an unknown instance or another lease).
+    pub fn owner_of(&self, instance_id: &str, lease_id: &str) -> Option<String> {
+        self.table()
+            .instances
+            .get(instance_id)
+            .filter(|e| e.instance.lease_id == lease_id)
+            .map(|e| e.owner.clone())
     }
 
     /// Whether `lease_id` is still the live lease of `instance_id`.

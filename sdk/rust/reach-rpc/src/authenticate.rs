@@ -40,6 +40,7 @@ pub(crate) async fn accept_tls(
     tcp: TcpStream,
     timeout: Duration,
     listener_name: &str,
+    client_certificates: crate::server::ClientCertificates,
 ) -> Option<(tokio_rustls::server::TlsStream<TcpStream>, PeerIdentity)> {
     let refused = |reason: &'static str| {
         metrics::counter!(
@@ -49,7 +50,11 @@ pub(crate) async fn accept_tls(
         )
         .increment(1);
     };
-    let config = match tls.server_config() {
+    let config = match client_certificates {
+        crate::server::ClientCertificates::AsConfigured => tls.server_config(),
+        crate::server::ClientCertificates::Optional => tls.server_config_optional_client_auth(),
+    };
+    let config = match config {
         Ok(config) => config,
         Err(error) => {
             tracing::error!(%error, "cannot serve TLS");
@@ -85,9 +90,13 @@ pub(crate) async fn accept_tls(
 }
 
 /// The gRPC paths anyone may call without credentials when client certificates are optional:
-/// health checks (probes present none).
+/// health checks (probes present none), and the registry's Heartbeat and Deregister, whose
+/// credential is the lease id (agents that joined with a join token send no other; the
+/// registry decides).
 fn is_open_grpc(path: &str) -> bool {
     path.starts_with("/grpc.health.v1.Health/")
+        || path == "/reach.v1.RegistryService/Heartbeat"
+        || path == "/reach.v1.RegistryService/Deregister"
 }
 
 /// Axum middleware: establishes the request's [`Caller`] and puts it in its extensions, or

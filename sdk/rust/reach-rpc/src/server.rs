@@ -408,6 +408,43 @@ pub async fn serve_http_with_trust(
     message_limits: MessageLimits,
     trust: std::sync::Arc<reach_trust::Trust>,
 ) {
+    serve_http_with_client_certificates(
+        listener,
+        router,
+        shutdown,
+        grace,
+        limits,
+        message_limits,
+        trust,
+        ClientCertificates::AsConfigured,
+    )
+    .await;
+}
+
+/// Whether a TLS listener requires client certificates.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum ClientCertificates {
+    /// As `[trust.tls] client_auth` says (gRPC ports).
+    #[default]
+    AsConfigured,
+    /// Optional whatever it says (admin ports: Kubernetes HTTPS probes present none). A
+    /// client without one must send a bearer token, except GETs of the policy's open paths.
+    Optional,
+}
+
+/// [`serve_http_with_trust`], asking TLS clients for certificates as `client_certificates`
+/// says.
+#[allow(clippy::too_many_arguments)]
+pub async fn serve_http_with_client_certificates(
+    listener: tokio::net::TcpListener,
+    router: axum::Router,
+    shutdown: impl Future<Output = ()>,
+    grace: Duration,
+    limits: ConnectionLimits,
+    message_limits: MessageLimits,
+    trust: std::sync::Arc<reach_trust::Trust>,
+    client_certificates: ClientCertificates,
+) {
     use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
     use hyper_util::server::conn::auto::Builder;
     use hyper_util::service::TowerToHyperService;
@@ -484,7 +521,7 @@ pub async fn serve_http_with_trust(
                                 return;
                             };
                             let Some((stream, peer)) =
-                                crate::authenticate::accept_tls(tls, tcp, limits.handshake_timeout, &listener_name).await
+                                crate::authenticate::accept_tls(tls, tcp, limits.handshake_timeout, &listener_name, client_certificates).await
                             else {
                                 return;
                             };

@@ -57,7 +57,30 @@ pub async fn serve_admin(
     shutdown: impl Future<Output = ()> + Send + 'static,
     grace: std::time::Duration,
 ) {
-    reach_rpc::server::serve_http(
+    serve_admin_with_trust(
+        listener,
+        router,
+        shutdown,
+        grace,
+        reach_trust::Trust::disabled(),
+    )
+    .await;
+}
+
+/// [`serve_admin`] with `trust` (see [`reach_rpc::server::serve_http_with_trust`]): TLS when
+/// it has certificates, with client certificates optional whatever `[trust.tls] client_auth`
+/// says, since probes (Kubernetes HTTPS probes) present none; each request's caller is
+/// authenticated, a request without a certificate or bearer token answered 401 except GETs
+/// of the policy's open paths (`/health` and `/metrics` by default). The routes authorize
+/// what they serve themselves (operators only, by [`reach_trust::Trust::check_operator`]).
+pub async fn serve_admin_with_trust(
+    listener: tokio::net::TcpListener,
+    router: Router,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+    grace: std::time::Duration,
+    trust: std::sync::Arc<reach_trust::Trust>,
+) {
+    reach_rpc::server::serve_http_with_client_certificates(
         listener,
         router,
         shutdown,
@@ -67,6 +90,9 @@ pub async fn serve_admin(
             shutdown_grace: grace,
             ..reach_rpc::ConnectionLimits::default()
         },
+        reach_rpc::limits::MessageLimits::default(),
+        trust,
+        reach_rpc::server::ClientCertificates::Optional,
     )
     .await;
 }

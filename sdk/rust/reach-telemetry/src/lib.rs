@@ -49,7 +49,9 @@ pub mod init;
 pub mod metrics;
 pub mod propagation;
 
-pub use admin::{ADMIN_MAX_CONNECTIONS, ADMIN_PATHS, admin_router, serve_admin};
+pub use admin::{
+    ADMIN_MAX_CONNECTIONS, ADMIN_PATHS, admin_router, serve_admin, serve_admin_with_trust,
+};
 pub use config::{DEFAULT_LOG_FILTER, LogFormat, TelemetryConfig};
 pub use grpc::{GrpcClientTraceLayer, GrpcServerTraceLayer, traced, traced_channel};
 pub use init::{DroppedSpans, InitError, ShutdownError, TelemetryGuard, dispatch, init};

@@ -1,12 +1,22 @@
 //! Reach's trust layer: who a caller is and what it may do.
 //!
+//! # Layout
 //! - [`identity`]: SPIFFE IDs and the [`Caller`] of a request.
 //! - [`tls`]: TLS server and client configurations from files, reloaded when they change,
-//!   verifying peers the SPIFFE way; [`connector`] dials outbound channels with them.
+//!   verifying peers the SPIFFE way.
+//! - [`connector`]: dials outbound channels with them.
 //! - [`token`]: bearer tokens (JWT) verified against configured keys; join tokens.
 //! - [`policy`]: the policy file (serve, call, tasks, operators, open admin paths).
-//! - [`Trust`]: a process's settings and the decisions made with them; [`audit`] records them.
-//! - `issue` (feature `issue`): a development CA issuing certificates (rcgen).
+//! - [`trust`]: [`Trust`], a process's settings and the decisions made with them (private;
+//!   re-exported at the root).
+//! - [`audit`]: records those decisions.
+//! - [`reload`]: re-reads changed files on an interval (private; see
+//!   [`tls::TlsSource::watch`]).
+//! - [`issue`] (feature `issue`): a development CA issuing certificates (rcgen).
+//!
+//! [`trust`]: Trust
+//! [`reload`]: tls::TlsSource::watch
+//! [`issue`]: #layout
 //!
 //! See `docs/security.md` for the threat model and setup.
 

@@ -220,6 +220,8 @@ fn read_files(config: &TlsConfig) -> Result<Files, TlsError> {
 struct Loaded {
     files: Files,
     server: Option<Arc<ServerConfig>>,
+    /// `server` with client certificates optional whatever `client_auth` says (admin ports).
+    server_optional: Option<Arc<ServerConfig>>,
     client: Arc<ClientConfig>,
     identity: Option<Identity>,
 }
@@ -269,28 +271,31 @@ fn build(config: &TlsConfig, trust_domain: &str, files: Files) -> Result<Loaded,
         None => client_builder.with_no_client_auth(),
     };
     client.alpn_protocols = vec![b"h2".to_vec()];
-    let server = match &own {
-        Some((chain, key, _)) => {
-            let verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(
-                roots.clone(),
-                provider.clone(),
-            );
-            let verifier = match config.client_auth {
-                ClientAuth::Required => verifier.build()?,
-                ClientAuth::Optional => verifier.allow_unauthenticated().build()?,
-            };
-            let mut server = ServerConfig::builder_with_provider(provider)
-                .with_safe_default_protocol_versions()?
-                .with_client_cert_verifier(verifier)
-                .with_single_cert(chain.clone(), key.clone_key())?;
-            server.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
-            Some(Arc::new(server))
-        }
-        None => None,
+    let server_with = |client_auth: ClientAuth| -> Result<Option<Arc<ServerConfig>>, TlsError> {
+        let Some((chain, key, _)) = &own else {
+            return Ok(None);
+        };
+        let verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(
+            roots.clone(),
+            provider.clone(),
+        );
+        let verifier = match client_auth {
+            ClientAuth::Required => verifier.build()?,
+            ClientAuth::Optional => verifier.allow_unauthenticated().build()?,
+        };
+        let mut server = ServerConfig::builder_with_provider(provider.clone())
+            .with_safe_default_protocol_versions()?
+            .with_client_cert_verifier(verifier)
+            .with_single_cert(chain.clone(), key.clone_key())?;
+        server.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+        Ok(Some(Arc::new(server)))
     };
+    let server = server_with(config.client_auth)?;
+    let server_optional = server_with(ClientAuth::Optional)?;
     Ok(Loaded {
         files,
         server,
+        server_optional,
         client: Arc::new(client),
         identity: own.map(|(_, _, identity)| identity),
     })
@@ -357,6 +362,20 @@ impl TlsSource {
     pub fn server_config(&self) -> Result<Arc<ServerConfig>, TlsError> {
         self.current()
             .server
+            .clone()
+            .ok_or(TlsError::MissingCertificate)
+    }
+
+    /// The current server configuration with client certificates optional, whatever
+    /// `client_auth` says: for admin ports, whose callers include probes that present none
+    /// (Kubernetes HTTPS probes). A certificate a client does present is verified as ever;
+    /// one without must authenticate with a bearer token, except for the open paths.
+    ///
+    /// # Errors
+    /// [`TlsError::MissingCertificate`] when no certificate and key are configured.
+    pub fn server_config_optional_client_auth(&self) -> Result<Arc<ServerConfig>, TlsError> {
+        self.current()
+            .server_optional
             .clone()
             .ok_or(TlsError::MissingCertificate)
     }
@@ -466,7 +485,7 @@ impl ServerCertVerifier for SpiffeServerVerifier {
         )
         .map_err(certificate_error)?;
         peer_identity(Some(std::slice::from_ref(end_entity)), &self.trust_domain)
-            .map_err(|reason| rustls::Error::General(reason))?;
+            .map_err(rustls::Error::General)?;
         Ok(ServerCertVerified::assertion())
     }
 

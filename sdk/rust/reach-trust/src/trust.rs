@@ -418,18 +418,7 @@ impl Trust {
         flow: &str,
         starter: Option<&str>,
     ) -> Result<(), Denied> {
-        if !self.is_enabled() {
-            return Ok(());
-        }
-        let is_starter = starter.is_some_and(|starter| starter == caller.name());
-        if is_starter || self.is_operator(caller) {
-            return Ok(());
-        }
-        let allowed = match self.policy() {
-            Some(policy) => policy.may_task(caller, action, flow),
-            None => matches!(action, TaskAction::Start | TaskAction::View),
-        };
-        if allowed {
+        if self.allows_task(caller, action, flow, starter) {
             return Ok(());
         }
         let reason = match (action, starter) {
@@ -453,6 +442,28 @@ impl Trust {
             target: format!("tasks of flow {flow:?}"),
             reason,
         }))
+    }
+
+    /// The decision of [`Trust::check_task`] without recording it: for filtering lists (a
+    /// task left out of `ListTasks` is not a refusal worth an audit event).
+    pub fn allows_task(
+        &self,
+        caller: &Caller,
+        action: TaskAction,
+        flow: &str,
+        starter: Option<&str>,
+    ) -> bool {
+        if !self.is_enabled() {
+            return true;
+        }
+        let is_starter = starter.is_some_and(|starter| starter == caller.name());
+        if is_starter || self.is_operator(caller) {
+            return true;
+        }
+        match self.policy() {
+            Some(policy) => policy.may_task(caller, action, flow),
+            None => matches!(action, TaskAction::Start | TaskAction::View),
+        }
     }
 
     /// Requires an operator for `action` on `target` (admin actions: draining a service,

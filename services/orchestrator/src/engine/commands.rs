@@ -33,6 +33,23 @@ impl Engine {
         input: Value,
         task_id: Option<String>,
     ) -> Result<TaskState, Error> {
+        self.start_task_as(flow_id, version, input, task_id, None)
+            .await
+    }
+
+    /// [`Engine::start_task`], recording `started_by` (the caller's identity) as the task's
+    /// starter: the identity that may resume and cancel it besides operators.
+    ///
+    /// # Errors
+    /// As [`Engine::start_task`].
+    pub async fn start_task_as(
+        &self,
+        flow_id: &str,
+        version: u32,
+        input: Value,
+        task_id: Option<String>,
+        started_by: Option<String>,
+    ) -> Result<TaskState, Error> {
         let flow = if version == 0 {
             self.inner.flows.latest(flow_id)
         } else {
@@ -61,6 +78,7 @@ impl Engine {
                 flow_version: flow.version,
                 input,
                 trace_id: reach_rpc::trace::TraceId::random().to_string(),
+                started_by,
             },
             Event::NodeEntered {
                 node: flow.initial.clone(),

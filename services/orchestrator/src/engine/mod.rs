@@ -148,7 +148,8 @@ pub fn summary_of(state: &TaskState) -> TaskSummary {
 
 impl Engine {
     /// An engine over `store` and `flows`, calling capabilities through the router at
-    /// `router_endpoint` (connected lazily). Call [`Engine::start`] to run it.
+    /// `router_endpoint` (connected lazily; over TLS presenting `tls`'s certificate when
+    /// given). Call [`Engine::start`] to run it.
     ///
     /// # Errors
     /// [`Error::Config`] ([`ConfigError::RouterEndpoint`]) when the router endpoint is not a
@@ -159,6 +160,7 @@ impl Engine {
         router_endpoint: &str,
         settings: EngineSettings,
         clock: Clock,
+        tls: Option<&Arc<reach_trust::tls::TlsSource>>,
     ) -> Result<Self, Error> {
         let endpoint = reach_rpc::http2::endpoint(router_endpoint)
             .map_err(|e| ConfigError::RouterEndpoint {
@@ -166,7 +168,9 @@ impl Engine {
                 detail: e.to_string(),
             })?
             .connect_timeout(Duration::from_secs(5));
-        let router = call::Router::new(reach_telemetry::traced_channel(endpoint.connect_lazy()));
+        let router = call::Router::new(reach_telemetry::traced_channel(
+            reach_rpc::http2::channel_lazy(&endpoint, tls, None),
+        ));
         let (events, _) = broadcast::channel(8192);
         let (stop, _) = watch::channel(false);
         let exclusive = store.is_exclusive();

@@ -27,6 +27,7 @@ pub fn started(flow: &Flow, input: Value) -> TaskState {
             flow_version: flow.version,
             input,
             trace_id: "0af7651916cd43dd8448eb211c80319c".into(),
+            started_by: None,
         },
         Event::NodeEntered {
             node: flow.initial.clone(),

@@ -1,0 +1,706 @@
+//! Trust across services, on a real control plane (registry, router, orchestrator) and admin
+//! port on 127.0.0.1 serving TLS with certificates made here: agents register only as their
+//! own service and never over another identity's instance; a one-time join token registers
+//! once; only an instance's owner (or an operator) renews or removes it; a task is resumed or
+//! cancelled only by its starter or an operator, and ListTasks shows each caller its own; the
+//! admin API is for operators except `/health` and `/metrics`.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use reach::config::ReachConfig;
+use reach::control_plane::{ControlPlane, Services};
+use reach_proto::v1 as pb;
+use reach_proto::v1::orchestrator_service_client::OrchestratorServiceClient;
+use reach_proto::v1::registry_service_client::RegistryServiceClient;
+use reach_trust::issue::CertificateAuthority;
+use reach_trust::tls::{ClientAuth, TlsConfig, TlsSource};
+use reach_trust::token::{JoinGrant, JwtConfig};
+use reach_trust::{Identity, TrustConfig};
+use tonic::transport::Channel;
+use tonic::{Code, Status};
+use tonic_types::StatusExt;
+
+const DAY: Duration = Duration::from_secs(86_400);
+const TD: &str = "reach.test";
+
+/// Agents may register anything and start tasks; tasks are otherwise their starters' and
+/// operators'.
+const POLICY: &str = r#"
+serve:
+  - identities: ["*"]
+    capabilities: ["*"]
+call:
+  - identities: ["*"]
+    capabilities: ["*"]
+    services: ["*"]
+tasks:
+  - identities: ["spiffe://reach.test/agent/*"]
+    flows: ["*"]
+    actions: ["start"]
+"#;
+
+const FLOW: &str = r"
+id: approve
+version: 1
+initial: ask
+states:
+  ask: {type: human, timeout: 1h, next: done}
+  done: {type: succeed}
+";
+
+/// A control plane with TLS (client certificates optional, so bearer tokens work too), a
+/// token key and [`POLICY`], and the CA to issue callers' certificates.
+struct Mesh {
+    dir: tempfile::TempDir,
+    ca: CertificateAuthority,
+    token_key: String,
+    plane: ControlPlane,
+}
+
+impl Mesh {
+    async fn start() -> Self {
+        Self::start_probing(false).await
+    }
+
+    /// [`Mesh::start`], the registry probing instances' health when `probe`.
+    async fn start_probing(probe: bool) -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let ca = CertificateAuthority::generate(TD, DAY).unwrap();
+        std::fs::write(dir.path().join("ca.pem"), ca.cert_pem()).unwrap();
+        let mut tls = write_identity(
+            &ca,
+            dir.path(),
+            "plane",
+            &Identity::service(TD, "registry").unwrap(),
+        );
+        tls.client_auth = ClientAuth::Optional;
+        let (token_key, public) = reach_trust::issue::token_signing_key().unwrap();
+        std::fs::write(dir.path().join("jwt.pem"), public).unwrap();
+        std::fs::write(dir.path().join("policy.yaml"), POLICY).unwrap();
+        let mut config = ReachConfig::default();
+        config.registry.health_probe = probe;
+        config.registry.default_lease_ttl = Duration::from_secs(30);
+        config.orchestrator.store_url =
+            format!("sqlite://{}", dir.path().join("orchestrator.db").display());
+        config.trust = TrustConfig {
+            trust_domain: TD.into(),
+            policy: Some(dir.path().join("policy.yaml")),
+            tls: Some(tls),
+            jwt: Some(JwtConfig::new(vec![dir.path().join("jwt.pem")])),
+            ..TrustConfig::default()
+        };
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let plane = ControlPlane::start(listener, &config, Services::ALL)
+            .await
+            .expect("control plane starts with trust");
+        Self {
+            dir,
+            ca,
+            token_key,
+            plane,
+        }
+    }
+
+    /// A TLS source presenting a certificate for `identity`.
+    fn source(&self, name: &str, identity: &Identity) -> Arc<TlsSource> {
+        TlsSource::load(
+            &write_identity(&self.ca, self.dir.path(), name, identity),
+            TD,
+        )
+        .unwrap()
+    }
+
+    /// A TLS source trusting the CA, presenting no certificate.
+    fn anonymous_source(&self) -> Arc<TlsSource> {
+        let config = TlsConfig {
+            cert: None,
+            key: None,
+            ..TlsConfig::new("", "", self.dir.path().join("ca.pem"))
+        };
+        TlsSource::load(&config, TD).unwrap()
+    }
+
+    /// A channel to the control plane presenting a certificate for `identity`.
+    async fn channel_as(&self, name: &str, identity: &Identity) -> Channel {
+        let endpoint = reach_rpc::http2::endpoint(self.plane.endpoint()).unwrap();
+        reach_rpc::http2::channel(&endpoint, Some(&self.source(name, identity)), None)
+            .await
+            .expect("TLS channel to the control plane")
+    }
+
+    /// A channel to the control plane without a client certificate.
+    async fn anonymous_channel(&self) -> Channel {
+        let endpoint = reach_rpc::http2::endpoint(self.plane.endpoint()).unwrap();
+        reach_rpc::http2::channel(&endpoint, Some(&self.anonymous_source()), None)
+            .await
+            .expect("TLS channel to the control plane")
+    }
+
+    /// A bearer token signed with the mesh's key for `claims`.
+    fn token(&self, claims: serde_json::Map<String, serde_json::Value>) -> String {
+        reach_trust::token::sign(self.token_key.as_bytes(), &claims.into()).unwrap()
+    }
+
+    /// An operator's bearer token.
+    fn operator_token(&self) -> String {
+        self.token(reach_trust::token::claims(
+            Identity::operator(TD, "alice").unwrap().as_str(),
+            "reach",
+            None,
+            Duration::from_secs(300),
+        ))
+    }
+
+    /// A one-time join token for `service`.
+    fn join_token(&self, service: &str) -> String {
+        self.token(reach_trust::token::join_claims(
+            TD,
+            &JoinGrant {
+                services: vec![service.into()],
+                one_time: true,
+            },
+            "reach",
+            None,
+            Duration::from_secs(300),
+        ))
+    }
+}
+
+fn write_identity(ca: &CertificateAuthority, dir: &Path, name: &str, id: &Identity) -> TlsConfig {
+    let issued = ca.issue(id, &[], DAY).unwrap();
+    let (cert, key): (PathBuf, PathBuf) = (
+        dir.join(format!("{name}.pem")),
+        dir.join(format!("{name}-key.pem")),
+    );
+    std::fs::write(&cert, issued.cert_pem).unwrap();
+    std::fs::write(&key, issued.key_pem).unwrap();
+    TlsConfig::new(cert, key, dir.join("ca.pem"))
+}
+
+fn agent(service: &str) -> Identity {
+    Identity::agent(TD, service).unwrap()
+}
+
+/// Sends `authorization: Bearer <token>` with every call.
+fn bearer(
+    token: String,
+) -> impl FnMut(tonic::Request<()>) -> Result<tonic::Request<()>, Status> + Clone {
+    move |mut request: tonic::Request<()>| {
+        request.metadata_mut().insert(
+            "authorization",
+            format!("Bearer {token}").parse().expect("ascii token"),
+        );
+        Ok(request)
+    }
+}
+
+fn register_request(service: &str, instance: &str) -> pb::RegisterRequest {
+    pb::RegisterRequest {
+        instance: Some(pb::InstanceSpec {
+            service: service.into(),
+            instance_id: instance.into(),
+            endpoint: "http://127.0.0.1:9".into(),
+            protocol_version: "1.0".into(),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+/// Asserts `status` is PERMISSION_DENIED with ErrorInfo NOT_AUTHORIZED, and returns its
+/// metadata.
+fn not_authorized(status: &Status) -> HashMap<String, String> {
+    assert_eq!(status.code(), Code::PermissionDenied, "{status:?}");
+    let info = status
+        .get_error_details()
+        .error_info()
+        .cloned()
+        .expect("an ErrorInfo");
+    assert_eq!(info.reason, "NOT_AUTHORIZED");
+    assert_eq!(info.domain, reach_trust::ERROR_DOMAIN);
+    info.metadata
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agent_registers_only_as_its_own_service_and_never_over_another_identity() {
+    let mesh = Mesh::start().await;
+    let mut a = RegistryServiceClient::new(mesh.channel_as("a", &agent("a")).await);
+
+    // A certificate for service a registers as a, not as b.
+    let denied = a.register(register_request("b", "b-1")).await.unwrap_err();
+    let metadata = not_authorized(&denied);
+    assert_eq!(metadata["identity"], "spiffe://reach.test/agent/a");
+    assert_eq!(metadata["action"], "register as");
+    assert_eq!(metadata["target"], "service \"b\"");
+    assert!(
+        denied
+            .message()
+            .contains("its certificate names service \"a\""),
+        "{}",
+        denied.message()
+    );
+    let lease = a
+        .register(register_request("a", "a-1"))
+        .await
+        .expect("a registers as a")
+        .into_inner()
+        .lease_id;
+    assert!(!lease.is_empty());
+
+    // An impostor with a valid credential for service a (a join token) cannot take the
+    // instance id over while its lease lives.
+    let mut impostor = RegistryServiceClient::with_interceptor(
+        mesh.anonymous_channel().await,
+        bearer(mesh.join_token("a")),
+    );
+    let denied = impostor
+        .register(register_request("a", "a-1"))
+        .await
+        .unwrap_err();
+    let metadata = not_authorized(&denied);
+    assert!(metadata["identity"].starts_with("spiffe://reach.test/join/"));
+    assert_eq!(metadata["target"], "instance \"a-1\"");
+    assert!(
+        denied
+            .message()
+            .contains("registered by spiffe://reach.test/agent/a"),
+        "{}",
+        denied.message()
+    );
+    // Nor can another agent, with an instance id of its own service's name space.
+    let mut b = RegistryServiceClient::new(mesh.channel_as("b", &agent("b")).await);
+    not_authorized(&b.register(register_request("b", "a-1")).await.unwrap_err());
+    // The instance is still a's, on its lease; a registering it again is fine.
+    let listed = a
+        .list_instances(pb::ListInstancesRequest::default())
+        .await
+        .unwrap()
+        .into_inner();
+    let instance = listed
+        .instances
+        .iter()
+        .find(|i| i.spec.as_ref().is_some_and(|s| s.instance_id == "a-1"))
+        .expect("a-1 listed");
+    assert_eq!(instance.spec.as_ref().unwrap().service, "a");
+    assert!(instance.lease_id.is_empty(), "lease ids are never listed");
+    a.register(register_request("a", "a-1"))
+        .await
+        .expect("the owner registers its instance again");
+    mesh.plane.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_one_time_join_token_registers_once() {
+    let mesh = Mesh::start().await;
+    let token = mesh.join_token("classifier");
+    let mut client = RegistryServiceClient::with_interceptor(
+        mesh.anonymous_channel().await,
+        bearer(token.clone()),
+    );
+    let lease = client
+        .register(register_request("classifier", "c-1"))
+        .await
+        .expect("the join token registers once")
+        .into_inner()
+        .lease_id;
+    // The instance keeps its lease with the lease id alone (the token was one-time).
+    let mut no_token = RegistryServiceClient::new(mesh.anonymous_channel().await);
+    no_token
+        .heartbeat(reach_proto::v1::HeartbeatRequest {
+            instance_id: "c-1".into(),
+            lease_id: lease.clone(),
+            ..Default::default()
+        })
+        .await
+        .expect("a token-joined instance heartbeats with its lease id");
+    let status = no_token
+        .heartbeat(reach_proto::v1::HeartbeatRequest {
+            instance_id: "c-1".into(),
+            lease_id: "not-the-lease".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert_ne!(status.code(), Code::Ok);
+    // Not as another service.
+    not_authorized(
+        &client
+            .register(register_request("ingest", "i-1"))
+            .await
+            .unwrap_err(),
+    );
+    // Not a second time, even another instance.
+    let denied = client
+        .register(register_request("classifier", "c-2"))
+        .await
+        .unwrap_err();
+    not_authorized(&denied);
+    assert!(
+        denied.message().contains("used already"),
+        "{}",
+        denied.message()
+    );
+    // A bad token is UNAUTHENTICATED.
+    let mut forged = RegistryServiceClient::with_interceptor(
+        mesh.anonymous_channel().await,
+        bearer(format!("{token}x")),
+    );
+    let status = forged
+        .register(register_request("classifier", "c-3"))
+        .await
+        .unwrap_err();
+    assert_eq!(status.code(), Code::Unauthenticated, "{status:?}");
+    mesh.plane.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn only_the_owner_or_an_operator_renews_or_removes_an_instance() {
+    let mesh = Mesh::start().await;
+    let mut a = RegistryServiceClient::new(mesh.channel_as("a", &agent("a")).await);
+    let lease = a
+        .register(register_request("a", "a-1"))
+        .await
+        .unwrap()
+        .into_inner()
+        .lease_id;
+    let heartbeat = |lease: &str| pb::HeartbeatRequest {
+        instance_id: "a-1".into(),
+        lease_id: lease.into(),
+        ..Default::default()
+    };
+    let deregister = |lease: &str| pb::DeregisterRequest {
+        instance_id: "a-1".into(),
+        lease_id: lease.into(),
+    };
+
+    // Another identity holding the lease id is refused.
+    let mut b = RegistryServiceClient::new(mesh.channel_as("b", &agent("b")).await);
+    let metadata = not_authorized(&b.heartbeat(heartbeat(&lease)).await.unwrap_err());
+    assert_eq!(metadata["action"], "heartbeat");
+    assert_eq!(metadata["target"], "instance \"a-1\"");
+    let metadata = not_authorized(&b.deregister(deregister(&lease)).await.unwrap_err());
+    assert_eq!(metadata["action"], "deregister");
+    // The owner needs the right lease id too.
+    assert_eq!(
+        a.heartbeat(heartbeat("not-the-lease"))
+            .await
+            .unwrap_err()
+            .code(),
+        Code::NotFound
+    );
+    a.heartbeat(heartbeat(&lease))
+        .await
+        .expect("the owner renews");
+    // An operator may remove it.
+    let mut operator = RegistryServiceClient::with_interceptor(
+        mesh.anonymous_channel().await,
+        bearer(mesh.operator_token()),
+    );
+    operator
+        .deregister(deregister(&lease))
+        .await
+        .expect("an operator deregisters");
+    assert_eq!(
+        a.heartbeat(heartbeat(&lease)).await.unwrap_err().code(),
+        Code::NotFound
+    );
+    mesh.plane.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_task_is_its_starters_and_operators() {
+    let mesh = Mesh::start().await;
+    let operator_token = mesh.operator_token();
+    let mut operator = OrchestratorServiceClient::with_interceptor(
+        mesh.anonymous_channel().await,
+        bearer(operator_token),
+    );
+    let mut a = OrchestratorServiceClient::new(mesh.channel_as("a", &agent("a")).await);
+    let mut b = OrchestratorServiceClient::new(mesh.channel_as("b", &agent("b")).await);
+
+    // Applying flows is for operators.
+    let apply = pb::ApplyFlowRequest {
+        yaml: FLOW.into(),
+        ..Default::default()
+    };
+    let metadata = not_authorized(&a.apply_flow(apply.clone()).await.unwrap_err());
+    assert_eq!(metadata["action"], "apply");
+    operator
+        .apply_flow(apply)
+        .await
+        .expect("an operator applies");
+
+    let start = |id: &str| pb::StartTaskRequest {
+        flow_id: "approve".into(),
+        task_id: id.into(),
+        ..Default::default()
+    };
+    a.start_task(start("task-a"))
+        .await
+        .expect("a starts a task");
+    b.start_task(start("task-b"))
+        .await
+        .expect("b starts a task");
+    for id in ["task-a", "task-b"] {
+        reach_tests::eventually(Duration::from_secs(5), || {
+            let mut operator = operator.clone();
+            let id = id.to_string();
+            async move {
+                operator
+                    .get_task(pb::GetTaskRequest { task_id: id })
+                    .await
+                    .is_ok_and(|t| {
+                        t.into_inner().task.unwrap().status() == pb::TaskStatus::WaitingHuman
+                    })
+            }
+        })
+        .await;
+    }
+
+    // b sees only its own task, may not view, resume or cancel a's; an operator sees both.
+    let listed = |tasks: pb::ListTasksResponse| -> Vec<String> {
+        let mut ids: Vec<String> = tasks.tasks.into_iter().map(|t| t.task_id).collect();
+        ids.sort();
+        ids
+    };
+    let all = pb::ListTasksRequest::default();
+    assert_eq!(
+        listed(b.list_tasks(all.clone()).await.unwrap().into_inner()),
+        ["task-b"]
+    );
+    assert_eq!(
+        listed(a.list_tasks(all.clone()).await.unwrap().into_inner()),
+        ["task-a"]
+    );
+    assert_eq!(
+        listed(operator.list_tasks(all).await.unwrap().into_inner()),
+        ["task-a", "task-b"]
+    );
+    let get_a = || pb::GetTaskRequest {
+        task_id: "task-a".into(),
+    };
+    not_authorized(&b.get_task(get_a()).await.unwrap_err());
+    a.get_task(get_a()).await.expect("its starter views it");
+    let resume = |id: &str| pb::ResumeTaskRequest {
+        task_id: id.into(),
+        node_id: "ask".into(),
+        input: Some(prost_types::Value {
+            kind: Some(prost_types::value::Kind::BoolValue(true)),
+        }),
+    };
+    let cancel = |id: &str| pb::CancelTaskRequest {
+        task_id: id.into(),
+        reason: "test".into(),
+    };
+    let denied = b.resume_task(resume("task-a")).await.unwrap_err();
+    let metadata = not_authorized(&denied);
+    assert_eq!(metadata["identity"], "spiffe://reach.test/agent/b");
+    assert_eq!(metadata["action"], "resume");
+    assert!(
+        denied
+            .message()
+            .contains("started by spiffe://reach.test/agent/a"),
+        "{}",
+        denied.message()
+    );
+    not_authorized(&b.cancel_task(cancel("task-a")).await.unwrap_err());
+    not_authorized(
+        &b.dump_task(pb::DumpTaskRequest {
+            task_id: "task-a".into(),
+        })
+        .await
+        .unwrap_err(),
+    );
+
+    // Its starter resumes it; an operator cancels b's.
+    let resumed = a
+        .resume_task(resume("task-a"))
+        .await
+        .expect("its starter resumes it")
+        .into_inner();
+    assert_ne!(resumed.task.unwrap().status(), pb::TaskStatus::WaitingHuman);
+    let cancelled = operator
+        .cancel_task(cancel("task-b"))
+        .await
+        .expect("an operator cancels any task")
+        .into_inner();
+    assert_eq!(cancelled.task.unwrap().status(), pb::TaskStatus::Cancelled);
+    mesh.plane.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_admin_api_is_for_operators_but_health_and_metrics_are_open() {
+    let mesh = Mesh::start().await;
+    let mut a = RegistryServiceClient::new(mesh.channel_as("a", &agent("a")).await);
+    a.register(register_request("a", "a-1")).await.unwrap();
+
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let admin = format!("https://{}", listener.local_addr().unwrap());
+    let stop = tokio_util::sync::CancellationToken::new();
+    let token = stop.clone();
+    let serving = reach::admin::serve(
+        listener,
+        reach_telemetry::metrics::install().unwrap(),
+        &mesh.plane,
+        async move { token.cancelled().await },
+        Duration::from_secs(1),
+    )
+    .unwrap();
+
+    let ca = reqwest::Certificate::from_pem(mesh.ca.cert_pem().as_bytes()).unwrap();
+    let client = |identity: Option<reqwest::Identity>| {
+        let builder = reqwest::Client::builder()
+            .use_rustls_tls()
+            .tls_built_in_root_certs(false)
+            .add_root_certificate(ca.clone());
+        match identity {
+            Some(identity) => builder.identity(identity),
+            None => builder,
+        }
+        .build()
+        .unwrap()
+    };
+    // A probe presents no certificate: /health and /metrics answer it.
+    let probe = client(None);
+    let health = probe.get(format!("{admin}/health")).send().await.unwrap();
+    assert_eq!(health.status(), 200);
+    assert_eq!(
+        probe
+            .get(format!("{admin}/metrics"))
+            .send()
+            .await
+            .unwrap()
+            .status(),
+        200
+    );
+    // Without credentials nothing else.
+    let drain = format!("{admin}/agents/a");
+    assert_eq!(probe.delete(&drain).send().await.unwrap().status(), 401);
+    assert_eq!(
+        probe
+            .get(format!("{admin}/agents"))
+            .send()
+            .await
+            .unwrap()
+            .status(),
+        401
+    );
+    // An agent's certificate is not an operator's.
+    let issued = mesh.ca.issue(&agent("a"), &[], DAY).unwrap();
+    let as_agent = client(Some(
+        reqwest::Identity::from_pem(format!("{}{}", issued.cert_pem, issued.key_pem).as_bytes())
+            .unwrap(),
+    ));
+    let refused = as_agent.delete(&drain).send().await.unwrap();
+    assert_eq!(refused.status(), 403);
+    let body: serde_json::Value = refused.json().await.unwrap();
+    assert_eq!(body["reason"], "NOT_AUTHORIZED");
+    assert!(
+        body["error"]
+            .as_str()
+            .unwrap()
+            .contains("spiffe://reach.test/agent/a may not drain service \"a\""),
+        "{body}"
+    );
+    assert_eq!(
+        as_agent
+            .get(format!("{admin}/tasks/none"))
+            .send()
+            .await
+            .unwrap()
+            .status(),
+        403
+    );
+    // An operator's bearer token may.
+    let operator = format!("Bearer {}", mesh.operator_token());
+    let agents = probe
+        .get(format!("{admin}/agents"))
+        .header("authorization", &operator)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(agents.status(), 200);
+    let drained = probe
+        .delete(&drain)
+        .header("authorization", &operator)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(drained.status(), 202);
+    let body: serde_json::Value = drained.json().await.unwrap();
+    assert_eq!(body["draining"][0], "a-1");
+
+    stop.cancel();
+    let _ = serving.await;
+    mesh.plane.shutdown().await.unwrap();
+}
+
+/// Serves health (reach.v1.AgentService SERVING) over TLS with a certificate for `identity`.
+async fn agent_server(mesh: &Mesh, name: &str, identity: &Identity) -> String {
+    let trust = reach_trust::Trust::load(&TrustConfig {
+        trust_domain: TD.into(),
+        tls: Some(write_identity(&mesh.ca, mesh.dir.path(), name, identity)),
+        ..TrustConfig::default()
+    })
+    .unwrap();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let server = reach_rpc::GrpcServer::new().with_trust(trust);
+    server
+        .health_reporter()
+        .set_service_status(
+            "reach.v1.AgentService",
+            tonic_health::ServingStatus::Serving,
+        )
+        .await;
+    tokio::spawn(server.serve(listener, std::future::pending()));
+    url
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_health_probe_speaks_tls_and_expects_the_agents_identity() {
+    let mesh = Mesh::start_probing(true).await;
+    let mut operator = RegistryServiceClient::with_interceptor(
+        mesh.anonymous_channel().await,
+        bearer(mesh.operator_token()),
+    );
+    let genuine = agent_server(&mesh, "p", &agent("p")).await;
+    let wrong = agent_server(&mesh, "q", &agent("q")).await;
+    for (instance, endpoint) in [("p-1", genuine), ("p-2", wrong)] {
+        let mut request = register_request("p", instance);
+        request.instance.as_mut().unwrap().endpoint = endpoint;
+        operator
+            .register(request)
+            .await
+            .expect("an operator registers");
+    }
+    let state = |instance: &str| {
+        let mut operator = operator.clone();
+        let instance = instance.to_string();
+        async move {
+            operator
+                .list_instances(pb::ListInstancesRequest::default())
+                .await
+                .unwrap()
+                .into_inner()
+                .instances
+                .into_iter()
+                .find(|i| i.spec.as_ref().is_some_and(|s| s.instance_id == instance))
+                .expect("listed")
+        }
+    };
+    reach_tests::eventually(Duration::from_secs(5), || async {
+        state("p-1").await.state() == pb::InstanceState::Ready
+    })
+    .await;
+    // An endpoint proving another identity never becomes READY, and says why.
+    reach_tests::eventually(Duration::from_secs(5), || async {
+        state("p-2").await.health_probe_error.contains("agent/q")
+    })
+    .await;
+    assert_eq!(state("p-2").await.state(), pb::InstanceState::Registered);
+    mesh.plane.shutdown().await.unwrap();
+}
