@@ -47,6 +47,10 @@ def target_of(endpoint: str) -> tuple[str, bool]:
     return rest, secure
 
 
+#: Hosts grpcio's local credentials accept in plaintext.
+_LOOPBACK: Final = frozenset({"127.0.0.1", "localhost", "[::1]"})
+
+
 def channel(
     endpoint: str,
     options: Sequence[tuple[str, Any]] = (),
@@ -75,6 +79,11 @@ def channel(
     elif secure:
         credentials = grpc.ssl_channel_credentials()
     if token:
+        if credentials is None and target.rpartition(":")[0] not in _LOOPBACK:
+            raise ValueError(
+                f"a bearer token goes only over TLS (set tls, or use https://) or to a loopback "
+                f"address, not in plaintext to {target}"
+            )
         bearer = grpc.access_token_call_credentials(token.strip())
         transport = credentials or grpc.local_channel_credentials(grpc.LocalConnectionType.LOCAL_TCP)
         credentials = grpc.composite_channel_credentials(transport, bearer)
