@@ -24,6 +24,7 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from reach.v1 import registry_service_pb2, registry_service_pb2_grpc
+from reach_mesh import TlsConfig
 
 REPO = Path(__file__).resolve().parents[3]
 #: How long a process may take to serve, or to stop after SIGTERM.
@@ -66,10 +67,19 @@ async def eventually(
 
 class ReachProcess:
     """A ``reach`` subcommand running as a process of its own, serving gRPC at
-    :attr:`endpoint` (``http://127.0.0.1:PORT``)."""
+    :attr:`endpoint` (``http://127.0.0.1:PORT``). With ``tls`` (a mesh serving TLS) the
+    fixture's own calls (health, instances) go over TLS with those credentials."""
 
-    def __init__(self, args: list[str], cwd: Path, env: dict[str, str] | None = None, log: Path | None = None) -> None:
+    def __init__(
+        self,
+        args: list[str],
+        cwd: Path,
+        env: dict[str, str] | None = None,
+        log: Path | None = None,
+        tls: TlsConfig | None = None,
+    ) -> None:
         self.args = args
+        self.tls = tls
         self.cwd = cwd
         self.log_path = log or cwd / f"reach-{args[0]}-{time.monotonic_ns()}.log"
         self._log = open(self.log_path, "wb")  # noqa: SIM115 - closed in stop()
@@ -81,7 +91,13 @@ class ReachProcess:
             env={**os.environ, "REACH_LOG": "warn", **(env or {})},
         )
         self.endpoint = self._read_endpoint()
-        self.address = self.endpoint.removeprefix("http://")
+        self.address = self.endpoint.split("://", 1)[1]
+
+    def channel(self) -> grpc.aio.Channel:
+        """A channel to the process: over TLS when it was started with ``tls``."""
+        if self.tls is None:
+            return grpc.aio.insecure_channel(self.address)
+        return grpc.aio.secure_channel(self.address, self.tls.channel_credentials())
 
     def _read_endpoint(self) -> str:
         assert self.process.stdout is not None
@@ -91,7 +107,7 @@ class ReachProcess:
         while time.monotonic() < deadline:
             chunk = self.process.stdout.read() or b""
             seen += chunk
-            match = re.search(rb"grpc\s+(http://127\.0\.0\.1:\d+)", seen)
+            match = re.search(rb"grpc\s+(https?://127\.0\.0\.1:\d+)", seen)
             if match:
                 return match.group(1).decode()
             if self.process.poll() is not None:
@@ -106,7 +122,7 @@ class ReachProcess:
 
     async def wait_serving(self) -> None:
         """Waits until the process answers ``grpc.health.v1`` SERVING."""
-        async with grpc.aio.insecure_channel(self.address) as channel:
+        async with self.channel() as channel:
             stub = health_pb2_grpc.HealthStub(channel)
 
             async def serving() -> bool:
@@ -156,7 +172,7 @@ class ReachProcess:
 
     async def instances(self, service: str = "") -> list[registry_service_pb2.Instance]:
         """The registry's instances of ``service`` (all when empty)."""
-        async with grpc.aio.insecure_channel(self.address) as channel:
+        async with self.channel() as channel:
             stub = registry_service_pb2_grpc.RegistryServiceStub(channel)
             response = await stub.ListInstances(registry_service_pb2.ListInstancesRequest(service=service), timeout=5)
             return list(response.instances)
@@ -185,8 +201,8 @@ async def processes(workdir: Path) -> AsyncIterator[Callable[..., ReachProcess]]
     at the end of the test."""
     started: list[ReachProcess] = []
 
-    def start(*args: str, env: dict[str, str] | None = None) -> ReachProcess:
-        process = ReachProcess(list(args), workdir, env)
+    def start(*args: str, env: dict[str, str] | None = None, tls: TlsConfig | None = None) -> ReachProcess:
+        process = ReachProcess(list(args), workdir, env, tls=tls)
         started.append(process)
         return process
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import re
+from pathlib import Path
 
 import grpc
 import pytest
@@ -266,3 +267,35 @@ async def test_a_wildcard_listener_needs_an_advertised_host() -> None:
     runtime.handle(Capability("wild.echo", "1.0.0"), lambda ctx, message: text_part("x"))
     with pytest.raises(ValueError, match="wildcard address the router cannot dial: set AgentConfig.advertise_host"):
         await runtime.start(host="0.0.0.0")
+
+
+def test_x_reach_caller_is_believed_only_from_the_routers_certificate() -> None:
+    from reach_mesh.trust import router_identity, vouched_caller
+
+    router = router_identity("reach.test")
+    alice = {"x-reach-caller": "spiffe://reach.test/operator/alice"}
+    assert router == "spiffe://reach.test/router"
+    assert vouched_caller(router, router, alice) == "spiffe://reach.test/operator/alice"
+    assert vouched_caller(router, "spiffe://reach.test/agent/other", alice) is None
+    assert vouched_caller(router, None, alice) is None  # a plaintext peer
+    assert vouched_caller(None, router, alice) is None  # an agent not serving TLS
+    assert vouched_caller(router, router, {}) is None
+    assert vouched_caller(router, router, {"x-reach-caller": "alice"}) is None  # not a SPIFFE ID
+
+
+def test_trust_settings_name_what_is_wrong(tmp_path: Path) -> None:
+    from reach_mesh import AgentConfig, MeshClient, TlsConfig
+
+    with pytest.raises(ValueError, match=r"agent\.tls\.ca"):
+        AgentConfig(service="a", tls=TlsConfig(ca=tmp_path / "missing.pem")).validate()
+    ca = tmp_path / "ca.pem"
+    ca.write_text("not checked here")
+    with pytest.raises(ValueError, match="go together"):
+        AgentConfig(service="a", tls=TlsConfig(ca=ca, cert=ca)).validate()
+    with pytest.raises(ValueError, match="trust_domain"):
+        AgentConfig(service="a", trust_domain="not a domain").validate()
+    with pytest.raises(ValueError, match="join_token"):
+        AgentConfig(service="a", join_token="two words").validate()
+    AgentConfig(service="a", tls=TlsConfig(ca=ca), join_token="a.b.c").validate()
+    with pytest.raises(ValueError, match="bearer token"):
+        MeshClient("http://10.1.2.3:7070", token="a.b.c")

@@ -45,6 +45,15 @@ import { newMessageId } from "./ids.js";
 import type { Logger } from "./log.js";
 import { DataTooDeepError, MAX_DATA_DEPTH, tooDeepPart } from "./parts.js";
 import { RpcChannel, serviceDefinition } from "./rpc.js";
+import {
+  type AuthenticatedCall,
+  CALLER_METADATA,
+  peerIdentity,
+  routerIdentity,
+  serverCredentials,
+  type TlsFiles,
+  vouchedCaller,
+} from "./trust.js";
 import type { Handler, HandlerContext, PayloadInit, StreamHandler } from "./runtime.js";
 import { AsyncQueue, delay, Semaphore, timerDelay } from "./sync.js";
 
@@ -98,6 +107,29 @@ export interface Settings {
   labels: Record<string, string>;
   maxMessageBytes: number;
   logger: Logger;
+  trustDomain: string;
+  tls: TlsFiles | undefined;
+  joinToken: string;
+}
+
+/** Registration refusals no retry can fix: the spec itself, or the right to register. */
+const FINAL_REFUSALS: ReadonlySet<Code> = new Set([
+  Code.INVALID_ARGUMENT,
+  Code.FAILED_PRECONDITION,
+  Code.PERMISSION_DENIED,
+  Code.UNAUTHENTICATED,
+]);
+
+/** Who a call comes from: the connection's client identity, and the caller it names. */
+interface Caller {
+  peer: string | undefined;
+  vouched: string | undefined;
+}
+
+/** The first text value of `key` in `metadata`. */
+function firstValue(metadata: grpc.Metadata, key: string): string | undefined {
+  const [value] = metadata.get(key);
+  return typeof value === "string" ? value : undefined;
 }
 
 /** What handling one message came to: the reply envelope, or the status to answer with. */
@@ -116,6 +148,8 @@ export class Agent {
   readonly #permits: Semaphore;
   readonly #dedupe: DedupeCache<Outcome>;
   readonly #registry: RpcChannel;
+  /** The router whose `x-reach-caller` is believed: only when serving TLS. */
+  readonly #router: string | undefined;
   /** Aborted when the drain begins: heartbeats stop, multiplexed streams stop reading. */
   readonly #closing = new AbortController();
   /** Woken each time the last message in flight finishes. */
@@ -150,7 +184,9 @@ export class Agent {
       settings.dedupeCapacity,
       settings.dedupeMaxBytes,
     );
-    this.#registry = new RpcChannel(settings.registry, 4 * 1024 * 1024);
+    this.#registry = new RpcChannel(settings.registry, 4 * 1024 * 1024, { tls: settings.tls });
+    this.#router =
+      settings.tls?.cert === undefined ? undefined : routerIdentity(settings.trustDomain);
     const frameLimit = settings.maxMessageBytes + FRAME_OVERHEAD_BYTES;
     this.#server = new grpc.Server({
       "grpc.max_receive_message_length": frameLimit,
@@ -160,6 +196,11 @@ export class Agent {
 
   get inFlight(): number {
     return this.#inFlight;
+  }
+
+  /** Who `call` comes from: the connection's peer (when serving TLS) and its `x-reach-caller`. */
+  #callerOf(call: AuthenticatedCall, vouched: string | undefined): Caller {
+    return { peer: this.#router === undefined ? undefined : peerIdentity(call), vouched };
   }
 
   get muxStreamsOpened(): number {
@@ -184,7 +225,9 @@ export class Agent {
     const port = await new Promise<number>((resolve, reject) => {
       this.#server.bindAsync(
         this.settings.listen,
-        grpc.ServerCredentials.createInsecure(),
+        this.#router === undefined || this.settings.tls === undefined
+          ? grpc.ServerCredentials.createInsecure()
+          : serverCredentials(this.settings.tls),
         (error, bound) =>
           error === null ? resolve(bound) : reject(listenError(this.settings.listen, error)),
       );
@@ -290,27 +333,32 @@ export class Agent {
    * registers again whenever the registry no longer knows the lease (NOT_FOUND). Registration
    * is retried with back-off (20 ms doubling to 2 s) while the registry is unreachable, and
    * given up when the registry refuses the spec itself (INVALID_ARGUMENT or
-   * FAILED_PRECONDITION: no retry can fix it; {@link Agent.refused} resolves). An operator's drain (`INSTANCE_DRAINED`, or DRAINING in a heartbeat's answer) ends the loop
+   * FAILED_PRECONDITION) or the right to register (PERMISSION_DENIED, UNAUTHENTICATED): no
+   * retry can fix it; {@link Agent.refused} resolves. An operator's drain (`INSTANCE_DRAINED`, or DRAINING in a heartbeat's answer) ends the loop
    * for good: the instance takes no new work through the registry and never registers again.
    */
   async #keepRegistered(spec: InstanceSpec): Promise<void> {
     const { logger, leaseTtlMs, maxConcurrency } = this.settings;
     const stop = this.#closing.signal;
     let backoffMs = 20;
+    // The join token proves the right to register; heartbeats then authenticate with the
+    // lease id the registration granted.
+    const { joinToken } = this.settings;
+    const credentials = joinToken ? { authorization: `Bearer ${joinToken}` } : undefined;
     while (!stop.aborted) {
       let granted;
       try {
         granted = await this.#registry.unary(
           RegistryService.method.register,
           { instance: spec, leaseTtl: durationFromMs(leaseTtlMs) },
-          { timeoutMs: 5000, signal: stop },
+          { timeoutMs: 5000, signal: stop, metadata: credentials },
         );
       } catch (error) {
         if (stop.aborted) {
           return;
         }
         const status = ReachError.from(error);
-        if (status.code === Code.INVALID_ARGUMENT || status.code === Code.FAILED_PRECONDITION) {
+        if (FINAL_REFUSALS.has(status.code)) {
           logger.warn("the registry refused the registration; not retrying", {
             code: status.codeName,
             error: status.statusMessage,
@@ -457,6 +505,7 @@ export class Agent {
     deadline: number | undefined,
     signal: AbortSignal,
     metadata: ReplyMetadata,
+    caller: Caller,
   ): HandlerContext {
     const header = message.header ?? create(HeaderSchema);
     return {
@@ -469,6 +518,7 @@ export class Agent {
       signal,
       instanceId: this.settings.instanceId,
       replyTo: header.replyTo,
+      caller: vouchedCaller(this.#router, caller.peer, caller.vouched),
       setReplyMetadata: (key, value) => metadata.set(key, value, this.settings.logger),
     };
   }
@@ -585,6 +635,7 @@ export class Agent {
     deadline: number | undefined,
     cancelled: AbortSignal,
     settle: boolean,
+    caller: Caller,
   ): Promise<Outcome> {
     const size = toBinary(ReachMessageSchema, message).length;
     if (size > this.settings.maxMessageBytes) {
@@ -598,7 +649,7 @@ export class Agent {
     const tell = () => told.abort();
     cancelled.addEventListener("abort", tell, { once: true });
     const metadata = new ReplyMetadata();
-    const ctx = this.#context(message, deadline, told.signal, metadata);
+    const ctx = this.#context(message, deadline, told.signal, metadata, caller);
     const messageId = ctx.messageId;
 
     const run = async (): Promise<Outcome | undefined> => {
@@ -690,15 +741,20 @@ export class Agent {
     }
     const gone = new AbortController();
     call.once("cancelled", () => gone.abort());
-    void this.#handleMessage(message, deadlineOf(call.getDeadline()), gone.signal, false).then(
-      (outcome) => {
-        if (outcome.error !== undefined) {
-          callback(outcome.error.toGrpcStatus(), null);
-        } else {
-          callback(null, create(HandleResponseSchema, { message: outcome.reply }));
-        }
-      },
-    );
+    const caller = this.#callerOf(call, firstValue(call.metadata, CALLER_METADATA));
+    void this.#handleMessage(
+      message,
+      deadlineOf(call.getDeadline()),
+      gone.signal,
+      false,
+      caller,
+    ).then((outcome) => {
+      if (outcome.error !== undefined) {
+        callback(outcome.error.toGrpcStatus(), null);
+      } else {
+        callback(null, create(HandleResponseSchema, { message: outcome.reply }));
+      }
+    });
   };
 
   /**
@@ -721,6 +777,8 @@ export class Agent {
       return;
     }
     this.#muxStreams += 1;
+    // Every call on the stream comes from the connection's peer.
+    const peer = this.#router === undefined ? undefined : peerIdentity(call);
     // Response headers now: the router waits for them before it sends its first frame.
     call.sendMetadata(new grpc.Metadata());
     const open = new Map<bigint, { generation: number; cancel: AbortController }>();
@@ -875,14 +933,17 @@ export class Agent {
       const cancel = new AbortController();
       open.set(callId, { generation: mine, cancel });
       const deadline = frame.timeoutMs > 0 ? Date.now() + frame.timeoutMs : undefined;
-      void this.#handleMessage(frame.message, deadline, cancel.signal, true).then((outcome) => {
-        // The id is closed before the reply goes, so the caller may reuse it once the reply
-        // arrives; only the call that opened the entry may close it.
-        if (open.get(callId)?.generation === mine) {
-          open.delete(callId);
-        }
-        answer(callId, outcome);
-      });
+      const caller = { peer, vouched: frame.metadata[CALLER_METADATA] };
+      void this.#handleMessage(frame.message, deadline, cancel.signal, true, caller).then(
+        (outcome) => {
+          // The id is closed before the reply goes, so the caller may reuse it once the reply
+          // arrives; only the call that opened the entry may close it.
+          if (open.get(callId)?.generation === mine) {
+            open.delete(callId);
+          }
+          answer(callId, outcome);
+        },
+      );
     });
     call.on("end", () => {
       inputEnded = true;
@@ -963,7 +1024,13 @@ export class Agent {
     }
     try {
       const metadata = new ReplyMetadata();
-      const ctx = this.#context(first, deadline, gone.signal, metadata);
+      const ctx = this.#context(
+        first,
+        deadline,
+        gone.signal,
+        metadata,
+        this.#callerOf(call, firstValue(call.metadata, CALLER_METADATA)),
+      );
       // Each reply answers the latest message the handler has read: the first, until it reads
       // another.
       let answering = first.header;

@@ -29,6 +29,7 @@ import { firstData, MAX_DATA_DEPTH, makePayload, tooDeepPart, valueOf } from "./
 import type { HandlerContext } from "./runtime.js";
 import { CallMuxLink, UNSUPPORTED } from "./mux.js";
 import { RpcChannel } from "./rpc.js";
+import { readTls, type TlsOptions } from "./trust.js";
 import { AsyncQueue } from "./sync.js";
 
 /**
@@ -130,6 +131,19 @@ export interface MeshClientOptions {
    * {@link MeshClient.close}.
    */
   multiplex?: boolean | undefined;
+  /**
+   * For a mesh serving TLS: the CA to trust and, optionally, a certificate to present
+   * (`cert`/`key` may stay unset where the mesh allows callers without one). Used for every
+   * endpoint, whatever its scheme. Default: plaintext (or, for `https://`, TLS with the
+   * system's roots).
+   */
+  tls?: TlsOptions | undefined;
+  /**
+   * A bearer token (`reach token operator`, an identity provider's JWT) sent as
+   * `authorization: Bearer <token>` on every call; the router verifies it and names the caller
+   * to agents. Send it over TLS (or to a loopback endpoint) only.
+   */
+  token?: string | undefined;
 }
 
 /** Options of {@link MeshClient.startTask}. */
@@ -162,11 +176,15 @@ export class MeshClient {
     }
     this.source = options.source;
     const router = options.router ?? "http://127.0.0.1:7070";
-    this.#router = new RpcChannel(router, MAX_MESSAGE_BYTES);
+    const security = {
+      tls: options.tls === undefined ? undefined : readTls(options.tls, "tls"),
+      token: options.token,
+    };
+    this.#router = new RpcChannel(router, MAX_MESSAGE_BYTES, security);
     this.#orchestrator =
       options.orchestrator === undefined || options.orchestrator === router
         ? this.#router
-        : new RpcChannel(options.orchestrator, MAX_MESSAGE_BYTES);
+        : new RpcChannel(options.orchestrator, MAX_MESSAGE_BYTES, security);
     this.#mux = options.multiplex === true ? new CallMuxLink(this.#router) : undefined;
   }
 

@@ -14,6 +14,8 @@
  * - `capability` — the bounds on what a capability declares.
  * - `ids` — trace ids, `traceparent`, UUIDv7 message ids.
  * - `rpc` — {@link RpcChannel}: any generated method (registry, orchestrator) over grpc-js.
+ * - `trust` — {@link TlsOptions} (mTLS with SPIFFE certificates) and the caller an agent
+ *   believes (`HandlerContext.caller`).
  * - `gen` — the generated protobuf-es code (`@reach-mesh/sdk/gen/...`), for everything else.
  *
  * @module
@@ -51,11 +53,19 @@ export {
 } from "./errors.js";
 export {
   type CallSettings,
+  type ChannelSecurity,
   type Method,
   parseEndpoint,
   RpcChannel,
   serviceDefinition,
 } from "./rpc.js";
+export {
+  CALLER_METADATA,
+  DEFAULT_TRUST_DOMAIN,
+  readTls,
+  type TlsFiles,
+  type TlsOptions,
+} from "./trust.js";
 export { isTraceId, newMessageId, newTraceId, traceparentFor } from "./ids.js";
 export { type Logger, silentLogger, stderrLogger } from "./log.js";
 export type { JsonObject, JsonValue } from "@bufbuild/protobuf";

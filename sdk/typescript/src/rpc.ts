@@ -19,6 +19,7 @@ import {
 import * as grpc from "@grpc/grpc-js";
 
 import { ReachError } from "./errors.js";
+import { channelCredentials, channelOptions, type TlsFiles } from "./trust.js";
 
 /** A generated method descriptor whose request is `I` and response `O`. */
 export type Method<I extends DescMessage, O extends DescMessage> = DescMethod & {
@@ -100,20 +101,47 @@ export function parseEndpoint(endpoint: string): {
   };
 }
 
+/** How an {@link RpcChannel} secures and authenticates its calls. */
+export interface ChannelSecurity {
+  /**
+   * TLS trusting `tls.ca` and presenting `tls.cert` (when set), whatever the endpoint's
+   * scheme (Reach writes endpoints `http://` even where the mesh serves TLS).
+   */
+  tls?: TlsFiles | undefined;
+  /** Sent as `authorization: Bearer <token>` on every call. */
+  token?: string | undefined;
+}
+
 /** A gRPC channel to one endpoint, calling generated methods with protobuf-es messages. */
 export class RpcChannel {
   readonly #client: grpc.Client;
+  readonly #authorization: string | undefined;
 
   /**
    * A channel to `endpoint` (see {@link parseEndpoint}) that sends and accepts messages of up
-   * to `maxMessageBytes` bytes. It connects on the first call and reconnects as needed.
+   * to `maxMessageBytes` bytes, secured as `security` says. It connects on the first call and
+   * reconnects as needed.
    */
-  constructor(endpoint: string, maxMessageBytes: number) {
-    const { target, credentials } = parseEndpoint(endpoint);
-    this.#client = new grpc.Client(target, credentials, {
+  constructor(endpoint: string, maxMessageBytes: number, security: ChannelSecurity = {}) {
+    const parsed = parseEndpoint(endpoint);
+    const credentials =
+      security.tls === undefined ? parsed.credentials : channelCredentials(security.tls);
+    this.#client = new grpc.Client(parsed.target, credentials, {
       "grpc.max_receive_message_length": maxMessageBytes,
       "grpc.max_send_message_length": maxMessageBytes,
+      ...channelOptions(security.tls),
     });
+    const token = security.token?.trim();
+    this.#authorization = token ? `Bearer ${token}` : undefined;
+  }
+
+  /** The call's metadata: `entries`, and the bearer token unless they carry their own. */
+  #metadata(entries: Readonly<Record<string, string>> | undefined): grpc.Metadata {
+    const metadata = metadataOf(entries);
+    if (this.#authorization !== undefined && metadata.get("authorization").length === 0) {
+      metadata.set("authorization", this.#authorization);
+    }
+    return metadata;
   }
 
   /**
@@ -136,7 +164,7 @@ export class RpcChannel {
         (value) => Buffer.from(toBinary(method.input, value)),
         (bytes) => fromBinary(method.output, bytes),
         message,
-        metadataOf(settings.metadata),
+        this.#metadata(settings.metadata),
         callOptionsOf(settings.timeoutMs),
         (error, response) => {
           settings.signal?.removeEventListener("abort", cancel);
@@ -169,7 +197,7 @@ export class RpcChannel {
       pathOf(method),
       (value) => Buffer.from(toBinary(method.input, value)),
       (bytes) => fromBinary(method.output, bytes),
-      metadataOf(settings.metadata),
+      this.#metadata(settings.metadata),
       callOptionsOf(settings.timeoutMs),
     );
     if (settings.signal !== undefined) {

@@ -27,6 +27,7 @@ import type { Capability } from "./gen/reach/v1/registry_service_pb.js";
 import { newMessageId } from "./ids.js";
 import { type Logger, stderrLogger } from "./log.js";
 import { parseEndpoint } from "./rpc.js";
+import { DEFAULT_TRUST_DOMAIN, readTls, type TlsOptions } from "./trust.js";
 
 export {
   AGENT_SERVICE,
@@ -78,6 +79,28 @@ export interface AgentOptions {
   maxMessageBytes?: number | undefined;
   /** Where log lines go. Default {@link stderrLogger}. */
   logger?: Logger | undefined;
+  /**
+   * The mesh's SPIFFE trust domain. Default `reach.local`. The router whose `x-reach-caller`
+   * is believed is `spiffe://<trustDomain>/router`.
+   */
+  trustDomain?: string | undefined;
+  /**
+   * This agent's certificate (`spiffe://<trustDomain>/agent/<service>`), key and the mesh CA.
+   * When set, the agent serves TLS requiring client certificates of the CA, registers over TLS
+   * presenting its certificate (whatever the registry endpoint's scheme), and reads the caller
+   * the router verified ({@link HandlerContext.caller}). With `ca` alone (an agent registering
+   * with a {@link AgentOptions.joinToken} instead of a certificate) it registers over TLS but
+   * serves plaintext, which only a router dialling instances in plaintext can reach. Default:
+   * plaintext.
+   */
+  tls?: TlsOptions | undefined;
+  /**
+   * A join token (`reach token join`), sent as `authorization: Bearer` on Register only
+   * (heartbeats authenticate with the lease), for an agent without a certificate of its
+   * service. A one-time token registers once: an agent that must register again (after a
+   * registry restart) needs a reusable one.
+   */
+  joinToken?: string | undefined;
 }
 
 /** What a handler knows about the message it handles. */
@@ -107,6 +130,14 @@ export interface HandlerContext {
   readonly instanceId: string;
   /** Where an asynchronous reply goes ("" when the caller waits for the handler's return). */
   readonly replyTo: string;
+  /**
+   * The caller's SPIFFE ID as the router verified it (`spiffe://reach.local/operator/alice`,
+   * `.../user/<sub>` for a bearer token's subject): the call's `x-reach-caller`, believed only
+   * when the agent serves TLS ({@link AgentOptions.tls}) and the connection's client
+   * certificate is the router's (`spiffe://<trustDomain>/router`); `undefined` otherwise (a
+   * plaintext agent, a caller that dialled the agent directly, an anonymous caller).
+   */
+  readonly caller: string | undefined;
   /**
    * Adds `key` = `value` to the reply's `header.metadata` (setting a key again replaces it).
    * Bounded: at most {@link MAX_REPLY_METADATA_ENTRIES} entries, keys of at most
@@ -293,7 +324,8 @@ export class RunningAgent {
   /**
    * Resolves, with the registry's error, once the registry refused the registration for good
    * (INVALID_ARGUMENT or FAILED_PRECONDITION: a bad name, version or descriptor, an undeclared
-   * capability, an instance an operator drained); stays pending while the registration stands
+   * capability, an instance an operator drained; PERMISSION_DENIED or UNAUTHENTICATED: the
+   * certificate or join token does not allow it, the token is expired or used); stays pending while the registration stands
    * or is being retried. {@link AgentRuntime.run} drains and throws then.
    */
   registrationRefused(): Promise<ReachError> {
@@ -350,6 +382,17 @@ function settingsOf(options: AgentOptions): Settings {
       `dedupeMaxBytes must be a whole number of at least 0, got ${String(options.dedupeMaxBytes)}`,
     );
   }
+  const trustDomain = options.trustDomain ?? DEFAULT_TRUST_DOMAIN;
+  if (!/^[A-Za-z0-9._-]+$/.test(trustDomain)) {
+    fail(
+      `trustDomain ${JSON.stringify(trustDomain)} must be a DNS-like name (for example "reach.local")`,
+    );
+  }
+  const tls = options.tls === undefined ? undefined : readTls(options.tls, "tls");
+  const joinToken = options.joinToken?.trim() ?? "";
+  if (!/^[!-~]*$/.test(joinToken)) {
+    fail("joinToken is not a valid token (it must be printable ASCII)");
+  }
   return {
     service: options.service,
     registry,
@@ -368,5 +411,8 @@ function settingsOf(options: AgentOptions): Settings {
     labels: { ...options.labels },
     maxMessageBytes: positive("maxMessageBytes", options.maxMessageBytes, 4 * 1024 * 1024),
     logger: options.logger ?? stderrLogger,
+    trustDomain,
+    tls,
+    joinToken,
   };
 }

@@ -8,6 +8,7 @@ import { describe, test } from "node:test";
 
 import type { JsonValue } from "@reach-mesh/sdk";
 import {
+  AgentRuntime,
   checkCapability,
   Code,
   dataDepth,
@@ -22,11 +23,13 @@ import {
   partData,
   Reason,
   ReachError,
+  readTls,
   textPart,
   traceparentFor,
 } from "@reach-mesh/sdk";
 
 import { DedupeCache } from "../src/dedupe.js";
+import { peerIdentity, vouchedCaller } from "../src/trust.js";
 
 describe("ids", () => {
   test("trace ids and traceparent follow W3C Trace Context", () => {
@@ -199,5 +202,42 @@ describe("DedupeCache", () => {
       "d",
       "the newest is kept",
     );
+  });
+});
+
+describe("trust", () => {
+  const router = "spiffe://reach.test/router";
+  const alice = "spiffe://reach.test/operator/alice";
+
+  test("x-reach-caller is believed only from the router's certificate", () => {
+    assert.equal(vouchedCaller(router, router, alice), alice);
+    assert.equal(vouchedCaller(router, "spiffe://reach.test/agent/other", alice), undefined);
+    assert.equal(vouchedCaller(router, undefined, alice), undefined, "a plaintext peer");
+    assert.equal(vouchedCaller(undefined, router, alice), undefined, "an agent not serving TLS");
+    assert.equal(vouchedCaller(router, router, undefined), undefined, "no caller named");
+    assert.equal(vouchedCaller(router, router, "alice"), undefined, "not a SPIFFE ID");
+  });
+
+  test("the peer's SPIFFE ID is its certificate's URI SAN", () => {
+    const call = (subjectaltname?: string) => ({
+      getAuthContext: () =>
+        subjectaltname === undefined ? {} : { sslPeerCertificate: { subjectaltname } },
+    });
+    assert.equal(peerIdentity(call(`URI:${router}, DNS:localhost, IP Address:127.0.0.1`)), router);
+    assert.equal(peerIdentity(call("DNS:localhost, IP Address:127.0.0.1")), undefined);
+    assert.equal(peerIdentity(call()), undefined);
+  });
+
+  test("TLS settings name the file or setting that is wrong", () => {
+    assert.throws(() => readTls({ ca: "/nonexistent/ca.pem" }, "tls"), /tls\.ca: .*cannot be read/);
+    assert.throws(
+      () => readTls({ ca: "/nonexistent/ca.pem", cert: "/nonexistent/cert.pem" }, "tls"),
+      /tls\.cert and tls\.key go together/,
+    );
+    assert.throws(
+      () => new AgentRuntime({ service: "a", trustDomain: "not a domain" }),
+      /trustDomain/,
+    );
+    assert.throws(() => new AgentRuntime({ service: "a", joinToken: "bad token" }), /joinToken/);
   });
 });

@@ -70,6 +70,7 @@ from reach_mesh.runtime import (
     StreamHandler,
 )
 from reach_mesh.tasks import HumanWait, NodeRun, Task, TaskEvent, TaskStatus
+from reach_mesh.trust import TlsConfig
 
 __all__ = [
     "MAX_DATA_DEPTH",
@@ -103,6 +104,7 @@ __all__ = [
     "Task",
     "TaskEvent",
     "TaskStatus",
+    "TlsConfig",
     "data_depth",
     "data_part",
     "raw_part",

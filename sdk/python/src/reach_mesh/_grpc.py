@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 import grpc
 from google.protobuf import duration_pb2, timestamp_pb2
+
+if TYPE_CHECKING:
+    from reach_mesh.trust import TlsConfig
 
 #: Bytes a multiplexed frame spends around its message (call id, deadline, metadata, tags):
 #: a peer's frame limit is its message limit plus this (``reach_rpc::mux::FRAME_OVERHEAD_BYTES``).
@@ -44,9 +47,23 @@ def target_of(endpoint: str) -> tuple[str, bool]:
     return rest, secure
 
 
-def channel(endpoint: str, options: Sequence[tuple[str, Any]] = ()) -> grpc.aio.Channel:
+#: Hosts grpcio's local credentials accept in plaintext.
+_LOOPBACK: Final = frozenset({"127.0.0.1", "localhost", "[::1]"})
+
+
+def channel(
+    endpoint: str,
+    options: Sequence[tuple[str, Any]] = (),
+    *,
+    tls: TlsConfig | None = None,
+    token: str | None = None,
+) -> grpc.aio.Channel:
     """An asyncio channel to ``endpoint`` (see :func:`target_of`); create it inside the event
-    loop that uses it.
+    loop that uses it. With ``tls`` it is TLS whatever the scheme (as Reach writes endpoints
+    ``http://`` even where the mesh serves TLS), trusting ``tls.ca`` and presenting
+    ``tls.cert``; an ``https://`` endpoint without it uses the system's roots. ``token`` goes
+    as ``authorization: Bearer <token>`` on every call: over TLS, or in plaintext only to a
+    loopback address (grpcio sends credentials nowhere else unencrypted).
 
     Raises:
         ValueError: ``endpoint`` is malformed.
@@ -55,8 +72,23 @@ def channel(endpoint: str, options: Sequence[tuple[str, Any]] = ()) -> grpc.aio.
     # One channel per client: a separate subchannel pool keeps clients in one process from
     # sharing (and closing) each other's connections.
     merged = [("grpc.use_local_subchannel_pool", 1), *options]
-    if secure:
-        return grpc.aio.secure_channel(target, grpc.ssl_channel_credentials(), options=merged)
+    credentials: grpc.ChannelCredentials | None = None
+    if tls is not None:
+        credentials = tls.channel_credentials()
+        merged.extend(tls.channel_options())
+    elif secure:
+        credentials = grpc.ssl_channel_credentials()
+    if token:
+        if credentials is None and target.rpartition(":")[0] not in _LOOPBACK:
+            raise ValueError(
+                f"a bearer token goes only over TLS (set tls, or use https://) or to a loopback "
+                f"address, not in plaintext to {target}"
+            )
+        bearer = grpc.access_token_call_credentials(token.strip())
+        transport = credentials or grpc.local_channel_credentials(grpc.LocalConnectionType.LOCAL_TCP)
+        credentials = grpc.composite_channel_credentials(transport, bearer)
+    if credentials is not None:
+        return grpc.aio.secure_channel(target, credentials, options=merged)
     return grpc.aio.insecure_channel(target, options=merged)
 
 

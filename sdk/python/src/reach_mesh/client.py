@@ -37,6 +37,7 @@ from reach_mesh.message import Message, Reply
 from reach_mesh.mux import MuxLink, Unsupported
 from reach_mesh.parts import MAX_DATA_DEPTH, Part, Payload, to_value, too_deep_part
 from reach_mesh.tasks import ENDED, Task, TaskEvent, TaskStatus
+from reach_mesh.trust import TlsConfig
 
 __all__ = ["MUX_MAX_MESSAGE_BYTES", "CallOptions", "MeshClient", "PublishFailure", "PublishResult"]
 
@@ -131,9 +132,16 @@ class MeshClient:
             (``reach dev`` serves both on one port).
         multiplex: ``False`` sends every call as a unary ``Call`` (what generated clients do),
             for comparison or for proxies that do not carry long-lived streams.
+        tls: for a mesh serving TLS: the CA to trust and, optionally, a certificate to
+            present (:class:`reach_mesh.TlsConfig`; ``cert``/``key`` may stay ``None`` where
+            the mesh allows callers without one). Used for every endpoint, whatever its
+            scheme. ``None``: plaintext (or, for ``https://``, TLS with the system's roots).
+        token: a bearer token (``reach token operator``, an identity provider's JWT) sent as
+            ``authorization: Bearer <token>`` on every call; the router verifies it and
+            names the caller to agents. It needs TLS, or a loopback endpoint.
 
     Raises:
-        ValueError: an endpoint is malformed.
+        ValueError: an endpoint or the TLS settings are malformed.
     """
 
     def __init__(
@@ -143,10 +151,14 @@ class MeshClient:
         *,
         orchestrator_endpoint: str | None = None,
         multiplex: bool = True,
+        tls: TlsConfig | None = None,
+        token: str | None = None,
     ) -> None:
         self.source = source
+        if tls is not None:
+            tls.validate("tls")
         options = _grpc.size_options(MAX_MESSAGE_BYTES + _grpc.FRAME_OVERHEAD_BYTES)
-        self._channel = _grpc.channel(endpoint, options)
+        self._channel = _grpc.channel(endpoint, options, tls=tls, token=token)
         self._router = router_service_pb2_grpc.RouterServiceStub(self._channel)
         self._link = MuxLink(self._router.CallMux, "the router") if multiplex else None
         #: Calls on the CallMux stream now (at most MUX_MAX_OUTSTANDING; more go unary).
@@ -155,7 +167,7 @@ class MeshClient:
             self._orchestrator_channel: grpc.aio.Channel | None = None
             self._orchestrator = orchestrator_grpc.OrchestratorServiceStub(self._channel)
         else:
-            self._orchestrator_channel = _grpc.channel(orchestrator_endpoint)
+            self._orchestrator_channel = _grpc.channel(orchestrator_endpoint, tls=tls, token=token)
             self._orchestrator = orchestrator_grpc.OrchestratorServiceStub(self._orchestrator_channel)
 
     async def __aenter__(self) -> MeshClient:

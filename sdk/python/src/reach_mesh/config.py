@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from reach_mesh.capability import is_name
+from reach_mesh.trust import DEFAULT_TRUST_DOMAIN, TlsConfig
 
 __all__ = ["AgentConfig"]
 
@@ -44,6 +45,20 @@ class AgentConfig:
         model_slots: how many model (LLM) calls run at once (:class:`reach_mesh.ModelSlots`);
             heartbeats report the model's load and the instance reports BUSY while every slot
             is taken. 0: unlimited and unreported.
+        trust_domain: the mesh's SPIFFE trust domain (default ``reach.local``): the router
+            whose ``x-reach-caller`` is believed is ``spiffe://<trust_domain>/router``.
+        tls: this agent's certificate (``spiffe://<trust_domain>/agent/<service>``), key and
+            the mesh CA (:class:`reach_mesh.TlsConfig`). When set, the agent serves TLS
+            requiring client certificates of the CA, registers over TLS presenting its
+            certificate (whatever the registry endpoint's scheme), and reads the caller the
+            router verified (:attr:`reach_mesh.HandlerContext.caller`). With ``ca`` alone (an
+            agent registering with a :attr:`join_token` instead of a certificate) it
+            registers over TLS but serves plaintext, which only a router dialling instances
+            in plaintext can reach. ``None``: plaintext.
+        join_token: a join token (``reach token join``), sent as ``authorization: Bearer``
+            on Register only (heartbeats authenticate with the lease), for an agent without a
+            certificate of its service; ``""`` sends none. A one-time token registers once:
+            an agent that must register again (after a registry restart) needs a reusable one.
     """
 
     service: str
@@ -62,6 +77,9 @@ class AgentConfig:
     labels: dict[str, str] = field(default_factory=dict)
     max_message_bytes: int = 4 * 1024 * 1024
     model_slots: int = 0
+    trust_domain: str = DEFAULT_TRUST_DOMAIN
+    tls: TlsConfig | None = None
+    join_token: str = ""
 
     def validate(self) -> None:
         """Checks the settings, including what the registry would refuse (names, counts), so
@@ -107,6 +125,17 @@ class AgentConfig:
         for index, topic in enumerate(self.topics):
             if not is_name(topic):
                 raise ValueError(f"agent.topics[{index}] {topic!r} must be a dotted name")
+        if not self.trust_domain or not all(
+            char.isascii() and (char.isalnum() or char in "-._") for char in self.trust_domain
+        ):
+            raise ValueError(
+                f"agent.trust_domain {self.trust_domain!r} must be a DNS-like name (for example \"reach.local\")"
+            )
+        if self.tls is not None:
+            self.tls.validate("agent.tls")
+        token = self.join_token.strip()
+        if token and not all("!" <= char <= "~" for char in token):
+            raise ValueError("agent.join_token is not a valid token (it must be printable ASCII)")
         label_bytes = sum(len(k.encode()) + len(v.encode()) for k, v in self.labels.items())
         if label_bytes > _MAX_LABEL_BYTES:
             raise ValueError(

@@ -48,6 +48,12 @@ class HandlerContext:
             ``CallFrame.metadata``).
         model_slots: this instance's model call slots; wrap each model call in
             ``async with ctx.model_slots.acquire():`` so heartbeats report the model's load.
+        caller: the caller's SPIFFE ID as the router verified it
+            (``spiffe://reach.local/operator/alice``, ``.../user/<sub>`` for a bearer token's
+            subject): the call's ``x-reach-caller``, believed only when the agent serves TLS
+            (:attr:`reach_mesh.AgentConfig.tls`) and the connection's client certificate is
+            the router's (``spiffe://<trust_domain>/router``); ``None`` otherwise (a plaintext
+            agent, a caller that dialled the agent directly, or an anonymous caller).
     """
 
     def __init__(
@@ -57,8 +63,10 @@ class HandlerContext:
         deadline: float | None,
         call_metadata: Mapping[str, str],
         model_slots: ModelSlots,
+        caller: str | None = None,
     ) -> None:
         self.message = message
+        self.caller = caller
         self.instance_id = instance_id
         self.deadline = deadline
         self.call_metadata = dict(call_metadata)

@@ -56,6 +56,7 @@ from reach_mesh.ids import new_message_id
 from reach_mesh.message import Message
 from reach_mesh.models import ModelSlots
 from reach_mesh.parts import MAX_DATA_DEPTH, DataTooDeep, Part, PartError, Payload
+from reach_mesh.trust import peer_identity, router_identity, vouched_caller
 
 __all__ = ["AGENT_SERVICE", "AgentRuntime", "Handler", "HandlerResult", "RunningAgent", "StreamHandler"]
 
@@ -262,8 +263,10 @@ class AgentRuntime:
         running agent, to :meth:`RunningAgent.drain` later. Registration goes on in the
         background: retried (20 ms doubling to 2 s) while the registry is unreachable or
         busy, repeated whenever the registry has lost the lease, and given up when the
-        registry refuses the spec itself (INVALID_ARGUMENT or FAILED_PRECONDITION; see
-        :meth:`RunningAgent.registration_refused`).
+        registry refuses the spec itself (INVALID_ARGUMENT or FAILED_PRECONDITION) or the
+        agent's right to register (PERMISSION_DENIED, UNAUTHENTICATED; see
+        :meth:`RunningAgent.registration_refused`). With :attr:`AgentConfig.tls` the agent
+        serves TLS requiring client certificates of the CA.
 
         Raises:
             ValueError: the config, or a declared capability, is invalid (the message names
@@ -302,7 +305,10 @@ class AgentRuntime:
             (AGENT_SERVICE, health.SERVICE_NAME, reflection.SERVICE_NAME), server
         )
         try:
-            bound = server.add_insecure_port(f"{host}:{port}")
+            if config.tls is not None and config.tls.cert is not None:
+                bound = server.add_secure_port(f"{host}:{port}", config.tls.server_credentials())
+            else:
+                bound = server.add_insecure_port(f"{host}:{port}")
         except RuntimeError as error:
             raise RuntimeError(f"cannot listen on {host}:{port}: {error}") from None
         await server.start()
@@ -320,7 +326,7 @@ class AgentRuntime:
             topics=config.topics,
             labels=config.labels,
         )
-        registry = _grpc.channel(config.registry_endpoint)
+        registry = _grpc.channel(config.registry_endpoint, tls=config.tls)
         agent = RunningAgent(core, server, health_servicer, registry, spec, endpoint)
         agent._start_registering()
         _log.info("agent serving: instance %s at %s", instance_id, endpoint)
@@ -381,6 +387,14 @@ class RegistrationRefused(Exception):
 
 # === the running agent ===
 
+#: Registration refusals no retry can fix: the spec itself, or the right to register.
+_FINAL_REFUSALS: Final = (
+    grpc.StatusCode.INVALID_ARGUMENT,
+    grpc.StatusCode.FAILED_PRECONDITION,
+    grpc.StatusCode.PERMISSION_DENIED,
+    grpc.StatusCode.UNAUTHENTICATED,
+)
+
 
 class RunningAgent:
     """A started agent. Call :meth:`drain` to take it out of the mesh."""
@@ -429,7 +443,8 @@ class RunningAgent:
     async def registration_refused(self) -> ReachError:
         """Waits until the registry refuses the registration for good (INVALID_ARGUMENT or
         FAILED_PRECONDITION: a bad name, version or descriptor, an undeclared capability, an
-        instance an operator drained), and returns the registry's error; never returns
+        instance an operator drained; PERMISSION_DENIED or UNAUTHENTICATED: the certificate
+        or join token does not allow it, the token is expired or used), and returns the registry's error; never returns
         while the registration stands or is being retried. :meth:`AgentRuntime.run` drains
         and raises :class:`RegistrationRefused` then."""
         return await asyncio.shield(self._refused)
@@ -443,15 +458,21 @@ class RunningAgent:
         instance (an operator's ``DELETE /agents/{service}``), or when cancelled."""
         config = self._core.config
         backoff = _BACKOFF_INITIAL
+        # The join token proves the right to register; heartbeats then authenticate with the
+        # lease id the registration granted.
+        token = config.join_token.strip()
+        credentials = (("authorization", f"Bearer {token}"),) if token else None
         while True:
             request = registry_service_pb2.RegisterRequest(
                 instance=self._spec, lease_ttl=_grpc.duration(config.lease_ttl)
             )
             try:
-                response = await self._registry.Register(request, timeout=_REGISTRY_CALL_TIMEOUT)
+                response = await self._registry.Register(
+                    request, timeout=_REGISTRY_CALL_TIMEOUT, metadata=credentials
+                )
             except grpc.aio.AioRpcError as failure:
                 error = ReachError.from_rpc_error(failure)
-                if failure.code() in (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.FAILED_PRECONDITION):
+                if failure.code() in _FINAL_REFUSALS:
                     _log.error("the registry refused the registration; not retrying: %s", error)
                     self._refused.set_result(error)
                     return
@@ -587,6 +608,11 @@ class _Core:
 
     def __post_init__(self) -> None:
         self.source = f"{self.config.service}.{self.instance_id}"
+        #: The router whose ``x-reach-caller`` is believed: only when serving TLS.
+        tls = self.config.tls
+        self.router: str | None = (
+            router_identity(self.config.trust_domain) if tls is not None and tls.cert is not None else None
+        )
         self.permits = asyncio.Semaphore(self.config.max_concurrency)
         self.dedupe: DedupeCache[_Outcome] = DedupeCache(
             self.config.dedupe_window, self.config.dedupe_capacity, self.config.dedupe_max_bytes
@@ -684,9 +710,21 @@ class _Core:
         )
 
     def context(
-        self, message: envelope_pb2.ReachMessage, deadline: float | None, metadata: Mapping[str, str]
+        self,
+        message: envelope_pb2.ReachMessage,
+        deadline: float | None,
+        metadata: Mapping[str, str],
+        peer: str | None = None,
     ) -> HandlerContext:
-        return HandlerContext(Message(message), self.instance_id, deadline, metadata, self.model_slots)
+        """The handler context of ``message``; ``peer`` is the connection's client identity
+        (:func:`reach_mesh.trust.peer_identity`), which decides whether ``x-reach-caller`` in
+        ``metadata`` is believed."""
+        caller = vouched_caller(self.router, peer, metadata)
+        return HandlerContext(Message(message), self.instance_id, deadline, metadata, self.model_slots, caller)
+
+    def peer(self, context: grpc.aio.ServicerContext[Any, Any]) -> str | None:
+        """The SPIFFE ID of ``context``'s client certificate; ``None`` when not serving TLS."""
+        return peer_identity(context) if self.router is not None else None
 
     # --- handling one message ---
 
@@ -696,6 +734,7 @@ class _Core:
         deadline: float | None,
         metadata: Mapping[str, str],
         cancelled: asyncio.Event | None,
+        peer: str | None = None,
     ) -> envelope_pb2.ReachMessage:
         """Handles one message (Handle, and each HandleMux call) and returns the reply.
 
@@ -713,7 +752,7 @@ class _Core:
         if size > self.config.max_message_bytes:
             raise _too_large("message", size, self.config.max_message_bytes)
         handler: Handler = self.pick(self.handlers, message)
-        ctx = self.context(message, deadline, metadata)
+        ctx = self.context(message, deadline, metadata, peer)
         run = asyncio.ensure_future(self._run(handler, ctx, message))
         self.runs.add(run)
         run.add_done_callback(self._finished)
@@ -856,7 +895,9 @@ class _AgentServicer(agent_service_pb2_grpc.AgentServiceServicer):
             core.refuse_if_draining()
             if not request.HasField("message"):
                 raise ReachError(grpc.StatusCode.INVALID_ARGUMENT, "the request has no message")
-            reply = await core.handle(request.message, _deadline(context), _request_metadata(context), None)
+            reply = await core.handle(
+                request.message, _deadline(context), _request_metadata(context), None, core.peer(context)
+            )
         except ReachError as error:
             await _abort(context, error)
             raise AssertionError("unreachable: abort raises") from None
@@ -894,7 +935,7 @@ class _AgentServicer(agent_service_pb2_grpc.AgentServiceServicer):
         except ReachError as error:
             await _abort(context, error)
             return
-        ctx = core.context(first.message, _deadline(context), _request_metadata(context))
+        ctx = core.context(first.message, _deadline(context), _request_metadata(context), core.peer(context))
         # Each reply answers the latest message the handler has read: the first, until it
         # reads another.
         answering = [first.message.header]
@@ -974,6 +1015,8 @@ class _MuxSession:
     def __init__(self, core: _Core, context: grpc.aio.ServicerContext[Any, Any]) -> None:
         self._core = core
         self._context = context
+        #: The connection's client identity: every call on the stream comes from it.
+        self._peer = core.peer(context)
         # Bounded: a caller that stops reading replies stops the reading of its frames too.
         self._replies: asyncio.Queue[agent_service_pb2.HandleMuxResponse | None] = asyncio.Queue(
             MAX_OPEN_CALLS_PER_STREAM
@@ -1154,7 +1197,7 @@ class _MuxSession:
         try:
             try:
                 self._core.refuse_if_draining()
-                reply = await self._core.handle(frame.message, deadline, dict(frame.metadata), cancel)
+                reply = await self._core.handle(frame.message, deadline, dict(frame.metadata), cancel, self._peer)
                 response = agent_service_pb2.HandleMuxResponse(
                     frame=mux_pb2.ReplyFrame(call_id=call_id, reply=reply)
                 )

@@ -12,7 +12,7 @@ import { tmpdir } from "node:os";
 import { dirname, join, resolve } from "node:path";
 import { fileURLToPath } from "node:url";
 
-import { RpcChannel } from "@reach-mesh/sdk";
+import { readTls, RpcChannel, type TlsOptions } from "@reach-mesh/sdk";
 import {
   Health,
   HealthCheckResponse_ServingStatus,
@@ -143,12 +143,15 @@ export class Mesh {
     env: Record<string, string>,
     dataDir: string,
     endpoint: string,
+    tls: TlsOptions | undefined,
   ) {
     this.#args = args;
     this.#env = env;
     this.#dataDir = dataDir;
     this.endpoint = endpoint;
-    this.registry = new RpcChannel(endpoint, 16 * 1024 * 1024);
+    this.registry = new RpcChannel(endpoint, 16 * 1024 * 1024, {
+      tls: tls === undefined ? undefined : readTls(tls, "tls"),
+    });
     this.#process = this.#spawn();
   }
 
@@ -185,13 +188,21 @@ export class Mesh {
   }
 
   /**
-   * Starts `reach dev` (with the example agents when `agents`) with extra `env` settings,
-   * and resolves once it serves (and, with agents, once the coordinator is READY).
+   * Starts `reach dev` (with the example agents when `agents`) with extra `env` settings and
+   * a `config` file, and resolves once it serves (and, with agents, once the coordinator is
+   * READY). With `tls` (a mesh serving TLS) the tests' own queries go over TLS with it.
    */
   static async start({
     agents = false,
     env = {},
-  }: { agents?: boolean; env?: Record<string, string> } = {}): Promise<Mesh> {
+    config,
+    tls,
+  }: {
+    agents?: boolean;
+    env?: Record<string, string>;
+    config?: string;
+    tls?: TlsOptions;
+  } = {}): Promise<Mesh> {
     reachBin();
     const dataDir = await mkdtemp(join(tmpdir(), "reach-ts-test-"));
     const port = await freePort();
@@ -207,7 +218,10 @@ export class Mesh {
     if (!agents) {
       args.push("--no-agents");
     }
-    const mesh = new Mesh(args, env, dataDir, `http://127.0.0.1:${port}`);
+    if (config !== undefined) {
+      args.push("--config", config);
+    }
+    const mesh = new Mesh(args, env, dataDir, `http://127.0.0.1:${port}`, tls);
     try {
       await mesh.#serving();
       if (agents) {
