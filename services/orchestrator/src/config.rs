@@ -29,9 +29,14 @@ pub struct OrchestratorConfig {
     /// Default 24h.
     #[serde(with = "humantime_serde")]
     pub context_ttl: Duration,
-    /// Field names whose values are masked in everything shown (added to the built-in list:
-    /// password, secret, token, api_key, authorization, ssn, card_number, account_number, iban).
+    /// Field names or globs whose values are masked in everything shown, matched
+    /// case-insensitively (added to the built-in `*password*`, `*secret*`, `*token`,
+    /// `*api_key*`, `*authorization*`, `*credential*`, `*private_key*`, `ssn`, `iban`, ...;
+    /// see `mask::DEFAULT_SENSITIVE_FIELDS`).
     pub redact_fields: Vec<String>,
+    /// Regular expressions whose matches in any string shown are replaced by `***` (added to
+    /// the built-in e-mail, phone, card, account and bearer-token patterns).
+    pub redact_values: Vec<String>,
     /// This replica's id, the owner of its task leases. Default: a random id per process.
     /// Give each replica a stable id to let a restarted replica reclaim its tasks at once.
     pub node_id: Option<String>,
@@ -69,6 +74,7 @@ impl Default for OrchestratorConfig {
             router_endpoint: "http://127.0.0.1:7070".into(),
             context_ttl: Duration::from_secs(24 * 3600),
             redact_fields: Vec::new(),
+            redact_values: Vec::new(),
             node_id: None,
             lease: Duration::from_secs(15),
             poll_interval: Duration::from_millis(500),
@@ -83,6 +89,22 @@ impl Default for OrchestratorConfig {
 }
 
 impl OrchestratorConfig {
+    /// The masker of everything shown: the built-in field globs and value patterns plus
+    /// `redact_fields` and `redact_values`.
+    ///
+    /// # Errors
+    /// [`ConfigError::Mask`] naming a pattern that does not parse.
+    pub fn masker(&self) -> Result<crate::mask::Masker, ConfigError> {
+        crate::mask::Masker::with_patterns(
+            crate::mask::DEFAULT_SENSITIVE_FIELDS
+                .iter()
+                .map(|s| (*s).to_string())
+                .chain(self.redact_fields.iter().cloned()),
+            &self.redact_values,
+        )
+        .map_err(ConfigError::Mask)
+    }
+
     /// Checks the values.
     ///
     /// # Errors
@@ -104,6 +126,7 @@ impl OrchestratorConfig {
                 detail: "it has no http:// or https:// scheme".into(),
             });
         }
+        self.masker()?;
         if self.lease < MIN_LEASE {
             return Err(ConfigError::LeaseTooShort { lease: self.lease });
         }
@@ -157,6 +180,9 @@ pub const MIN_LEASE: Duration = Duration::from_millis(300);
 /// to write instead.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum ConfigError {
+    /// A masking pattern does not parse.
+    #[error("{0}")]
+    Mask(crate::mask::MaskError),
     /// `store_url` has a scheme other than `sqlite:` or `postgres://`.
     #[error("store_url {url:?} must start with sqlite:// or postgres://")]
     StoreUrl {

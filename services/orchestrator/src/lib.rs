@@ -171,12 +171,7 @@ impl Orchestrator {
             clock,
             trust.tls(),
         )?;
-        let masker = mask::Masker::new(
-            mask::DEFAULT_SENSITIVE_FIELDS
-                .iter()
-                .map(|s| (*s).to_string())
-                .chain(config.redact_fields.iter().cloned()),
-        );
+        let masker = config.masker()?;
         let api = OrchestratorApi::new(engine.clone(), masker).with_trust(trust);
         Ok(Self {
             config,

@@ -2,27 +2,59 @@
 //!
 //! The store keeps values as given (flows need them); masking is applied on the way out.
 //! Masked: e-mail addresses, phone numbers, card numbers (13 to 19 digits), account numbers
-//! (IBANs and 8 to 17 digit runs), bearer tokens, and every value under a configured field
-//! name (matched case-insensitively, at any depth).
+//! (IBANs and 8 to 17 digit runs), bearer tokens, values matching configured regexes, and
+//! every value under a sensitive field name, at any depth: names are matched
+//! case-insensitively against globs (`*password*` masks `db_password` and `PasswordHash`), so
+//! the names people actually use are caught, not only exact ones.
 
-use std::collections::HashSet;
 use std::sync::Arc;
 
+use globset::{Glob, GlobSet, GlobSetBuilder};
 use regex::Regex;
 
-/// The field names masked by default, whatever their value.
+/// The field-name globs masked by default, whatever their value (matched against the
+/// lowercased name). `*token` masks `access_token` and `github_token` but not
+/// `input_tokens` (model usage counts).
 pub const DEFAULT_SENSITIVE_FIELDS: &[&str] = &[
-    "password",
-    "secret",
-    "token",
-    "api_key",
-    "apikey",
-    "authorization",
+    "*password*",
+    "*passwd*",
+    "*secret*",
+    "*token",
+    "*api_key*",
+    "*apikey*",
+    "*api-key*",
+    "*authorization*",
+    "*credential*",
+    "*private_key*",
+    "cookie",
     "ssn",
     "card_number",
     "account_number",
     "iban",
 ];
+
+/// Why a masking pattern was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum MaskError {
+    /// A field-name glob does not parse.
+    #[error(
+        "redact_fields: {pattern:?} is not a glob ({reason}); use names or globs such as *password*"
+    )]
+    Field {
+        /// The pattern.
+        pattern: String,
+        /// Why.
+        reason: String,
+    },
+    /// A value regex does not compile.
+    #[error("redact_values: {pattern:?} is not a regular expression ({reason})")]
+    Value {
+        /// The pattern.
+        pattern: String,
+        /// Why.
+        reason: String,
+    },
+}
 
 /// Masks sensitive values in JSON. Cheap to clone.
 #[derive(Clone)]
@@ -31,25 +63,74 @@ pub struct Masker {
 }
 
 struct Inner {
-    fields: HashSet<String>,
+    /// The field-name globs, as given.
+    field_patterns: Vec<String>,
+    fields: GlobSet,
     patterns: Vec<(Regex, &'static str)>,
 }
 
 impl std::fmt::Debug for Masker {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Masker")
-            .field("fields", &self.inner.fields)
+            .field("fields", &self.inner.field_patterns)
             .finish_non_exhaustive()
     }
 }
 
 impl Masker {
-    /// A masker for the built-in patterns plus `fields` (case-insensitive field names).
+    /// A masker for the built-in value patterns and the field-name globs `fields` (matched
+    /// case-insensitively).
+    ///
+    /// # Panics
+    /// When a glob does not parse: for built-in lists; use [`Masker::with_patterns`] for
+    /// configured ones.
     pub fn new<I, S>(fields: I) -> Self
     where
         I: IntoIterator<Item = S>,
         S: AsRef<str>,
     {
+        Self::with_patterns(fields, std::iter::empty::<&str>())
+            .unwrap_or_else(|e| panic!("built-in mask patterns: {e}"))
+    }
+
+    /// A masker for the field-name globs `fields` (case-insensitive) and, besides the built-in
+    /// value patterns, the regexes `values` (each match replaced by `***`).
+    ///
+    /// # Errors
+    /// [`MaskError`] naming the pattern that does not parse.
+    pub fn with_patterns<I, S, V, T>(fields: I, values: V) -> Result<Self, MaskError>
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<str>,
+        V: IntoIterator<Item = T>,
+        T: AsRef<str>,
+    {
+        let field_patterns: Vec<String> = fields
+            .into_iter()
+            .map(|f| f.as_ref().to_ascii_lowercase())
+            .collect();
+        let mut set = GlobSetBuilder::new();
+        for pattern in &field_patterns {
+            set.add(Glob::new(pattern).map_err(|e| MaskError::Field {
+                pattern: pattern.clone(),
+                reason: e.to_string(),
+            })?);
+        }
+        let fields = set.build().map_err(|e| MaskError::Field {
+            pattern: field_patterns.join(", "),
+            reason: e.to_string(),
+        })?;
+        let mut configured = Vec::new();
+        for pattern in values {
+            let pattern = pattern.as_ref();
+            configured.push((
+                Regex::new(pattern).map_err(|e| MaskError::Value {
+                    pattern: pattern.to_string(),
+                    reason: e.to_string(),
+                })?,
+                "***",
+            ));
+        }
         let patterns = [
             (r"(?i)\bbearer\s+[a-z0-9\-._~+/]+=*", "Bearer ***"),
             (
@@ -76,16 +157,15 @@ impl Masker {
                 with,
             )
         })
+        .chain(configured)
         .collect();
-        Self {
+        Ok(Self {
             inner: Arc::new(Inner {
-                fields: fields
-                    .into_iter()
-                    .map(|f| f.as_ref().to_ascii_lowercase())
-                    .collect(),
+                field_patterns,
+                fields,
                 patterns,
             }),
-        }
+        })
     }
 
     /// A masked copy of `value`.
@@ -98,7 +178,7 @@ impl Masker {
             serde_json::Value::Object(map) => serde_json::Value::Object(
                 map.iter()
                     .map(|(k, v)| {
-                        let masked = if self.inner.fields.contains(&k.to_ascii_lowercase()) {
+                        let masked = if self.inner.fields.is_match(k.to_ascii_lowercase()) {
                             serde_json::Value::String("***".into())
                         } else {
                             self.mask(v)
@@ -191,5 +271,45 @@ mod tests {
             let masked = m.mask_text(&format!("call me at {phone} today"));
             assert_eq!(masked, "call me at [phone ***] today", "{phone}");
         }
+    }
+
+    #[test]
+    fn field_names_are_matched_by_pattern_case_insensitively() {
+        let m = Masker::default();
+        let v = json!({
+            "db_password": "hunter2",
+            "GithubToken": "ghp_x",
+            "x-api-key": "k",
+            "AWS_SECRET_ACCESS_KEY": "s",
+            "client_credentials": {"id": "a"},
+            "input_tokens": 12,
+            "passage": "the text",
+            "tokenizer": "cl100k",
+        });
+        let masked = m.mask(&v);
+        for key in [
+            "db_password",
+            "GithubToken",
+            "x-api-key",
+            "AWS_SECRET_ACCESS_KEY",
+            "client_credentials",
+        ] {
+            assert_eq!(masked[key], json!("***"), "{key}");
+        }
+        assert_eq!(masked["input_tokens"], json!(12), "model usage counts stay");
+        assert_eq!(masked["passage"], json!("the text"));
+        assert_eq!(masked["tokenizer"], json!("cl100k"));
+    }
+
+    #[test]
+    fn configured_patterns_add_to_the_built_in_ones_and_bad_ones_are_named() {
+        let m = Masker::with_patterns(["customer_*"], [r"ACME-\d{4}"]).unwrap();
+        let masked = m.mask(&json!({"customer_name": "Ann", "note": "ref ACME-1234 ok"}));
+        assert_eq!(masked["customer_name"], json!("***"));
+        assert_eq!(masked["note"], json!("ref *** ok"));
+        let error = Masker::with_patterns(["a["], std::iter::empty::<&str>()).unwrap_err();
+        assert!(error.to_string().contains("\"a[\""), "{error}");
+        let error = Masker::with_patterns(std::iter::empty::<&str>(), ["("]).unwrap_err();
+        assert!(error.to_string().contains("redact_values"), "{error}");
     }
 }

@@ -241,6 +241,17 @@ pub enum SqliteDurability {
 
 const MAX_BATCH: usize = 512;
 
+/// Creates the SQLite file `path` empty with mode 0600 (owner-only) unless it exists, before
+/// SQLite opens it: SQLite gives its `-wal` and `-shm` files the database file's mode, so the
+/// whole store stays owner-only. A failure is left for SQLite's own open to report.
+fn create_owner_only(path: &std::path::Path) {
+    let mut file = std::fs::OpenOptions::new();
+    file.write(true).create_new(true);
+    #[cfg(unix)]
+    std::os::unix::fs::OpenOptionsExt::mode(&mut file, 0o600);
+    let _ = file.open(path);
+}
+
 impl Store {
     /// Opens (and creates the tables of) the store at `url`: `sqlite://PATH` (the file is
     /// created), `sqlite::memory:`, or `postgres://...`.
@@ -268,9 +279,15 @@ impl Store {
                 if let Some(parent) = std::path::Path::new(path).parent()
                     && !parent.as_os_str().is_empty()
                 {
-                    let _ = std::fs::create_dir_all(parent);
+                    // Owner-only: the store holds what tasks were given, in clear.
+                    let mut dir = std::fs::DirBuilder::new();
+                    dir.recursive(true);
+                    #[cfg(unix)]
+                    std::os::unix::fs::DirBuilderExt::mode(&mut dir, 0o700);
+                    let _ = dir.create(parent);
                 }
                 if !path.contains(":memory:") {
+                    create_owner_only(std::path::Path::new(path));
                     lock = Some(std::sync::Arc::new(tokio::sync::Mutex::new(
                         lock_file(path).await?,
                     )));
@@ -1110,6 +1127,30 @@ mod tests {
             .kind(),
             StoreErrorKind::Corrupt
         );
+    }
+
+    /// The store's directory and files are created owner-only (0700 / 0600), WAL included.
+    #[cfg(unix)]
+    #[tokio::test]
+    async fn the_store_is_created_owner_only() {
+        use std::os::unix::fs::PermissionsExt as _;
+        let dir = tempfile::tempdir().unwrap();
+        let data = dir.path().join("data");
+        let path = data.join("tasks.db");
+        let store = Store::open(
+            &format!("sqlite://{}", path.display()),
+            SqliteDurability::Normal,
+        )
+        .await
+        .unwrap();
+        let mode = |p: &std::path::Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode(&data), 0o700);
+        assert_eq!(mode(&path), 0o600);
+        let wal = data.join("tasks.db-wal");
+        if wal.exists() {
+            assert_eq!(mode(&wal), 0o600);
+        }
+        store.close().await;
     }
 
     /// A stored event that no longer decodes is reported as corrupt, naming task and seq.

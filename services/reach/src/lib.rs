@@ -14,7 +14,9 @@
 //! - [`demo_report`] — `reach demo report`: an LLM agent with mesh and local tools writes a
 //!   complaint report from the CSV.
 //! - [`cli`] — client commands against a running mesh: `reach agents`, `reach flow`,
-//!   `reach task`, `reach dump`.
+//!   `reach task`, `reach dump`; and local ones: `reach certs`, `reach token`.
+//! - [`owner_only`] — files and directories created readable by their owner alone (keys,
+//!   `reach dev`'s data directory).
 //! - [`top`] — `reach top`, the live terminal board (registry instances and the admin port's
 //!   metrics, drawn with ratatui).
 //!
@@ -28,4 +30,5 @@ pub mod config;
 pub mod control_plane;
 pub mod demo;
 pub mod demo_report;
+pub mod owner_only;
 pub mod top;

@@ -229,6 +229,17 @@ enum Command {
         #[arg(long, alias = "router", default_value = "http://127.0.0.1:7070", value_parser = grpc_endpoint)]
         endpoint: String,
     },
+    /// Make the mesh's certificates and token key (a development CA), or issue one more.
+    Certs {
+        #[command(subcommand)]
+        command: reach::cli::CertsCommand,
+    },
+    /// Sign a bearer token: a join token for an agent, or an operator's token. Prints the
+    /// token alone on stdout.
+    Token {
+        #[command(subcommand)]
+        command: reach::cli::TokenCommand,
+    },
     /// List the registered agent instances and their state.
     Agents {
         /// The registry (or `reach dev`) endpoint.
@@ -250,6 +261,8 @@ impl Command {
                 | Command::Call { .. }
                 | Command::Capabilities { .. }
                 | Command::Top { .. }
+                | Command::Certs { .. }
+                | Command::Token { .. }
         )
     }
 
@@ -268,7 +281,9 @@ impl Command {
             | Command::Top { .. }
             | Command::Flow { .. }
             | Command::Task { .. }
-            | Command::Dump { .. } => "reach-cli",
+            | Command::Dump { .. }
+            | Command::Certs { .. }
+            | Command::Token { .. } => "reach-cli",
         }
     }
 }
@@ -532,7 +547,8 @@ async fn run(command: Command) -> anyhow::Result<ExitCode> {
             flows,
             model,
         } => {
-            std::fs::create_dir_all(&data_dir).map_err(|e| {
+            // Owner-only (0700): the task store in it holds what flows were given.
+            reach::owner_only::create_dir(&data_dir).map_err(|e| {
                 anyhow::anyhow!("cannot create --data-dir {}: {e}", data_dir.display())
             })?;
             let mut overrides = service.overrides();
@@ -707,6 +723,14 @@ async fn run(command: Command) -> anyhow::Result<ExitCode> {
                 schemas,
             };
             reach::cli::capabilities(&endpoint, &args, &mut std::io::stdout()).await?;
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Certs { command } => {
+            reach::cli::certs(command, &mut std::io::stdout())?;
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Token { command } => {
+            reach::cli::token(command, &mut std::io::stdout(), &mut std::io::stderr())?;
             Ok(ExitCode::SUCCESS)
         }
         Command::Agents { endpoint, json } => {
@@ -900,9 +924,28 @@ async fn serve(
     } else {
         String::new()
     };
+    // With TLS, the hint presents the CA and an operator certificate as `reach certs init`
+    // lays them out next to the CA.
+    let grpcurl_flags = match plane.trust().tls() {
+        None => "-plaintext".to_string(),
+        Some(tls) => {
+            let dir = tls
+                .config()
+                .ca
+                .parent()
+                .map(std::path::Path::to_path_buf)
+                .unwrap_or_default();
+            format!(
+                "-cacert {} -cert {} -key {}",
+                tls.config().ca.display(),
+                dir.join("operator-admin.pem").display(),
+                dir.join("operator-admin-key.pem").display()
+            )
+        }
+    };
     writeln!(
         std::io::stdout(),
-        "try: grpcurl -plaintext {} list{agents_hint}",
+        "try: grpcurl {grpcurl_flags} {} list{agents_hint}",
         plane.addr()
     )?;
 

@@ -15,7 +15,12 @@ pub async fn agents(endpoint: &str, json: bool, out: &mut impl Write) -> anyhow:
     let list = RegistryServiceClient::new(channel)
         .list_instances(ListInstancesRequest::default())
         .await
-        .map_err(|s| anyhow::anyhow!("registry at {endpoint} refused: {}", s.message()))?
+        .map_err(|s| {
+            anyhow::anyhow!(
+                "registry at {endpoint} refused: {}",
+                super::CliError::Rpc(s)
+            )
+        })?
         .into_inner();
     if json {
         let rows: Vec<serde_json::Value> = list

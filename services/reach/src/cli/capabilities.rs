@@ -50,7 +50,12 @@ pub async fn capabilities(
                 page_token: token.clone(),
             })
             .await
-            .map_err(|s| anyhow::anyhow!("registry at {endpoint} refused: {}", s.message()))?
+            .map_err(|s| {
+                anyhow::anyhow!(
+                    "registry at {endpoint} refused: {}",
+                    super::CliError::Rpc(s)
+                )
+            })?
             .into_inner();
         revision = revision.max(page.revision);
         let empty = page.capabilities.is_empty();

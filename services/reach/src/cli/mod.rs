@@ -9,6 +9,9 @@
 //! - [`task`] — `reach task start | get | list | resume | cancel | retry | watch | dead-letters`.
 //! - [`dump`] — `reach dump --task ID`: a task's messages and events in time order.
 //! - [`credentials`] — TLS and bearer-token settings from `REACH_TLS_*` / `REACH_TOKEN`.
+//! - [`certs`] — `reach certs init | issue`: a development CA and the mesh's certificates
+//!   (local files only, no endpoint).
+//! - [`token`] — `reach token join | operator`: bearer tokens signed with the mesh's token key.
 //!
 //! Every orchestrator command returns the process exit code (0 ok, 1 failure such as an
 //! invalid flow); [`CliError`] is for transport problems (unreachable endpoint, gRPC errors).
@@ -16,10 +19,12 @@
 pub mod agents;
 pub mod call;
 pub mod capabilities;
+pub mod certs;
 pub mod credentials;
 pub mod dump;
 pub mod flow;
 pub mod task;
+pub mod token;
 
 use reach_proto::v1::orchestrator_service_client::OrchestratorServiceClient;
 use serde_json::Value;
@@ -29,9 +34,11 @@ pub(crate) use reach_orchestrator::json::{status_name, timestamp as fmt_ts};
 pub use agents::agents;
 pub use call::{CallArgs, call};
 pub use capabilities::{CapabilitiesArgs, capabilities};
+pub use certs::{CertsCommand, certs};
 pub use dump::{DumpArgs, dump};
 pub use flow::{FlowArgs, FlowCommand, flow};
 pub use task::{TaskArgs, TaskCommand, task};
+pub use token::{TokenCommand, token};
 
 /// The orchestrator endpoint the commands use when `--endpoint` is not given (`reach dev`'s
 /// default gRPC address).
@@ -51,7 +58,7 @@ pub enum CliError {
         message: String,
     },
     /// The orchestrator answered with an error.
-    #[error("{}: {}", reach_rpc::errors::code_name(.0.code()).to_lowercase().replace('_', " "), .0.message())]
+    #[error("{}", describe_status(.0))]
     Rpc(tonic::Status),
     /// A flag value was not valid.
     #[error("{0}")]
@@ -60,6 +67,35 @@ pub enum CliError {
     /// `anyhow::Error` prints after this message).
     #[error("cannot write output")]
     Io(#[from] std::io::Error),
+}
+
+/// `code: message`, with the transport's own error after it (a refused TLS handshake reads
+/// "transport error" alone otherwise) and, for a connection the server broke off, which
+/// credential is probably missing.
+fn describe_status(status: &tonic::Status) -> String {
+    let mut text = format!(
+        "{}: {}",
+        reach_rpc::errors::code_name(status.code())
+            .to_lowercase()
+            .replace('_', " "),
+        status.message()
+    );
+    if let Some(source) = std::error::Error::source(status) {
+        text.push_str(&format!(": {}", reach_rpc::errors::chain(source)));
+    }
+    let broken = matches!(
+        status.code(),
+        tonic::Code::Unknown | tonic::Code::Internal | tonic::Code::Unavailable
+    ) && (text.contains("transport error") || text.contains("h2 protocol error"));
+    if broken {
+        let set = |name: &str| std::env::var_os(name).is_some_and(|v| !v.is_empty());
+        if !set("REACH_TLS_CA") {
+            text.push_str("; if the server serves TLS, set REACH_TLS_CA to the mesh CA (and REACH_TLS_CERT / REACH_TLS_KEY or REACH_TOKEN)");
+        } else if !set("REACH_TLS_CERT") {
+            text.push_str("; the server may require a client certificate: set REACH_TLS_CERT and REACH_TLS_KEY (an operator certificate from `reach certs init`); a bearer token alone needs the server's trust.tls.client_auth = \"optional\"");
+        }
+    }
+    text
 }
 
 impl From<tonic::Status> for CliError {
