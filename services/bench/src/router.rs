@@ -184,30 +184,53 @@ async fn run_until_done(options: &BenchOptions) -> anyhow::Result<()> {
     } else {
         &options.concurrencies
     };
-    let cells = measure_all(
-        &mesh,
-        nats.as_ref(),
-        &wanted,
-        payloads,
-        concurrencies,
-        (warmup, duration),
-    )
-    .await;
-    if options.mtls {
+    let cells = if options.mtls {
+        // Plaintext and mTLS cell by cell, alternating, so that whatever else the machine
+        // does meanwhile weighs on both sides alike.
         let pki = BenchPki::new()?;
         let secured = Mesh::start(Some(&pki)).await?;
-        let secured_cells = measure_all(
-            &secured,
-            None,
-            &|mode: &str| wanted(mode) && mode != "nats",
+        let (mut plain, mut tls) = (Vec::new(), Vec::new());
+        for &payload in payloads {
+            for &concurrency in concurrencies {
+                let shape = ([payload], [concurrency]);
+                plain.extend(
+                    measure_all(
+                        &mesh,
+                        nats.as_ref(),
+                        &wanted,
+                        &shape.0,
+                        &shape.1,
+                        (warmup, duration),
+                    )
+                    .await,
+                );
+                tls.extend(
+                    measure_all(
+                        &secured,
+                        None,
+                        &|mode: &str| wanted(mode) && mode != "nats",
+                        &shape.0,
+                        &shape.1,
+                        (warmup, duration),
+                    )
+                    .await,
+                );
+            }
+        }
+        secured.stop().await;
+        write!(stdout, "{}", render_mtls(&plain, &tls))?;
+        plain
+    } else {
+        measure_all(
+            &mesh,
+            nats.as_ref(),
+            &wanted,
             payloads,
             concurrencies,
             (warmup, duration),
         )
-        .await;
-        secured.stop().await;
-        write!(stdout, "{}", render_mtls(&cells, &secured_cells))?;
-    }
+        .await
+    };
     // The stream comparison runs with the full set of modes only.
     let streams = if options.only.is_empty() {
         (
