@@ -242,14 +242,13 @@ fn call(
     token: Option<&str>,
     extra: &[(&'static str, &str)],
 ) -> Request<CallRequest> {
-    let mut message = ReachMessage::default();
-    message.header = Some(reach_proto::v1::Header {
-        target: Some(reach_proto::v1::header::Target::Capability(
-            capability.into(),
-        )),
-        ..Default::default()
-    });
-    message.payload = Some(Payload::text("echo.request", "hi"));
+    let message = ReachMessage {
+        header: Some(reach_proto::v1::Header {
+            target: Some(reach_proto::v1::header::Target::Capability(capability.into())),
+            ..Default::default()
+        }),
+        payload: Some(Payload::text("echo.request", "hi")),
+    };
     let mut request = Request::new(CallRequest {
         message: Some(message),
     });
