@@ -60,7 +60,9 @@ def pki(workdir: Path) -> Path:
 
 
 def operator_token(pki: Path, name: str) -> str:
-    return reach("token", "operator", "--key", str(pki / "jwt-key.pem"), "--name", name, "--trust-domain", TD)
+    return reach(
+        "token", "operator", "--key", str(pki / "jwt-key.pem"), "--name", name, "--ttl", "1h", "--trust-domain", TD
+    )
 
 
 def join_token(pki: Path, service: str) -> str:
@@ -83,9 +85,6 @@ async def mesh(processes: Callable[..., ReachProcess], workdir: Path, pki: Path)
         f"""
 [registry]
 default_lease_ttl = "2s"
-# The registry's health probe of TLS agents is still being built (issue 17).
-health_probe = false
-
 [trust]
 trust_domain = "{TD}"
 
@@ -205,13 +204,6 @@ async def test_an_agent_with_a_join_token_registers(mesh: ReachProcess, pki: Pat
         await agent.drain()
 
 
-@pytest.mark.xfail(
-    reason="the binary of 2026-12-01 answers the heartbeats of an agent without a certificate "
-    "UNAUTHENTICATED ('this service needs a client certificate or a bearer token'), although "
-    "the design authenticates them with the lease id: the lease expires (registry authorization "
-    "is still landing)",
-    strict=False,
-)
 async def test_a_join_token_agent_keeps_its_lease(mesh: ReachProcess, pki: Path) -> None:
     # Heartbeats authenticate with the lease id alone.
     agent = await whoami(
@@ -230,11 +222,6 @@ async def test_a_join_token_agent_keeps_its_lease(mesh: ReachProcess, pki: Path)
         await agent.drain()
 
 
-@pytest.mark.xfail(
-    reason="the binary of 2026-12-01 registers an /agent/echo-py certificate as service other-py "
-    "(the registry's authorization is still landing)",
-    strict=False,
-)
 async def test_a_registration_without_the_right_is_refused_for_good(mesh: ReachProcess, pki: Path) -> None:
     # echo-py's certificate names service echo-py: it may not register as another service.
     runtime = whoami("other-py", mesh.endpoint, tls=identity_tls(pki, f"agent-{AGENT}"))
