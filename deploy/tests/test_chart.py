@@ -115,6 +115,28 @@ AGENT_CLOSE = (
 FLUSH_BOUND = 5
 
 
+def tls_on(values) -> bool:
+    return bool(values.get("trust", {}).get("tls", {}).get("enabled"))
+
+
+def scheme(values) -> str:
+    return "https" if tls_on(values) else "http"
+
+
+def trust_external(values, manifests) -> set[tuple[str, str]]:
+    """The Secrets and ConfigMaps of the trust values that exist outside the chart: the
+    certificate Secrets (named, or written by the chart's cert-manager Certificates), the token
+    keys, an existing policy ConfigMap."""
+    trust = values.get("trust", {})
+    found = {("Secret", trust.get("jwt", {}).get("secretName"))}
+    found.add(("ConfigMap", trust.get("policy", {}).get("existingConfigMap")))
+    for workload in of_kind(manifests, "Deployment"):
+        for volume in workload["spec"]["template"]["spec"].get("volumes", []):
+            if volume["name"] == "tls":
+                found.add(("Secret", volume["secret"]["secretName"]))
+    return found
+
+
 # === tests ===
 
 
@@ -137,7 +159,9 @@ def test_probe_ports_are_container_ports(case):
 
 
 def test_services_probe_their_own_grpc_health(case):
-    _, manifests = case
+    values, manifests = case
+    if tls_on(values):
+        pytest.skip("TLS on: the services are probed over HTTPS (test_tls_*)")
     for comp, service in SERVICES.items():
         if not [d for d in of_kind(manifests, "Deployment") if component(d) == comp]:
             continue
@@ -157,7 +181,10 @@ def test_agents_with_a_port_are_probed_on_it(case):
     for agent in values.get("agents", []):
         spec = deployment(manifests, f"agent-{agent['name']}")["spec"]["template"]["spec"]
         (container,) = spec["containers"]
-        if agent.get("port"):
+        if agent.get("port") and tls_on(values):
+            for kind in ("readinessProbe", "livenessProbe"):
+                assert container[kind]["tcpSocket"] == {"port": agent["port"]}
+        elif agent.get("port"):
             assert container["readinessProbe"]["grpc"] == {
                 "port": agent["port"],
                 "service": "reach.v1.AgentService",
@@ -181,6 +208,7 @@ def test_everything_mounted_or_referenced_is_rendered(case):
         ("Secret", postgres.get("existingSecret")),
         ("PersistentVolumeClaim", sqlite.get("persistence", {}).get("existingClaim")),
     }
+    external |= trust_external(values, manifests)
     for agent in values.get("agents", []):
         for source in agent.get("envFrom", []):
             for kind, key in (("ConfigMap", "configMapRef"), ("Secret", "secretRef")):
@@ -299,7 +327,7 @@ def test_services_find_each_other_by_service_name(case):
         for name, service in services.items():
             if component(service) == comp:
                 port = next(p["port"] for p in service["spec"]["ports"] if p["name"] == "grpc")
-                urls[comp] = f"http://{name}:{port}"
+                urls[comp] = f"{scheme(values)}://{name}:{port}"
     router = deployment(manifests, "router")["spec"]["template"]["spec"]["containers"][0]
     assert router["args"][router["args"].index("--registry") + 1] == urls["registry"]
     if "orchestrator" in urls:
@@ -532,6 +560,8 @@ def test_the_binary_accepts_every_rendered_setting(case, tmp_path):
             target = root / mount["mountPath"].lstrip("/")
             target.mkdir(parents=True)
             moved[mount["mountPath"]] = str(target)
+            if volumes[mount["name"]].get("secret"):
+                pytest.skip("certificates are not made here: TLS settings are checked by test_tls_*")
             source = volumes[mount["name"]].get("configMap")
             if source:
                 for name, text in configmaps[source["name"]]["data"].items():
@@ -556,7 +586,137 @@ def test_the_binary_accepts_every_rendered_setting(case, tmp_path):
         dumped = tomllib.loads(result.stdout)
         assert dumped["listen"] == args[args.index("--listen") + 1]
         if container["args"][0] == "router":
-            assert dumped["router"]["advertise_endpoint"] == "http://10.1.2.3:7070"
+            assert dumped["router"]["advertise_endpoint"].endswith("://10.1.2.3:7070")
             assert dumped["router"]["registry_endpoint"].endswith("-registry:7070")
         if container["args"][0] == "orchestrator":
             assert dumped["orchestrator"]["node_id"] == pod["POD_NAME"]
+
+
+# === trust (docs/security.md) ===
+
+TLS_DIR = "/etc/reach/tls"
+
+
+def service_containers(manifests) -> Iterator[tuple[str, dict[str, Any], dict[str, Any]]]:
+    for workload in of_kind(manifests, "Deployment"):
+        if component(workload) in SERVICES:
+            spec = workload["spec"]["template"]["spec"]
+            (container,) = spec["containers"]
+            yield component(workload), spec, container
+
+
+def env_of(container) -> dict[str, str | None]:
+    return {e["name"]: e.get("value") for e in container.get("env", [])}
+
+
+def test_tls_off_every_service_is_explicitly_insecure(case):
+    values, manifests = case
+    if tls_on(values):
+        return
+    for comp, _, container in service_containers(manifests):
+        env = env_of(container)
+        assert env.get("REACH_TRUST__INSECURE") == "true", f"{comp}: listens on 0.0.0.0 without TLS"
+        assert not any(k.startswith("REACH_TRUST__TLS__") for k in env), comp
+
+
+def test_tls_off_notes_warn_the_mesh_is_open():
+    notes = next(t for p, t in render_text({}).items() if p.endswith("NOTES.txt"))
+    assert "THE MESH IS OPEN" in notes and "REACH_TRUST__INSECURE=true" in notes
+    on = next(t for p, t in render_text({"trust": {"tls": {"enabled": True}}}).items() if p.endswith("NOTES.txt"))
+    assert "THE MESH IS OPEN" not in on and "https://" in on
+
+
+def test_tls_on_services_serve_and_probe_over_https(case):
+    values, manifests = case
+    if not tls_on(values):
+        return
+    admin = values.get("ports", {}).get("admin", 7071)
+    for comp, spec, container in service_containers(manifests):
+        env = env_of(container)
+        assert "REACH_TRUST__INSECURE" not in env, comp
+        assert env["REACH_TRUST__TLS__CERT"] == f"{TLS_DIR}/tls.crt"
+        assert env["REACH_TRUST__TLS__KEY"] == f"{TLS_DIR}/tls.key"
+        assert env["REACH_TRUST__TLS__CA"] == f"{TLS_DIR}/ca.crt"
+        assert env["REACH_TRUST__TLS__CLIENT_AUTH"] in ("required", "optional")
+        for kind in ("startupProbe", "livenessProbe", "readinessProbe"):
+            probe = container[kind]
+            assert "grpc" not in probe, f"{comp}: {kind} is a gRPC probe, which cannot speak TLS"
+            assert probe["httpGet"] == {"path": "/health", "port": admin, "scheme": "HTTPS"}, comp
+        (mount,) = [m for m in container["volumeMounts"] if m["name"] == "tls"]
+        assert mount["mountPath"] == TLS_DIR and "subPath" not in mount and mount.get("readOnly")
+        (volume,) = [v for v in spec["volumes"] if v["name"] == "tls"]
+        assert volume["secret"]["secretName"]
+    for workload in of_kind(manifests, "Deployment"):
+        if component(workload).startswith("agent-"):
+            (container,) = workload["spec"]["template"]["spec"]["containers"]
+            env = env_of(container)
+            assert env["REACH_TLS_CA"] == f"{TLS_DIR}/ca.crt" and env["REACH_TLS_CERT"] == f"{TLS_DIR}/tls.crt"
+            assert env["REACH_REGISTRY_ENDPOINT"].startswith("https://")
+            assert not any("grpc" in container.get(k, {}) for k in ("readinessProbe", "livenessProbe"))
+
+
+def test_tls_secrets_are_the_named_ones_or_the_certificates(case):
+    values, manifests = case
+    if not tls_on(values):
+        return
+    tls = values["trust"]["tls"]
+    written = {c["spec"]["secretName"]: c for c in of_kind(manifests, "Certificate")}
+    domain = values["trust"].get("trustDomain", "reach.local")
+    for workload in of_kind(manifests, "Deployment"):
+        comp = component(workload)
+        (volume,) = [v for v in workload["spec"]["template"]["spec"]["volumes"] if v["name"] == "tls"]
+        name = volume["secret"]["secretName"]
+        if comp.startswith("agent-"):
+            named_ = tls.get("secrets", {}).get("agents", {}).get(comp.removeprefix("agent-"))
+        else:
+            named_ = tls.get("secrets", {}).get(comp)
+        assert name == (named_ or f"{workload['metadata']['name']}-tls"), comp
+        if tls.get("certManager", {}).get("enabled"):
+            certificate = written[name]
+            (uri,) = certificate["spec"]["uris"]
+            path = comp if comp in SERVICES else "agent/" + comp.removeprefix("agent-")
+            assert uri == f"spiffe://{domain}/{path}", comp
+            assert certificate["spec"]["issuerRef"]["name"] == tls["certManager"]["issuerRef"]["name"]
+        else:
+            assert not written
+
+
+def test_policy_is_mounted_as_a_directory_and_reloaded_in_place(case):
+    values, manifests = case
+    policy = values.get("trust", {}).get("policy", {})
+    for comp, spec, container in service_containers(manifests):
+        env = env_of(container)
+        if not (policy.get("rules") or policy.get("existingConfigMap")):
+            assert "REACH_TRUST__POLICY" not in env
+            continue
+        path = env["REACH_TRUST__POLICY"]
+        (mount,) = [m for m in container["volumeMounts"] if m["name"] == "policy"]
+        # subPath mounts never see ConfigMap updates; a directory mount does.
+        assert "subPath" not in mount and path == f"{mount['mountPath']}/{policy.get('key', 'policy.yaml')}"
+        (volume,) = [v for v in spec["volumes"] if v["name"] == "policy"]
+        name = volume["configMap"]["name"]
+        if policy.get("rules"):
+            (configmap,) = [c for c in of_kind(manifests, "ConfigMap") if c["metadata"]["name"] == name]
+            assert yaml.safe_load(configmap["data"][policy.get("key", "policy.yaml")]) == policy["rules"]
+        else:
+            assert name == policy["existingConfigMap"]
+        # Reloaded in place: an edit must not roll the pods.
+        annotations = [d for d in of_kind(manifests, "Deployment") if component(d) == comp][0]
+        assert not any("policy" in k for k in annotations["spec"]["template"]["metadata"].get("annotations", {}))
+
+
+def test_jwt_keys_point_at_the_mounted_secret(case):
+    values, manifests = case
+    jwt = values.get("trust", {}).get("jwt", {})
+    for comp, spec, container in service_containers(manifests):
+        env = env_of(container)
+        if not jwt.get("secretName"):
+            assert "REACH_TRUST__JWT__KEYS" not in env
+            continue
+        import json
+
+        keys = json.loads(env["REACH_TRUST__JWT__KEYS"])
+        (mount,) = [m for m in container["volumeMounts"] if m["name"] == "jwt-keys"]
+        assert keys == [f"{mount['mountPath']}/{k}" for k in jwt.get("keys", ["jwt-public.pem"])]
+        (volume,) = [v for v in spec["volumes"] if v["name"] == "jwt-keys"]
+        assert volume["secret"]["secretName"] == jwt["secretName"]

@@ -61,9 +61,9 @@ app.kubernetes.io/component: {{ .component }}
 {{- printf "%s-%s" (include "reach.fullname" .root) .component | trunc 63 | trimSuffix "-" -}}
 {{- end -}}
 
-{{/* The gRPC URL of a component's Service, as other pods dial it: "http://<name>:7070". */}}
+{{/* The gRPC URL of a component's Service, as other pods dial it: "http://<name>:7070" (https with TLS on). */}}
 {{- define "reach.endpoint" -}}
-{{- printf "http://%s:%d" (include "reach.componentName" .) (int .root.Values.ports.grpc) -}}
+{{- printf "%s://%s:%d" (include "reach.scheme" .root) (include "reach.componentName" .) (int .root.Values.ports.grpc) -}}
 {{- end -}}
 
 {{- define "reach.serviceAccountName" -}}
@@ -315,6 +315,7 @@ then the component's podAnnotations. Call with (dict "root" $ "values" .Values.r
 {{- if .values.config -}}
 {{- $_ := set $annotations "checksum/config" (sha256sum .values.config) -}}
 {{- end -}}
+{{- /* No checksum of the policy: the services reload it in place (trust.policy.reloadInterval). */ -}}
 {{- if and .protocol (include "reach.protocolRegistry.enabled" .root) -}}
 {{- $_ := set $annotations "checksum/protocol-registry" (include "reach.protocolRegistry.content" .root | sha256sum) -}}
 {{- end -}}
@@ -328,6 +329,9 @@ then the component's podAnnotations. Call with (dict "root" $ "values" .Values.r
 {{- $_ := set $annotations "prometheus.io/scrape" "true" -}}
 {{- $_ := set $annotations "prometheus.io/port" (.root.Values.ports.admin | int | toString) -}}
 {{- $_ := set $annotations "prometheus.io/path" "/metrics" -}}
+{{- if .root.Values.trust.tls.enabled -}}
+{{- $_ := set $annotations "prometheus.io/scheme" "https" -}}
+{{- end -}}
 {{- end -}}
 {{- range $key, $value := .values.podAnnotations -}}
 {{- $_ := set $annotations $key $value -}}
@@ -374,6 +378,18 @@ Checks that values.schema.json cannot express; each failure says what to change.
 {{- fail (printf "agents[%s].terminationGracePeriodSeconds (%d) must be above its preStopSleepSeconds (%d, agentDefaults included): the grace period includes the preStop sleep, and the drain after it" $entry.name (int $agent.terminationGracePeriodSeconds) (int $agent.preStopSleepSeconds)) -}}
 {{- end -}}
 {{- end -}}
+{{- $trust := .Values.trust -}}
+{{- if $trust.tls.certManager.enabled -}}
+{{- if not $trust.tls.enabled -}}
+{{- fail "trust.tls.certManager.enabled needs trust.tls.enabled=true: the Certificates are for the services to serve TLS with" -}}
+{{- end -}}
+{{- if not ($trust.tls.certManager.issuerRef | default dict).name -}}
+{{- fail "trust.tls.certManager.enabled is true, but trust.tls.certManager.issuerRef.name is empty: name the cert-manager Issuer or ClusterIssuer (with kind) that signs the mesh certificates; it must be a CA issuer, the ca.crt peers verify against" -}}
+{{- end -}}
+{{- end -}}
+{{- if and $trust.policy.existingConfigMap $trust.policy.rules -}}
+{{- fail "trust.policy.rules and trust.policy.existingConfigMap are both set: give the policy inline (rules) or name the ConfigMap holding it, not both" -}}
+{{- end -}}
 {{- if eq (int .Values.ports.grpc) (int .Values.ports.admin) -}}
 {{- fail (printf "ports.grpc and ports.admin are both %d: the gRPC and admin servers each need a port of their own" (int .Values.ports.grpc)) -}}
 {{- end -}}
@@ -404,13 +420,15 @@ spec:
       port: {{ .root.Values.ports.grpc | int }}
       targetPort: grpc
       protocol: TCP
+      {{- if not .root.Values.trust.tls.enabled }}
       # gRPC without TLS: HTTP/2 over cleartext.
       appProtocol: kubernetes.io/h2c
+      {{- end }}
     - name: admin
       port: {{ .root.Values.ports.admin | int }}
       targetPort: admin
       protocol: TCP
-      appProtocol: http
+      appProtocol: {{ ternary "https" "http" .root.Values.trust.tls.enabled }}
 {{- end -}}
 
 {{/*
@@ -429,4 +447,194 @@ data:
   {{ base (include "reach.config.path" .root) }}: |
     {{- .values.config | nindent 4 }}
 {{- end -}}
+{{- end -}}
+
+{{/*
+=== Trust (docs/security.md): TLS certificates, bearer-token keys and the policy. ===
+*/}}
+
+{{/* Where a pod's certificate Secret (tls.crt, tls.key, ca.crt), the token keys and the policy are mounted. */}}
+{{- define "reach.tls.dir" -}}/etc/reach/tls{{- end -}}
+{{- define "reach.jwt.dir" -}}/etc/reach/jwt{{- end -}}
+{{- define "reach.policy.dir" -}}/etc/reach/policy{{- end -}}
+
+{{/* Whether a policy is deployed ("true" or ""). */}}
+{{- define "reach.policy.enabled" -}}
+{{- with .Values.trust.policy -}}
+{{- if or .existingConfigMap .rules -}}true{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{/* The ConfigMap holding the policy: the existing one, or the chart's. */}}
+{{- define "reach.policy.configMap" -}}
+{{- .Values.trust.policy.existingConfigMap | default (printf "%s-policy" (include "reach.fullname" .)) -}}
+{{- end -}}
+
+{{/*
+The certificate Secret of a component: trust.tls.secrets.<component> (agents:
+trust.tls.secrets.agents.<name>), else "<fullname>-<component>-tls" (what the chart's
+cert-manager Certificates write). Call with (dict "root" $ "component" "router") or
+(dict "root" $ "component" "agent-billing" "agent" "billing").
+*/}}
+{{- define "reach.tls.secretName" -}}
+{{- $secrets := .root.Values.trust.tls.secrets -}}
+{{- $named := "" -}}
+{{- if .agent -}}
+{{- $named = index ($secrets.agents | default dict) .agent | default "" -}}
+{{- else -}}
+{{- $named = index $secrets .component | default "" -}}
+{{- end -}}
+{{- $named | default (printf "%s-tls" (include "reach.componentName" .)) -}}
+{{- end -}}
+
+{{/* The scheme other pods dial a component's gRPC port with. */}}
+{{- define "reach.scheme" -}}
+{{- if .Values.trust.tls.enabled -}}https{{- else -}}http{{- end -}}
+{{- end -}}
+
+{{/*
+The [trust] settings of a registry, router or orchestrator, as REACH_TRUST__* variables.
+Without TLS the pods listen on 0.0.0.0 in plaintext, which a Reach service refuses unless
+trust.insecure is set: the chart sets it, and NOTES.txt says the mesh is open.
+*/}}
+{{- define "reach.trustEnv" -}}
+{{- with .Values.trust }}
+- name: REACH_TRUST__TRUST_DOMAIN
+  value: {{ .trustDomain | quote }}
+{{- if .tls.enabled }}
+- name: REACH_TRUST__TLS__CERT
+  value: {{ include "reach.tls.dir" $ }}/tls.crt
+- name: REACH_TRUST__TLS__KEY
+  value: {{ include "reach.tls.dir" $ }}/tls.key
+- name: REACH_TRUST__TLS__CA
+  value: {{ include "reach.tls.dir" $ }}/ca.crt
+- name: REACH_TRUST__TLS__CLIENT_AUTH
+  value: {{ .tls.clientAuth | quote }}
+- name: REACH_TRUST__TLS__RELOAD_INTERVAL
+  value: {{ .tls.reloadInterval | quote }}
+{{- else }}
+# No TLS: anyone who can reach these ports owns the mesh (docs/security.md).
+- name: REACH_TRUST__INSECURE
+  value: "true"
+{{- end }}
+{{- if .jwt.secretName }}
+{{- $keys := list }}
+{{- range .jwt.keys }}
+{{- $keys = append $keys (printf "%s/%s" (include "reach.jwt.dir" $) .) }}
+{{- end }}
+- name: REACH_TRUST__JWT__KEYS
+  value: {{ $keys | toJson | quote }}
+- name: REACH_TRUST__JWT__AUDIENCE
+  value: {{ .jwt.audience | quote }}
+{{- with .jwt.issuer }}
+- name: REACH_TRUST__JWT__ISSUER
+  value: {{ . | quote }}
+{{- end }}
+{{- end }}
+{{- if include "reach.policy.enabled" $ }}
+- name: REACH_TRUST__POLICY
+  value: {{ include "reach.policy.dir" $ }}/{{ .policy.key }}
+- name: REACH_TRUST__POLICY_RELOAD_INTERVAL
+  value: {{ .policy.reloadInterval | quote }}
+{{- end }}
+{{- end }}
+{{- end -}}
+
+{{/*
+The trust volumes and mounts of a service. Directories, never subPath: the kubelet updates a
+mounted Secret or ConfigMap in place (an atomic symlink swap), which the services' reloaders
+pick up, while a subPath mount never changes. Call with (dict "root" $ "component" "router").
+*/}}
+{{- define "reach.trustVolumes" -}}
+{{- $v := .root.Values.trust -}}
+{{- if $v.tls.enabled }}
+- name: tls
+  secret:
+    secretName: {{ include "reach.tls.secretName" . }}
+    defaultMode: 0440
+{{- end }}
+{{- if $v.jwt.secretName }}
+- name: jwt-keys
+  secret:
+    secretName: {{ $v.jwt.secretName }}
+    defaultMode: 0440
+{{- end }}
+{{- if include "reach.policy.enabled" .root }}
+- name: policy
+  configMap:
+    name: {{ include "reach.policy.configMap" .root }}
+{{- end }}
+{{- end -}}
+{{- define "reach.trustMounts" -}}
+{{- $v := .root.Values.trust -}}
+{{- if $v.tls.enabled }}
+- name: tls
+  mountPath: {{ include "reach.tls.dir" .root }}
+  readOnly: true
+{{- end }}
+{{- if $v.jwt.secretName }}
+- name: jwt-keys
+  mountPath: {{ include "reach.jwt.dir" .root }}
+  readOnly: true
+{{- end }}
+{{- if include "reach.policy.enabled" .root }}
+- name: policy
+  mountPath: {{ include "reach.policy.dir" .root }}
+  readOnly: true
+{{- end }}
+{{- end -}}
+
+{{/*
+The probes of a service with TLS on: the kubelet's gRPC probes cannot speak TLS, so every
+probe is an HTTPS GET of the admin port's /health (open to clients without a certificate).
+*/}}
+{{- define "reach.tlsProbes" -}}
+{{- $port := .Values.ports.admin | int -}}
+{{- with .Values.probes -}}
+{{- range $kind, $timing := dict "startupProbe" .startup "livenessProbe" .liveness "readinessProbe" .readiness }}
+{{ $kind }}:
+  httpGet:
+    path: /health
+    port: {{ $port }}
+    scheme: HTTPS
+  {{- toYaml $timing | nindent 2 }}
+{{- end }}
+{{- end -}}
+{{- end -}}
+
+{{/*
+A cert-manager Certificate for one component, with its SPIFFE ID as the one URI SAN. Call with
+(dict "root" $ "component" "router" "path" "router").
+*/}}
+{{- define "reach.certificate" -}}
+{{- $cm := .root.Values.trust.tls.certManager -}}
+apiVersion: cert-manager.io/v1
+kind: Certificate
+metadata:
+  name: {{ include "reach.componentName" . }}
+  labels:
+    {{- include "reach.labels" . | nindent 4 }}
+spec:
+  secretName: {{ include "reach.tls.secretName" . }}
+  duration: {{ $cm.duration }}
+  renewBefore: {{ $cm.renewBefore }}
+  # X.509-SVID style: the SPIFFE ID is the identity; peers do not check host names. The
+  # Service name is added for clients that do (grpcurl, browsers).
+  uris:
+    - spiffe://{{ .root.Values.trust.trustDomain }}/{{ .path }}
+  {{- if not (hasPrefix "agent/" .path) }}
+  dnsNames:
+    - {{ include "reach.componentName" . }}
+    - {{ include "reach.componentName" . }}.{{ .root.Release.Namespace }}.svc
+  {{- end }}
+  privateKey:
+    algorithm: ECDSA
+    size: 256
+    rotationPolicy: Always
+  usages:
+    - server auth
+    - client auth
+    - digital signature
+  issuerRef:
+    {{- toYaml $cm.issuerRef | nindent 4 }}
 {{- end -}}
