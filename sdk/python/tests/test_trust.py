@@ -48,10 +48,6 @@ def reach(*args: str) -> str:
 def pki(workdir: Path) -> Path:
     """Certificates of a ``reach.test`` mesh: ``reach certs init`` (CA, router, registry,
     orchestrator, agent ``echo-py``, operator ``admin``, token signing keys)."""
-    help_text = subprocess.run([str(reach_bin()), "certs", "--help"], capture_output=True, text=True, timeout=30)
-    if help_text.returncode != 0:
-        first = (help_text.stderr.strip().splitlines() or [""])[0]
-        pytest.skip(f"{reach_bin()} has no `certs` command (issue 17's CLI): {first}")
     directory = workdir / "certs"
     reach(
         "certs", "init", "--dir", str(directory), "--trust-domain", TD, "--agents", AGENT, "--operators", "admin"

@@ -8,7 +8,6 @@
  */
 
 import assert from "node:assert/strict";
-import { execFileSync } from "node:child_process";
 import { writeFileSync } from "node:fs";
 import { mkdtemp, rm } from "node:fs/promises";
 import { tmpdir } from "node:os";
@@ -37,19 +36,7 @@ const TD = "reach.test";
 const AGENT = "echo-ts";
 const JOINER = "joiner-ts";
 
-/** Whether the binary has issue 17's `reach certs` (it may still be landing). */
-function hasCerts(): boolean {
-  try {
-    execFileSync(reachBin(), ["certs", "--help"], { stdio: "ignore" });
-    return true;
-  } catch {
-    return false;
-  }
-}
-
-const skip = hasCerts() ? false : `${reachBin()} has no \`certs\` command (issue 17's CLI)`;
-
-describe("trust: TLS, SPIFFE callers and join tokens", { timeout: 60_000, skip }, () => {
+describe("trust: TLS, SPIFFE callers and join tokens", { timeout: 60_000 }, () => {
   let dir: string;
   let pki: string;
   let mesh: Mesh;
