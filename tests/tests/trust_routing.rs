@@ -244,7 +244,9 @@ fn call(
 ) -> Request<CallRequest> {
     let message = ReachMessage {
         header: Some(reach_proto::v1::Header {
-            target: Some(reach_proto::v1::header::Target::Capability(capability.into())),
+            target: Some(reach_proto::v1::header::Target::Capability(
+                capability.into(),
+            )),
             ..Default::default()
         }),
         payload: Some(Payload::text("echo.request", "hi")),
