@@ -278,7 +278,10 @@ async fn an_instance_that_fails_its_health_probe_stays_registered_and_says_why()
         registry
             .register(RegisterRequest {
                 instance: Some(spec),
-                lease_ttl: None,
+                // Longer than the sandbox's 1 s default: the instances must outlive their
+                // failing probes (the silent one takes the 1 s probe timeout) however loaded
+                // the machine is.
+                lease_ttl: Some(reach_rpc::time::proto_duration(Duration::from_secs(30))),
             })
             .await
             .unwrap();

@@ -5,6 +5,8 @@
 //! # Layout
 //! - [`router`] — `reach-bench router`: a routed call's cost next to a direct call and NATS
 //!   request-reply, unary and multiplexed, at several payload sizes and concurrencies.
+//! - [`mtls`](mod@mtls) — the router bench's mutual-TLS mesh (`--mtls`): certificates made at start, and
+//!   the table of plaintext and mTLS cells side by side.
 //! - [`flows`] — `reach-bench flows`: durable node transitions per second on SQLite (and
 //!   PostgreSQL).
 
