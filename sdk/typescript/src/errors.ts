@@ -32,6 +32,8 @@ export const STATUS_DETAILS_KEY = "grpc-status-details-bin";
  * Compare {@link ReachError.reason} with these, never the message text.
  */
 export const Reason = {
+  NOT_AUTHORIZED: "NOT_AUTHORIZED",
+  UNAUTHENTICATED: "UNAUTHENTICATED",
   ROUTE_NOT_FOUND: "ROUTE_NOT_FOUND",
   PAYLOAD_TOO_LARGE: "PAYLOAD_TOO_LARGE",
   INVALID_TRACE_ID: "INVALID_TRACE_ID",

@@ -43,6 +43,9 @@ class Reason:
     """The stable ErrorInfo reasons Reach returns (``reach_rpc::errors::reason``); each is
     described, with its status code and metadata keys, in ``docs/errors.md``."""
 
+    # === trust (every service with [trust] on) ===
+    NOT_AUTHORIZED: Final = "NOT_AUTHORIZED"
+    UNAUTHENTICATED: Final = "UNAUTHENTICATED"
     # === routing (router) ===
     ROUTE_NOT_FOUND: Final = "ROUTE_NOT_FOUND"
     PAYLOAD_TOO_LARGE: Final = "PAYLOAD_TOO_LARGE"
