@@ -102,6 +102,28 @@ fn credentials() -> Result<&'static Credentials, CliError> {
 /// nothing answers (or the TLS handshake fails).
 pub async fn channel(endpoint: &str) -> Result<Channel, CliError> {
     let credentials = credentials()?;
+    if credentials.tls.is_none() {
+        // Never send a bearer token, or speak plaintext, where the user asked for TLS.
+        if endpoint.starts_with("https://") {
+            return Err(CliError::Usage(format!(
+                "{endpoint} is https:// but REACH_TLS_CA is not set: set it to the mesh CA (ca.pem) so the CLI speaks TLS"
+            )));
+        }
+        let loopback = http::Uri::try_from(endpoint).ok().and_then(|uri| {
+            uri.host().map(|host| {
+                host == "localhost"
+                    || host
+                        .trim_matches(['[', ']'])
+                        .parse::<std::net::IpAddr>()
+                        .is_ok_and(|ip| ip.is_loopback())
+            })
+        });
+        if credentials.token.0.is_some() && loopback != Some(true) {
+            return Err(CliError::Usage(format!(
+                "REACH_TOKEN would go in plaintext to {endpoint}: set REACH_TLS_CA (the mesh CA) so it goes over TLS"
+            )));
+        }
+    }
     let ep = tonic::transport::Endpoint::from_shared(endpoint.to_string())
         .map_err(|e| {
             CliError::Usage(format!(

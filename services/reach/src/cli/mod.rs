@@ -85,7 +85,10 @@ fn describe_status(status: &tonic::Status) -> String {
     }
     let broken = matches!(
         status.code(),
-        tonic::Code::Unknown | tonic::Code::Internal | tonic::Code::Unavailable
+        tonic::Code::Unknown
+            | tonic::Code::Internal
+            | tonic::Code::Unavailable
+            | tonic::Code::Cancelled
     ) && (text.contains("transport error") || text.contains("h2 protocol error"));
     if broken {
         let set = |name: &str| std::env::var_os(name).is_some_and(|v| !v.is_empty());
