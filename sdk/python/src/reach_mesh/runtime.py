@@ -827,6 +827,16 @@ class _Core:
                 )
         else:
             await self.permits.acquire()
+        if ctx.is_cancelled():
+            # The caller gave up while the slot was being taken (both can become ready in the
+            # same turn of the loop): the message is not handled.
+            self.permits.release()
+            raise _NotHandled(
+                ReachError(
+                    grpc.StatusCode.CANCELLED,
+                    "the caller gave up while the message waited for a handler slot; it was not handled",
+                )
+            )
         try:
             outcome = await self._call(handler, ctx, message)
         finally:
