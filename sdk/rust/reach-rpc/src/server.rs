@@ -445,10 +445,8 @@ pub async fn serve_http_with_client_certificates(
     trust: std::sync::Arc<reach_trust::Trust>,
     client_certificates: ClientCertificates,
 ) {
-    use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+    use hyper_util::rt::{TokioExecutor, TokioTimer};
     use hyper_util::server::conn::auto::Builder;
-    use hyper_util::service::TowerToHyperService;
-    use tower::ServiceExt;
 
     let router = if trust.is_enabled() {
         router.layer(axum::middleware::from_fn_with_state(
@@ -505,34 +503,28 @@ pub async fn serve_http_with_client_certificates(
                             (router.clone(), builder.clone(), graceful.watcher());
                         let (listener_name, trust) = (listener_name.clone(), trust.clone());
                         connections.spawn(async move {
-                            let Some(tls) = trust.tls() else {
-                                let io = HandshakeDeadline::new(
-                                    tcp,
-                                    limits.handshake_timeout,
-                                    listener_name,
-                                );
-                                let service = router.map_request(move |request| budgets.meter(request));
-                                let connection = builder
-                                    .serve_connection(TokioIo::new(io), TowerToHyperService::new(service));
-                                if let Err(error) = watcher.watch(connection.into_owned()).await {
-                                    tracing::trace!(%error, "connection ended with an error");
+                            let served = match trust.tls() {
+                                None => {
+                                    let io = HandshakeDeadline::new(tcp, limits.handshake_timeout, listener_name);
+                                    serve_connection(io, router, &builder, watcher, budgets, None).await
                                 }
-                                drop(open);
-                                return;
+                                Some(tls) => {
+                                    let Some((stream, peer)) = crate::authenticate::accept_tls(
+                                        tls,
+                                        tcp,
+                                        limits.handshake_timeout,
+                                        &listener_name,
+                                        client_certificates,
+                                    )
+                                    .await
+                                    else {
+                                        return;
+                                    };
+                                    let io = HandshakeDeadline::new(stream, limits.handshake_timeout, listener_name);
+                                    serve_connection(io, router, &builder, watcher, budgets, Some(peer)).await
+                                }
                             };
-                            let Some((stream, peer)) =
-                                crate::authenticate::accept_tls(tls, tcp, limits.handshake_timeout, &listener_name, client_certificates).await
-                            else {
-                                return;
-                            };
-                            let io = HandshakeDeadline::new(stream, limits.handshake_timeout, listener_name);
-                            let service = router.map_request(move |mut request: http::Request<_>| {
-                                request.extensions_mut().insert(peer.clone());
-                                budgets.meter(request)
-                            });
-                            let connection = builder
-                                .serve_connection(TokioIo::new(io), TowerToHyperService::new(service));
-                            if let Err(error) = watcher.watch(connection.into_owned()).await {
+                            if let Err(error) = served {
                                 tracing::trace!(%error, "connection ended with an error");
                             }
                             drop(open);
@@ -556,6 +548,33 @@ pub async fn serve_http_with_client_certificates(
         tracing::warn!(grace = ?grace, open = connections.len(), "grace period over; closing remaining connections");
     }
     connections.shutdown().await;
+}
+
+/// Serves one accepted connection (`io`: plaintext, or TLS with the client's `peer` identity,
+/// which every request then carries in its extensions) until it ends or graceful shutdown
+/// closes it.
+async fn serve_connection<T>(
+    io: T,
+    router: axum::Router,
+    builder: &hyper_util::server::conn::auto::Builder<hyper_util::rt::TokioExecutor>,
+    watcher: hyper_util::server::graceful::Watcher,
+    budgets: ConnectionBudgets,
+    peer: Option<reach_trust::PeerIdentity>,
+) -> Result<(), Box<dyn std::error::Error + Send + Sync>>
+where
+    T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
+    use hyper_util::rt::TokioIo;
+    use hyper_util::service::TowerToHyperService;
+    use tower::ServiceExt;
+    let service = router.map_request(move |mut request: http::Request<_>| {
+        if let Some(peer) = &peer {
+            request.extensions_mut().insert(peer.clone());
+        }
+        budgets.meter(request)
+    });
+    let connection = builder.serve_connection(TokioIo::new(io), TowerToHyperService::new(service));
+    watcher.watch(connection.into_owned()).await
 }
 
 /// One open connection in [`OPEN_CONNECTIONS`], from accept until its task ends or is cut.
