@@ -515,6 +515,7 @@ async fn a_router_is_ready_for_probes_once_its_registry_view_has_synced() {
             registry: false,
             router: true,
             orchestrator: false,
+            edge: false,
         },
     )
     .await
@@ -555,6 +556,7 @@ async fn a_router_is_ready_for_probes_once_its_registry_view_has_synced() {
             registry: true,
             router: false,
             orchestrator: false,
+            edge: false,
         },
     )
     .await

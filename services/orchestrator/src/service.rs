@@ -13,7 +13,7 @@ use tonic::{Request, Response, Status};
 
 use crate::engine::Engine;
 use crate::error::Error;
-use crate::event::{NodeOutcome, StoredEvent, TaskState, TaskStatus, TimerPurpose};
+use crate::event::{Event, NodeOutcome, StoredEvent, TaskState, TaskStatus, TimerPurpose};
 use crate::flow::{Flow, NodeKind};
 use crate::json;
 use crate::mask::Masker;
@@ -248,6 +248,7 @@ impl OrchestratorApi {
                 })
                 .collect(),
             usage: usage_view(state.usage),
+            last_sequence: u64::try_from(state.seq).unwrap_or(0),
         }
     }
 
@@ -269,13 +270,26 @@ impl OrchestratorApi {
             updated_at: Some(ts(s.updated_ms)),
             ended_at: s.ended_ms.map(ts),
             failed_node: s.failed_node.clone().unwrap_or_default(),
+            last_sequence: u64::try_from(s.seq).unwrap_or(0),
             ..Default::default()
         }
     }
 
-    /// An event, masked, with the status after it.
-    pub fn event_view(&self, task_id: &str, e: &StoredEvent, status: TaskStatus) -> pb::TaskEvent {
-        let detail = serde_json::to_value(&e.event).unwrap_or_default();
+    /// An event, masked, with the status of `state` (the task after it). A `human_waiting`
+    /// event's detail also carries the node's input `schema` from the flow version the task
+    /// runs, so a watcher (the A2A edge's INPUT_REQUIRED) needs no second call for it.
+    pub fn event_view(&self, task_id: &str, e: &StoredEvent, state: &TaskState) -> pb::TaskEvent {
+        let status = state.status;
+        let mut detail = serde_json::to_value(&e.event).unwrap_or_default();
+        if let Event::HumanWaiting { node, .. } = &e.event
+            && let Some(flow) = self.engine.flows().get(&state.flow_id, state.flow_version)
+            && let Some(NodeKind::Human {
+                schema_source: Some(schema),
+                ..
+            }) = flow.node(node).map(|n| &n.kind)
+        {
+            detail["schema"] = schema.clone();
+        }
         pb::TaskEvent {
             task_id: task_id.to_string(),
             sequence: u64::try_from(e.seq).unwrap_or(0),
@@ -297,7 +311,7 @@ impl OrchestratorApi {
             .iter()
             .map(|e| {
                 state.apply(&e.event, e.at_ms);
-                self.event_view(task_id, e, state.status)
+                self.event_view(task_id, e, &state)
             })
             .collect()
     }
@@ -520,7 +534,7 @@ impl OrchestratorService for OrchestratorApi {
                     if e.seq > after
                         && tx
                             .send(Ok(pb::WatchTaskResponse {
-                                event: Some(api.event_view(&task_id, e, state.status)),
+                                event: Some(api.event_view(&task_id, e, &state)),
                             }))
                             .await
                             .is_err()

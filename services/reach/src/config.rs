@@ -14,8 +14,10 @@ use serde::{Deserialize, Serialize};
 
 /// The top-level keys of [`ReachConfig`], which `REACH_<KEY>` / `REACH_<KEY>__<FIELD>`
 /// variables may set.
-const SECTIONS: [&str; 8] = [
+const SECTIONS: [&str; 10] = [
     "agents",
+    "edge",
+    "edge_listen",
     "trust",
     "listen",
     "admin_listen",
@@ -33,6 +35,11 @@ pub struct ReachConfig {
     pub listen: String,
     /// Where the HTTP admin port listens (`host:port`); empty disables it.
     pub admin_listen: String,
+    /// Where `reach dev`'s A2A edge serves its JSON-RPC binding and agent cards over HTTP
+    /// (`host:port`); empty disables it (the A2A gRPC service stays on `listen`).
+    pub edge_listen: String,
+    /// The A2A edge's settings (`docs/edges.md`).
+    pub edge: reach_edge::a2a::EdgeConfig,
     /// Limits on the gRPC listener's connections: how many at once, how soon they must start
     /// speaking, how many bytes of partly received messages they may hold.
     pub server: reach_rpc::ConnectionLimits,
@@ -55,6 +62,8 @@ impl Default for ReachConfig {
         Self {
             listen: "127.0.0.1:7070".into(),
             admin_listen: "127.0.0.1:7071".into(),
+            edge_listen: "127.0.0.1:7072".into(),
+            edge: reach_edge::a2a::EdgeConfig::default(),
             server: reach_rpc::ConnectionLimits::default(),
             registry: RegistryConfig::default(),
             router: RouterConfig::default(),
@@ -134,6 +143,9 @@ impl ReachConfig {
         check_address("listen", &self.listen)?;
         if !self.admin_listen.is_empty() {
             check_address("admin_listen", &self.admin_listen)?;
+        }
+        if !self.edge_listen.is_empty() {
+            check_address("edge_listen", &self.edge_listen)?;
         }
         self.server
             .validate(self.router.max_message_bytes, "router.max_message_bytes")

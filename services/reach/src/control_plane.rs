@@ -22,6 +22,9 @@ pub struct Services {
     pub router: bool,
     /// Run the orchestrator. With the router alongside, task nodes call it over loopback.
     pub orchestrator: bool,
+    /// Serve the A2A edge's gRPC service (`lf.a2a.v1.A2AService`) on this listener, calling
+    /// the registry, router and orchestrator served alongside over loopback.
+    pub edge: bool,
 }
 
 impl Services {
@@ -30,12 +33,14 @@ impl Services {
         registry: true,
         router: true,
         orchestrator: true,
+        edge: true,
     };
     /// Registry and router only (the mesh without flows).
     pub const MESH: Services = Services {
         registry: true,
         router: true,
         orchestrator: false,
+        edge: false,
     };
 }
 
@@ -68,6 +73,7 @@ pub struct ControlPlane {
         reach_orchestrator::Orchestrator,
         reach_orchestrator::Running,
     )>,
+    edge: Option<reach_edge::a2a::A2aEdge>,
     shutdown: CancellationToken,
     serve: JoinHandle<Result<(), reach_rpc::server::ServeError>>,
     background: Vec<JoinHandle<()>>,
@@ -161,6 +167,17 @@ impl ControlPlane {
         } else {
             None
         };
+        let edge = if services.edge {
+            let edge = a2a_edge(addr, config, &trust)?;
+            server = server
+                .add_service(reach_telemetry::traced(
+                    reach_edge::a2a::A2aGrpc::new(edge.clone()).into_server(),
+                ))
+                .add_file_descriptor_set(reach_edge::a2a::proto::FILE_DESCRIPTOR_SET);
+            Some(edge)
+        } else {
+            None
+        };
         let shutdown = CancellationToken::new();
         let stop = shutdown.clone();
         let serve = tokio::spawn(server.serve(listener, async move { stop.cancelled().await }));
@@ -176,11 +193,18 @@ impl ControlPlane {
             registry,
             router,
             orchestrator,
+            edge,
             shutdown,
             serve,
             background,
             trust,
         })
+    }
+
+    /// The A2A edge, when this control plane serves it (its JSON-RPC routes go on an HTTP
+    /// listener: [`reach_edge::a2a::jsonrpc::routes`]).
+    pub fn a2a_edge(&self) -> Option<&reach_edge::a2a::A2aEdge> {
+        self.edge.as_ref()
     }
 
     /// The trust this control plane serves with.
@@ -288,4 +312,44 @@ impl ControlPlane {
         }
         self.wait().await
     }
+}
+
+/// The A2A edge of a control plane on `addr`: its registry, router and orchestrator are the
+/// ones served on `addr` (over TLS when `trust` has certificates); its cards advertise
+/// `config.edge.public_url` (set by `reach dev` to its edge HTTP listener) and the gRPC
+/// target `addr` unless `config.edge.public_grpc` names another.
+fn a2a_edge(
+    addr: SocketAddr,
+    config: &ReachConfig,
+    trust: &std::sync::Arc<reach_trust::Trust>,
+) -> Result<reach_edge::a2a::A2aEdge, StartError> {
+    let scheme = if trust.tls().is_some() {
+        "https"
+    } else {
+        "http"
+    };
+    let endpoint = reach_rpc::http2::endpoint(format!("{scheme}://{addr}"))
+        .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))?;
+    let channel = reach_rpc::http2::channel_lazy(&endpoint, trust.tls(), None);
+    let edge_config = config.edge.clone();
+    let interfaces = reach_edge::a2a::card::Interfaces {
+        json_rpc: edge_config.public_url.trim_end_matches('/').to_string(),
+        grpc: if edge_config.public_grpc.is_empty() {
+            addr.to_string()
+        } else {
+            edge_config.public_grpc.clone()
+        },
+    };
+    let security = reach_edge::a2a::card::Security {
+        bearer: trust.config().jwt.is_some(),
+        mtls: trust.tls().is_some(),
+    };
+    Ok(reach_edge::a2a::A2aEdge::new(
+        edge_config,
+        interfaces,
+        security,
+        channel.clone(),
+        channel.clone(),
+        channel,
+    ))
 }

@@ -97,6 +97,10 @@ enum Command {
         /// A directory of flow YAML files, loaded and watched (default: examples/flows when present).
         #[arg(long)]
         flows: Option<PathBuf>,
+        /// Where the A2A edge serves JSON-RPC and its agent cards over HTTP (host:port); ""
+        /// disables it (A2A over gRPC stays on --listen). Default 127.0.0.1:7072.
+        #[arg(long)]
+        edge_listen: Option<String>,
         #[command(flatten)]
         model: ModelArgs,
     },
@@ -545,6 +549,7 @@ async fn run(command: Command) -> anyhow::Result<ExitCode> {
             no_agents,
             data_dir,
             flows,
+            edge_listen,
             model,
         } => {
             // Owner-only (0700): the task store in it holds what flows were given.
@@ -569,6 +574,9 @@ async fn run(command: Command) -> anyhow::Result<ExitCode> {
                 orchestrator.insert("watch_flows".into(), json!(true));
             }
             overrides.insert("orchestrator".into(), Value::Object(orchestrator));
+            if let Some(edge_listen) = edge_listen {
+                overrides.insert("edge_listen".into(), json!(edge_listen));
+            }
             let agents = model.overrides();
             if !agents.is_empty() {
                 overrides.insert("agents".into(), Value::Object(agents));
@@ -587,6 +595,7 @@ async fn run(command: Command) -> anyhow::Result<ExitCode> {
                 registry: true,
                 router: false,
                 orchestrator: false,
+                edge: false,
             };
             serve(
                 &service,
@@ -622,6 +631,7 @@ async fn run(command: Command) -> anyhow::Result<ExitCode> {
                 registry: false,
                 router: false,
                 orchestrator: true,
+                edge: false,
             };
             serve(&service, ReachConfig::default(), overrides, services, false).await
         }
@@ -657,6 +667,7 @@ async fn run(command: Command) -> anyhow::Result<ExitCode> {
                 registry: false,
                 router: true,
                 orchestrator: false,
+                edge: false,
             };
             serve(&service, ReachConfig::default(), overrides, services, false).await
         }
@@ -795,7 +806,7 @@ async fn serve(
     services: Services,
     with_agents: bool,
 ) -> anyhow::Result<ExitCode> {
-    let config =
+    let mut config =
         match ReachConfig::load_over(defaults, args.config.as_deref(), Value::Object(overrides)) {
             Ok(config) => config,
             Err(error) => {
@@ -850,9 +861,54 @@ async fn serve(
     } else {
         Some(reach_telemetry::metrics::install()?)
     };
+    // The edge's HTTP listener is bound first: its cards advertise its address.
+    let edge_listener = if services.edge && !config.edge_listen.is_empty() {
+        let edge_listener = TcpListener::bind(&config.edge_listen).await.map_err(|e| {
+            anyhow::anyhow!(
+                "cannot listen on {} for the A2A edge: {e} (use --edge-listen)",
+                config.edge_listen
+            )
+        })?;
+        if config.edge.public_url.is_empty() {
+            let scheme = if config.trust.tls.is_some() {
+                "https"
+            } else {
+                "http"
+            };
+            config.edge.public_url = format!("{scheme}://{}", edge_listener.local_addr()?);
+        }
+        Some(edge_listener)
+    } else {
+        None
+    };
     let plane = ControlPlane::start(listener, &config, services).await?;
     let endpoint = plane.endpoint();
     let shutdown = plane.shutdown_token();
+    let edge_http = match (edge_listener, plane.a2a_edge()) {
+        (Some(edge_listener), Some(edge)) => {
+            plane.trust().check_listener(edge_listener.local_addr()?)?;
+            let token = shutdown.clone();
+            let url = config.edge.public_url.trim_end_matches('/').to_string();
+            writeln!(
+                std::io::stdout(),
+                "a2a          {url}/.well-known/agent-card.json  (JSON-RPC at {url}/; gRPC lf.a2a.v1.A2AService at {})",
+                plane.addr()
+            )?;
+            Some(tokio::spawn(
+                reach_rpc::server::serve_http_with_client_certificates(
+                    edge_listener,
+                    reach_edge::a2a::jsonrpc::routes(edge.clone()),
+                    async move { token.cancelled().await },
+                    config.server.shutdown_grace,
+                    config.server,
+                    reach_rpc::limits::MessageLimits::default(),
+                    plane.trust().clone(),
+                    reach_rpc::server::ClientCertificates::Optional,
+                ),
+            ))
+        }
+        _ => None,
+    };
 
     let admin = if let Some(metrics) = metrics {
         let admin_listener = TcpListener::bind(&config.admin_listen).await.map_err(|e| {
@@ -968,6 +1024,9 @@ async fn serve(
     }
     if let Some(admin) = admin {
         let _ = admin.await;
+    }
+    if let Some(edge_http) = edge_http {
+        let _ = edge_http.await;
     }
     Ok(ExitCode::SUCCESS)
 }

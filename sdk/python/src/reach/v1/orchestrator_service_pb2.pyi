@@ -50,7 +50,7 @@ NODE_STATUS_PARTIAL: NodeStatus
 NODE_STATUS_CANCELLED: NodeStatus
 
 class Task(_message.Message):
-    __slots__ = ("task_id", "flow_id", "flow_version", "status", "current_node", "input", "output", "error", "trace_id", "created_at", "updated_at", "ended_at", "nodes", "failed_node", "waiting", "usage")
+    __slots__ = ("task_id", "flow_id", "flow_version", "status", "current_node", "input", "output", "error", "trace_id", "created_at", "updated_at", "ended_at", "nodes", "failed_node", "waiting", "usage", "last_sequence")
     TASK_ID_FIELD_NUMBER: _ClassVar[int]
     FLOW_ID_FIELD_NUMBER: _ClassVar[int]
     FLOW_VERSION_FIELD_NUMBER: _ClassVar[int]
@@ -67,6 +67,7 @@ class Task(_message.Message):
     FAILED_NODE_FIELD_NUMBER: _ClassVar[int]
     WAITING_FIELD_NUMBER: _ClassVar[int]
     USAGE_FIELD_NUMBER: _ClassVar[int]
+    LAST_SEQUENCE_FIELD_NUMBER: _ClassVar[int]
     task_id: str
     flow_id: str
     flow_version: int
@@ -83,7 +84,8 @@ class Task(_message.Message):
     failed_node: str
     waiting: HumanWait
     usage: TokenUsage
-    def __init__(self, task_id: _Optional[str] = ..., flow_id: _Optional[str] = ..., flow_version: _Optional[int] = ..., status: _Optional[_Union[TaskStatus, str]] = ..., current_node: _Optional[str] = ..., input: _Optional[_Union[_struct_pb2.Value, _Mapping]] = ..., output: _Optional[_Union[_struct_pb2.Value, _Mapping]] = ..., error: _Optional[str] = ..., trace_id: _Optional[str] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., updated_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., ended_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., nodes: _Optional[_Iterable[_Union[NodeRun, _Mapping]]] = ..., failed_node: _Optional[str] = ..., waiting: _Optional[_Union[HumanWait, _Mapping]] = ..., usage: _Optional[_Union[TokenUsage, _Mapping]] = ...) -> None: ...
+    last_sequence: int
+    def __init__(self, task_id: _Optional[str] = ..., flow_id: _Optional[str] = ..., flow_version: _Optional[int] = ..., status: _Optional[_Union[TaskStatus, str]] = ..., current_node: _Optional[str] = ..., input: _Optional[_Union[_struct_pb2.Value, _Mapping]] = ..., output: _Optional[_Union[_struct_pb2.Value, _Mapping]] = ..., error: _Optional[str] = ..., trace_id: _Optional[str] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., updated_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., ended_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., nodes: _Optional[_Iterable[_Union[NodeRun, _Mapping]]] = ..., failed_node: _Optional[str] = ..., waiting: _Optional[_Union[HumanWait, _Mapping]] = ..., usage: _Optional[_Union[TokenUsage, _Mapping]] = ..., last_sequence: _Optional[int] = ...) -> None: ...
 
 class TokenUsage(_message.Message):
     __slots__ = ("input_tokens", "output_tokens", "model_calls")

@@ -1,0 +1,44 @@
+//! The A2A edge's settings (`[edge]` in the `reach` config file).
+
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+/// Settings of the A2A edge.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct EdgeConfig {
+    /// The skill a message goes to when it names none (`complaint.classify`, or
+    /// `flow:complaint-flow` for a flow); unset: such a message is refused with
+    /// INVALID_PARAMS.
+    pub default_skill: Option<String>,
+    /// The deadline of a capability call made for a message (default 60 s).
+    #[serde(with = "humantime_serde")]
+    pub call_timeout: Duration,
+    /// How long a flow's blocking SendMessage waits for the task to end or need input before
+    /// it answers with the task as it is (default 60 s).
+    #[serde(with = "humantime_serde")]
+    pub max_wait: Duration,
+    /// The largest request the edge accepts and reply it reads from the mesh, in bytes
+    /// (default 4 MiB).
+    pub max_message_bytes: usize,
+    /// The JSON-RPC base URL the cards advertise (`https://a2a.example.com`); empty: the
+    /// edge's HTTP listener address.
+    pub public_url: String,
+    /// The gRPC target the cards advertise (`a2a.example.com:443`); empty: the mesh port's
+    /// address.
+    pub public_grpc: String,
+}
+
+impl Default for EdgeConfig {
+    fn default() -> Self {
+        Self {
+            default_skill: None,
+            call_timeout: Duration::from_secs(60),
+            max_wait: Duration::from_secs(60),
+            max_message_bytes: 4 * 1024 * 1024,
+            public_url: String::new(),
+            public_grpc: String::new(),
+        }
+    }
+}

@@ -1,0 +1,2 @@
+//! Reach's protocol edges.
+pub mod a2a;
