@@ -37,6 +37,12 @@ pub enum Error {
         /// The id given.
         task_id: String,
     },
+    /// StartTask's labels, or ListTasks' label filter, break a limit.
+    #[error("invalid labels: {detail}")]
+    InvalidLabels {
+        /// What is wrong, naming the label.
+        detail: String,
+    },
     /// The task id given to StartTask belongs to a task of another flow.
     #[error("task {task_id:?} exists and runs flow {flow_id:?}; choose another task id")]
     TaskIdInUse {
@@ -276,6 +282,13 @@ impl From<Error> for Status {
                     "task_id".to_string(),
                     "must be 1 to 128 characters of A-Z a-z 0-9 . _ : -".to_string(),
                 )],
+            ),
+            Error::InvalidLabels { detail } => status(
+                Code::InvalidArgument,
+                message,
+                reason::INVALID_LABELS,
+                [("detail", detail.clone())],
+                [("labels".to_string(), detail)],
             ),
             Error::TaskIdInUse { task_id, flow_id } => status(
                 Code::AlreadyExists,

@@ -139,6 +139,9 @@ pub enum Event {
         /// before it was recorded.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         started_by: Option<String>,
+        /// The labels it was started with (StartTaskRequest.labels); absent when none.
+        #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+        labels: BTreeMap<String, String>,
     },
     /// The task moved to a node.
     NodeEntered {
@@ -506,6 +509,8 @@ pub struct TaskState {
     pub usage: TokenUsage,
     /// Who started the task (`None` for tasks started before starters were recorded).
     pub started_by: Option<String>,
+    /// The labels it was started with.
+    pub labels: BTreeMap<String, String>,
 }
 
 impl TaskState {
@@ -537,6 +542,7 @@ impl TaskState {
             visits_base: 0,
             usage: TokenUsage::default(),
             started_by: None,
+            labels: BTreeMap::new(),
         }
     }
 
@@ -579,8 +585,10 @@ impl TaskState {
                 input,
                 trace_id,
                 started_by,
+                labels,
             } => {
                 self.started_by.clone_from(started_by);
+                self.labels.clone_from(labels);
                 self.flow_id.clone_from(flow_id);
                 self.flow_version = *flow_version;
                 self.input = input.clone();

@@ -11,7 +11,7 @@ use reach_proto::v1::orchestrator_service_server::OrchestratorService;
 use reach_trust::{Caller, TaskAction, Trust};
 use tonic::{Request, Response, Status};
 
-use crate::engine::Engine;
+use crate::engine::{Engine, StartOptions};
 use crate::error::Error;
 use crate::event::{Event, NodeOutcome, StoredEvent, TaskState, TaskStatus, TimerPurpose};
 use crate::flow::{Flow, NodeKind};
@@ -249,6 +249,11 @@ impl OrchestratorApi {
                 .collect(),
             usage: usage_view(state.usage),
             last_sequence: u64::try_from(state.seq).unwrap_or(0),
+            labels: state
+                .labels
+                .iter()
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect(),
         }
     }
 
@@ -408,7 +413,14 @@ impl OrchestratorService for OrchestratorApi {
         request: Request<pb::StartTaskRequest>,
     ) -> Result<Response<pb::StartTaskResponse>, Status> {
         let caller = Caller::of(request.extensions());
+        // A caller that is part of a trace (an edge, an agent) has the task continue it.
+        let trace_id = request
+            .metadata()
+            .get("traceparent")
+            .and_then(|v| v.to_str().ok())
+            .and_then(trace_id_of);
         let r = request.into_inner();
+        validate_labels(&r.labels, MAX_TASK_LABELS)?;
         if r.flow_id.is_empty() {
             return Err(Error::MissingField {
                 field: "flow_id",
@@ -423,12 +435,16 @@ impl OrchestratorService for OrchestratorApi {
         let started_by = self.trust.is_enabled().then(|| caller.name().to_string());
         let state = self
             .engine
-            .start_task_as(
+            .start_task_with(
                 &r.flow_id,
                 r.flow_version,
                 input,
-                Some(r.task_id),
-                started_by,
+                StartOptions {
+                    task_id: Some(r.task_id),
+                    started_by,
+                    trace_id,
+                    labels: r.labels.into_iter().collect(),
+                },
             )
             .await?;
         if self.trust.is_enabled() && state.started_by.as_deref() != Some(caller.name()) {
@@ -471,21 +487,27 @@ impl OrchestratorService for OrchestratorApi {
         );
         let limit = page_size(r.page_size);
         let flow = (!r.flow_id.is_empty()).then_some(r.flow_id.as_str());
-        let tasks = self
-            .engine
-            .store()
-            .list_tasks(status, flow, limit, parse_token(&r.page_token)?)
+        validate_labels(&r.labels, MAX_LABEL_FILTERS)?;
+        let filter: std::collections::BTreeMap<String, String> = r.labels.into_iter().collect();
+        let store = self.engine.store();
+        let tasks = store
+            .list_tasks(status, flow, &filter, limit, parse_token(&r.page_token)?)
             .await
             .map_err(Error::from)?;
         // The page is filtered after it is read, so the token still follows the whole list.
         let keep = self.viewable(&caller, &tasks).await;
+        let ids: Vec<&str> = tasks.iter().map(|t| t.task_id.as_str()).collect();
+        let mut labels = store.labels_of(&ids).await.map_err(Error::from)?;
         Ok(Response::new(pb::ListTasksResponse {
             next_page_token: page_token(&tasks, limit),
             tasks: tasks
                 .iter()
                 .zip(keep)
                 .filter(|(_, keep)| *keep)
-                .map(|(t, _)| self.summary_view(t))
+                .map(|(t, _)| pb::Task {
+                    labels: labels.remove(&t.task_id).unwrap_or_default().into_iter().collect(),
+                    ..self.summary_view(t)
+                })
                 .collect(),
         }))
     }
@@ -636,6 +658,7 @@ impl OrchestratorService for OrchestratorApi {
             .list_tasks(
                 Some(TaskStatus::Failed),
                 flow,
+                &std::collections::BTreeMap::new(),
                 limit,
                 parse_token(&r.page_token)?,
             )
@@ -764,4 +787,55 @@ pub fn flow_summary(flow: &crate::flow::Flow, applied_ms: i64) -> pb::FlowSummar
         applied_at: Some(ts(applied_ms)),
         source: flow.source.clone(),
     }
+}
+
+/// The most labels a task may have.
+const MAX_TASK_LABELS: usize = 16;
+/// The most labels a ListTasks filter may name.
+const MAX_LABEL_FILTERS: usize = 4;
+/// The longest label key, in bytes.
+const MAX_LABEL_KEY_BYTES: usize = 63;
+/// The longest label value, in bytes.
+const MAX_LABEL_VALUE_BYTES: usize = 256;
+
+/// Checks `labels` against the limits: at most `max`, keys of 1 to 63 characters of
+/// `A-Za-z0-9._/-`, values of at most 256 bytes.
+fn validate_labels(
+    labels: &std::collections::HashMap<String, String>,
+    max: usize,
+) -> Result<(), Error> {
+    let invalid = |detail: String| Err(Error::InvalidLabels { detail });
+    if labels.len() > max {
+        return invalid(format!("{} labels, over the limit of {max}", labels.len()));
+    }
+    for (key, value) in labels {
+        let key_ok = (1..=MAX_LABEL_KEY_BYTES).contains(&key.len())
+            && key
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'/' | b'-'));
+        if !key_ok {
+            return invalid(format!(
+                "label key {:?} must be 1 to {MAX_LABEL_KEY_BYTES} characters of A-Z a-z 0-9 . _ / -",
+                crate::expr::cut(key, 80)
+            ));
+        }
+        if value.len() > MAX_LABEL_VALUE_BYTES {
+            return invalid(format!(
+                "label {key}'s value is {} bytes, over the limit of {MAX_LABEL_VALUE_BYTES}",
+                value.len()
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// The trace id of a W3C `traceparent` (`00-<32 hex>-<16 hex>-<2 hex>`), when valid and not
+/// all zeros.
+fn trace_id_of(traceparent: &str) -> Option<String> {
+    let mut fields = traceparent.trim().split('-');
+    let (_version, id) = (fields.next()?, fields.next()?);
+    let valid = id.len() == 32
+        && id.bytes().all(|b| b.is_ascii_hexdigit())
+        && id.bytes().any(|b| b != b'0');
+    valid.then(|| id.to_ascii_lowercase())
 }

@@ -12,6 +12,7 @@
 //! one transaction (group commit), which is what makes thousands of durable transitions per
 //! second possible on one SQLite file.
 
+use std::collections::{BTreeMap, HashMap};
 use std::str::FromStr;
 use std::time::Duration;
 
@@ -411,8 +412,9 @@ impl Store {
         Ok(row.map(summary_from_row))
     }
 
-    /// Tasks newest first, filtered by status and flow, starting after the page token
-    /// (`created_ms:task_id` of the last row of the previous page).
+    /// Tasks newest first, filtered by status, flow and labels (every one of `labels`, at
+    /// most a few), starting after the page token (`created_ms:task_id` of the last row of
+    /// the previous page).
     ///
     /// # Errors
     /// [`StoreError`] on database failure.
@@ -420,20 +422,29 @@ impl Store {
         &self,
         status: Option<TaskStatus>,
         flow_id: Option<&str>,
+        labels: &BTreeMap<String, String>,
         limit: u32,
         after: Option<(i64, String)>,
     ) -> Result<Vec<TaskSummary>, StoreError> {
         let (after_ms, after_id) = after.unwrap_or((i64::MAX, String::new()));
+        let mut label_filter = String::new();
+        for i in 0..labels.len() {
+            let key = 6 + 2 * i;
+            label_filter.push_str(&format!(
+                " AND EXISTS (SELECT 1 FROM reach_task_labels l WHERE l.task_id = reach_tasks.task_id AND l.key = ${key} AND l.value = ${})",
+                key + 1
+            ));
+        }
         let sql = format!(
             "SELECT {SUMMARY_COLUMNS} FROM reach_tasks \
              WHERE ($1 = '' OR status = $1) AND ($2 = '' OR flow_id = $2) \
-             AND (created_ms < $3 OR (created_ms = $3 AND task_id < $4)) \
+             AND (created_ms < $3 OR (created_ms = $3 AND task_id < $4)){label_filter} \
              ORDER BY created_ms DESC, task_id DESC LIMIT $5"
         );
         let status = status.map(TaskStatus::as_str).unwrap_or("");
         let flow = flow_id.unwrap_or("");
         let rows: Vec<SummaryRow> = with_pool!(&self.backend, |p| {
-            sqlx::query_as(sqlx::AssertSqlSafe(sql.clone()))
+            let mut query = sqlx::query_as(sqlx::AssertSqlSafe(sql.clone()))
                 .bind(status)
                 .bind(flow)
                 .bind(after_ms)
@@ -442,11 +453,43 @@ impl Store {
                 } else {
                     after_id.clone()
                 })
-                .bind(i64::from(limit))
-                .fetch_all(p)
-                .await?
+                .bind(i64::from(limit));
+            for (key, value) in labels {
+                query = query.bind(key.clone()).bind(value.clone());
+            }
+            query.fetch_all(p).await?
         });
         Ok(rows.into_iter().map(summary_from_row).collect())
+    }
+
+    /// The labels of each of `task_ids` that has any.
+    ///
+    /// # Errors
+    /// [`StoreError`] on database failure.
+    pub async fn labels_of(
+        &self,
+        task_ids: &[&str],
+    ) -> Result<HashMap<String, BTreeMap<String, String>>, StoreError> {
+        let mut labels: HashMap<String, BTreeMap<String, String>> = HashMap::new();
+        // 500 ids per query: within SQLite's and PostgreSQL's parameter limits.
+        for chunk in task_ids.chunks(500) {
+            let placeholders: Vec<String> = (1..=chunk.len()).map(|i| format!("${i}")).collect();
+            let sql = format!(
+                "SELECT task_id, key, value FROM reach_task_labels WHERE task_id IN ({})",
+                placeholders.join(", ")
+            );
+            let rows: Vec<(String, String, String)> = with_pool!(&self.backend, |p| {
+                let mut query = sqlx::query_as(sqlx::AssertSqlSafe(sql.clone()));
+                for id in chunk {
+                    query = query.bind(id.to_string());
+                }
+                query.fetch_all(p).await?
+            });
+            for (task, key, value) in rows {
+                labels.entry(task).or_default().insert(key, value);
+            }
+        }
+        Ok(labels)
     }
 
     /// How many tasks have not ended.
@@ -719,7 +762,7 @@ impl Store {
             let mut tx = p.begin().await?;
             let sub =
                 "SELECT task_id FROM reach_tasks WHERE ended_ms IS NOT NULL AND ended_ms < $1";
-            for table in ["reach_events", "reach_timers", "reach_ledger"] {
+            for table in ["reach_events", "reach_timers", "reach_ledger", "reach_task_labels"] {
                 sqlx::query(sqlx::AssertSqlSafe(format!(
                     "DELETE FROM {table} WHERE task_id IN ({sub})"
                 )))
@@ -810,6 +853,8 @@ const SCHEMA: &[&str] = &[
     "CREATE INDEX IF NOT EXISTS reach_tasks_owner ON reach_tasks (owner, ended_ms)",
     "CREATE INDEX IF NOT EXISTS reach_tasks_ended ON reach_tasks (ended_ms)",
     "CREATE TABLE IF NOT EXISTS reach_events (task_id TEXT NOT NULL, seq BIGINT NOT NULL, at_ms BIGINT NOT NULL, kind TEXT NOT NULL, node TEXT, body TEXT NOT NULL, PRIMARY KEY (task_id, seq))",
+    "CREATE TABLE IF NOT EXISTS reach_task_labels (task_id TEXT NOT NULL, key TEXT NOT NULL, value TEXT NOT NULL, PRIMARY KEY (task_id, key))",
+    "CREATE INDEX IF NOT EXISTS reach_task_labels_value ON reach_task_labels (key, value)",
     "CREATE TABLE IF NOT EXISTS reach_timers (timer_id TEXT PRIMARY KEY, task_id TEXT NOT NULL, fire_at_ms BIGINT NOT NULL, state TEXT NOT NULL)",
     "CREATE INDEX IF NOT EXISTS reach_timers_due ON reach_timers (state, fire_at_ms)",
     "CREATE INDEX IF NOT EXISTS reach_timers_task ON reach_timers (task_id)",
@@ -988,6 +1033,16 @@ macro_rules! write_batch {
                         .bind(timer.clone())
                         .execute(&mut *tx)
                         .await?;
+                }
+                Event::TaskCreated { labels, .. } => {
+                    for (key, value) in labels {
+                        sqlx::query("INSERT INTO reach_task_labels (task_id, key, value) VALUES ($1, $2, $3) ON CONFLICT DO NOTHING")
+                            .bind(s.task_id.clone())
+                            .bind(key.clone())
+                            .bind(value.clone())
+                            .execute(&mut *tx)
+                            .await?;
+                    }
                 }
                 Event::TaskEnded { .. } => {
                     sqlx::query("UPDATE reach_timers SET state = 'cancelled' WHERE task_id = $1 AND state = 'pending'")

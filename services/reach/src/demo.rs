@@ -230,6 +230,7 @@ async fn follow_task(
             flow_version: 0,
             input: Some(reach_proto::json::to_proto(&input)),
             task_id: task_id.clone(),
+            ..Default::default()
         })
         .await?;
     let settled = |status: TaskStatus| {

@@ -314,6 +314,7 @@ async fn run_task(
                 &serde_json::json!({"question": ask}),
             )),
             task_id: task_id.clone(),
+            ..Default::default()
         })
         .await
         .map_err(|s| anyhow::anyhow!("starting the report task failed: {}", s.message()))?;

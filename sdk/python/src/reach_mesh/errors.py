@@ -79,6 +79,7 @@ class Reason:
     # === orchestrator ===
     TASK_NOT_FOUND: Final = "TASK_NOT_FOUND"
     INVALID_TASK_ID: Final = "INVALID_TASK_ID"
+    INVALID_LABELS: Final = "INVALID_LABELS"
     TASK_ID_IN_USE: Final = "TASK_ID_IN_USE"
     TASK_NOT_WAITING: Final = "TASK_NOT_WAITING"
     NODE_NOT_WAITING: Final = "NODE_NOT_WAITING"

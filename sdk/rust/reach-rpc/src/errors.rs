@@ -87,6 +87,9 @@ pub mod reason {
     /// StartTask's `task_id` is not 1 to 128 characters of `A-Z a-z 0-9 . _ : -`:
     /// INVALID_ARGUMENT.
     pub const INVALID_TASK_ID: &str = "INVALID_TASK_ID";
+    /// StartTask's or ListTasks' `labels` break the limits (how many, key characters and
+    /// lengths, value lengths; `detail` in the metadata): INVALID_ARGUMENT.
+    pub const INVALID_LABELS: &str = "INVALID_LABELS";
     /// StartTask's `task_id` belongs to a task of another flow (`flow_id` in the metadata):
     /// ALREADY_EXISTS. Starting the same id of the same flow again returns that task.
     pub const TASK_ID_IN_USE: &str = "TASK_ID_IN_USE";

@@ -166,20 +166,22 @@ fn card(
     AgentCard {
         name,
         description,
-        supported_interfaces: vec![
-            AgentInterface {
+        // Without an HTTP listener the edge speaks gRPC only.
+        supported_interfaces: (!json_rpc.is_empty())
+            .then(|| AgentInterface {
                 url: format!("{json_rpc}{path}/"),
                 protocol_binding: "JSONRPC".into(),
                 tenant: String::new(),
                 protocol_version: PROTOCOL_VERSION.into(),
-            },
-            AgentInterface {
+            })
+            .into_iter()
+            .chain([AgentInterface {
                 url: interfaces.grpc.clone(),
                 protocol_binding: "GRPC".into(),
                 tenant: tenant.to_string(),
                 protocol_version: PROTOCOL_VERSION.into(),
-            },
-        ],
+            }])
+            .collect(),
         provider: Some(AgentProvider {
             url: "https://example.invalid/reach".into(),
             organization: "Reach".into(),

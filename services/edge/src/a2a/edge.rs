@@ -28,6 +28,8 @@ pub type EventStream = Pin<Box<dyn Stream<Item = Result<StreamResponse, A2aError
 
 /// The most registry pages read for one card (100 capabilities each).
 const MAX_CATALOGUE_PAGES: usize = 20;
+/// How many tasks of a ListTasks page are read at once.
+const LIST_READS_AT_ONCE: usize = 8;
 /// The most parts a message may carry.
 pub const MAX_MESSAGE_PARTS: usize = 64;
 /// The longest skill id or task id accepted, in bytes.
@@ -359,6 +361,11 @@ impl A2aEdge {
                 flow_id: String::new(),
                 page_size: u32::try_from(page_size).unwrap_or(50),
                 page_token: request.page_token.clone(),
+                labels: if request.context_id.is_empty() {
+                    Default::default()
+                } else {
+                    [(CONTEXT_LABEL.to_string(), request.context_id.clone())].into()
+                },
             }))
             .await
             .map_err(|status| match status.code() {
@@ -371,17 +378,40 @@ impl A2aEdge {
             .as_ref()
             .map(|t| (t.seconds, t.nanos));
         let include_artifacts = request.include_artifacts.unwrap_or(false);
-        let tasks: Vec<Task> = page
+        let wanted = request.status();
+        let rows: Vec<String> = page
             .tasks
             .iter()
             .filter(|t| statuses.is_empty() || statuses.contains(&t.status()))
-            .filter(|t| request.context_id.is_empty() || t.task_id == request.context_id)
             .filter(|t| match (after, &t.updated_at) {
                 (Some(after), Some(updated)) => (updated.seconds, updated.nanos) > after,
                 _ => true,
             })
-            .map(|t| self.task_view(t, history, include_artifacts))
+            .map(|t| t.task_id.clone())
             .collect();
+        // Lists carry no node history, which the A2A state, artifacts and history come
+        // from: read each task (a few at a time).
+        let full: Vec<Result<reach::Task, A2aError>> = futures::stream::iter(rows)
+            .map(|id| {
+                let (edge, cx) = (self.clone(), cx.clone());
+                async move { edge.reach_task(&cx, &id).await }
+            })
+            .buffered(LIST_READS_AT_ONCE)
+            .collect()
+            .await;
+        let mut tasks = Vec::new();
+        for task in full {
+            match task {
+                Ok(task) => {
+                    if wanted == TaskState::Unspecified || mapping::state_of(&task) == wanted {
+                        tasks.push(self.task_view(&task, history, include_artifacts));
+                    }
+                }
+                // Purged between the list and the read.
+                Err(A2aError::TaskNotFound(_)) => {}
+                Err(error) => return Err(error),
+            }
+        }
         Ok(ListTasksResponse {
             total_size: i32::try_from(tasks.len()).unwrap_or(i32::MAX),
             tasks,
@@ -400,7 +430,7 @@ impl A2aEdge {
         request: CancelTaskRequest,
     ) -> Result<Task, A2aError> {
         let task = self.reach_task(cx, &request.id).await?;
-        let state = mapping::task_state(task.status());
+        let state = mapping::state_of(&task);
         if mapping::is_terminal(state) {
             return Err(A2aError::TaskNotCancelable {
                 id: request.id,
@@ -424,8 +454,9 @@ impl A2aEdge {
             .into_inner()
             .task
             .unwrap_or_default();
-        // The cancelled task, with the history and artifacts GetTask gives.
-        let task = self.reach_task(cx, &cancelled.task_id).await?;
+        // The cancel runs the node's `on_cancel` path; answer once the task has ended there
+        // (at most `max_wait`), as CANCELED.
+        let task = self.wait_until(cx, cancelled, mapping::is_terminal).await?;
         Ok(self.task_view(&task, None, true))
     }
 
@@ -442,18 +473,18 @@ impl A2aEdge {
         request: SubscribeToTaskRequest,
     ) -> Result<EventStream, A2aError> {
         let task = self.reach_task(cx, &request.id).await?;
-        if cx.last_event_id.is_none() && mapping::is_terminal(mapping::task_state(task.status())) {
+        if cx.last_event_id.is_none() && mapping::is_terminal(mapping::state_of(&task)) {
             return Err(A2aError::UnsupportedOperation(format!(
                 "task {} has ended ({}); GetTask returns its result (to replay events after one you received, send Last-Event-ID)",
                 task.task_id,
-                mapping::task_state(task.status()).as_str_name()
+                mapping::state_of(&task).as_str_name()
             )));
         }
         Ok(self.stream_task(cx, task, cx.last_event_id))
     }
 
     fn task_view(&self, task: &reach::Task, history: Option<usize>, artifacts: bool) -> Task {
-        mapping::task_from_reach(task, &task.task_id, history, artifacts)
+        mapping::task_from_reach(task, context_of(task), history, artifacts)
     }
 
     async fn reach_task(&self, cx: &RequestContext, id: &str) -> Result<reach::Task, A2aError> {
@@ -563,9 +594,19 @@ impl A2aEdge {
         let reply = router
             .call(request)
             .await
-            .map_err(|status| match status.code() {
-                Code::InvalidArgument => A2aError::InvalidParams(status.message().to_string()),
-                _ => A2aError::Mesh(status),
+            .map_err(|status| {
+                let no_route = reach_rpc::errors::reason_of(&status).as_deref()
+                    == Some(reach_rpc::errors::reason::ROUTE_NOT_FOUND);
+                match status.code() {
+                    // The skill names no capability the mesh can route: the router's message
+                    // lists what it can.
+                    Code::InvalidArgument => A2aError::InvalidParams(status.message().to_string()),
+                    Code::NotFound if no_route => A2aError::InvalidParams(format!(
+                        "skill {capability:?}: {}",
+                        status.message()
+                    )),
+                    _ => A2aError::Mesh(status),
+                }
             })?
             .into_inner();
         let reply_message = reply.message.unwrap_or_default();
@@ -601,13 +642,28 @@ impl A2aEdge {
         message: &Message,
     ) -> Result<reach::Task, A2aError> {
         let input = mapping::message_input(message)?;
+        if message.context_id.len() > MAX_ID_BYTES {
+            return Err(A2aError::InvalidParams(format!(
+                "message.contextId is {} bytes, over the limit of {MAX_ID_BYTES}",
+                message.context_id.len()
+            )));
+        }
+        let task_id = uuid::Uuid::now_v7().to_string();
+        // The task keeps its context as a label: the client's, or a context of its own (its
+        // id), so ListTasks filters by context either way.
+        let context_id = if message.context_id.is_empty() {
+            task_id.clone()
+        } else {
+            message.context_id.clone()
+        };
         let mut orchestrator = self.inner.orchestrator.clone();
         let task = orchestrator
             .start_task(cx.request(reach::StartTaskRequest {
                 flow_id: flow.to_string(),
                 flow_version: 0,
                 input: Some(reach_proto::json::to_proto(&input)),
-                task_id: uuid::Uuid::now_v7().to_string(),
+                task_id,
+                labels: [(CONTEXT_LABEL.to_string(), context_id)].into(),
             }))
             .await
             .map_err(|status| match status.code() {
@@ -632,7 +688,7 @@ impl A2aEdge {
         if task.status() != reach::TaskStatus::WaitingHuman {
             return Err(A2aError::UnsupportedOperation(format!(
                 "task {id} is {} and takes no message: only a task in TASK_STATE_INPUT_REQUIRED (a flow waiting in a human step) is resumed by a message; to start a new task, send the message without taskId",
-                mapping::task_state(task.status()).as_str_name()
+                mapping::state_of(&task).as_str_name()
             )));
         }
         let input = mapping::message_input(message)?;
@@ -668,8 +724,19 @@ impl A2aEdge {
         cx: &RequestContext,
         task: reach::Task,
     ) -> Result<reach::Task, A2aError> {
+        self.wait_until(cx, task, mapping::ends_stream).await
+    }
+
+    /// Waits (at most `max_wait`) until the task's state satisfies `done`, then reads it
+    /// again.
+    async fn wait_until(
+        &self,
+        cx: &RequestContext,
+        task: reach::Task,
+        done: fn(TaskState) -> bool,
+    ) -> Result<reach::Task, A2aError> {
         let after = task.last_sequence;
-        if mapping::ends_stream(mapping::task_state(task.status())) {
+        if done(mapping::state_of(&task)) {
             return self.reach_task(cx, &task.task_id).await;
         }
         let mut orchestrator = self.inner.orchestrator.clone();
@@ -687,7 +754,12 @@ impl A2aEdge {
                     .map_err(|status| task_error(&task.task_id, status))?
                     .event
                     .unwrap_or_default();
-                if mapping::ends_stream(mapping::task_state(event.status())) {
+                // Only the states that end waiting matter here, and those do not depend on
+                // the task's progress (terminal, or waiting for input).
+                if done(mapping::task_state(
+                    event.status(),
+                    mapping::Progress::default(),
+                )) {
                     break;
                 }
             }
@@ -711,7 +783,8 @@ impl A2aEdge {
     ) -> EventStream {
         let edge = self.clone();
         let cx = cx.clone();
-        let after = after.unwrap_or(task.last_sequence);
+        let now = task.last_sequence;
+        let after = after.unwrap_or(now);
         let stream = async_stream(move |tx| async move {
             let snapshot = edge.task_view(&task, None, true);
             if tx
@@ -739,7 +812,7 @@ impl A2aEdge {
                     return;
                 }
             };
-            let mut mapper = EventMapper::new(&task.task_id, &task.task_id);
+            let mut mapper = EventMapper::new(&task.task_id, context_of(&task));
             while let Some(event) = events.next().await {
                 let event = match event {
                     Ok(response) => response.event.unwrap_or_default(),
@@ -757,7 +830,12 @@ impl A2aEdge {
                         return;
                     }
                 }
-                if mapping::ends_stream(mapper.state()) {
+                // A replay goes past old waits for input: only the current one (at or after
+                // the snapshot) ends the stream, as an end does.
+                let state = mapper.state();
+                if mapping::is_terminal(state)
+                    || (mapping::ends_stream(state) && event.sequence >= now)
+                {
                     return;
                 }
             }
@@ -776,6 +854,18 @@ where
     let (tx, rx) = tokio::sync::mpsc::channel(16);
     tokio::spawn(produce(tx));
     tokio_stream::wrappers::ReceiverStream::new(rx)
+}
+
+/// The label a task's A2A context id is kept in.
+pub const CONTEXT_LABEL: &str = "a2a.context_id";
+
+/// A task's A2A context: its `a2a.context_id` label, else its id (tasks not started through
+/// the edge are each their own context).
+fn context_of(task: &reach::Task) -> &str {
+    task.labels
+        .get(CONTEXT_LABEL)
+        .map(String::as_str)
+        .unwrap_or(&task.task_id)
 }
 
 fn unknown_service(service: &str, catalogue: &Catalogue) -> A2aError {

@@ -141,8 +141,12 @@ impl A2aError {
     }
 
     /// The gRPC status: the binding's code, this message, and an ErrorInfo in
-    /// [`A2A_DOMAIN`] with [`A2aError::reason`]. A mesh status keeps its code and message.
+    /// [`A2A_DOMAIN`] with [`A2aError::reason`]. A mesh failure is passed through as the mesh
+    /// answered it (code, message and Reach ErrorInfo), since A2A has no error for it.
     pub fn to_status(&self) -> Status {
+        if let A2aError::Mesh(status) = self {
+            return status.clone();
+        }
         Status::with_error_details(
             self.code(),
             self.to_string(),

@@ -25,30 +25,67 @@ use super::proto::{
 /// The metadata key of an event's orchestrator sequence number.
 pub const SEQUENCE_KEY: &str = "reach.sequence";
 
-/// The A2A state of a Reach task status.
-pub fn task_state(status: reach::TaskStatus) -> TaskState {
+/// What a task's A2A state depends on besides its Reach status.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Progress {
+    /// A node has sent a call or completed: the task is being worked on, and stays WORKING
+    /// (never back to SUBMITTED) between nodes.
+    pub worked: bool,
+    /// A node was cancelled (CancelTask), so a task its `on_cancel` then failed is CANCELED.
+    pub cancelled: bool,
+}
+
+impl Progress {
+    /// The progress a task's node history shows.
+    pub fn of(task: &reach::Task) -> Self {
+        Self {
+            worked: task
+                .nodes
+                .iter()
+                .any(|n| n.attempts > 0 || n.ended_at.is_some()),
+            cancelled: task
+                .nodes
+                .iter()
+                .any(|n| n.status() == reach::NodeStatus::Cancelled),
+        }
+    }
+}
+
+/// The A2A state of a Reach task status: PENDING (and a task whose first node has not
+/// started) is SUBMITTED; DISPATCHED and PROCESSING are WORKING once a node started;
+/// WAITING_HUMAN is INPUT_REQUIRED; SUCCEEDED is COMPLETED; FAILED and PARTIAL are FAILED,
+/// or CANCELED when a node was cancelled; CANCELLED is CANCELED.
+pub fn task_state(status: reach::TaskStatus, progress: Progress) -> TaskState {
     use reach::TaskStatus as S;
     match status {
-        S::Unspecified | S::Pending | S::Dispatched => TaskState::Submitted,
-        S::Processing => TaskState::Working,
+        S::Unspecified | S::Pending => TaskState::Submitted,
+        S::Dispatched | S::Processing if progress.worked => TaskState::Working,
+        S::Dispatched | S::Processing => TaskState::Submitted,
         S::WaitingHuman => TaskState::InputRequired,
         S::Succeeded => TaskState::Completed,
+        S::Failed | S::Partial if progress.cancelled => TaskState::Canceled,
         S::Failed | S::Partial => TaskState::Failed,
         S::Cancelled => TaskState::Canceled,
     }
 }
 
-/// The Reach statuses an A2A state filter matches (empty: none can, e.g. REJECTED).
+/// The A2A state of a Reach task (from GetTask, with its node history).
+pub fn state_of(task: &reach::Task) -> TaskState {
+    task_state(task.status(), Progress::of(task))
+}
+
+/// The Reach statuses whose tasks may be in an A2A state (empty: none can, e.g. REJECTED);
+/// a list filters on them, then on the exact A2A state.
 pub fn reach_statuses(state: TaskState) -> &'static [reach::TaskStatus] {
     use reach::TaskStatus as S;
     match state {
         TaskState::Unspecified => &[],
-        TaskState::Submitted => &[S::Pending, S::Dispatched],
-        TaskState::Working => &[S::Processing],
+        TaskState::Submitted => &[S::Pending, S::Dispatched, S::Processing],
+        TaskState::Working => &[S::Dispatched, S::Processing],
         TaskState::InputRequired => &[S::WaitingHuman],
         TaskState::Completed => &[S::Succeeded],
         TaskState::Failed => &[S::Failed, S::Partial],
-        TaskState::Canceled => &[S::Cancelled],
+        TaskState::Canceled => &[S::Cancelled, S::Failed, S::Partial],
         TaskState::Rejected | TaskState::AuthRequired => &[],
     }
 }
@@ -268,7 +305,7 @@ pub fn task_from_reach(
     history_length: Option<usize>,
     include_artifacts: bool,
 ) -> Task {
-    let state = task_state(task.status());
+    let state = state_of(task);
     let mut artifacts: Vec<Artifact> = Vec::new();
     if include_artifacts {
         for run in &task.nodes {
@@ -356,6 +393,7 @@ pub struct EventMapper {
     task_id: String,
     context_id: String,
     state: TaskState,
+    progress: Progress,
     /// Nodes that sent a call during their current visit (task and parallel nodes).
     called: HashSet<String>,
 }
@@ -367,6 +405,7 @@ impl EventMapper {
             task_id: task_id.to_string(),
             context_id: context_id.to_string(),
             state: TaskState::Unspecified,
+            progress: Progress::default(),
             called: HashSet::new(),
         }
     }
@@ -386,12 +425,25 @@ impl EventMapper {
         let mut out = Vec::new();
         match event.kind.as_str() {
             "attempt_started" => {
+                self.progress.worked = true;
                 self.called.insert(event.node_id.clone());
             }
             "node_entered" => {
                 self.called.remove(&event.node_id);
             }
-            "node_completed" if self.called.remove(&event.node_id) => {
+            "node_failed" => {
+                self.progress.worked = true;
+            }
+            "node_completed"
+                if detail.get("outcome").and_then(|o| o.as_str()) == Some("CANCELLED") =>
+            {
+                self.progress.cancelled = true;
+            }
+            "node_completed" if !self.called.remove(&event.node_id) => {
+                self.progress.worked = true;
+            }
+            "node_completed" => {
+                self.progress.worked = true;
                 let output = detail.get("output").cloned().unwrap_or_default();
                 out.push(StreamResponse {
                     payload: Some(stream_response::Payload::ArtifactUpdate(
@@ -408,7 +460,7 @@ impl EventMapper {
             }
             _ => {}
         }
-        let state = task_state(event.status());
+        let state = task_state(event.status(), self.progress);
         if state != self.state {
             self.state = state;
             let message = match state {
@@ -483,10 +535,16 @@ mod tests {
             reach::TaskStatus::Partial,
             reach::TaskStatus::Cancelled,
         ] {
-            assert!(
-                reach_statuses(task_state(status)).contains(&status),
-                "{status:?} does not map back"
-            );
+            for worked in [false, true] {
+                let progress = Progress {
+                    worked,
+                    cancelled: false,
+                };
+                assert!(
+                    reach_statuses(task_state(status, progress)).contains(&status),
+                    "{status:?} does not map back"
+                );
+            }
         }
     }
 
@@ -517,6 +575,7 @@ mod tests {
                 _ => "other".into(),
             })
             .collect();
+        // SUBMITTED until the first call goes out, then WORKING throughout (never back).
         assert_eq!(
             kinds,
             [

@@ -4,6 +4,8 @@
 //! functions, tested without I/O), appends them guarded by sequence number (retrying on a
 //! race with the task's driver) and hands the new state to the driver.
 
+use std::collections::BTreeMap;
+
 use serde_json::{Value, json};
 
 use crate::error::Error;
@@ -17,6 +19,19 @@ use super::step::complete;
 
 /// How often a command re-reads the task and tries again when the driver appended first.
 const COMMAND_TRIES: usize = 20;
+
+/// How [`Engine::start_task_with`] starts a task, besides its flow and input.
+#[derive(Debug, Clone, Default)]
+pub struct StartOptions {
+    /// A client-chosen task id; `None` assigns a UUIDv7.
+    pub task_id: Option<String>,
+    /// Who starts it (the caller's identity), when trust is on.
+    pub started_by: Option<String>,
+    /// The W3C trace id (32 lowercase hex digits) to continue; `None` starts a new trace.
+    pub trace_id: Option<String>,
+    /// The labels the task keeps (validated by the caller).
+    pub labels: BTreeMap<String, String>,
+}
 
 impl Engine {
     /// Starts a task of `flow_id` (`version` 0 = latest) with `input`. With a `task_id` that
@@ -33,23 +48,37 @@ impl Engine {
         input: Value,
         task_id: Option<String>,
     ) -> Result<TaskState, Error> {
-        self.start_task_as(flow_id, version, input, task_id, None)
-            .await
+        self.start_task_with(
+            flow_id,
+            version,
+            input,
+            StartOptions {
+                task_id,
+                ..StartOptions::default()
+            },
+        )
+        .await
     }
 
-    /// [`Engine::start_task`], recording `started_by` (the caller's identity) as the task's
-    /// starter: the identity that may resume and cancel it besides operators.
+    /// [`Engine::start_task`] with `options`: the caller's identity as the task's starter
+    /// (the identity that may resume and cancel it besides operators), the trace to continue
+    /// and the task's labels.
     ///
     /// # Errors
     /// As [`Engine::start_task`].
-    pub async fn start_task_as(
+    pub async fn start_task_with(
         &self,
         flow_id: &str,
         version: u32,
         input: Value,
-        task_id: Option<String>,
-        started_by: Option<String>,
+        options: StartOptions,
     ) -> Result<TaskState, Error> {
+        let StartOptions {
+            task_id,
+            started_by,
+            trace_id,
+            labels,
+        } = options;
         let flow = if version == 0 {
             self.inner.flows.latest(flow_id)
         } else {
@@ -77,8 +106,9 @@ impl Engine {
                 flow_id: flow.id.clone(),
                 flow_version: flow.version,
                 input,
-                trace_id: reach_rpc::trace::TraceId::random().to_string(),
+                trace_id: trace_id.unwrap_or_else(|| reach_rpc::trace::TraceId::random().to_string()),
                 started_by,
+                labels,
             },
             Event::NodeEntered {
                 node: flow.initial.clone(),

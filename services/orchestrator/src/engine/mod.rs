@@ -56,6 +56,7 @@ mod testing;
 mod wait;
 
 pub use call::task_span_id;
+pub use commands::StartOptions;
 pub use clock::Clock;
 pub use decide::message_id;
 

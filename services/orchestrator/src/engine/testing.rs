@@ -28,6 +28,7 @@ pub fn started(flow: &Flow, input: Value) -> TaskState {
             input,
             trace_id: "0af7651916cd43dd8448eb211c80319c".into(),
             started_by: None,
+            labels: Default::default(),
         },
         Event::NodeEntered {
             node: flow.initial.clone(),

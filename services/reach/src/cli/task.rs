@@ -168,6 +168,7 @@ pub async fn task_start(
             flow_version: version,
             input: Some(json::to_proto(&input)),
             task_id: id.unwrap_or_default(),
+            ..Default::default()
         })
         .await?
         .into_inner()
@@ -360,6 +361,7 @@ pub async fn task_list(
                 flow_id: flow.unwrap_or_default().to_string(),
                 page_size: want,
                 page_token: std::mem::take(&mut page_token),
+                ..Default::default()
             })
             .await?
             .into_inner();
@@ -375,6 +377,7 @@ pub async fn task_list(
                     flow_id: flow.unwrap_or_default().to_string(),
                     page_size: 1,
                     page_token: page.next_page_token,
+                    ..Default::default()
                 })
                 .await?
                 .into_inner();

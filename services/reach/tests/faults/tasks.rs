@@ -69,6 +69,7 @@ pub async fn start_all(
             flow_version: 0,
             input: Some(reach_proto::json::to_proto(&input)),
             task_id: id.clone(),
+            ..Default::default()
         };
         let deadline = Instant::now() + Duration::from_secs(30);
         loop {
