@@ -505,7 +505,11 @@ impl OrchestratorService for OrchestratorApi {
                 .zip(keep)
                 .filter(|(_, keep)| *keep)
                 .map(|(t, _)| pb::Task {
-                    labels: labels.remove(&t.task_id).unwrap_or_default().into_iter().collect(),
+                    labels: labels
+                        .remove(&t.task_id)
+                        .unwrap_or_default()
+                        .into_iter()
+                        .collect(),
                     ..self.summary_view(t)
                 })
                 .collect(),

@@ -762,7 +762,12 @@ impl Store {
             let mut tx = p.begin().await?;
             let sub =
                 "SELECT task_id FROM reach_tasks WHERE ended_ms IS NOT NULL AND ended_ms < $1";
-            for table in ["reach_events", "reach_timers", "reach_ledger", "reach_task_labels"] {
+            for table in [
+                "reach_events",
+                "reach_timers",
+                "reach_ledger",
+                "reach_task_labels",
+            ] {
                 sqlx::query(sqlx::AssertSqlSafe(format!(
                     "DELETE FROM {table} WHERE task_id IN ({sub})"
                 )))

@@ -462,3 +462,212 @@ async fn refusals_carry_reasons_a_program_can_branch_on() {
     .unwrap();
     assert_eq!(body["reason"], reason::TASK_NOT_FOUND, "{body}");
 }
+
+/// A flow of its own (the PostgreSQL store is shared by the tests that use it).
+const WATCH_RESUME: &str = r#"
+id: watch-resume
+version: 1
+initial: ask
+states:
+  ask:
+    type: human
+    schema: {type: object, required: [approved], properties: {approved: {type: boolean}}}
+    next: act
+  act: {type: task, capability: test.act, next: done}
+  done: {type: succeed}
+"#;
+
+/// Reads a WatchTask stream until `until` (an event kind) or its end, returning the events.
+async fn watch(
+    endpoint: &str,
+    task_id: &str,
+    after_sequence: u64,
+    until: Option<&str>,
+) -> Vec<pb::TaskEvent> {
+    let mut client = OrchestratorServiceClient::connect(endpoint.to_string())
+        .await
+        .unwrap();
+    let mut stream = client
+        .watch_task(pb::WatchTaskRequest {
+            task_id: task_id.into(),
+            after_sequence,
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let mut events = Vec::new();
+    while let Some(response) = stream.message().await.unwrap() {
+        let event = response.event.unwrap();
+        let last = Some(event.kind.as_str()) == until;
+        events.push(event);
+        if last {
+            break;
+        }
+    }
+    events
+}
+
+/// A watcher that lost its stream resumes on another replica (two orchestrators on one
+/// PostgreSQL store) with `after_sequence` and gets exactly the events it missed, in order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_watch_resumes_on_another_replica_with_exactly_the_missed_events() {
+    let Some(url) = common::postgres_url().await else {
+        return;
+    };
+    let replica = |url: String| {
+        server(move |c, dir| {
+            let flows = dir.join("flows");
+            std::fs::create_dir_all(&flows).unwrap();
+            std::fs::write(flows.join("watch-resume.yaml"), WATCH_RESUME).unwrap();
+            c.flows_dir = Some(flows);
+            c.store_url = url;
+        })
+    };
+    let a = replica(url.clone()).await;
+    let b = replica(url).await;
+    for s in [&a, &b] {
+        s.router.handle("test.act", |d| Ok(d.input.clone()));
+    }
+    let mut client = OrchestratorServiceClient::connect(a.endpoint.clone())
+        .await
+        .unwrap();
+    let task = client
+        .start_task(pb::StartTaskRequest {
+            flow_id: "watch-resume".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .task
+        .unwrap();
+
+    // The first watcher, on replica A, sees the task wait for a person, then loses its stream.
+    let seen = watch(&a.endpoint, &task.task_id, 0, Some("human_waiting")).await;
+    let last_seen = seen.last().unwrap().sequence;
+
+    // Meanwhile the task moves on (resumed through replica B) and ends.
+    OrchestratorServiceClient::connect(b.endpoint.clone())
+        .await
+        .unwrap()
+        .resume_task(pb::ResumeTaskRequest {
+            task_id: task.task_id.clone(),
+            input: Some(reach_proto::json::to_proto(&json!({"approved": true}))),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    wait_for(&b.endpoint, &task.task_id, pb::TaskStatus::Succeeded).await;
+
+    // Resumed on replica B after the last event it saw: exactly the rest, in order.
+    let missed = watch(&b.endpoint, &task.task_id, last_seen, None).await;
+    let whole = watch(&a.endpoint, &task.task_id, 0, None).await;
+    let key = |events: &[pb::TaskEvent]| -> Vec<(u64, String)> {
+        events
+            .iter()
+            .map(|e| (e.sequence, e.kind.clone()))
+            .collect()
+    };
+    assert_eq!(key(&seen), key(&whole[..seen.len()]));
+    assert_eq!(key(&missed), key(&whole[seen.len()..]));
+    assert_eq!(
+        missed.first().map(|e| e.kind.as_str()),
+        Some("human_resumed")
+    );
+    assert_eq!(missed.last().map(|e| e.kind.as_str()), Some("task_ended"));
+    // The waiting event carries the node's schema, as watchers (the A2A edge) need it.
+    let waiting = &seen.last().unwrap();
+    let detail = reach_proto::json::from_proto(waiting.detail.as_ref().unwrap());
+    assert_eq!(
+        detail["schema"]["required"],
+        json!(["approved"]),
+        "{detail}"
+    );
+}
+
+/// A task keeps the labels it was started with; ListTasks filters on them; labels beyond
+/// the limits are refused with INVALID_LABELS; a caller's `traceparent` is the task's trace.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn labels_filter_lists_and_a_traceparent_is_continued() {
+    let s = server(|c, dir| {
+        let flows = dir.join("flows");
+        std::fs::create_dir_all(&flows).unwrap();
+        std::fs::write(flows.join("review.yaml"), REVIEW_V1).unwrap();
+        c.flows_dir = Some(flows);
+    })
+    .await;
+    let mut c = OrchestratorServiceClient::connect(s.endpoint.clone())
+        .await
+        .unwrap();
+    let start = |context: &str| {
+        let mut request = tonic::Request::new(pb::StartTaskRequest {
+            flow_id: "review".into(),
+            labels: [("a2a.context_id".to_string(), context.to_string())].into(),
+            ..Default::default()
+        });
+        request.metadata_mut().insert(
+            "traceparent",
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+                .parse()
+                .unwrap(),
+        );
+        request
+    };
+    let first = c
+        .start_task(start("chat-1"))
+        .await
+        .unwrap()
+        .into_inner()
+        .task
+        .unwrap();
+    c.start_task(start("chat-1")).await.unwrap();
+    c.start_task(start("chat-2")).await.unwrap();
+    assert_eq!(first.trace_id, "4bf92f3577b34da6a3ce929d0e0e4736");
+    assert_eq!(first.labels["a2a.context_id"], "chat-1");
+
+    let listed = |context: &str| pb::ListTasksRequest {
+        labels: [("a2a.context_id".to_string(), context.to_string())].into(),
+        ..Default::default()
+    };
+    let chat1 = c
+        .list_tasks(listed("chat-1"))
+        .await
+        .unwrap()
+        .into_inner()
+        .tasks;
+    assert_eq!(chat1.len(), 2);
+    assert!(chat1.iter().all(|t| t.labels["a2a.context_id"] == "chat-1"));
+    assert_eq!(
+        c.list_tasks(listed("chat-2"))
+            .await
+            .unwrap()
+            .into_inner()
+            .tasks
+            .len(),
+        1
+    );
+    assert!(
+        c.list_tasks(listed("chat-3"))
+            .await
+            .unwrap()
+            .into_inner()
+            .tasks
+            .is_empty()
+    );
+
+    let bad = c
+        .start_task(pb::StartTaskRequest {
+            flow_id: "review".into(),
+            labels: [("no spaces".to_string(), "x".to_string())].into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(bad.code(), tonic::Code::InvalidArgument);
+    assert_eq!(
+        reach_rpc::errors::reason_of(&bad).as_deref(),
+        Some("INVALID_LABELS"),
+        "{bad:?}"
+    );
+    assert!(bad.message().contains("no spaces"), "{}", bad.message());
+}

@@ -106,7 +106,8 @@ impl Engine {
                 flow_id: flow.id.clone(),
                 flow_version: flow.version,
                 input,
-                trace_id: trace_id.unwrap_or_else(|| reach_rpc::trace::TraceId::random().to_string()),
+                trace_id: trace_id
+                    .unwrap_or_else(|| reach_rpc::trace::TraceId::random().to_string()),
                 started_by,
                 labels,
             },

@@ -56,8 +56,8 @@ mod testing;
 mod wait;
 
 pub use call::task_span_id;
-pub use commands::StartOptions;
 pub use clock::Clock;
+pub use commands::StartOptions;
 pub use decide::message_id;
 
 /// Engine settings (a part of [`crate::OrchestratorConfig`]).
