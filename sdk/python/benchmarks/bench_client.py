@@ -66,7 +66,7 @@ async def run_cell(endpoint: str, multiplex: bool, concurrency: int, warmup: flo
 
 def start_reach(binary: str, workdir: str) -> tuple[subprocess.Popen[bytes], str]:
     process = subprocess.Popen(
-        [binary, "dev", "--listen", "127.0.0.1:0", "--admin-listen", "", "--data-dir", f"{workdir}/data"],
+        [binary, "dev", "--listen", "127.0.0.1:0", "--admin-listen", "", "--edge-listen", "", "--data-dir", f"{workdir}/data"],
         cwd=workdir,
         stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,

@@ -222,6 +222,8 @@ async def dev(processes: Callable[..., ReachProcess], workdir: Path) -> ReachPro
         "127.0.0.1:0",
         "--admin-listen",
         "",
+        "--edge-listen",
+        "",
         "--no-agents",
         "--data-dir",
         str(workdir / "data"),

@@ -14,6 +14,7 @@ import json
 import os
 import re
 import shutil
+import sys
 import tempfile
 import time
 import uuid
@@ -906,3 +907,58 @@ async def test_without_the_edge_http_port_a2a_is_served_over_grpc(processes: Cal
     assert dev.process.stdout is not None
     rest = dev.process.stdout.read() or b""
     assert b"a2a " not in rest, rest
+
+
+# ---- the documented example, and the edge on its own ------------------------------------------
+
+
+@BINDINGS
+@pytest.mark.timeout(90)
+async def test_the_documented_example_client_runs(edge: EdgeProcess, binding: str) -> None:
+    """``sdk/python/examples/a2a_client.py`` (docs/edges.md) against the mesh: a capability's
+    answer, a flow task that waits for a person, and the reviewer's answer that completes it."""
+    child = await asyncio.create_subprocess_exec(
+        sys.executable,
+        str(REPO / "sdk/python/examples/a2a_client.py"),
+        "--edge",
+        edge.a2a_url,
+        "--binding",
+        binding,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT,
+    )
+    out, _ = await asyncio.wait_for(child.communicate(), timeout=60)
+    text = out.decode(errors="replace")
+    assert child.returncode == 0, text
+    assert "skill flow:complaint-flow" in text, text
+    assert re.search(r"complaint\.classify answered: .*'category': 'servicing'", text), text
+    assert "status TASK_STATE_INPUT_REQUIRED" in text and "the flow asks: Classify this complaint" in text, text
+    assert text.rstrip().endswith("status TASK_STATE_COMPLETED"), text
+
+
+@pytest.mark.timeout(90)
+async def test_reach_edge_serves_a2a_for_a_mesh_elsewhere(edge: EdgeProcess, workdir: Path) -> None:
+    """``reach edge`` alone, pointed at the module's mesh: its own card (its own URLs) with the
+    mesh's skills, and a message to a capability answered through that mesh's router."""
+    mesh = edge.endpoint
+    alone = EdgeProcess(
+        [
+            "edge", "--listen", "127.0.0.1:0", "--admin-listen", "", "--edge-listen", "127.0.0.1:0",
+            "--registry", mesh, "--router", mesh, "--orchestrator", mesh,
+        ],
+        cwd=workdir,
+    )
+    try:
+        assert alone.a2a_url != edge.a2a_url
+        async with httpx.AsyncClient(timeout=10) as http:
+            card = await A2ACardResolver(http, alone.a2a_url).get_agent_card()
+        assert {"complaint.classify", "flow:complaint-flow"} <= {s.id for s in card.skills}
+        assert card.supported_interfaces[0].url == f"{alone.a2a_url}/"
+        assert card.supported_interfaces[1].url == alone.a2a_grpc
+        async with connect(card, "JSONRPC", streaming=False) as client:
+            complaint = {"complaint_id": "edge-alone-1", "narrative": CONFIDENT}
+            answer = await send(client, request(user_message(data_part(complaint), skill="complaint.classify")))
+        assert kind(answer) == "message", answer
+        assert data_of(answer.message.parts[0])["category"] == "servicing", answer
+    finally:
+        alone.stop()

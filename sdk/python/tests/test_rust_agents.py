@@ -19,7 +19,7 @@ COMPLAINT = {"complaint_id": "7", "narrative": "Equifax shows a derogatory trade
 @pytest.fixture
 async def dev_with_agents(processes: Callable[..., ReachProcess], workdir: Path) -> ReachProcess:
     """``reach dev`` with its example agents (Rust, through the Rust SDK)."""
-    process = processes("dev", "--listen", "127.0.0.1:0", "--admin-listen", "", "--data-dir", str(workdir / "data"))
+    process = processes("dev", "--listen", "127.0.0.1:0", "--admin-listen", "", "--edge-listen", "", "--data-dir", str(workdir / "data"))
     await process.wait_serving()
     await process.wait_ready("coordinator", timeout=15)
     return process

@@ -102,6 +102,8 @@ keys = ["{pki / 'jwt-public.pem'}"]
         "127.0.0.1:0",
         "--admin-listen",
         "",
+        "--edge-listen",
+        "",
         "--no-agents",
         "--data-dir",
         str(workdir / "data"),

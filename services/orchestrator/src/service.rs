@@ -790,6 +790,7 @@ pub fn flow_summary(flow: &crate::flow::Flow, applied_ms: i64) -> pb::FlowSummar
         node_count: u32::try_from(flow.nodes.len()).unwrap_or(u32::MAX),
         applied_at: Some(ts(applied_ms)),
         source: flow.source.clone(),
+        description: flow.description.clone().unwrap_or_default(),
     }
 }
 

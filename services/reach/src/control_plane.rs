@@ -168,7 +168,7 @@ impl ControlPlane {
             None
         };
         let edge = if services.edge {
-            let edge = a2a_edge(addr, config, &trust)?;
+            let edge = a2a_edge(addr, config, services, &trust)?;
             server = server
                 .add_service(reach_telemetry::traced(
                     reach_edge::a2a::A2aGrpc::new(edge.clone()).into_server(),
@@ -314,13 +314,15 @@ impl ControlPlane {
     }
 }
 
-/// The A2A edge of a control plane on `addr`: its registry, router and orchestrator are the
-/// ones served on `addr` (over TLS when `trust` has certificates); its cards advertise
-/// `config.edge.public_url` (set by `reach dev` to its edge HTTP listener) and the gRPC
-/// target `addr` unless `config.edge.public_grpc` names another.
+/// The A2A edge of a control plane on `addr`: the registry, router and orchestrator it calls
+/// are the ones served on `addr` when `services` runs them, else `config.edge`'s endpoints
+/// (over TLS when `trust` has certificates). Its cards advertise `config.edge.public_url`
+/// (set by `reach dev` and `reach edge` to their edge HTTP listener) and the gRPC target
+/// `addr`, unless `config.edge.public_grpc` names another.
 fn a2a_edge(
     addr: SocketAddr,
     config: &ReachConfig,
+    services: Services,
     trust: &std::sync::Arc<reach_trust::Trust>,
 ) -> Result<reach_edge::a2a::A2aEdge, StartError> {
     let scheme = if trust.tls().is_some() {
@@ -328,10 +330,26 @@ fn a2a_edge(
     } else {
         "http"
     };
-    let endpoint = reach_rpc::http2::endpoint(format!("{scheme}://{addr}"))
-        .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))?;
-    let channel = reach_rpc::http2::channel_lazy(&endpoint, trust.tls(), None);
+    let local = format!("{scheme}://{addr}");
+    let channel = |alongside: bool, configured: &str| {
+        let url = if alongside {
+            local.as_str()
+        } else {
+            configured
+        };
+        reach_rpc::http2::endpoint(url.to_string())
+            .map(|endpoint| reach_rpc::http2::channel_lazy(&endpoint, trust.tls(), None))
+            .map_err(|e| {
+                std::io::Error::new(
+                    std::io::ErrorKind::InvalidInput,
+                    format!("edge endpoint {url:?}: {e}"),
+                )
+            })
+    };
     let edge_config = config.edge.clone();
+    let registry = channel(services.registry, &edge_config.registry_endpoint)?;
+    let router = channel(services.router, &edge_config.router_endpoint)?;
+    let orchestrator = channel(services.orchestrator, &edge_config.orchestrator_endpoint)?;
     let interfaces = reach_edge::a2a::card::Interfaces {
         json_rpc: edge_config.public_url.trim_end_matches('/').to_string(),
         grpc: if edge_config.public_grpc.is_empty() {
@@ -348,8 +366,8 @@ fn a2a_edge(
         edge_config,
         interfaces,
         security,
-        channel.clone(),
-        channel.clone(),
-        channel,
+        registry,
+        router,
+        orchestrator,
     ))
 }

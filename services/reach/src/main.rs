@@ -158,6 +158,25 @@ enum Command {
         #[arg(long)]
         max_message_bytes: Option<usize>,
     },
+    /// Run the A2A edge alone: lf.a2a.v1.A2AService on --listen, JSON-RPC and agent cards on
+    /// --edge-listen, as a mapping onto a registry, router and orchestrator elsewhere.
+    Edge {
+        #[command(flatten)]
+        service: ServiceArgs,
+        /// Where JSON-RPC and the agent cards are served over HTTP (host:port). Default
+        /// 127.0.0.1:7072.
+        #[arg(long)]
+        edge_listen: Option<String>,
+        /// The registry the cards come from (also REACH_EDGE__REGISTRY_ENDPOINT).
+        #[arg(long)]
+        registry: Option<String>,
+        /// The router capability calls go through (also REACH_EDGE__ROUTER_ENDPOINT).
+        #[arg(long)]
+        router: Option<String>,
+        /// The orchestrator flows run on (also REACH_EDGE__ORCHESTRATOR_ENDPOINT).
+        #[arg(long)]
+        orchestrator: Option<String>,
+    },
     /// A live terminal board: instances, traffic per capability, tasks, failures (q quits).
     Top {
         /// The registry (or `reach dev`) gRPC endpoint.
@@ -277,6 +296,7 @@ impl Command {
             Command::Dev { .. } => "reach-dev",
             Command::Registry { .. } => "reach-registry",
             Command::Router { .. } => "reach-router",
+            Command::Edge { .. } => "reach-edge",
             Command::Orchestrator { .. } => "reach-orchestrator",
             Command::ExampleAgents { .. } => "reach-example-agents",
             Command::Agents { .. }
@@ -671,6 +691,38 @@ async fn run(command: Command) -> anyhow::Result<ExitCode> {
             };
             serve(&service, ReachConfig::default(), overrides, services, false).await
         }
+        Command::Edge {
+            service,
+            edge_listen,
+            registry,
+            router,
+            orchestrator,
+        } => {
+            let mut overrides = service.overrides();
+            if let Some(edge_listen) = edge_listen {
+                overrides.insert("edge_listen".into(), json!(edge_listen));
+            }
+            let mut edge = Map::new();
+            for (key, value) in [
+                ("registry_endpoint", registry),
+                ("router_endpoint", router),
+                ("orchestrator_endpoint", orchestrator),
+            ] {
+                if let Some(value) = value {
+                    edge.insert(key.into(), json!(value));
+                }
+            }
+            if !edge.is_empty() {
+                overrides.insert("edge".into(), Value::Object(edge));
+            }
+            let services = Services {
+                registry: false,
+                router: false,
+                orchestrator: false,
+                edge: true,
+            };
+            serve(&service, ReachConfig::default(), overrides, services, false).await
+        }
         Command::Top {
             endpoint,
             admin,
@@ -948,6 +1000,7 @@ async fn serve(
             (services.registry, "reach.v1.RegistryService"),
             (services.router, "reach.v1.RouterService"),
             (services.orchestrator, "reach.v1.OrchestratorService"),
+            (services.edge, "lf.a2a.v1.A2AService"),
         ]
         .iter()
         .filter(|(on, _)| *on)

@@ -377,6 +377,8 @@ async fn start_dev(args: &[&str]) -> Dev {
     let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_reach"))
         .arg("dev")
         .args(args)
+        // Tests run at once: no fixed port for the A2A edge's HTTP listener.
+        .args(["--edge-listen", "127.0.0.1:0"])
         .arg("--data-dir")
         .arg(data_dir.path())
         .current_dir(repo_root())

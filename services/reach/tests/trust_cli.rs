@@ -185,6 +185,8 @@ async fn start_dev_with_tls(
             "127.0.0.1:0",
             "--admin-listen",
             "127.0.0.1:0",
+            "--edge-listen",
+            "",
             "--config",
         ])
         .arg(config)

@@ -212,6 +212,8 @@ export class Mesh {
       `127.0.0.1:${port}`,
       "--admin-listen",
       "",
+      "--edge-listen",
+      "",
       "--data-dir",
       dataDir,
     ];

@@ -95,11 +95,16 @@ fn capability_skill(name: &str, descriptor: Option<&reach::CapabilityDescriptor>
 }
 
 fn flow_skill(flow: &reach::FlowSummary) -> AgentSkill {
+    let what = if flow.description.is_empty() {
+        format!("Runs the flow {}", flow.flow_id)
+    } else {
+        flow.description.trim_end_matches('.').to_string()
+    };
     AgentSkill {
         id: format!("{FLOW_SKILL_PREFIX}{}", flow.flow_id),
         name: flow.flow_id.clone(),
         description: format!(
-            "runs the flow {} (version {}, {} nodes) as a task: its input is the message's first data part; a human step makes the task INPUT_REQUIRED until a message with the task id resumes it",
+            "{what}. A task of flow {} (version {}, {} nodes): its input is the message's first data part; a human step makes the task INPUT_REQUIRED until a message with the task id answers it.",
             flow.flow_id, flow.version, flow.node_count
         ),
         tags: vec!["flow".into()],

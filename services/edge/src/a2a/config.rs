@@ -8,6 +8,13 @@ use serde::{Deserialize, Serialize};
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 #[serde(default, deny_unknown_fields)]
 pub struct EdgeConfig {
+    /// The registry the cards are generated from (`reach edge`); ignored when the registry
+    /// runs in the same process (`reach dev`).
+    pub registry_endpoint: String,
+    /// The router capability calls go through; ignored when it runs in the same process.
+    pub router_endpoint: String,
+    /// The orchestrator flows run on; ignored when it runs in the same process.
+    pub orchestrator_endpoint: String,
     /// The skill a message goes to when it names none (`complaint.classify`, or
     /// `flow:complaint-flow` for a flow); unset: such a message is refused with
     /// INVALID_PARAMS.
@@ -33,6 +40,9 @@ pub struct EdgeConfig {
 impl Default for EdgeConfig {
     fn default() -> Self {
         Self {
+            registry_endpoint: "http://127.0.0.1:7070".into(),
+            router_endpoint: "http://127.0.0.1:7070".into(),
+            orchestrator_endpoint: "http://127.0.0.1:7070".into(),
             default_skill: None,
             call_timeout: Duration::from_secs(60),
             max_wait: Duration::from_secs(60),

@@ -104,6 +104,8 @@ pub async fn run(logs: &std::path::Path) -> Report {
             format!("127.0.0.1:{port}"),
             "--admin-listen".into(),
             String::new(),
+            "--edge-listen".into(),
+            String::new(),
             "--data-dir".into(),
             data.display().to_string(),
         ],

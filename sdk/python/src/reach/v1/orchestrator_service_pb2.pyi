@@ -50,7 +50,14 @@ NODE_STATUS_PARTIAL: NodeStatus
 NODE_STATUS_CANCELLED: NodeStatus
 
 class Task(_message.Message):
-    __slots__ = ("task_id", "flow_id", "flow_version", "status", "current_node", "input", "output", "error", "trace_id", "created_at", "updated_at", "ended_at", "nodes", "failed_node", "waiting", "usage", "last_sequence")
+    __slots__ = ("task_id", "flow_id", "flow_version", "status", "current_node", "input", "output", "error", "trace_id", "created_at", "updated_at", "ended_at", "nodes", "failed_node", "waiting", "usage", "last_sequence", "labels")
+    class LabelsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
     TASK_ID_FIELD_NUMBER: _ClassVar[int]
     FLOW_ID_FIELD_NUMBER: _ClassVar[int]
     FLOW_VERSION_FIELD_NUMBER: _ClassVar[int]
@@ -68,6 +75,7 @@ class Task(_message.Message):
     WAITING_FIELD_NUMBER: _ClassVar[int]
     USAGE_FIELD_NUMBER: _ClassVar[int]
     LAST_SEQUENCE_FIELD_NUMBER: _ClassVar[int]
+    LABELS_FIELD_NUMBER: _ClassVar[int]
     task_id: str
     flow_id: str
     flow_version: int
@@ -85,7 +93,8 @@ class Task(_message.Message):
     waiting: HumanWait
     usage: TokenUsage
     last_sequence: int
-    def __init__(self, task_id: _Optional[str] = ..., flow_id: _Optional[str] = ..., flow_version: _Optional[int] = ..., status: _Optional[_Union[TaskStatus, str]] = ..., current_node: _Optional[str] = ..., input: _Optional[_Union[_struct_pb2.Value, _Mapping]] = ..., output: _Optional[_Union[_struct_pb2.Value, _Mapping]] = ..., error: _Optional[str] = ..., trace_id: _Optional[str] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., updated_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., ended_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., nodes: _Optional[_Iterable[_Union[NodeRun, _Mapping]]] = ..., failed_node: _Optional[str] = ..., waiting: _Optional[_Union[HumanWait, _Mapping]] = ..., usage: _Optional[_Union[TokenUsage, _Mapping]] = ..., last_sequence: _Optional[int] = ...) -> None: ...
+    labels: _containers.ScalarMap[str, str]
+    def __init__(self, task_id: _Optional[str] = ..., flow_id: _Optional[str] = ..., flow_version: _Optional[int] = ..., status: _Optional[_Union[TaskStatus, str]] = ..., current_node: _Optional[str] = ..., input: _Optional[_Union[_struct_pb2.Value, _Mapping]] = ..., output: _Optional[_Union[_struct_pb2.Value, _Mapping]] = ..., error: _Optional[str] = ..., trace_id: _Optional[str] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., updated_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., ended_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., nodes: _Optional[_Iterable[_Union[NodeRun, _Mapping]]] = ..., failed_node: _Optional[str] = ..., waiting: _Optional[_Union[HumanWait, _Mapping]] = ..., usage: _Optional[_Union[TokenUsage, _Mapping]] = ..., last_sequence: _Optional[int] = ..., labels: _Optional[_Mapping[str, str]] = ...) -> None: ...
 
 class TokenUsage(_message.Message):
     __slots__ = ("input_tokens", "output_tokens", "model_calls")
@@ -156,20 +165,22 @@ class TaskEvent(_message.Message):
     def __init__(self, task_id: _Optional[str] = ..., sequence: _Optional[int] = ..., at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., kind: _Optional[str] = ..., node_id: _Optional[str] = ..., detail: _Optional[_Union[_struct_pb2.Value, _Mapping]] = ..., status: _Optional[_Union[TaskStatus, str]] = ...) -> None: ...
 
 class FlowSummary(_message.Message):
-    __slots__ = ("flow_id", "version", "initial", "node_count", "applied_at", "source")
+    __slots__ = ("flow_id", "version", "initial", "node_count", "applied_at", "source", "description")
     FLOW_ID_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
     INITIAL_FIELD_NUMBER: _ClassVar[int]
     NODE_COUNT_FIELD_NUMBER: _ClassVar[int]
     APPLIED_AT_FIELD_NUMBER: _ClassVar[int]
     SOURCE_FIELD_NUMBER: _ClassVar[int]
+    DESCRIPTION_FIELD_NUMBER: _ClassVar[int]
     flow_id: str
     version: int
     initial: str
     node_count: int
     applied_at: _timestamp_pb2.Timestamp
     source: str
-    def __init__(self, flow_id: _Optional[str] = ..., version: _Optional[int] = ..., initial: _Optional[str] = ..., node_count: _Optional[int] = ..., applied_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., source: _Optional[str] = ...) -> None: ...
+    description: str
+    def __init__(self, flow_id: _Optional[str] = ..., version: _Optional[int] = ..., initial: _Optional[str] = ..., node_count: _Optional[int] = ..., applied_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., source: _Optional[str] = ..., description: _Optional[str] = ...) -> None: ...
 
 class LedgerEntry(_message.Message):
     __slots__ = ("header", "payload_type", "payload_bytes", "status_code", "status_message", "latency", "routed_at", "instance_id", "recorded_by")
@@ -214,16 +225,25 @@ class DeadLetter(_message.Message):
     def __init__(self, task: _Optional[_Union[Task, _Mapping]] = ..., failed_node: _Optional[str] = ..., error: _Optional[str] = ...) -> None: ...
 
 class StartTaskRequest(_message.Message):
-    __slots__ = ("flow_id", "flow_version", "input", "task_id")
+    __slots__ = ("flow_id", "flow_version", "input", "task_id", "labels")
+    class LabelsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
     FLOW_ID_FIELD_NUMBER: _ClassVar[int]
     FLOW_VERSION_FIELD_NUMBER: _ClassVar[int]
     INPUT_FIELD_NUMBER: _ClassVar[int]
     TASK_ID_FIELD_NUMBER: _ClassVar[int]
+    LABELS_FIELD_NUMBER: _ClassVar[int]
     flow_id: str
     flow_version: int
     input: _struct_pb2.Value
     task_id: str
-    def __init__(self, flow_id: _Optional[str] = ..., flow_version: _Optional[int] = ..., input: _Optional[_Union[_struct_pb2.Value, _Mapping]] = ..., task_id: _Optional[str] = ...) -> None: ...
+    labels: _containers.ScalarMap[str, str]
+    def __init__(self, flow_id: _Optional[str] = ..., flow_version: _Optional[int] = ..., input: _Optional[_Union[_struct_pb2.Value, _Mapping]] = ..., task_id: _Optional[str] = ..., labels: _Optional[_Mapping[str, str]] = ...) -> None: ...
 
 class StartTaskResponse(_message.Message):
     __slots__ = ("task",)
@@ -244,16 +264,25 @@ class GetTaskResponse(_message.Message):
     def __init__(self, task: _Optional[_Union[Task, _Mapping]] = ...) -> None: ...
 
 class ListTasksRequest(_message.Message):
-    __slots__ = ("status", "flow_id", "page_size", "page_token")
+    __slots__ = ("status", "flow_id", "page_size", "page_token", "labels")
+    class LabelsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
     STATUS_FIELD_NUMBER: _ClassVar[int]
     FLOW_ID_FIELD_NUMBER: _ClassVar[int]
     PAGE_SIZE_FIELD_NUMBER: _ClassVar[int]
     PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    LABELS_FIELD_NUMBER: _ClassVar[int]
     status: TaskStatus
     flow_id: str
     page_size: int
     page_token: str
-    def __init__(self, status: _Optional[_Union[TaskStatus, str]] = ..., flow_id: _Optional[str] = ..., page_size: _Optional[int] = ..., page_token: _Optional[str] = ...) -> None: ...
+    labels: _containers.ScalarMap[str, str]
+    def __init__(self, status: _Optional[_Union[TaskStatus, str]] = ..., flow_id: _Optional[str] = ..., page_size: _Optional[int] = ..., page_token: _Optional[str] = ..., labels: _Optional[_Mapping[str, str]] = ...) -> None: ...
 
 class ListTasksResponse(_message.Message):
     __slots__ = ("tasks", "next_page_token")
