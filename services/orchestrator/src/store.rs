@@ -4,7 +4,8 @@
 //! Tables: `reach_flows` (every applied flow version, YAML text), `reach_tasks` (one row per
 //! task: a projection of its log for listing, plus the lease), `reach_events` (the logs),
 //! `reach_timers` (durable timers, derived from timer events), `reach_ledger` (routed
-//! messages).
+//! messages), `reach_webhooks` (task webhooks: their settings, delivery progress and
+//! delivery lease).
 //!
 //! Appends are optimistic: an append names the sequence number it expects and, for engine
 //! appends, the owner it expects; a stale append is refused with [`AppendOutcome::Conflict`]
@@ -708,7 +709,7 @@ impl Store {
         }))
     }
 
-    /// Deletes tasks (with events, timers and ledger entries) that ended before
+    /// Deletes tasks (with events, timers, ledger entries and webhooks) that ended before
     /// `ended_before_ms`, and ledger entries older than that without a live task; returns
     /// how many tasks were purged.
     ///
@@ -719,7 +720,12 @@ impl Store {
             let mut tx = p.begin().await?;
             let sub =
                 "SELECT task_id FROM reach_tasks WHERE ended_ms IS NOT NULL AND ended_ms < $1";
-            for table in ["reach_events", "reach_timers", "reach_ledger"] {
+            for table in [
+                "reach_events",
+                "reach_timers",
+                "reach_ledger",
+                "reach_webhooks",
+            ] {
                 sqlx::query(sqlx::AssertSqlSafe(format!(
                     "DELETE FROM {table} WHERE task_id IN ({sub})"
                 )))
@@ -740,6 +746,264 @@ impl Store {
             tx.commit().await?;
             n
         }))
+    }
+
+    // === webhooks ===
+
+    /// Stores webhook `w` of its task: a new row, or (same task and webhook id) the new
+    /// settings of an existing one, which keeps its `delivered_seq`, `created_ms` and lease
+    /// and is due at once. A new row is refused when the task has `max_per_task` webhooks
+    /// already. Returns the stored row.
+    ///
+    /// # Errors
+    /// [`WebhookUpsert::Full`] beyond `max_per_task`; [`StoreError`] on database failure.
+    pub async fn upsert_webhook(
+        &self,
+        w: &WebhookRow,
+        max_per_task: usize,
+    ) -> Result<WebhookUpsert, StoreError> {
+        let max = i64::try_from(max_per_task).unwrap_or(i64::MAX);
+        with_pool!(&self.backend, |p| {
+            let mut tx = p.begin().await?;
+            let updated = sqlx::query(
+                "UPDATE reach_webhooks SET url = $1, token = $2, auth_scheme = $3, auth_credentials = $4, format = $5, \
+                 failed_attempts = 0, last_error = '', next_attempt_ms = 0 WHERE task_id = $6 AND webhook_id = $7",
+            )
+            .bind(&w.url)
+            .bind(&w.token)
+            .bind(&w.auth_scheme)
+            .bind(&w.auth_credentials)
+            .bind(&w.format)
+            .bind(&w.task_id)
+            .bind(&w.webhook_id)
+            .execute(&mut *tx)
+            .await?
+            .rows_affected();
+            if updated == 0 {
+                // The count and the insert race with another replica's create; the limit is
+                // a guard against unbounded growth, not an exact quota.
+                let (n,): (i64,) =
+                    sqlx::query_as("SELECT COUNT(*) FROM reach_webhooks WHERE task_id = $1")
+                        .bind(&w.task_id)
+                        .fetch_one(&mut *tx)
+                        .await?;
+                if n >= max {
+                    return Ok(WebhookUpsert::Full);
+                }
+                sqlx::query(
+                    "INSERT INTO reach_webhooks (webhook_id, task_id, url, token, auth_scheme, auth_credentials, format, delivered_seq, created_ms, failed_attempts, last_error, next_attempt_ms, lease_owner, lease_until_ms) \
+                     VALUES ($1, $2, $3, $4, $5, $6, $7, 0, $8, 0, '', 0, NULL, 0)",
+                )
+                .bind(&w.webhook_id)
+                .bind(&w.task_id)
+                .bind(&w.url)
+                .bind(&w.token)
+                .bind(&w.auth_scheme)
+                .bind(&w.auth_credentials)
+                .bind(&w.format)
+                .bind(w.created_ms)
+                .execute(&mut *tx)
+                .await?;
+            }
+            let row: WebhookTuple = sqlx::query_as(sqlx::AssertSqlSafe(format!(
+                "SELECT {WEBHOOK_COLUMNS} FROM reach_webhooks WHERE task_id = $1 AND webhook_id = $2"
+            )))
+            .bind(&w.task_id)
+            .bind(&w.webhook_id)
+            .fetch_one(&mut *tx)
+            .await?;
+            tx.commit().await?;
+            Ok(WebhookUpsert::Stored(webhook_from_row(row)))
+        })
+    }
+
+    /// Webhook `webhook_id` of task `task_id`, if it exists.
+    ///
+    /// # Errors
+    /// [`StoreError`] on database failure.
+    pub async fn webhook(
+        &self,
+        task_id: &str,
+        webhook_id: &str,
+    ) -> Result<Option<WebhookRow>, StoreError> {
+        let row: Option<WebhookTuple> = with_pool!(&self.backend, |p| {
+            sqlx::query_as(sqlx::AssertSqlSafe(format!(
+                "SELECT {WEBHOOK_COLUMNS} FROM reach_webhooks WHERE task_id = $1 AND webhook_id = $2"
+            )))
+            .bind(task_id)
+            .bind(webhook_id)
+            .fetch_optional(p)
+            .await?
+        });
+        Ok(row.map(webhook_from_row))
+    }
+
+    /// Up to `limit` webhooks of task `task_id`, oldest first, starting after the page
+    /// token (`created_ms` and `webhook_id` of the last row of the previous page).
+    ///
+    /// # Errors
+    /// [`StoreError`] on database failure.
+    pub async fn list_webhooks(
+        &self,
+        task_id: &str,
+        limit: u32,
+        after: Option<(i64, String)>,
+    ) -> Result<Vec<WebhookRow>, StoreError> {
+        let (after_ms, after_id) = after.unwrap_or((i64::MIN, String::new()));
+        let rows: Vec<WebhookTuple> = with_pool!(&self.backend, |p| {
+            sqlx::query_as(sqlx::AssertSqlSafe(format!(
+                "SELECT {WEBHOOK_COLUMNS} FROM reach_webhooks WHERE task_id = $1 \
+                 AND (created_ms > $2 OR (created_ms = $2 AND webhook_id > $3)) \
+                 ORDER BY created_ms, webhook_id LIMIT $4"
+            )))
+            .bind(task_id)
+            .bind(after_ms)
+            .bind(after_id.clone())
+            .bind(i64::from(limit))
+            .fetch_all(p)
+            .await?
+        });
+        Ok(rows.into_iter().map(webhook_from_row).collect())
+    }
+
+    /// Deletes webhook `webhook_id` of task `task_id`; `false` when there was none.
+    ///
+    /// # Errors
+    /// [`StoreError`] on database failure.
+    pub async fn delete_webhook(
+        &self,
+        task_id: &str,
+        webhook_id: &str,
+    ) -> Result<bool, StoreError> {
+        Ok(with_pool!(&self.backend, |p| {
+            sqlx::query("DELETE FROM reach_webhooks WHERE task_id = $1 AND webhook_id = $2")
+                .bind(task_id)
+                .bind(webhook_id)
+                .execute(p)
+                .await?
+                .rows_affected()
+        }) == 1)
+    }
+
+    /// Leases to `owner` until `lease_until_ms` up to `limit` webhooks that are due at
+    /// `now_ms`: their task has events after their `delivered_seq`, their next attempt is due,
+    /// and their lease is free, expired or already `owner`'s. Webhooks whose events are all
+    /// delivered (every webhook of an ended task, eventually) are not returned. Two replicas
+    /// never hold the same webhook at once.
+    ///
+    /// # Errors
+    /// [`StoreError`] on database failure.
+    pub async fn claim_webhooks(
+        &self,
+        owner: &str,
+        now_ms: i64,
+        lease_until_ms: i64,
+        limit: u32,
+    ) -> Result<Vec<WebhookRow>, StoreError> {
+        let cond = "w.next_attempt_ms <= $3 AND (w.lease_until_ms < $3 OR w.lease_owner = $1) \
+                    AND w.delivered_seq < (SELECT t.seq FROM reach_tasks t WHERE t.task_id = w.task_id)";
+        let lock = match self.backend {
+            Backend::Postgres(_) => " FOR UPDATE SKIP LOCKED",
+            Backend::Sqlite(_) => "",
+        };
+        let sql = format!(
+            "UPDATE reach_webhooks SET lease_owner = $1, lease_until_ms = $2 WHERE (task_id, webhook_id) IN \
+             (SELECT w.task_id, w.webhook_id FROM reach_webhooks w WHERE {cond} ORDER BY w.next_attempt_ms LIMIT $4{lock}) \
+             AND (lease_until_ms < $3 OR lease_owner = $1) RETURNING {WEBHOOK_COLUMNS}"
+        );
+        let rows: Vec<WebhookTuple> = with_pool!(&self.backend, |p| {
+            sqlx::query_as(sqlx::AssertSqlSafe(sql.clone()))
+                .bind(owner)
+                .bind(lease_until_ms)
+                .bind(now_ms)
+                .bind(i64::from(limit))
+                .fetch_all(p)
+                .await?
+        });
+        Ok(rows.into_iter().map(webhook_from_row).collect())
+    }
+
+    /// Records that the webhook accepted the notifications up to `delivered_seq` (clearing
+    /// its failures) and extends `owner`'s lease to `lease_until_ms`; `false` when `owner`
+    /// no longer holds the webhook (it was deleted, or its lease expired and another replica
+    /// took it).
+    ///
+    /// # Errors
+    /// [`StoreError`] on database failure.
+    pub async fn webhook_delivered(
+        &self,
+        task_id: &str,
+        webhook_id: &str,
+        owner: &str,
+        delivered_seq: i64,
+        lease_until_ms: i64,
+    ) -> Result<bool, StoreError> {
+        Ok(with_pool!(&self.backend, |p| {
+            sqlx::query(
+                "UPDATE reach_webhooks SET delivered_seq = $1, failed_attempts = 0, last_error = '', next_attempt_ms = 0, lease_until_ms = $2 \
+                 WHERE task_id = $3 AND webhook_id = $4 AND lease_owner = $5 AND delivered_seq <= $1",
+            )
+            .bind(delivered_seq)
+            .bind(lease_until_ms)
+            .bind(task_id)
+            .bind(webhook_id)
+            .bind(owner)
+            .execute(p)
+            .await?
+            .rows_affected()
+        }) == 1)
+    }
+
+    /// Records a failed attempt (`error`; the next one is due at `next_attempt_ms`) and
+    /// releases `owner`'s lease.
+    ///
+    /// # Errors
+    /// [`StoreError`] on database failure.
+    pub async fn webhook_failed(
+        &self,
+        task_id: &str,
+        webhook_id: &str,
+        owner: &str,
+        error: &str,
+        next_attempt_ms: i64,
+    ) -> Result<(), StoreError> {
+        with_pool!(&self.backend, |p| {
+            sqlx::query(
+                "UPDATE reach_webhooks SET failed_attempts = failed_attempts + 1, last_error = $1, next_attempt_ms = $2, \
+                 lease_owner = NULL, lease_until_ms = 0 WHERE task_id = $3 AND webhook_id = $4 AND lease_owner = $5",
+            )
+            .bind(error)
+            .bind(next_attempt_ms)
+            .bind(task_id)
+            .bind(webhook_id)
+            .bind(owner)
+            .execute(p)
+            .await?;
+        });
+        Ok(())
+    }
+
+    /// Releases `owner`'s lease of a webhook (its turn is over).
+    ///
+    /// # Errors
+    /// [`StoreError`] on database failure.
+    pub async fn release_webhook(
+        &self,
+        task_id: &str,
+        webhook_id: &str,
+        owner: &str,
+    ) -> Result<(), StoreError> {
+        with_pool!(&self.backend, |p| {
+            sqlx::query(
+                "UPDATE reach_webhooks SET lease_owner = NULL, lease_until_ms = 0 WHERE task_id = $1 AND webhook_id = $2 AND lease_owner = $3",
+            )
+            .bind(task_id)
+            .bind(webhook_id)
+            .bind(owner)
+            .execute(p)
+            .await?;
+        });
+        Ok(())
     }
 
     /// Closes the pool.
@@ -802,6 +1066,86 @@ fn summary_from_row(r: SummaryRow) -> TaskSummary {
     }
 }
 
+/// One row of `reach_webhooks`: a task webhook's settings and delivery progress.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WebhookRow {
+    /// The webhook id, unique within its task.
+    pub webhook_id: String,
+    /// The task.
+    pub task_id: String,
+    /// Where notifications are POSTed.
+    pub url: String,
+    /// The `X-A2A-Notification-Token` header value; empty for none.
+    pub token: String,
+    /// The `Authorization` scheme; empty for none.
+    pub auth_scheme: String,
+    /// The `Authorization` credentials; empty for none.
+    pub auth_credentials: String,
+    /// The renderer's format (`reach`, ...).
+    pub format: String,
+    /// The sequence number of the last event delivered (0 before the first).
+    pub delivered_seq: i64,
+    /// When created (unix ms).
+    pub created_ms: i64,
+    /// Failed attempts since the last success.
+    pub failed_attempts: i64,
+    /// The last failure; empty after a success.
+    pub last_error: String,
+    /// When the next attempt is due (unix ms); 0 for at once.
+    pub next_attempt_ms: i64,
+    /// The replica delivering now, if any.
+    pub lease_owner: Option<String>,
+    /// Until when `lease_owner` holds it (unix ms).
+    pub lease_until_ms: i64,
+}
+
+/// What [`Store::upsert_webhook`] did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum WebhookUpsert {
+    /// Stored (created or replaced); the row as it is now.
+    Stored(WebhookRow),
+    /// Not created: the task has as many webhooks as it may.
+    Full,
+}
+
+const WEBHOOK_COLUMNS: &str = "webhook_id, task_id, url, token, auth_scheme, auth_credentials, format, delivered_seq, created_ms, failed_attempts, last_error, next_attempt_ms, lease_owner, lease_until_ms";
+
+type WebhookTuple = (
+    String,
+    String,
+    String,
+    String,
+    String,
+    String,
+    String,
+    i64,
+    i64,
+    i64,
+    String,
+    i64,
+    Option<String>,
+    i64,
+);
+
+fn webhook_from_row(r: WebhookTuple) -> WebhookRow {
+    WebhookRow {
+        webhook_id: r.0,
+        task_id: r.1,
+        url: r.2,
+        token: r.3,
+        auth_scheme: r.4,
+        auth_credentials: r.5,
+        format: r.6,
+        delivered_seq: r.7,
+        created_ms: r.8,
+        failed_attempts: r.9,
+        last_error: r.10,
+        next_attempt_ms: r.11,
+        lease_owner: r.12,
+        lease_until_ms: r.13,
+    }
+}
+
 const SCHEMA: &[&str] = &[
     "CREATE TABLE IF NOT EXISTS reach_flows (flow_id TEXT NOT NULL, version BIGINT NOT NULL, yaml TEXT NOT NULL, source TEXT NOT NULL, applied_ms BIGINT NOT NULL, PRIMARY KEY (flow_id, version))",
     "CREATE TABLE IF NOT EXISTS reach_tasks (task_id TEXT PRIMARY KEY, flow_id TEXT NOT NULL, flow_version BIGINT NOT NULL, status TEXT NOT NULL, current_node TEXT, seq BIGINT NOT NULL, created_ms BIGINT NOT NULL, updated_ms BIGINT NOT NULL, ended_ms BIGINT, owner TEXT, lease_until_ms BIGINT NOT NULL DEFAULT 0, trace_id TEXT NOT NULL, error TEXT, failed_node TEXT)",
@@ -813,6 +1157,8 @@ const SCHEMA: &[&str] = &[
     "CREATE TABLE IF NOT EXISTS reach_timers (timer_id TEXT PRIMARY KEY, task_id TEXT NOT NULL, fire_at_ms BIGINT NOT NULL, state TEXT NOT NULL)",
     "CREATE INDEX IF NOT EXISTS reach_timers_due ON reach_timers (state, fire_at_ms)",
     "CREATE INDEX IF NOT EXISTS reach_timers_task ON reach_timers (task_id)",
+    "CREATE TABLE IF NOT EXISTS reach_webhooks (webhook_id TEXT NOT NULL, task_id TEXT NOT NULL, url TEXT NOT NULL, token TEXT NOT NULL, auth_scheme TEXT NOT NULL, auth_credentials TEXT NOT NULL, format TEXT NOT NULL, delivered_seq BIGINT NOT NULL DEFAULT 0, created_ms BIGINT NOT NULL, failed_attempts BIGINT NOT NULL DEFAULT 0, last_error TEXT NOT NULL DEFAULT '', next_attempt_ms BIGINT NOT NULL DEFAULT 0, lease_owner TEXT, lease_until_ms BIGINT NOT NULL DEFAULT 0, PRIMARY KEY (task_id, webhook_id))",
+    "CREATE INDEX IF NOT EXISTS reach_webhooks_due ON reach_webhooks (next_attempt_ms)",
 ];
 
 async fn create_schema(backend: &Backend) -> Result<(), StoreError> {

@@ -14,7 +14,7 @@ import type { Message } from "@bufbuild/protobuf";
  * Describes the file reach/v1/orchestrator_service.proto.
  */
 export const file_reach_v1_orchestrator_service: GenFile = /*@__PURE__*/
-  fileDesc("CiNyZWFjaC92MS9vcmNoZXN0cmF0b3Jfc2VydmljZS5wcm90bxIIcmVhY2gudjEikQQKBFRhc2sSDwoHdGFza19pZBgBIAEoCRIPCgdmbG93X2lkGAIgASgJEhQKDGZsb3dfdmVyc2lvbhgDIAEoDRIkCgZzdGF0dXMYBCABKA4yFC5yZWFjaC52MS5UYXNrU3RhdHVzEhQKDGN1cnJlbnRfbm9kZRgFIAEoCRIlCgVpbnB1dBgGIAEoCzIWLmdvb2dsZS5wcm90b2J1Zi5WYWx1ZRImCgZvdXRwdXQYByABKAsyFi5nb29nbGUucHJvdG9idWYuVmFsdWUSDQoFZXJyb3IYCCABKAkSEAoIdHJhY2VfaWQYCSABKAkSLgoKY3JlYXRlZF9hdBgKIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASLgoKdXBkYXRlZF9hdBgLIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASLAoIZW5kZWRfYXQYDCABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEiAKBW5vZGVzGA0gAygLMhEucmVhY2gudjEuTm9kZVJ1bhITCgtmYWlsZWRfbm9kZRgOIAEoCRIkCgd3YWl0aW5nGA8gASgLMhMucmVhY2gudjEuSHVtYW5XYWl0EiMKBXVzYWdlGBAgASgLMhQucmVhY2gudjEuVG9rZW5Vc2FnZRIVCg1sYXN0X3NlcXVlbmNlGBEgASgEIk4KClRva2VuVXNhZ2USFAoMaW5wdXRfdG9rZW5zGAEgASgEEhUKDW91dHB1dF90b2tlbnMYAiABKAQSEwoLbW9kZWxfY2FsbHMYAyABKAQiiAEKCUh1bWFuV2FpdBIPCgdub2RlX2lkGAEgASgJEg4KBnByb21wdBgCIAEoCRIsCgxpbnB1dF9zY2hlbWEYAyABKAsyFi5nb29nbGUucHJvdG9idWYuVmFsdWUSLAoIZGVhZGxpbmUYBCABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wIu0CCgdOb2RlUnVuEg8KB25vZGVfaWQYASABKAkSEQoJbm9kZV90eXBlGAIgASgJEiQKBnN0YXR1cxgDIAEoDjIULnJlYWNoLnYxLk5vZGVTdGF0dXMSEAoIYXR0ZW1wdHMYBCABKA0SEgoKbWVzc2FnZV9pZBgFIAEoCRIlCgVpbnB1dBgGIAEoCzIWLmdvb2dsZS5wcm90b2J1Zi5WYWx1ZRImCgZvdXRwdXQYByABKAsyFi5nb29nbGUucHJvdG9idWYuVmFsdWUSDQoFZXJyb3IYCCABKAkSLgoKc3RhcnRlZF9hdBgJIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASLAoIZW5kZWRfYXQYCiABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEhEKCW5leHRfbm9kZRgLIAEoCRIjCgV1c2FnZRgMIAEoCzIULnJlYWNoLnYxLlRva2VuVXNhZ2UiwwEKCVRhc2tFdmVudBIPCgd0YXNrX2lkGAEgASgJEhAKCHNlcXVlbmNlGAIgASgEEiYKAmF0GAMgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIMCgRraW5kGAQgASgJEg8KB25vZGVfaWQYBSABKAkSJgoGZGV0YWlsGAYgASgLMhYuZ29vZ2xlLnByb3RvYnVmLlZhbHVlEiQKBnN0YXR1cxgHIAEoDjIULnJlYWNoLnYxLlRhc2tTdGF0dXMilAEKC0Zsb3dTdW1tYXJ5Eg8KB2Zsb3dfaWQYASABKAkSDwoHdmVyc2lvbhgCIAEoDRIPCgdpbml0aWFsGAMgASgJEhIKCm5vZGVfY291bnQYBCABKA0SLgoKYXBwbGllZF9hdBgFIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASDgoGc291cmNlGAYgASgJIo4CCgtMZWRnZXJFbnRyeRIgCgZoZWFkZXIYASABKAsyEC5yZWFjaC52MS5IZWFkZXISFAoMcGF5bG9hZF90eXBlGAIgASgJEhUKDXBheWxvYWRfYnl0ZXMYAyABKAQSEwoLc3RhdHVzX2NvZGUYBCABKAUSFgoOc3RhdHVzX21lc3NhZ2UYBSABKAkSKgoHbGF0ZW5jeRgGIAEoCzIZLmdvb2dsZS5wcm90b2J1Zi5EdXJhdGlvbhItCglyb3V0ZWRfYXQYByABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEhMKC2luc3RhbmNlX2lkGAggASgJEhMKC3JlY29yZGVkX2J5GAkgASgJIo4BCgpEdW1wUmVjb3JkEiYKAmF0GAEgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIoCgdtZXNzYWdlGAIgASgLMhUucmVhY2gudjEuTGVkZ2VyRW50cnlIABIkCgVldmVudBgDIAEoCzITLnJlYWNoLnYxLlRhc2tFdmVudEgAQggKBnJlY29yZCJOCgpEZWFkTGV0dGVyEhwKBHRhc2sYASABKAsyDi5yZWFjaC52MS5UYXNrEhMKC2ZhaWxlZF9ub2RlGAIgASgJEg0KBWVycm9yGAMgASgJInEKEFN0YXJ0VGFza1JlcXVlc3QSDwoHZmxvd19pZBgBIAEoCRIUCgxmbG93X3ZlcnNpb24YAiABKA0SJQoFaW5wdXQYAyABKAsyFi5nb29nbGUucHJvdG9idWYuVmFsdWUSDwoHdGFza19pZBgEIAEoCSIxChFTdGFydFRhc2tSZXNwb25zZRIcCgR0YXNrGAEgASgLMg4ucmVhY2gudjEuVGFzayIhCg5HZXRUYXNrUmVxdWVzdBIPCgd0YXNrX2lkGAEgASgJIi8KD0dldFRhc2tSZXNwb25zZRIcCgR0YXNrGAEgASgLMg4ucmVhY2gudjEuVGFzayJwChBMaXN0VGFza3NSZXF1ZXN0EiQKBnN0YXR1cxgBIAEoDjIULnJlYWNoLnYxLlRhc2tTdGF0dXMSDwoHZmxvd19pZBgCIAEoCRIRCglwYWdlX3NpemUYAyABKA0SEgoKcGFnZV90b2tlbhgEIAEoCSJLChFMaXN0VGFza3NSZXNwb25zZRIdCgV0YXNrcxgBIAMoCzIOLnJlYWNoLnYxLlRhc2sSFwoPbmV4dF9wYWdlX3Rva2VuGAIgASgJIjsKEFdhdGNoVGFza1JlcXVlc3QSDwoHdGFza19pZBgBIAEoCRIWCg5hZnRlcl9zZXF1ZW5jZRgCIAEoBCI3ChFXYXRjaFRhc2tSZXNwb25zZRIiCgVldmVudBgBIAEoCzITLnJlYWNoLnYxLlRhc2tFdmVudCJcChFSZXN1bWVUYXNrUmVxdWVzdBIPCgd0YXNrX2lkGAEgASgJEg8KB25vZGVfaWQYAiABKAkSJQoFaW5wdXQYAyABKAsyFi5nb29nbGUucHJvdG9idWYuVmFsdWUiMgoSUmVzdW1lVGFza1Jlc3BvbnNlEhwKBHRhc2sYASABKAsyDi5yZWFjaC52MS5UYXNrIjQKEUNhbmNlbFRhc2tSZXF1ZXN0Eg8KB3Rhc2tfaWQYASABKAkSDgoGcmVhc29uGAIgASgJIjIKEkNhbmNlbFRhc2tSZXNwb25zZRIcCgR0YXNrGAEgASgLMg4ucmVhY2gudjEuVGFzayIjChBSZXRyeVRhc2tSZXF1ZXN0Eg8KB3Rhc2tfaWQYASABKAkiMQoRUmV0cnlUYXNrUmVzcG9uc2USHAoEdGFzaxgBIAEoCzIOLnJlYWNoLnYxLlRhc2siUAoWTGlzdERlYWRMZXR0ZXJzUmVxdWVzdBIPCgdmbG93X2lkGAEgASgJEhEKCXBhZ2Vfc2l6ZRgCIAEoDRISCgpwYWdlX3Rva2VuGAMgASgJIl4KF0xpc3REZWFkTGV0dGVyc1Jlc3BvbnNlEioKDGRlYWRfbGV0dGVycxgBIAMoCzIULnJlYWNoLnYxLkRlYWRMZXR0ZXISFwoPbmV4dF9wYWdlX3Rva2VuGAIgASgJIjAKEEFwcGx5Rmxvd1JlcXVlc3QSDAoEeWFtbBgBIAEoCRIOCgZzb3VyY2UYAiABKAkiSQoRQXBwbHlGbG93UmVzcG9uc2USIwoEZmxvdxgBIAEoCzIVLnJlYWNoLnYxLkZsb3dTdW1tYXJ5Eg8KB2NoYW5nZWQYAiABKAgiIwoQTGlzdEZsb3dzUmVxdWVzdBIPCgdmbG93X2lkGAEgASgJIjkKEUxpc3RGbG93c1Jlc3BvbnNlEiQKBWZsb3dzGAEgAygLMhUucmVhY2gudjEuRmxvd1N1bW1hcnkiUAoVUmVjb3JkTWVzc2FnZXNSZXF1ZXN0EiYKB2VudHJpZXMYASADKAsyFS5yZWFjaC52MS5MZWRnZXJFbnRyeRIPCgdkcm9wcGVkGAIgASgEIioKFlJlY29yZE1lc3NhZ2VzUmVzcG9uc2USEAoIYWNjZXB0ZWQYASABKA0iIgoPRHVtcFRhc2tSZXF1ZXN0Eg8KB3Rhc2tfaWQYASABKAkiVwoQRHVtcFRhc2tSZXNwb25zZRIcCgR0YXNrGAEgASgLMg4ucmVhY2gudjEuVGFzaxIlCgdyZWNvcmRzGAIgAygLMhQucmVhY2gudjEuRHVtcFJlY29yZCqAAgoKVGFza1N0YXR1cxIbChdUQVNLX1NUQVRVU19VTlNQRUNJRklFRBAAEhcKE1RBU0tfU1RBVFVTX1BFTkRJTkcQARIaChZUQVNLX1NUQVRVU19ESVNQQVRDSEVEEAISGgoWVEFTS19TVEFUVVNfUFJPQ0VTU0lORxADEh0KGVRBU0tfU1RBVFVTX1dBSVRJTkdfSFVNQU4QBBIZChVUQVNLX1NUQVRVU19TVUNDRUVERUQQBRIWChJUQVNLX1NUQVRVU19GQUlMRUQQBhIXChNUQVNLX1NUQVRVU19QQVJUSUFMEAcSGQoVVEFTS19TVEFUVVNfQ0FOQ0VMTEVEEAgqqQEKCk5vZGVTdGF0dXMSGwoXTk9ERV9TVEFUVVNfVU5TUEVDSUZJRUQQABIXChNOT0RFX1NUQVRVU19SVU5OSU5HEAESGQoVTk9ERV9TVEFUVVNfU1VDQ0VFREVEEAISFgoSTk9ERV9TVEFUVVNfRkFJTEVEEAMSFwoTTk9ERV9TVEFUVVNfUEFSVElBTBAEEhkKFU5PREVfU1RBVFVTX0NBTkNFTExFRBAFMpsHChNPcmNoZXN0cmF0b3JTZXJ2aWNlEkQKCVN0YXJ0VGFzaxIaLnJlYWNoLnYxLlN0YXJ0VGFza1JlcXVlc3QaGy5yZWFjaC52MS5TdGFydFRhc2tSZXNwb25zZRJDCgdHZXRUYXNrEhgucmVhY2gudjEuR2V0VGFza1JlcXVlc3QaGS5yZWFjaC52MS5HZXRUYXNrUmVzcG9uc2UiA5ACARJJCglMaXN0VGFza3MSGi5yZWFjaC52MS5MaXN0VGFza3NSZXF1ZXN0GhsucmVhY2gudjEuTGlzdFRhc2tzUmVzcG9uc2UiA5ACARJLCglXYXRjaFRhc2sSGi5yZWFjaC52MS5XYXRjaFRhc2tSZXF1ZXN0GhsucmVhY2gudjEuV2F0Y2hUYXNrUmVzcG9uc2UiA5ACATABEkcKClJlc3VtZVRhc2sSGy5yZWFjaC52MS5SZXN1bWVUYXNrUmVxdWVzdBocLnJlYWNoLnYxLlJlc3VtZVRhc2tSZXNwb25zZRJHCgpDYW5jZWxUYXNrEhsucmVhY2gudjEuQ2FuY2VsVGFza1JlcXVlc3QaHC5yZWFjaC52MS5DYW5jZWxUYXNrUmVzcG9uc2USRAoJUmV0cnlUYXNrEhoucmVhY2gudjEuUmV0cnlUYXNrUmVxdWVzdBobLnJlYWNoLnYxLlJldHJ5VGFza1Jlc3BvbnNlElsKD0xpc3REZWFkTGV0dGVycxIgLnJlYWNoLnYxLkxpc3REZWFkTGV0dGVyc1JlcXVlc3QaIS5yZWFjaC52MS5MaXN0RGVhZExldHRlcnNSZXNwb25zZSIDkAIBEkQKCUFwcGx5RmxvdxIaLnJlYWNoLnYxLkFwcGx5Rmxvd1JlcXVlc3QaGy5yZWFjaC52MS5BcHBseUZsb3dSZXNwb25zZRJJCglMaXN0Rmxvd3MSGi5yZWFjaC52MS5MaXN0Rmxvd3NSZXF1ZXN0GhsucmVhY2gudjEuTGlzdEZsb3dzUmVzcG9uc2UiA5ACARJTCg5SZWNvcmRNZXNzYWdlcxIfLnJlYWNoLnYxLlJlY29yZE1lc3NhZ2VzUmVxdWVzdBogLnJlYWNoLnYxLlJlY29yZE1lc3NhZ2VzUmVzcG9uc2USRgoIRHVtcFRhc2sSGS5yZWFjaC52MS5EdW1wVGFza1JlcXVlc3QaGi5yZWFjaC52MS5EdW1wVGFza1Jlc3BvbnNlIgOQAgFiBnByb3RvMw", [file_google_protobuf_duration, file_google_protobuf_struct, file_google_protobuf_timestamp, file_reach_v1_envelope]);
+  fileDesc("CiNyZWFjaC92MS9vcmNoZXN0cmF0b3Jfc2VydmljZS5wcm90bxIIcmVhY2gudjEikQQKBFRhc2sSDwoHdGFza19pZBgBIAEoCRIPCgdmbG93X2lkGAIgASgJEhQKDGZsb3dfdmVyc2lvbhgDIAEoDRIkCgZzdGF0dXMYBCABKA4yFC5yZWFjaC52MS5UYXNrU3RhdHVzEhQKDGN1cnJlbnRfbm9kZRgFIAEoCRIlCgVpbnB1dBgGIAEoCzIWLmdvb2dsZS5wcm90b2J1Zi5WYWx1ZRImCgZvdXRwdXQYByABKAsyFi5nb29nbGUucHJvdG9idWYuVmFsdWUSDQoFZXJyb3IYCCABKAkSEAoIdHJhY2VfaWQYCSABKAkSLgoKY3JlYXRlZF9hdBgKIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASLgoKdXBkYXRlZF9hdBgLIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASLAoIZW5kZWRfYXQYDCABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEiAKBW5vZGVzGA0gAygLMhEucmVhY2gudjEuTm9kZVJ1bhITCgtmYWlsZWRfbm9kZRgOIAEoCRIkCgd3YWl0aW5nGA8gASgLMhMucmVhY2gudjEuSHVtYW5XYWl0EiMKBXVzYWdlGBAgASgLMhQucmVhY2gudjEuVG9rZW5Vc2FnZRIVCg1sYXN0X3NlcXVlbmNlGBEgASgEIk4KClRva2VuVXNhZ2USFAoMaW5wdXRfdG9rZW5zGAEgASgEEhUKDW91dHB1dF90b2tlbnMYAiABKAQSEwoLbW9kZWxfY2FsbHMYAyABKAQiiAEKCUh1bWFuV2FpdBIPCgdub2RlX2lkGAEgASgJEg4KBnByb21wdBgCIAEoCRIsCgxpbnB1dF9zY2hlbWEYAyABKAsyFi5nb29nbGUucHJvdG9idWYuVmFsdWUSLAoIZGVhZGxpbmUYBCABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wIu0CCgdOb2RlUnVuEg8KB25vZGVfaWQYASABKAkSEQoJbm9kZV90eXBlGAIgASgJEiQKBnN0YXR1cxgDIAEoDjIULnJlYWNoLnYxLk5vZGVTdGF0dXMSEAoIYXR0ZW1wdHMYBCABKA0SEgoKbWVzc2FnZV9pZBgFIAEoCRIlCgVpbnB1dBgGIAEoCzIWLmdvb2dsZS5wcm90b2J1Zi5WYWx1ZRImCgZvdXRwdXQYByABKAsyFi5nb29nbGUucHJvdG9idWYuVmFsdWUSDQoFZXJyb3IYCCABKAkSLgoKc3RhcnRlZF9hdBgJIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASLAoIZW5kZWRfYXQYCiABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEhEKCW5leHRfbm9kZRgLIAEoCRIjCgV1c2FnZRgMIAEoCzIULnJlYWNoLnYxLlRva2VuVXNhZ2UiwwEKCVRhc2tFdmVudBIPCgd0YXNrX2lkGAEgASgJEhAKCHNlcXVlbmNlGAIgASgEEiYKAmF0GAMgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIMCgRraW5kGAQgASgJEg8KB25vZGVfaWQYBSABKAkSJgoGZGV0YWlsGAYgASgLMhYuZ29vZ2xlLnByb3RvYnVmLlZhbHVlEiQKBnN0YXR1cxgHIAEoDjIULnJlYWNoLnYxLlRhc2tTdGF0dXMilAEKC0Zsb3dTdW1tYXJ5Eg8KB2Zsb3dfaWQYASABKAkSDwoHdmVyc2lvbhgCIAEoDRIPCgdpbml0aWFsGAMgASgJEhIKCm5vZGVfY291bnQYBCABKA0SLgoKYXBwbGllZF9hdBgFIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASDgoGc291cmNlGAYgASgJIo4CCgtMZWRnZXJFbnRyeRIgCgZoZWFkZXIYASABKAsyEC5yZWFjaC52MS5IZWFkZXISFAoMcGF5bG9hZF90eXBlGAIgASgJEhUKDXBheWxvYWRfYnl0ZXMYAyABKAQSEwoLc3RhdHVzX2NvZGUYBCABKAUSFgoOc3RhdHVzX21lc3NhZ2UYBSABKAkSKgoHbGF0ZW5jeRgGIAEoCzIZLmdvb2dsZS5wcm90b2J1Zi5EdXJhdGlvbhItCglyb3V0ZWRfYXQYByABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEhMKC2luc3RhbmNlX2lkGAggASgJEhMKC3JlY29yZGVkX2J5GAkgASgJIo4BCgpEdW1wUmVjb3JkEiYKAmF0GAEgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIoCgdtZXNzYWdlGAIgASgLMhUucmVhY2gudjEuTGVkZ2VyRW50cnlIABIkCgVldmVudBgDIAEoCzITLnJlYWNoLnYxLlRhc2tFdmVudEgAQggKBnJlY29yZCJOCgpEZWFkTGV0dGVyEhwKBHRhc2sYASABKAsyDi5yZWFjaC52MS5UYXNrEhMKC2ZhaWxlZF9ub2RlGAIgASgJEg0KBWVycm9yGAMgASgJInEKEFN0YXJ0VGFza1JlcXVlc3QSDwoHZmxvd19pZBgBIAEoCRIUCgxmbG93X3ZlcnNpb24YAiABKA0SJQoFaW5wdXQYAyABKAsyFi5nb29nbGUucHJvdG9idWYuVmFsdWUSDwoHdGFza19pZBgEIAEoCSIxChFTdGFydFRhc2tSZXNwb25zZRIcCgR0YXNrGAEgASgLMg4ucmVhY2gudjEuVGFzayIhCg5HZXRUYXNrUmVxdWVzdBIPCgd0YXNrX2lkGAEgASgJIi8KD0dldFRhc2tSZXNwb25zZRIcCgR0YXNrGAEgASgLMg4ucmVhY2gudjEuVGFzayJwChBMaXN0VGFza3NSZXF1ZXN0EiQKBnN0YXR1cxgBIAEoDjIULnJlYWNoLnYxLlRhc2tTdGF0dXMSDwoHZmxvd19pZBgCIAEoCRIRCglwYWdlX3NpemUYAyABKA0SEgoKcGFnZV90b2tlbhgEIAEoCSJLChFMaXN0VGFza3NSZXNwb25zZRIdCgV0YXNrcxgBIAMoCzIOLnJlYWNoLnYxLlRhc2sSFwoPbmV4dF9wYWdlX3Rva2VuGAIgASgJIjsKEFdhdGNoVGFza1JlcXVlc3QSDwoHdGFza19pZBgBIAEoCRIWCg5hZnRlcl9zZXF1ZW5jZRgCIAEoBCI3ChFXYXRjaFRhc2tSZXNwb25zZRIiCgVldmVudBgBIAEoCzITLnJlYWNoLnYxLlRhc2tFdmVudCJcChFSZXN1bWVUYXNrUmVxdWVzdBIPCgd0YXNrX2lkGAEgASgJEg8KB25vZGVfaWQYAiABKAkSJQoFaW5wdXQYAyABKAsyFi5nb29nbGUucHJvdG9idWYuVmFsdWUiMgoSUmVzdW1lVGFza1Jlc3BvbnNlEhwKBHRhc2sYASABKAsyDi5yZWFjaC52MS5UYXNrIjQKEUNhbmNlbFRhc2tSZXF1ZXN0Eg8KB3Rhc2tfaWQYASABKAkSDgoGcmVhc29uGAIgASgJIjIKEkNhbmNlbFRhc2tSZXNwb25zZRIcCgR0YXNrGAEgASgLMg4ucmVhY2gudjEuVGFzayIjChBSZXRyeVRhc2tSZXF1ZXN0Eg8KB3Rhc2tfaWQYASABKAkiMQoRUmV0cnlUYXNrUmVzcG9uc2USHAoEdGFzaxgBIAEoCzIOLnJlYWNoLnYxLlRhc2siUAoWTGlzdERlYWRMZXR0ZXJzUmVxdWVzdBIPCgdmbG93X2lkGAEgASgJEhEKCXBhZ2Vfc2l6ZRgCIAEoDRISCgpwYWdlX3Rva2VuGAMgASgJIl4KF0xpc3REZWFkTGV0dGVyc1Jlc3BvbnNlEioKDGRlYWRfbGV0dGVycxgBIAMoCzIULnJlYWNoLnYxLkRlYWRMZXR0ZXISFwoPbmV4dF9wYWdlX3Rva2VuGAIgASgJIjAKEEFwcGx5Rmxvd1JlcXVlc3QSDAoEeWFtbBgBIAEoCRIOCgZzb3VyY2UYAiABKAkiSQoRQXBwbHlGbG93UmVzcG9uc2USIwoEZmxvdxgBIAEoCzIVLnJlYWNoLnYxLkZsb3dTdW1tYXJ5Eg8KB2NoYW5nZWQYAiABKAgiIwoQTGlzdEZsb3dzUmVxdWVzdBIPCgdmbG93X2lkGAEgASgJIjkKEUxpc3RGbG93c1Jlc3BvbnNlEiQKBWZsb3dzGAEgAygLMhUucmVhY2gudjEuRmxvd1N1bW1hcnkiUAoVUmVjb3JkTWVzc2FnZXNSZXF1ZXN0EiYKB2VudHJpZXMYASADKAsyFS5yZWFjaC52MS5MZWRnZXJFbnRyeRIPCgdkcm9wcGVkGAIgASgEIioKFlJlY29yZE1lc3NhZ2VzUmVzcG9uc2USEAoIYWNjZXB0ZWQYASABKA0iIgoPRHVtcFRhc2tSZXF1ZXN0Eg8KB3Rhc2tfaWQYASABKAkiVwoQRHVtcFRhc2tSZXNwb25zZRIcCgR0YXNrGAEgASgLMg4ucmVhY2gudjEuVGFzaxIlCgdyZWNvcmRzGAIgAygLMhQucmVhY2gudjEuRHVtcFJlY29yZCK7AgoLVGFza1dlYmhvb2sSEgoKd2ViaG9va19pZBgBIAEoCRIPCgd0YXNrX2lkGAIgASgJEgsKA3VybBgDIAEoCRINCgV0b2tlbhgEIAEoCRITCgthdXRoX3NjaGVtZRgFIAEoCRIYChBhdXRoX2NyZWRlbnRpYWxzGAYgASgJEg4KBmZvcm1hdBgHIAEoCRIaChJkZWxpdmVyZWRfc2VxdWVuY2UYCCABKAQSLgoKY3JlYXRlZF9hdBgJIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASFwoPZmFpbGVkX2F0dGVtcHRzGAogASgNEhIKCmxhc3RfZXJyb3IYCyABKAkSMwoPbmV4dF9hdHRlbXB0X2F0GAwgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcCKaAQoYQ3JlYXRlVGFza1dlYmhvb2tSZXF1ZXN0Eg8KB3Rhc2tfaWQYASABKAkSEgoKd2ViaG9va19pZBgCIAEoCRILCgN1cmwYAyABKAkSDQoFdG9rZW4YBCABKAkSEwoLYXV0aF9zY2hlbWUYBSABKAkSGAoQYXV0aF9jcmVkZW50aWFscxgGIAEoCRIOCgZmb3JtYXQYByABKAkiQwoZQ3JlYXRlVGFza1dlYmhvb2tSZXNwb25zZRImCgd3ZWJob29rGAEgASgLMhUucmVhY2gudjEuVGFza1dlYmhvb2siPAoVR2V0VGFza1dlYmhvb2tSZXF1ZXN0Eg8KB3Rhc2tfaWQYASABKAkSEgoKd2ViaG9va19pZBgCIAEoCSJAChZHZXRUYXNrV2ViaG9va1Jlc3BvbnNlEiYKB3dlYmhvb2sYASABKAsyFS5yZWFjaC52MS5UYXNrV2ViaG9vayJRChdMaXN0VGFza1dlYmhvb2tzUmVxdWVzdBIPCgd0YXNrX2lkGAEgASgJEhEKCXBhZ2Vfc2l6ZRgCIAEoDRISCgpwYWdlX3Rva2VuGAMgASgJIlwKGExpc3RUYXNrV2ViaG9va3NSZXNwb25zZRInCgh3ZWJob29rcxgBIAMoCzIVLnJlYWNoLnYxLlRhc2tXZWJob29rEhcKD25leHRfcGFnZV90b2tlbhgCIAEoCSI/ChhEZWxldGVUYXNrV2ViaG9va1JlcXVlc3QSDwoHdGFza19pZBgBIAEoCRISCgp3ZWJob29rX2lkGAIgASgJIhsKGURlbGV0ZVRhc2tXZWJob29rUmVzcG9uc2UqgAIKClRhc2tTdGF0dXMSGwoXVEFTS19TVEFUVVNfVU5TUEVDSUZJRUQQABIXChNUQVNLX1NUQVRVU19QRU5ESU5HEAESGgoWVEFTS19TVEFUVVNfRElTUEFUQ0hFRBACEhoKFlRBU0tfU1RBVFVTX1BST0NFU1NJTkcQAxIdChlUQVNLX1NUQVRVU19XQUlUSU5HX0hVTUFOEAQSGQoVVEFTS19TVEFUVVNfU1VDQ0VFREVEEAUSFgoSVEFTS19TVEFUVVNfRkFJTEVEEAYSFwoTVEFTS19TVEFUVVNfUEFSVElBTBAHEhkKFVRBU0tfU1RBVFVTX0NBTkNFTExFRBAIKqkBCgpOb2RlU3RhdHVzEhsKF05PREVfU1RBVFVTX1VOU1BFQ0lGSUVEEAASFwoTTk9ERV9TVEFUVVNfUlVOTklORxABEhkKFU5PREVfU1RBVFVTX1NVQ0NFRURFRBACEhYKEk5PREVfU1RBVFVTX0ZBSUxFRBADEhcKE05PREVfU1RBVFVTX1BBUlRJQUwQBBIZChVOT0RFX1NUQVRVU19DQU5DRUxMRUQQBTKRCgoTT3JjaGVzdHJhdG9yU2VydmljZRJECglTdGFydFRhc2sSGi5yZWFjaC52MS5TdGFydFRhc2tSZXF1ZXN0GhsucmVhY2gudjEuU3RhcnRUYXNrUmVzcG9uc2USQwoHR2V0VGFzaxIYLnJlYWNoLnYxLkdldFRhc2tSZXF1ZXN0GhkucmVhY2gudjEuR2V0VGFza1Jlc3BvbnNlIgOQAgESSQoJTGlzdFRhc2tzEhoucmVhY2gudjEuTGlzdFRhc2tzUmVxdWVzdBobLnJlYWNoLnYxLkxpc3RUYXNrc1Jlc3BvbnNlIgOQAgESSwoJV2F0Y2hUYXNrEhoucmVhY2gudjEuV2F0Y2hUYXNrUmVxdWVzdBobLnJlYWNoLnYxLldhdGNoVGFza1Jlc3BvbnNlIgOQAgEwARJHCgpSZXN1bWVUYXNrEhsucmVhY2gudjEuUmVzdW1lVGFza1JlcXVlc3QaHC5yZWFjaC52MS5SZXN1bWVUYXNrUmVzcG9uc2USRwoKQ2FuY2VsVGFzaxIbLnJlYWNoLnYxLkNhbmNlbFRhc2tSZXF1ZXN0GhwucmVhY2gudjEuQ2FuY2VsVGFza1Jlc3BvbnNlEkQKCVJldHJ5VGFzaxIaLnJlYWNoLnYxLlJldHJ5VGFza1JlcXVlc3QaGy5yZWFjaC52MS5SZXRyeVRhc2tSZXNwb25zZRJbCg9MaXN0RGVhZExldHRlcnMSIC5yZWFjaC52MS5MaXN0RGVhZExldHRlcnNSZXF1ZXN0GiEucmVhY2gudjEuTGlzdERlYWRMZXR0ZXJzUmVzcG9uc2UiA5ACARJECglBcHBseUZsb3cSGi5yZWFjaC52MS5BcHBseUZsb3dSZXF1ZXN0GhsucmVhY2gudjEuQXBwbHlGbG93UmVzcG9uc2USSQoJTGlzdEZsb3dzEhoucmVhY2gudjEuTGlzdEZsb3dzUmVxdWVzdBobLnJlYWNoLnYxLkxpc3RGbG93c1Jlc3BvbnNlIgOQAgESUwoOUmVjb3JkTWVzc2FnZXMSHy5yZWFjaC52MS5SZWNvcmRNZXNzYWdlc1JlcXVlc3QaIC5yZWFjaC52MS5SZWNvcmRNZXNzYWdlc1Jlc3BvbnNlEkYKCER1bXBUYXNrEhkucmVhY2gudjEuRHVtcFRhc2tSZXF1ZXN0GhoucmVhY2gudjEuRHVtcFRhc2tSZXNwb25zZSIDkAIBElwKEUNyZWF0ZVRhc2tXZWJob29rEiIucmVhY2gudjEuQ3JlYXRlVGFza1dlYmhvb2tSZXF1ZXN0GiMucmVhY2gudjEuQ3JlYXRlVGFza1dlYmhvb2tSZXNwb25zZRJYCg5HZXRUYXNrV2ViaG9vaxIfLnJlYWNoLnYxLkdldFRhc2tXZWJob29rUmVxdWVzdBogLnJlYWNoLnYxLkdldFRhc2tXZWJob29rUmVzcG9uc2UiA5ACARJeChBMaXN0VGFza1dlYmhvb2tzEiEucmVhY2gudjEuTGlzdFRhc2tXZWJob29rc1JlcXVlc3QaIi5yZWFjaC52MS5MaXN0VGFza1dlYmhvb2tzUmVzcG9uc2UiA5ACARJcChFEZWxldGVUYXNrV2ViaG9vaxIiLnJlYWNoLnYxLkRlbGV0ZVRhc2tXZWJob29rUmVxdWVzdBojLnJlYWNoLnYxLkRlbGV0ZVRhc2tXZWJob29rUmVzcG9uc2ViBnByb3RvMw", [file_google_protobuf_duration, file_google_protobuf_struct, file_google_protobuf_timestamp, file_reach_v1_envelope]);
 
 /**
  * Task is one run of a flow.
@@ -1240,6 +1240,353 @@ export const DumpTaskResponseSchema: GenMessage<DumpTaskResponse> = /*@__PURE__*
   messageDesc(file_reach_v1_orchestrator_service, 32);
 
 /**
+ * TaskWebhook is a URL that is sent the notifications of one task's events.
+ *
+ * @generated from message reach.v1.TaskWebhook
+ */
+export type TaskWebhook = Message<"reach.v1.TaskWebhook"> & {
+  /**
+   * The webhook's id, unique within its task (a UUIDv7 unless the client chose one).
+   *
+   * @generated from field: string webhook_id = 1;
+   */
+  webhookId: string;
+
+  /**
+   * The task whose events are sent.
+   *
+   * @generated from field: string task_id = 2;
+   */
+  taskId: string;
+
+  /**
+   * The URL notifications are POSTed to (`http` or `https`, at most 2048 bytes).
+   *
+   * @generated from field: string url = 3;
+   */
+  url: string;
+
+  /**
+   * Sent as the `X-A2A-Notification-Token` header of every notification when not empty,
+   * so the receiver can tell the notifications are for it.
+   *
+   * @generated from field: string token = 4;
+   */
+  token: string;
+
+  /**
+   * The scheme of the `Authorization` header (for example `Bearer`), sent with
+   * `auth_credentials`.
+   *
+   * @generated from field: string auth_scheme = 5;
+   */
+  authScheme: string;
+
+  /**
+   * The credentials of the `Authorization` header (`<auth_scheme> <auth_credentials>`),
+   * sent when not empty. Write-only: GetTaskWebhook and ListTaskWebhooks return it empty.
+   *
+   * @generated from field: string auth_credentials = 6;
+   */
+  authCredentials: string;
+
+  /**
+   * The format of the notification bodies: `reach` (one JSON object per event: `task_id`,
+   * `sequence`, `kind`, `node_id`, `status`, `detail`, `at`) or one an embedding
+   * registered (the A2A edge's `a2a`).
+   *
+   * @generated from field: string format = 7;
+   */
+  format: string;
+
+  /**
+   * The sequence number of the last event whose notification the URL accepted (answered
+   * 2xx); 0 before the first.
+   *
+   * @generated from field: uint64 delivered_sequence = 8;
+   */
+  deliveredSequence: bigint;
+
+  /**
+   * When the webhook was first created.
+   *
+   * @generated from field: google.protobuf.Timestamp created_at = 9;
+   */
+  createdAt?: Timestamp | undefined;
+
+  /**
+   * Failed attempts in a row since the last accepted notification (0 when none failed).
+   *
+   * @generated from field: uint32 failed_attempts = 10;
+   */
+  failedAttempts: number;
+
+  /**
+   * Why the last attempt failed (connection error, timeout or the HTTP status); empty after
+   * a success.
+   *
+   * @generated from field: string last_error = 11;
+   */
+  lastError: string;
+
+  /**
+   * When the next attempt is due after a failure; unset when no retry is scheduled.
+   *
+   * @generated from field: google.protobuf.Timestamp next_attempt_at = 12;
+   */
+  nextAttemptAt?: Timestamp | undefined;
+};
+
+/**
+ * Describes the message reach.v1.TaskWebhook.
+ * Use `create(TaskWebhookSchema)` to create a new message.
+ */
+export const TaskWebhookSchema: GenMessage<TaskWebhook> = /*@__PURE__*/
+  messageDesc(file_reach_v1_orchestrator_service, 33);
+
+/**
+ * CreateTaskWebhookRequest registers (or replaces) a webhook of a task.
+ *
+ * @generated from message reach.v1.CreateTaskWebhookRequest
+ */
+export type CreateTaskWebhookRequest = Message<"reach.v1.CreateTaskWebhookRequest"> & {
+  /**
+   * The task whose events are sent; it must exist.
+   *
+   * @generated from field: string task_id = 1;
+   */
+  taskId: string;
+
+  /**
+   * The webhook's id (1 to 128 characters of `A-Z a-z 0-9 . _ : -`); empty makes a UUIDv7.
+   * An id the task already has replaces that webhook, keeping its `delivered_sequence`.
+   *
+   * @generated from field: string webhook_id = 2;
+   */
+  webhookId: string;
+
+  /**
+   * The URL to POST notifications to: `http` or `https` with a host, at most 2048 bytes.
+   *
+   * @generated from field: string url = 3;
+   */
+  url: string;
+
+  /**
+   * Sent as the `X-A2A-Notification-Token` header when not empty (at most 4096 bytes).
+   *
+   * @generated from field: string token = 4;
+   */
+  token: string;
+
+  /**
+   * The scheme of the `Authorization` header (for example `Bearer`); required with
+   * `auth_credentials`.
+   *
+   * @generated from field: string auth_scheme = 5;
+   */
+  authScheme: string;
+
+  /**
+   * The credentials of the `Authorization` header (at most 4096 bytes); never returned.
+   *
+   * @generated from field: string auth_credentials = 6;
+   */
+  authCredentials: string;
+
+  /**
+   * The notification format; empty means `reach`. An unknown format is refused with the
+   * list of the known ones.
+   *
+   * @generated from field: string format = 7;
+   */
+  format: string;
+};
+
+/**
+ * Describes the message reach.v1.CreateTaskWebhookRequest.
+ * Use `create(CreateTaskWebhookRequestSchema)` to create a new message.
+ */
+export const CreateTaskWebhookRequestSchema: GenMessage<CreateTaskWebhookRequest> = /*@__PURE__*/
+  messageDesc(file_reach_v1_orchestrator_service, 34);
+
+/**
+ * CreateTaskWebhookResponse carries the stored webhook.
+ *
+ * @generated from message reach.v1.CreateTaskWebhookResponse
+ */
+export type CreateTaskWebhookResponse = Message<"reach.v1.CreateTaskWebhookResponse"> & {
+  /**
+   * The webhook (credentials masked).
+   *
+   * @generated from field: reach.v1.TaskWebhook webhook = 1;
+   */
+  webhook?: TaskWebhook | undefined;
+};
+
+/**
+ * Describes the message reach.v1.CreateTaskWebhookResponse.
+ * Use `create(CreateTaskWebhookResponseSchema)` to create a new message.
+ */
+export const CreateTaskWebhookResponseSchema: GenMessage<CreateTaskWebhookResponse> = /*@__PURE__*/
+  messageDesc(file_reach_v1_orchestrator_service, 35);
+
+/**
+ * GetTaskWebhookRequest names a webhook.
+ *
+ * @generated from message reach.v1.GetTaskWebhookRequest
+ */
+export type GetTaskWebhookRequest = Message<"reach.v1.GetTaskWebhookRequest"> & {
+  /**
+   * The task id.
+   *
+   * @generated from field: string task_id = 1;
+   */
+  taskId: string;
+
+  /**
+   * The webhook id.
+   *
+   * @generated from field: string webhook_id = 2;
+   */
+  webhookId: string;
+};
+
+/**
+ * Describes the message reach.v1.GetTaskWebhookRequest.
+ * Use `create(GetTaskWebhookRequestSchema)` to create a new message.
+ */
+export const GetTaskWebhookRequestSchema: GenMessage<GetTaskWebhookRequest> = /*@__PURE__*/
+  messageDesc(file_reach_v1_orchestrator_service, 36);
+
+/**
+ * GetTaskWebhookResponse carries a webhook.
+ *
+ * @generated from message reach.v1.GetTaskWebhookResponse
+ */
+export type GetTaskWebhookResponse = Message<"reach.v1.GetTaskWebhookResponse"> & {
+  /**
+   * The webhook (credentials masked).
+   *
+   * @generated from field: reach.v1.TaskWebhook webhook = 1;
+   */
+  webhook?: TaskWebhook | undefined;
+};
+
+/**
+ * Describes the message reach.v1.GetTaskWebhookResponse.
+ * Use `create(GetTaskWebhookResponseSchema)` to create a new message.
+ */
+export const GetTaskWebhookResponseSchema: GenMessage<GetTaskWebhookResponse> = /*@__PURE__*/
+  messageDesc(file_reach_v1_orchestrator_service, 37);
+
+/**
+ * ListTaskWebhooksRequest pages the webhooks of a task.
+ *
+ * @generated from message reach.v1.ListTaskWebhooksRequest
+ */
+export type ListTaskWebhooksRequest = Message<"reach.v1.ListTaskWebhooksRequest"> & {
+  /**
+   * The task id.
+   *
+   * @generated from field: string task_id = 1;
+   */
+  taskId: string;
+
+  /**
+   * At most this many webhooks (default 50, at most 1000).
+   *
+   * @generated from field: uint32 page_size = 2;
+   */
+  pageSize: number;
+
+  /**
+   * The `next_page_token` of the previous page; empty for the first page.
+   *
+   * @generated from field: string page_token = 3;
+   */
+  pageToken: string;
+};
+
+/**
+ * Describes the message reach.v1.ListTaskWebhooksRequest.
+ * Use `create(ListTaskWebhooksRequestSchema)` to create a new message.
+ */
+export const ListTaskWebhooksRequestSchema: GenMessage<ListTaskWebhooksRequest> = /*@__PURE__*/
+  messageDesc(file_reach_v1_orchestrator_service, 38);
+
+/**
+ * ListTaskWebhooksResponse is one page of a task's webhooks.
+ *
+ * @generated from message reach.v1.ListTaskWebhooksResponse
+ */
+export type ListTaskWebhooksResponse = Message<"reach.v1.ListTaskWebhooksResponse"> & {
+  /**
+   * The webhooks, oldest first (credentials masked).
+   *
+   * @generated from field: repeated reach.v1.TaskWebhook webhooks = 1;
+   */
+  webhooks: TaskWebhook[];
+
+  /**
+   * The token of the next page; empty on the last page.
+   *
+   * @generated from field: string next_page_token = 2;
+   */
+  nextPageToken: string;
+};
+
+/**
+ * Describes the message reach.v1.ListTaskWebhooksResponse.
+ * Use `create(ListTaskWebhooksResponseSchema)` to create a new message.
+ */
+export const ListTaskWebhooksResponseSchema: GenMessage<ListTaskWebhooksResponse> = /*@__PURE__*/
+  messageDesc(file_reach_v1_orchestrator_service, 39);
+
+/**
+ * DeleteTaskWebhookRequest names the webhook to remove.
+ *
+ * @generated from message reach.v1.DeleteTaskWebhookRequest
+ */
+export type DeleteTaskWebhookRequest = Message<"reach.v1.DeleteTaskWebhookRequest"> & {
+  /**
+   * The task id.
+   *
+   * @generated from field: string task_id = 1;
+   */
+  taskId: string;
+
+  /**
+   * The webhook id.
+   *
+   * @generated from field: string webhook_id = 2;
+   */
+  webhookId: string;
+};
+
+/**
+ * Describes the message reach.v1.DeleteTaskWebhookRequest.
+ * Use `create(DeleteTaskWebhookRequestSchema)` to create a new message.
+ */
+export const DeleteTaskWebhookRequestSchema: GenMessage<DeleteTaskWebhookRequest> = /*@__PURE__*/
+  messageDesc(file_reach_v1_orchestrator_service, 40);
+
+/**
+ * DeleteTaskWebhookResponse acknowledges a removal.
+ *
+ * @generated from message reach.v1.DeleteTaskWebhookResponse
+ */
+export type DeleteTaskWebhookResponse = Message<"reach.v1.DeleteTaskWebhookResponse"> & {
+};
+
+/**
+ * Describes the message reach.v1.DeleteTaskWebhookResponse.
+ * Use `create(DeleteTaskWebhookResponseSchema)` to create a new message.
+ */
+export const DeleteTaskWebhookResponseSchema: GenMessage<DeleteTaskWebhookResponse> = /*@__PURE__*/
+  messageDesc(file_reach_v1_orchestrator_service, 41);
+
+/**
  * TaskStatus is where a task is in its lifecycle.
  *
  * @generated from enum reach.v1.TaskStatus
@@ -1500,6 +1847,52 @@ export const OrchestratorService: GenService<{
     methodKind: "unary";
     input: typeof DumpTaskRequestSchema;
     output: typeof DumpTaskResponseSchema;
+  },
+  /**
+   * CreateTaskWebhook registers a URL that is sent a notification (an HTTP POST) for each
+   * event of the task's log, in order, from the orchestrator's durable event log: a webhook
+   * that is down gets each event later, with back-off. Creating an id that the task already
+   * has replaces that webhook and keeps what it was already sent. Needs the same rights as
+   * CancelTask.
+   *
+   * @generated from rpc reach.v1.OrchestratorService.CreateTaskWebhook
+   */
+  createTaskWebhook: {
+    methodKind: "unary";
+    input: typeof CreateTaskWebhookRequestSchema;
+    output: typeof CreateTaskWebhookResponseSchema;
+  },
+  /**
+   * GetTaskWebhook returns one webhook of a task (credentials masked) with its delivery
+   * progress.
+   *
+   * @generated from rpc reach.v1.OrchestratorService.GetTaskWebhook
+   */
+  getTaskWebhook: {
+    methodKind: "unary";
+    input: typeof GetTaskWebhookRequestSchema;
+    output: typeof GetTaskWebhookResponseSchema;
+  },
+  /**
+   * ListTaskWebhooks lists the webhooks of a task (credentials masked), oldest first.
+   *
+   * @generated from rpc reach.v1.OrchestratorService.ListTaskWebhooks
+   */
+  listTaskWebhooks: {
+    methodKind: "unary";
+    input: typeof ListTaskWebhooksRequestSchema;
+    output: typeof ListTaskWebhooksResponseSchema;
+  },
+  /**
+   * DeleteTaskWebhook removes a webhook of a task; nothing more is sent to it. Needs the
+   * same rights as CancelTask.
+   *
+   * @generated from rpc reach.v1.OrchestratorService.DeleteTaskWebhook
+   */
+  deleteTaskWebhook: {
+    methodKind: "unary";
+    input: typeof DeleteTaskWebhookRequestSchema;
+    output: typeof DeleteTaskWebhookResponseSchema;
   },
 }> = /*@__PURE__*/
   serviceDesc(file_reach_v1_orchestrator_service, 0);
