@@ -813,7 +813,7 @@ impl Store {
             .fetch_one(&mut *tx)
             .await?;
             tx.commit().await?;
-            Ok(WebhookUpsert::Stored(webhook_from_row(row)))
+            Ok(WebhookUpsert::Stored(Box::new(webhook_from_row(row))))
         })
     }
 
@@ -1103,7 +1103,7 @@ pub struct WebhookRow {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum WebhookUpsert {
     /// Stored (created or replaced); the row as it is now.
-    Stored(WebhookRow),
+    Stored(Box<WebhookRow>),
     /// Not created: the task has as many webhooks as it may.
     Full,
 }
