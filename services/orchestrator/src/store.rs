@@ -767,7 +767,8 @@ impl Store {
             let mut tx = p.begin().await?;
             let updated = sqlx::query(
                 "UPDATE reach_webhooks SET url = $1, token = $2, auth_scheme = $3, auth_credentials = $4, format = $5, \
-                 failed_attempts = 0, last_error = '', next_attempt_ms = 0 WHERE task_id = $6 AND webhook_id = $7",
+                 failed_attempts = 0, last_error = '', next_attempt_ms = CASE WHEN next_attempt_ms = $8 THEN $8 ELSE 0 END \
+                 WHERE task_id = $6 AND webhook_id = $7",
             )
             .bind(&w.url)
             .bind(&w.token)
@@ -776,6 +777,7 @@ impl Store {
             .bind(&w.format)
             .bind(&w.task_id)
             .bind(&w.webhook_id)
+            .bind(WEBHOOK_PARKED_MS)
             .execute(&mut *tx)
             .await?
             .rows_affected();
@@ -983,6 +985,54 @@ impl Store {
         Ok(())
     }
 
+    /// Parks a webhook `owner` holds, releasing the lease, when its task has ended and it
+    /// was sent everything (`delivered_seq` is the task's last sequence): it is not polled
+    /// again (see [`WEBHOOK_PARKED_MS`]). `false`, changing nothing, otherwise.
+    ///
+    /// # Errors
+    /// [`StoreError`] on database failure.
+    pub async fn park_webhook(
+        &self,
+        task_id: &str,
+        webhook_id: &str,
+        owner: &str,
+    ) -> Result<bool, StoreError> {
+        Ok(with_pool!(&self.backend, |p| {
+            sqlx::query(
+                "UPDATE reach_webhooks SET next_attempt_ms = $1, lease_owner = NULL, lease_until_ms = 0 \
+                 WHERE task_id = $2 AND webhook_id = $3 AND lease_owner = $4 \
+                 AND delivered_seq >= (SELECT t.seq FROM reach_tasks t WHERE t.task_id = $2 AND t.ended_ms IS NOT NULL)",
+            )
+            .bind(WEBHOOK_PARKED_MS)
+            .bind(task_id)
+            .bind(webhook_id)
+            .bind(owner)
+            .execute(p)
+            .await?
+            .rows_affected()
+        }) == 1)
+    }
+
+    /// Makes parked webhooks due again: those of task `task_id` (it was retried), or with
+    /// `None` those of every task that has not ended (a sweep at start, for a retry whose
+    /// process stopped before it unparked them). Returns how many.
+    ///
+    /// # Errors
+    /// [`StoreError`] on database failure.
+    pub async fn unpark_webhooks(&self, task_id: Option<&str>) -> Result<u64, StoreError> {
+        Ok(with_pool!(&self.backend, |p| {
+            sqlx::query(
+                "UPDATE reach_webhooks SET next_attempt_ms = 0 WHERE next_attempt_ms = $1 \
+                 AND task_id IN (SELECT t.task_id FROM reach_tasks t WHERE t.ended_ms IS NULL AND ($2 = '' OR t.task_id = $2))",
+            )
+            .bind(WEBHOOK_PARKED_MS)
+            .bind(task_id.unwrap_or(""))
+            .execute(p)
+            .await?
+            .rows_affected()
+        }))
+    }
+
     /// Releases `owner`'s lease of a webhook (its turn is over).
     ///
     /// # Errors
@@ -1091,13 +1141,18 @@ pub struct WebhookRow {
     pub failed_attempts: i64,
     /// The last failure; empty after a success.
     pub last_error: String,
-    /// When the next attempt is due (unix ms); 0 for at once.
+    /// When the next attempt is due (unix ms); 0 for at once, [`WEBHOOK_PARKED_MS`] for
+    /// never (parked).
     pub next_attempt_ms: i64,
     /// The replica delivering now, if any.
     pub lease_owner: Option<String>,
     /// Until when `lease_owner` holds it (unix ms).
     pub lease_until_ms: i64,
 }
+
+/// The `next_attempt_ms` of a parked webhook: its task ended and it was sent every event,
+/// so it is kept (for GetTaskWebhook) but not polled; RetryTask makes it due again.
+pub const WEBHOOK_PARKED_MS: i64 = i64::MAX;
 
 /// What [`Store::upsert_webhook`] did.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -1497,6 +1552,153 @@ mod tests {
             assert_eq!(mode(&wal), 0o600);
         }
         store.close().await;
+    }
+
+    fn hook(task: &str, id: &str) -> WebhookRow {
+        WebhookRow {
+            webhook_id: id.into(),
+            task_id: task.into(),
+            url: "http://127.0.0.1:9/".into(),
+            token: String::new(),
+            auth_scheme: String::new(),
+            auth_credentials: String::new(),
+            format: "reach".into(),
+            delivered_seq: 0,
+            created_ms: 1,
+            failed_attempts: 0,
+            last_error: String::new(),
+            next_attempt_ms: 0,
+            lease_owner: None,
+            lease_until_ms: 0,
+        }
+    }
+
+    /// A webhook is leased to one owner at a time; a lost lease refuses progress; failures
+    /// delay it; once its ended task's events are all in it is parked until a retry; replacing
+    /// keeps its progress; the purge of its task deletes it.
+    #[tokio::test]
+    async fn webhooks_are_leased_parked_and_purged() {
+        let store = Store::open("sqlite::memory:", SqliteDurability::Normal)
+            .await
+            .unwrap();
+        let Backend::Sqlite(pool) = &store.backend else {
+            unreachable!()
+        };
+        sqlx::query("INSERT INTO reach_tasks (task_id, flow_id, flow_version, status, seq, created_ms, updated_ms, trace_id) VALUES ('t', 'f', 1, 'PROCESSING', 3, 0, 0, 'x')")
+            .execute(pool)
+            .await
+            .unwrap();
+        let stored = |u: WebhookUpsert| match u {
+            WebhookUpsert::Stored(w) => *w,
+            WebhookUpsert::Full => panic!("full"),
+        };
+        stored(store.upsert_webhook(&hook("t", "w"), 2).await.unwrap());
+        stored(store.upsert_webhook(&hook("t", "v"), 2).await.unwrap());
+        assert_eq!(
+            store.upsert_webhook(&hook("t", "u"), 2).await.unwrap(),
+            WebhookUpsert::Full
+        );
+        store.delete_webhook("t", "v").await.unwrap();
+
+        let claimed = store.claim_webhooks("a", 100, 200, 64).await.unwrap();
+        assert_eq!(claimed.len(), 1);
+        assert!(
+            store
+                .claim_webhooks("b", 150, 250, 64)
+                .await
+                .unwrap()
+                .is_empty()
+        );
+        assert!(
+            store
+                .webhook_delivered("t", "w", "a", 1, 300)
+                .await
+                .unwrap()
+        );
+        // Expired: b takes it over, and a's progress is refused.
+        assert_eq!(
+            store.claim_webhooks("b", 301, 400, 64).await.unwrap().len(),
+            1
+        );
+        assert!(
+            !store
+                .webhook_delivered("t", "w", "a", 2, 500)
+                .await
+                .unwrap()
+        );
+        store
+            .webhook_failed("t", "w", "b", "HTTP 500", 1000)
+            .await
+            .unwrap();
+        assert!(
+            store
+                .claim_webhooks("a", 999, 2000, 64)
+                .await
+                .unwrap()
+                .is_empty()
+        );
+        let w = store.claim_webhooks("a", 1000, 2000, 64).await.unwrap();
+        assert_eq!((w[0].failed_attempts, w[0].delivered_seq), (1, 1));
+        assert!(
+            store
+                .webhook_delivered("t", "w", "a", 3, 2000)
+                .await
+                .unwrap()
+        );
+        // Running task: not parked, and nothing pending, so not claimed.
+        assert!(!store.park_webhook("t", "w", "a").await.unwrap());
+        store.release_webhook("t", "w", "a").await.unwrap();
+        assert!(
+            store
+                .claim_webhooks("a", 1000, 2000, 64)
+                .await
+                .unwrap()
+                .is_empty()
+        );
+
+        sqlx::query("UPDATE reach_tasks SET ended_ms = 5, status = 'SUCCEEDED'")
+            .execute(pool)
+            .await
+            .unwrap();
+        sqlx::query("UPDATE reach_webhooks SET lease_owner = 'a'")
+            .execute(pool)
+            .await
+            .unwrap();
+        assert!(store.park_webhook("t", "w", "a").await.unwrap());
+        let parked = store.webhook("t", "w").await.unwrap().unwrap();
+        assert_eq!(parked.next_attempt_ms, WEBHOOK_PARKED_MS);
+        assert_eq!(parked.lease_owner, None);
+        // Replacing keeps progress and parking; the ended task's webhook stays parked.
+        let mut replaced = hook("t", "w");
+        replaced.url = "https://example.com/".into();
+        let now = stored(store.upsert_webhook(&replaced, 2).await.unwrap());
+        assert_eq!(
+            (now.delivered_seq, now.next_attempt_ms),
+            (3, WEBHOOK_PARKED_MS)
+        );
+        assert_eq!(now.url, "https://example.com/");
+        assert_eq!(store.unpark_webhooks(None).await.unwrap(), 0);
+        // A retry: the task runs again with more events.
+        sqlx::query("UPDATE reach_tasks SET ended_ms = NULL, status = 'PROCESSING', seq = 4")
+            .execute(pool)
+            .await
+            .unwrap();
+        assert_eq!(store.unpark_webhooks(Some("t")).await.unwrap(), 1);
+        assert_eq!(
+            store
+                .claim_webhooks("a", 3000, 4000, 64)
+                .await
+                .unwrap()
+                .len(),
+            1
+        );
+
+        sqlx::query("UPDATE reach_tasks SET ended_ms = 5, status = 'SUCCEEDED'")
+            .execute(pool)
+            .await
+            .unwrap();
+        assert_eq!(store.purge(10).await.unwrap(), 1);
+        assert_eq!(store.webhook("t", "w").await.unwrap(), None);
     }
 
     /// A stored event that no longer decodes is reported as corrupt, naming task and seq.

@@ -10,6 +10,10 @@
 //! none lost. Replicas sharing a PostgreSQL store lease webhooks
 //! ([`crate::store::Store::claim_webhooks`]), so two never deliver the same webhook at once.
 //!
+//! A webhook whose task ended and that was sent every event is parked: kept (GetTaskWebhook
+//! shows it until the task is purged with its webhooks) but not polled; RetryTask makes it due
+//! again.
+//!
 //! Delivery is at least once: a replica that crashes after a POST was accepted but before it
 //! recorded it sends that notification again. Receivers deduplicate by sequence number.
 
@@ -24,7 +28,7 @@ use reach_proto::v1 as pb;
 use crate::error::Error;
 use crate::event::TaskState;
 use crate::service::OrchestratorApi;
-use crate::store::WebhookRow;
+use crate::store::{WEBHOOK_PARKED_MS, WebhookRow};
 
 /// The most webhooks one task may have.
 pub const MAX_WEBHOOKS_PER_TASK: usize = 16;
@@ -280,7 +284,7 @@ pub fn view(w: &WebhookRow) -> pb::TaskWebhook {
         created_at: Some(crate::service::timestamp(w.created_ms)),
         failed_attempts: u32::try_from(w.failed_attempts).unwrap_or(u32::MAX),
         last_error: w.last_error.clone(),
-        next_attempt_at: (w.next_attempt_ms > 0)
+        next_attempt_at: (w.next_attempt_ms > 0 && w.next_attempt_ms != WEBHOOK_PARKED_MS)
             .then(|| crate::service::timestamp(w.next_attempt_ms)),
     }
 }
@@ -355,6 +359,11 @@ impl Delivery {
         let engine = self.api.engine().clone();
         let mut stop = engine.inner.stop_receiver();
         let mut appends = engine.subscribe();
+        match engine.store().unpark_webhooks(None).await {
+            Ok(0) => {}
+            Ok(n) => tracing::info!(count = n, "resumed the webhooks of retried tasks"),
+            Err(e) => tracing::warn!(error = %e, "cannot resume the webhooks of retried tasks"),
+        }
         loop {
             if *stop.borrow() {
                 return;
@@ -451,10 +460,19 @@ impl Delivery {
                         }
                     };
                     let released = match result {
-                        Ok(Outcome::Done) => store
-                            .release_webhook(&hook.task_id, &hook.webhook_id, owner)
+                        // Parked when its task ended and it has everything; else free for
+                        // the next turn.
+                        Ok(Outcome::Done) => match store
+                            .park_webhook(&hook.task_id, &hook.webhook_id, owner)
                             .await
-                            .map_err(Error::from),
+                        {
+                            Ok(true) => Ok(()),
+                            Ok(false) => store
+                                .release_webhook(&hook.task_id, &hook.webhook_id, owner)
+                                .await
+                                .map_err(Error::from),
+                            Err(e) => Err(e.into()),
+                        },
                         Ok(Outcome::Failed | Outcome::Lost) => Ok(()),
                         Err(e) => Err(e),
                     };

@@ -679,3 +679,56 @@ async fn webhook_requests_are_validated() {
     create(&mut c, request("", "http://127.0.0.1:9/hook")).await;
     orch.stop().await;
 }
+
+both_backends!(a_retried_task_sends_its_new_events);
+
+/// A webhook of a task that ended and was sent everything is parked; RetryTask makes it due
+/// again and it is sent the events of the retry, after the ones it had.
+async fn a_retried_task_sends_its_new_events(backend: &str) {
+    let dir = tempfile::tempdir().unwrap();
+    let Some(url) = store_url(backend, dir.path()).await else {
+        return;
+    };
+    let router = TestRouter::default();
+    let broken = Arc::new(AtomicBool::new(true));
+    let flag = broken.clone();
+    router.handle("test.act", move |_| {
+        if flag.load(Ordering::SeqCst) {
+            Err(tonic::Status::invalid_argument("not today"))
+        } else {
+            Ok(json!({"acted": true}))
+        }
+    });
+    let (router_url, _router_stop) = router.serve().await;
+    let receiver = Receiver::start().await;
+    let orch = Orch::start(&url, &router_url, None).await;
+    let mut c = orch.client.clone();
+    let id = start_review(&mut c).await;
+    create(
+        &mut c,
+        pb::CreateTaskWebhookRequest {
+            task_id: id.clone(),
+            webhook_id: "r".into(),
+            url: receiver.url.clone(),
+            ..Default::default()
+        },
+    )
+    .await;
+    wait_status(&c, &id, pb::TaskStatus::WaitingHuman).await;
+    resume(&mut c, &id).await;
+    let failed = wait_status(&c, &id, pb::TaskStatus::Failed).await;
+    wait_delivered(&c, &id, "r", failed.last_sequence).await;
+    assert_eq!(receiver.sequences(), one_to(failed.last_sequence));
+
+    broken.store(false, Ordering::SeqCst);
+    c.retry_task(pb::RetryTaskRequest {
+        task_id: id.clone(),
+    })
+    .await
+    .unwrap();
+    let task = wait_status(&c, &id, pb::TaskStatus::Succeeded).await;
+    assert!(task.last_sequence > failed.last_sequence);
+    wait_delivered(&c, &id, "r", task.last_sequence).await;
+    assert_eq!(receiver.sequences(), one_to(task.last_sequence));
+    orch.stop().await;
+}
