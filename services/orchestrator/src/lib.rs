@@ -112,7 +112,8 @@ impl Orchestrator {
     }
 
     /// [`Orchestrator::new`] authorizing with `trust`: each task records its starter, and
-    /// starting, viewing, resuming, cancelling and retrying tasks and applying flows are
+    /// starting, viewing, resuming, cancelling and retrying tasks, applying flows and task
+    /// webhooks (reading them as viewing, creating and deleting them as cancelling) are
     /// checked with [`reach_trust::Trust::check_task`] (ListTasks shows only the tasks the
     /// caller may view); the admin routes need an operator; the channel to the router
     /// presents `trust`'s certificate.
