@@ -1033,6 +1033,24 @@ impl Store {
         }))
     }
 
+    /// Releases every webhook lease `owner` holds (a replica stopping cleanly), or with
+    /// `None` every lease (an exclusive SQLite store at start: the previous process is gone).
+    ///
+    /// # Errors
+    /// [`StoreError`] on database failure.
+    pub async fn release_webhooks(&self, owner: Option<&str>) -> Result<u64, StoreError> {
+        Ok(with_pool!(&self.backend, |p| {
+            sqlx::query(
+                "UPDATE reach_webhooks SET lease_owner = NULL, lease_until_ms = 0 \
+                 WHERE lease_owner IS NOT NULL AND ($1 = '' OR lease_owner = $1)",
+            )
+            .bind(owner.unwrap_or(""))
+            .execute(p)
+            .await?
+            .rows_affected()
+        }))
+    }
+
     /// Releases `owner`'s lease of a webhook (its turn is over).
     ///
     /// # Errors
@@ -1614,6 +1632,14 @@ mod tests {
                 .webhook_delivered("t", "w", "a", 1, 300)
                 .await
                 .unwrap()
+        );
+        // Released leases (a replica stopping, or every lease on an SQLite store at start) are
+        // free at once; another owner's lease is not released.
+        assert_eq!(store.release_webhooks(Some("b")).await.unwrap(), 0);
+        assert_eq!(store.release_webhooks(None).await.unwrap(), 1);
+        assert_eq!(
+            store.claim_webhooks("a", 150, 300, 64).await.unwrap().len(),
+            1
         );
         // Expired: b takes it over, and a's progress is refused.
         assert_eq!(

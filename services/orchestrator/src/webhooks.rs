@@ -359,7 +359,14 @@ impl Delivery {
         let engine = self.api.engine().clone();
         let mut stop = engine.inner.stop_receiver();
         let mut appends = engine.subscribe();
-        match engine.store().unpark_webhooks(None).await {
+        let store = engine.store();
+        // An SQLite store is this process's alone: leases a previous process left are void.
+        if store.is_exclusive()
+            && let Err(e) = store.release_webhooks(None).await
+        {
+            tracing::warn!(error = %e, "cannot release the webhook leases of a previous process");
+        }
+        match store.unpark_webhooks(None).await {
             Ok(0) => {}
             Ok(n) => tracing::info!(count = n, "resumed the webhooks of retried tasks"),
             Err(e) => tracing::warn!(error = %e, "cannot resume the webhooks of retried tasks"),
@@ -368,8 +375,19 @@ impl Delivery {
             if *stop.borrow() {
                 return;
             }
-            if let Err(e) = self.turn().await {
-                tracing::warn!(error = %e, "webhook delivery turn failed");
+            // Stopping cuts a turn short: a POST accepted but not yet recorded is sent
+            // again later (delivery is at least once).
+            tokio::select! {
+                result = self.turn() => {
+                    if let Err(e) = result {
+                        tracing::warn!(error = %e, "webhook delivery turn failed");
+                    }
+                }
+                _ = stop.changed() => {}
+            }
+            if *stop.borrow() {
+                self.release().await;
+                return;
             }
             tokio::select! {
                 () = tokio::time::sleep(self.settings.interval) => {}
@@ -382,8 +400,21 @@ impl Delivery {
                     tokio::time::sleep(Duration::from_millis(10)).await;
                     while appends.try_recv().is_ok() {}
                 }
-                _ = stop.changed() => return,
+                _ = stop.changed() => {
+                    self.release().await;
+                    return;
+                }
             }
+        }
+    }
+
+    /// Releases this replica's webhook leases (stopping cleanly: others take over at once).
+    async fn release(&self) {
+        let store = self.api.engine().store();
+        if !store.is_exclusive()
+            && let Err(e) = store.release_webhooks(Some(&self.settings.owner)).await
+        {
+            tracing::warn!(error = %e, "cannot release webhook leases");
         }
     }
 
@@ -498,7 +529,10 @@ impl Delivery {
         let clock = self.api.engine().clock();
         let owner = &self.settings.owner;
         let delivered = u64::try_from(hook.delivered_seq).unwrap_or(0);
-        let pending: Vec<&Rendered> = notes.iter().filter(|n| n.sequence > delivered).collect();
+        let mut pending: Vec<&Rendered> = notes.iter().filter(|n| n.sequence > delivered).collect();
+        // In sequence order whatever the renderer did (stable: a sequence's notifications
+        // keep their order).
+        pending.sort_by_key(|n| n.sequence);
         for (i, note) in pending.iter().enumerate() {
             let spent =
                 budget.fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| n.checked_sub(1));
@@ -535,7 +569,7 @@ impl Delivery {
         }
         // Events that made no notification (or whose notifications are all in) count as
         // delivered, so the webhook is not claimed again for them.
-        let rendered_up_to = notes.last().map_or(0, |n| n.sequence);
+        let rendered_up_to = notes.iter().map(|n| n.sequence).max().unwrap_or(0);
         if last_seq > hook.delivered_seq
             && u64::try_from(last_seq).unwrap_or(0) >= rendered_up_to
             && !store
