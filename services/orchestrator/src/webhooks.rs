@@ -628,7 +628,18 @@ impl Delivery {
                 "the webhook did not answer within {}s",
                 POST_TIMEOUT.as_secs()
             )),
-            Err(e) => Err(format!("cannot reach the webhook: {}", e.without_url())),
+            Err(e) => {
+                // The URL is left out (it may carry secrets); the causes say what failed.
+                let e = e.without_url();
+                let mut text = e.to_string();
+                let mut source = std::error::Error::source(&e);
+                while let Some(cause) = source {
+                    text.push_str(": ");
+                    text.push_str(&cause.to_string());
+                    source = cause.source();
+                }
+                Err(format!("cannot reach the webhook: {text}"))
+            }
         }
     }
 }

@@ -387,6 +387,7 @@ async fn a_webhook_that_is_down_gets_every_event_later(backend: &str) {
     })
     .await;
     assert_eq!(failing.delivered_sequence, 0);
+    assert!(failing.next_attempt_at.is_some(), "a retry is scheduled");
     assert_eq!(
         failing.last_error,
         "the webhook answered HTTP 500 Internal Server Error"
@@ -677,6 +678,19 @@ async fn webhook_requests_are_validated() {
     assert_eq!(e.code(), tonic::Code::NotFound);
     // A slot is free again.
     create(&mut c, request("", "http://127.0.0.1:9/hook")).await;
+    // Nothing listens on port 9: the failure says so, and a retry is scheduled.
+    let failed = eventually("a connect failure", LIMIT, || async {
+        let w = get_webhook(&c, &id, "w01").await?;
+        (w.failed_attempts >= 1).then_some(w)
+    })
+    .await;
+    assert!(
+        failed.last_error.starts_with("cannot reach the webhook: ")
+            && failed.last_error.contains("onnect"),
+        "{}",
+        failed.last_error
+    );
+    assert_eq!(failed.delivered_sequence, 0);
     orch.stop().await;
 }
 
