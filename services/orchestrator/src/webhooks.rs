@@ -48,8 +48,11 @@ pub const LEASE: Duration = Duration::from_secs(30);
 pub const MAX_WEBHOOKS_PER_TURN: u32 = 64;
 /// The most POSTs one delivery turn makes (over all its webhooks).
 pub const MAX_POSTS_PER_TURN: usize = 256;
-/// Webhooks delivered to at the same time within a turn.
-const CONCURRENT_WEBHOOKS: usize = 16;
+/// Tasks whose webhooks are delivered to at the same time within a turn, and webhooks of
+/// one task at the same time: at most 8 × 4 POSTs in flight, so a few slow receivers do not
+/// hold up the others, and the store's small pool is not drained by delivery bookkeeping.
+const CONCURRENT_TASKS: usize = 8;
+const CONCURRENT_WEBHOOKS_PER_TASK: usize = 4;
 
 /// One notification a renderer made.
 #[derive(Debug, Clone, PartialEq)]
@@ -441,7 +444,7 @@ impl Delivery {
         }
         let budget = AtomicUsize::new(MAX_POSTS_PER_TURN);
         futures::stream::iter(by_task)
-            .for_each_concurrent(CONCURRENT_WEBHOOKS, |(task_id, hooks)| {
+            .for_each_concurrent(CONCURRENT_TASKS, |(task_id, hooks)| {
                 let budget = &budget;
                 async move {
                     if let Err(e) = self.task_turn(&task_id, hooks, budget).await {
@@ -472,7 +475,7 @@ impl Delivery {
         let mut rendered: HashMap<String, Arc<Vec<Rendered>>> = HashMap::new();
         let renderers = self.api.webhook_renderers();
         futures::stream::iter(hooks)
-            .for_each_concurrent(CONCURRENT_WEBHOOKS, |hook| {
+            .for_each_concurrent(CONCURRENT_WEBHOOKS_PER_TASK, |hook| {
                 let notes = renderers.get(&hook.format).map(|r| {
                     rendered
                         .entry(hook.format.clone())
