@@ -514,6 +514,42 @@ async fn a_task_is_its_starters_and_operators() {
         .await
         .unwrap_err(),
     );
+    // Task webhooks: reading them takes the right to view the task, creating and deleting
+    // them the right to cancel it.
+    let webhook = |id: &str| pb::CreateTaskWebhookRequest {
+        task_id: id.into(),
+        webhook_id: "hook".into(),
+        url: "http://127.0.0.1:9/hook".into(),
+        ..Default::default()
+    };
+    let metadata = not_authorized(&b.create_task_webhook(webhook("task-a")).await.unwrap_err());
+    assert_eq!(metadata["action"], "cancel");
+    a.create_task_webhook(webhook("task-a"))
+        .await
+        .expect("its starter adds a webhook");
+    not_authorized(
+        &b.list_task_webhooks(pb::ListTaskWebhooksRequest {
+            task_id: "task-a".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap_err(),
+    );
+    not_authorized(
+        &b.delete_task_webhook(pb::DeleteTaskWebhookRequest {
+            task_id: "task-a".into(),
+            webhook_id: "hook".into(),
+        })
+        .await
+        .unwrap_err(),
+    );
+    operator
+        .delete_task_webhook(pb::DeleteTaskWebhookRequest {
+            task_id: "task-a".into(),
+            webhook_id: "hook".into(),
+        })
+        .await
+        .expect("an operator deletes any task's webhook");
 
     // Its starter resumes it; an operator cancels b's.
     let resumed = a

@@ -62,6 +62,19 @@ pub struct OrchestratorConfig {
     pub max_concurrent_evaluations: usize,
     /// The limits on every flow expression (`[orchestrator.expressions]`).
     pub expressions: ExprLimits,
+    /// How often task webhooks are checked for undelivered events (another replica's
+    /// appends are seen this late; this replica's wake the delivery loop at once). Default
+    /// 250ms, at least 10ms.
+    #[serde(with = "humantime_serde")]
+    pub webhook_interval: Duration,
+    /// The wait before retrying a webhook after its first failed attempt; it doubles with
+    /// each failure in a row (between half and all of it is waited: jitter), up to
+    /// `webhook_backoff_max`. Default 1s.
+    #[serde(with = "humantime_serde")]
+    pub webhook_backoff: Duration,
+    /// The longest wait between webhook retries. Default 5m.
+    #[serde(with = "humantime_serde")]
+    pub webhook_backoff_max: Duration,
 }
 
 impl Default for OrchestratorConfig {
@@ -84,6 +97,9 @@ impl Default for OrchestratorConfig {
             max_node_visits: 1000,
             max_concurrent_evaluations: 4,
             expressions: ExprLimits::default(),
+            webhook_interval: Duration::from_millis(250),
+            webhook_backoff: Duration::from_secs(1),
+            webhook_backoff_max: Duration::from_secs(300),
         }
     }
 }
@@ -155,6 +171,8 @@ impl OrchestratorConfig {
         for (field, value) in [
             ("expressions.max_time", self.expressions.max_time),
             ("default_call_timeout", self.default_call_timeout),
+            ("webhook_backoff", self.webhook_backoff),
+            ("webhook_backoff_max", self.webhook_backoff_max),
         ] {
             if value.is_zero() {
                 return Err(ConfigError::Zero { field });
@@ -164,6 +182,11 @@ impl OrchestratorConfig {
         if self.poll_interval < MIN_POLL_INTERVAL {
             return Err(ConfigError::PollIntervalTooShort {
                 interval: self.poll_interval,
+            });
+        }
+        if self.webhook_interval < MIN_POLL_INTERVAL {
+            return Err(ConfigError::WebhookIntervalTooShort {
+                interval: self.webhook_interval,
             });
         }
         Ok(())
@@ -212,11 +235,23 @@ pub enum ConfigError {
         /// The configured interval.
         interval: Duration,
     },
+    /// `webhook_interval` is below [`MIN_POLL_INTERVAL`].
+    #[error("webhook_interval is {interval:?}; it must be at least 10ms (the default is 250ms)")]
+    WebhookIntervalTooShort {
+        /// The configured interval.
+        interval: Duration,
+    },
     /// A count or duration that must be positive is 0.
     #[error("{field} must be more than 0")]
     Zero {
         /// The field (`max_node_visits`, `expressions.max_steps`, ...).
         field: &'static str,
+    },
+    /// The HTTP client that delivers task webhooks cannot be made.
+    #[error("cannot make the webhook HTTP client ({detail}); check the system's TLS setup")]
+    WebhookClient {
+        /// The client builder's error.
+        detail: String,
     },
     /// `flows_dir` is not a directory.
     #[error("flows_dir {} is not a directory; create it or point flows_dir at one", path.display())]

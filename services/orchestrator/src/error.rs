@@ -168,6 +168,33 @@ pub enum Error {
         /// The token given.
         token: String,
     },
+    /// A CreateTaskWebhook field is not valid.
+    #[error("webhook {field} is not valid: {detail}")]
+    InvalidWebhook {
+        /// The field (`url`, `webhook_id`, `token`, `auth_scheme`, `auth_credentials`,
+        /// `format`).
+        field: &'static str,
+        /// What is wrong and what to write instead.
+        detail: String,
+    },
+    /// CreateTaskWebhook of a new webhook on a task that has the most it may have.
+    #[error(
+        "task {task_id} has {limit} webhooks, the most it may have; delete one, or create with the webhook_id of one to replace it"
+    )]
+    TooManyWebhooks {
+        /// The task.
+        task_id: String,
+        /// The limit ([`crate::webhooks::MAX_WEBHOOKS_PER_TASK`]).
+        limit: usize,
+    },
+    /// GetTaskWebhook or DeleteTaskWebhook of a webhook the task does not have.
+    #[error("task {task_id} has no webhook {webhook_id:?}; ListTaskWebhooks shows those it has")]
+    WebhookNotFound {
+        /// The task.
+        task_id: String,
+        /// The webhook id asked for.
+        webhook_id: String,
+    },
     /// A file (a flow file, a benchmark's directory) cannot be read or written.
     #[error("cannot access {}: {source}", path.display())]
     Io {
@@ -433,6 +460,30 @@ impl From<Error> for Status {
                     "page_token".to_string(),
                     "not a token this server issued".to_string(),
                 )],
+            ),
+            Error::InvalidWebhook { field, detail } => status(
+                Code::InvalidArgument,
+                message,
+                reason::INVALID_WEBHOOK,
+                [("field", field.to_string())],
+                [(field.to_string(), detail)],
+            ),
+            Error::TooManyWebhooks { task_id, limit } => status(
+                Code::FailedPrecondition,
+                message,
+                reason::TOO_MANY_WEBHOOKS,
+                [("task_id", task_id), ("limit", limit.to_string())],
+                NO_VIOLATIONS,
+            ),
+            Error::WebhookNotFound {
+                task_id,
+                webhook_id,
+            } => status(
+                Code::NotFound,
+                message,
+                reason::WEBHOOK_NOT_FOUND,
+                [("task_id", task_id), ("webhook_id", webhook_id)],
+                NO_VIOLATIONS,
             ),
             Error::Store(e) => match e.kind() {
                 StoreErrorKind::Unavailable => status(

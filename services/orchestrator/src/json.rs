@@ -82,3 +82,17 @@ pub fn usage_json(u: &pb::TokenUsage) -> Value {
         "model_calls": u.model_calls,
     })
 }
+
+/// A task event as JSON (the `reach` webhook format's body): `task_id`, `sequence`, `kind`,
+/// `node_id`, `status` (its short name), `detail` (masked, as recorded) and `at` (RFC 3339).
+pub fn event_json(e: &pb::TaskEvent) -> Value {
+    json!({
+        "task_id": e.task_id,
+        "sequence": e.sequence,
+        "kind": e.kind,
+        "node_id": e.node_id,
+        "status": status_name(e.status),
+        "detail": from_proto_opt(e.detail.as_ref()),
+        "at": e.at.as_ref().map(timestamp),
+    })
+}

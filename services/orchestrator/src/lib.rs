@@ -19,6 +19,8 @@
 //! - [`json`]: JSON views — protobuf values as JSON, and a task as `GET /tasks/{id}` and the
 //!   CLI's `--json` show it.
 //! - [`metrics`]: the orchestrator's Prometheus metrics.
+//! - [`webhooks`]: task webhooks — the [`webhooks::WebhookRenderer`]s of their formats,
+//!   validation, and the loop that delivers each task's events to them from the log.
 //! - [`error`]: [`Error`] and its mapping to gRPC statuses with ErrorInfo reasons.
 //! - [`config`]: the configuration, [`OrchestratorConfig`], and [`config::ConfigError`].
 //!
@@ -46,6 +48,7 @@ pub mod mask;
 pub mod metrics;
 pub mod service;
 pub mod store;
+pub mod webhooks;
 
 use std::future::Future;
 use std::sync::Arc;
@@ -54,6 +57,7 @@ pub use config::OrchestratorConfig;
 pub use engine::{Clock, Engine, EngineSettings};
 pub use error::Error;
 pub use service::OrchestratorApi;
+pub use webhooks::{Rendered, WebhookRenderer};
 
 use reach_proto::v1::orchestrator_service_server::OrchestratorServiceServer;
 
@@ -108,7 +112,8 @@ impl Orchestrator {
     }
 
     /// [`Orchestrator::new`] authorizing with `trust`: each task records its starter, and
-    /// starting, viewing, resuming, cancelling and retrying tasks and applying flows are
+    /// starting, viewing, resuming, cancelling and retrying tasks, applying flows and task
+    /// webhooks (reading them as viewing, creating and deleting them as cancelling) are
     /// checked with [`reach_trust::Trust::check_task`] (ListTasks shows only the tasks the
     /// caller may view); the admin routes need an operator; the channel to the router
     /// presents `trust`'s certificate.
@@ -180,6 +185,17 @@ impl Orchestrator {
         })
     }
 
+    /// Registers `renderer` for the webhook format it names (replacing one of the same
+    /// name; `reach` is built in), so CreateTaskWebhook accepts that format and the delivery
+    /// loop renders it. Call before [`Orchestrator::start`] / [`Orchestrator::serve`] and
+    /// before taking [`Orchestrator::grpc_service`]: services taken earlier keep the formats
+    /// they had.
+    #[must_use]
+    pub fn with_webhook_renderer(mut self, renderer: Arc<dyn WebhookRenderer>) -> Self {
+        self.api = self.api.with_webhook_renderer(renderer);
+        self
+    }
+
     /// The engine (start tasks, resume, cancel, retry in-process).
     pub fn engine(&self) -> &Engine {
         &self.engine
@@ -201,13 +217,24 @@ impl Orchestrator {
     }
 
     /// Starts the engine's background work (resuming unfinished tasks, timers, leases,
-    /// purge, flows directory watch). Use with [`Orchestrator::grpc_service`] when the gRPC
-    /// server is shared; [`Orchestrator::serve`] does both.
+    /// purge, flows directory watch, webhook delivery). Use with
+    /// [`Orchestrator::grpc_service`] when the gRPC server is shared; [`Orchestrator::serve`]
+    /// does both.
     ///
     /// # Errors
-    /// [`Error::Config`] when the flows directory cannot be watched.
+    /// [`Error::Config`] when the flows directory cannot be watched or the webhook HTTP
+    /// client cannot be made.
     pub fn start(&self) -> Result<Running, Error> {
         let mut handles = self.engine.start();
+        handles.push(webhooks::spawn(
+            self.api.clone(),
+            webhooks::WebhookSettings {
+                owner: self.engine.node_id().to_string(),
+                interval: self.config.webhook_interval,
+                backoff: self.config.webhook_backoff,
+                backoff_max: self.config.webhook_backoff_max,
+            },
+        )?);
         if let (Some(dir), true) = (&self.config.flows_dir, self.config.watch_flows) {
             handles.push(self.engine.watch_flows_dir(dir.clone())?);
         }

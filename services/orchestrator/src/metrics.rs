@@ -31,6 +31,13 @@ pub fn dead_letter() {
     ::metrics::counter!(names::ORCHESTRATOR_DEAD_LETTERS).increment(1);
 }
 
+/// Counts one webhook notification POSTed (`reach_webhook_deliveries_total{outcome}`):
+/// `delivered` when the webhook answered 2xx, `failed` otherwise.
+pub fn webhook_delivery(delivered: bool) {
+    let outcome = if delivered { "delivered" } else { "failed" };
+    ::metrics::counter!(names::WEBHOOK_DELIVERIES, "outcome" => outcome).increment(1);
+}
+
 /// The metric label of a task status: its name in lower case (`waiting_human`, ...).
 pub fn status_label(status: TaskStatus) -> &'static str {
     match status {

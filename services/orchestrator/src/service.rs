@@ -17,7 +17,8 @@ use crate::event::{Event, NodeOutcome, StoredEvent, TaskState, TaskStatus, Timer
 use crate::flow::{Flow, NodeKind};
 use crate::json;
 use crate::mask::Masker;
-use crate::store::TaskSummary;
+use crate::store::{TaskSummary, WebhookUpsert};
+use crate::webhooks::{Renderers, WebhookRenderer};
 
 /// The gRPC service. Cheap to clone.
 #[derive(Clone)]
@@ -26,6 +27,8 @@ pub struct OrchestratorApi {
     masker: Masker,
     ledger_dropped: Arc<std::sync::atomic::AtomicU64>,
     trust: Arc<Trust>,
+    /// The webhook formats CreateTaskWebhook accepts and the delivery loop renders.
+    renderers: Arc<Renderers>,
 }
 
 impl OrchestratorApi {
@@ -36,7 +39,21 @@ impl OrchestratorApi {
             masker,
             ledger_dropped: Arc::default(),
             trust: Trust::disabled(),
+            renderers: Arc::default(),
         }
+    }
+
+    /// Adds a webhook format (see [`crate::Orchestrator::with_webhook_renderer`]).
+    pub fn with_webhook_renderer(mut self, renderer: Arc<dyn WebhookRenderer>) -> Self {
+        let mut renderers = (*self.renderers).clone();
+        renderers.insert(renderer);
+        self.renderers = Arc::new(renderers);
+        self
+    }
+
+    /// The webhook formats this API knows.
+    pub fn webhook_renderers(&self) -> &Renderers {
+        &self.renderers
     }
 
     /// Authorizes callers with `trust` ([`Trust::check_task`]); see
@@ -100,6 +117,11 @@ impl OrchestratorApi {
     pub fn engine(&self) -> &Engine {
         &self.engine
     }
+}
+
+/// Unix milliseconds as a protobuf timestamp.
+pub fn timestamp(ms: i64) -> prost_types::Timestamp {
+    ts(ms)
 }
 
 fn ts(ms: i64) -> prost_types::Timestamp {
@@ -306,7 +328,9 @@ impl OrchestratorApi {
         }
     }
 
-    fn events_view(
+    /// The views of `events`, each with the status of the task after it, folding from
+    /// `state` (a fresh [`TaskState::new`] for a log from sequence 1).
+    pub fn events_view(
         &self,
         task_id: &str,
         events: &[StoredEvent],
@@ -778,6 +802,115 @@ impl OrchestratorService for OrchestratorApi {
         let task_id = request.into_inner().task_id;
         self.authorized(&caller, TaskAction::View, &task_id).await?;
         Ok(Response::new(self.dump(&task_id).await?))
+    }
+
+    // Creating and deleting a webhook need the rights of CancelTask: a webhook receives
+    // every event of the task (more than a view shows once, and for as long as the task
+    // lives), so viewing is not enough; no new trust action is added.
+    async fn create_task_webhook(
+        &self,
+        request: Request<pb::CreateTaskWebhookRequest>,
+    ) -> Result<Response<pb::CreateTaskWebhookResponse>, Status> {
+        let caller = Caller::of(request.extensions());
+        let r = request.into_inner();
+        self.authorized(&caller, TaskAction::Cancel, &r.task_id)
+            .await?;
+        let row = crate::webhooks::validate(&r, &self.renderers, self.engine.clock().now_ms())?;
+        match self
+            .engine
+            .store()
+            .upsert_webhook(&row, crate::webhooks::MAX_WEBHOOKS_PER_TASK)
+            .await
+            .map_err(Error::from)?
+        {
+            WebhookUpsert::Stored(stored) => Ok(Response::new(pb::CreateTaskWebhookResponse {
+                webhook: Some(crate::webhooks::view(&stored)),
+            })),
+            WebhookUpsert::Full => Err(Error::TooManyWebhooks {
+                task_id: r.task_id,
+                limit: crate::webhooks::MAX_WEBHOOKS_PER_TASK,
+            }
+            .into()),
+        }
+    }
+
+    async fn get_task_webhook(
+        &self,
+        request: Request<pb::GetTaskWebhookRequest>,
+    ) -> Result<Response<pb::GetTaskWebhookResponse>, Status> {
+        let caller = Caller::of(request.extensions());
+        let r = request.into_inner();
+        self.authorized(&caller, TaskAction::View, &r.task_id)
+            .await?;
+        let Some(w) = self
+            .engine
+            .store()
+            .webhook(&r.task_id, &r.webhook_id)
+            .await
+            .map_err(Error::from)?
+        else {
+            return Err(Error::WebhookNotFound {
+                task_id: r.task_id,
+                webhook_id: r.webhook_id,
+            }
+            .into());
+        };
+        Ok(Response::new(pb::GetTaskWebhookResponse {
+            webhook: Some(crate::webhooks::view(&w)),
+        }))
+    }
+
+    async fn list_task_webhooks(
+        &self,
+        request: Request<pb::ListTaskWebhooksRequest>,
+    ) -> Result<Response<pb::ListTaskWebhooksResponse>, Status> {
+        let caller = Caller::of(request.extensions());
+        let r = request.into_inner();
+        self.authorized(&caller, TaskAction::View, &r.task_id)
+            .await?;
+        let limit = page_size(r.page_size);
+        let hooks = self
+            .engine
+            .store()
+            .list_webhooks(&r.task_id, limit, parse_token(&r.page_token)?)
+            .await
+            .map_err(Error::from)?;
+        let next_page_token = if hooks.len() < limit as usize {
+            String::new()
+        } else {
+            hooks
+                .last()
+                .map(|w| format!("{}:{}", w.created_ms, w.webhook_id))
+                .unwrap_or_default()
+        };
+        Ok(Response::new(pb::ListTaskWebhooksResponse {
+            webhooks: hooks.iter().map(crate::webhooks::view).collect(),
+            next_page_token,
+        }))
+    }
+
+    async fn delete_task_webhook(
+        &self,
+        request: Request<pb::DeleteTaskWebhookRequest>,
+    ) -> Result<Response<pb::DeleteTaskWebhookResponse>, Status> {
+        let caller = Caller::of(request.extensions());
+        let r = request.into_inner();
+        self.authorized(&caller, TaskAction::Cancel, &r.task_id)
+            .await?;
+        if !self
+            .engine
+            .store()
+            .delete_webhook(&r.task_id, &r.webhook_id)
+            .await
+            .map_err(Error::from)?
+        {
+            return Err(Error::WebhookNotFound {
+                task_id: r.task_id,
+                webhook_id: r.webhook_id,
+            }
+            .into());
+        }
+        Ok(Response::new(pb::DeleteTaskWebhookResponse {}))
     }
 }
 

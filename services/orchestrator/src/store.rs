@@ -4,7 +4,8 @@
 //! Tables: `reach_flows` (every applied flow version, YAML text), `reach_tasks` (one row per
 //! task: a projection of its log for listing, plus the lease), `reach_events` (the logs),
 //! `reach_timers` (durable timers, derived from timer events), `reach_ledger` (routed
-//! messages).
+//! messages), `reach_webhooks` (task webhooks: their settings, delivery progress and
+//! delivery lease).
 //!
 //! Appends are optimistic: an append names the sequence number it expects and, for engine
 //! appends, the owner it expects; a stale append is refused with [`AppendOutcome::Conflict`]
@@ -751,7 +752,7 @@ impl Store {
         }))
     }
 
-    /// Deletes tasks (with events, timers and ledger entries) that ended before
+    /// Deletes tasks (with events, timers, ledger entries and webhooks) that ended before
     /// `ended_before_ms`, and ledger entries older than that without a live task; returns
     /// how many tasks were purged.
     ///
@@ -767,6 +768,7 @@ impl Store {
                 "reach_timers",
                 "reach_ledger",
                 "reach_task_labels",
+                "reach_webhooks",
             ] {
                 sqlx::query(sqlx::AssertSqlSafe(format!(
                     "DELETE FROM {table} WHERE task_id IN ({sub})"
@@ -788,6 +790,332 @@ impl Store {
             tx.commit().await?;
             n
         }))
+    }
+
+    // === webhooks ===
+
+    /// Stores webhook `w` of its task: a new row, or (same task and webhook id) the new
+    /// settings of an existing one, which keeps its `delivered_seq`, `created_ms` and lease
+    /// and is due at once. A new row is refused when the task has `max_per_task` webhooks
+    /// already. Returns the stored row.
+    ///
+    /// # Errors
+    /// [`WebhookUpsert::Full`] beyond `max_per_task`; [`StoreError`] on database failure.
+    pub async fn upsert_webhook(
+        &self,
+        w: &WebhookRow,
+        max_per_task: usize,
+    ) -> Result<WebhookUpsert, StoreError> {
+        let max = i64::try_from(max_per_task).unwrap_or(i64::MAX);
+        with_pool!(&self.backend, |p| {
+            let mut tx = p.begin().await?;
+            let updated = sqlx::query(
+                "UPDATE reach_webhooks SET url = $1, token = $2, auth_scheme = $3, auth_credentials = $4, format = $5, \
+                 failed_attempts = 0, last_error = '', next_attempt_ms = CASE WHEN next_attempt_ms = $8 THEN $8 ELSE 0 END \
+                 WHERE task_id = $6 AND webhook_id = $7",
+            )
+            .bind(&w.url)
+            .bind(&w.token)
+            .bind(&w.auth_scheme)
+            .bind(&w.auth_credentials)
+            .bind(&w.format)
+            .bind(&w.task_id)
+            .bind(&w.webhook_id)
+            .bind(WEBHOOK_PARKED_MS)
+            .execute(&mut *tx)
+            .await?
+            .rows_affected();
+            if updated == 0 {
+                // The count and the insert race with another replica's create; the limit is
+                // a guard against unbounded growth, not an exact quota.
+                let (n,): (i64,) =
+                    sqlx::query_as("SELECT COUNT(*) FROM reach_webhooks WHERE task_id = $1")
+                        .bind(&w.task_id)
+                        .fetch_one(&mut *tx)
+                        .await?;
+                if n >= max {
+                    return Ok(WebhookUpsert::Full);
+                }
+                sqlx::query(
+                    "INSERT INTO reach_webhooks (webhook_id, task_id, url, token, auth_scheme, auth_credentials, format, delivered_seq, created_ms, failed_attempts, last_error, next_attempt_ms, lease_owner, lease_until_ms) \
+                     VALUES ($1, $2, $3, $4, $5, $6, $7, 0, $8, 0, '', 0, NULL, 0)",
+                )
+                .bind(&w.webhook_id)
+                .bind(&w.task_id)
+                .bind(&w.url)
+                .bind(&w.token)
+                .bind(&w.auth_scheme)
+                .bind(&w.auth_credentials)
+                .bind(&w.format)
+                .bind(w.created_ms)
+                .execute(&mut *tx)
+                .await?;
+            }
+            let row: WebhookTuple = sqlx::query_as(sqlx::AssertSqlSafe(format!(
+                "SELECT {WEBHOOK_COLUMNS} FROM reach_webhooks WHERE task_id = $1 AND webhook_id = $2"
+            )))
+            .bind(&w.task_id)
+            .bind(&w.webhook_id)
+            .fetch_one(&mut *tx)
+            .await?;
+            tx.commit().await?;
+            Ok(WebhookUpsert::Stored(Box::new(webhook_from_row(row))))
+        })
+    }
+
+    /// Webhook `webhook_id` of task `task_id`, if it exists.
+    ///
+    /// # Errors
+    /// [`StoreError`] on database failure.
+    pub async fn webhook(
+        &self,
+        task_id: &str,
+        webhook_id: &str,
+    ) -> Result<Option<WebhookRow>, StoreError> {
+        let row: Option<WebhookTuple> = with_pool!(&self.backend, |p| {
+            sqlx::query_as(sqlx::AssertSqlSafe(format!(
+                "SELECT {WEBHOOK_COLUMNS} FROM reach_webhooks WHERE task_id = $1 AND webhook_id = $2"
+            )))
+            .bind(task_id)
+            .bind(webhook_id)
+            .fetch_optional(p)
+            .await?
+        });
+        Ok(row.map(webhook_from_row))
+    }
+
+    /// Up to `limit` webhooks of task `task_id`, oldest first, starting after the page
+    /// token (`created_ms` and `webhook_id` of the last row of the previous page).
+    ///
+    /// # Errors
+    /// [`StoreError`] on database failure.
+    pub async fn list_webhooks(
+        &self,
+        task_id: &str,
+        limit: u32,
+        after: Option<(i64, String)>,
+    ) -> Result<Vec<WebhookRow>, StoreError> {
+        let (after_ms, after_id) = after.unwrap_or((i64::MIN, String::new()));
+        let rows: Vec<WebhookTuple> = with_pool!(&self.backend, |p| {
+            sqlx::query_as(sqlx::AssertSqlSafe(format!(
+                "SELECT {WEBHOOK_COLUMNS} FROM reach_webhooks WHERE task_id = $1 \
+                 AND (created_ms > $2 OR (created_ms = $2 AND webhook_id > $3)) \
+                 ORDER BY created_ms, webhook_id LIMIT $4"
+            )))
+            .bind(task_id)
+            .bind(after_ms)
+            .bind(after_id.clone())
+            .bind(i64::from(limit))
+            .fetch_all(p)
+            .await?
+        });
+        Ok(rows.into_iter().map(webhook_from_row).collect())
+    }
+
+    /// Deletes webhook `webhook_id` of task `task_id`; `false` when there was none.
+    ///
+    /// # Errors
+    /// [`StoreError`] on database failure.
+    pub async fn delete_webhook(
+        &self,
+        task_id: &str,
+        webhook_id: &str,
+    ) -> Result<bool, StoreError> {
+        Ok(with_pool!(&self.backend, |p| {
+            sqlx::query("DELETE FROM reach_webhooks WHERE task_id = $1 AND webhook_id = $2")
+                .bind(task_id)
+                .bind(webhook_id)
+                .execute(p)
+                .await?
+                .rows_affected()
+        }) == 1)
+    }
+
+    /// Leases to `owner` until `lease_until_ms` up to `limit` webhooks that are due at
+    /// `now_ms`: their task has events after their `delivered_seq`, their next attempt is due,
+    /// and their lease is free, expired or already `owner`'s. Webhooks whose events are all
+    /// delivered (every webhook of an ended task, eventually) are not returned. Two replicas
+    /// never hold the same webhook at once.
+    ///
+    /// # Errors
+    /// [`StoreError`] on database failure.
+    pub async fn claim_webhooks(
+        &self,
+        owner: &str,
+        now_ms: i64,
+        lease_until_ms: i64,
+        limit: u32,
+    ) -> Result<Vec<WebhookRow>, StoreError> {
+        let cond = "w.next_attempt_ms <= $3 AND (w.lease_until_ms < $3 OR w.lease_owner = $1) \
+                    AND w.delivered_seq < (SELECT t.seq FROM reach_tasks t WHERE t.task_id = w.task_id)";
+        let lock = match self.backend {
+            Backend::Postgres(_) => " FOR UPDATE SKIP LOCKED",
+            Backend::Sqlite(_) => "",
+        };
+        let sql = format!(
+            "UPDATE reach_webhooks SET lease_owner = $1, lease_until_ms = $2 WHERE (task_id, webhook_id) IN \
+             (SELECT w.task_id, w.webhook_id FROM reach_webhooks w WHERE {cond} ORDER BY w.next_attempt_ms LIMIT $4{lock}) \
+             AND (lease_until_ms < $3 OR lease_owner = $1) RETURNING {WEBHOOK_COLUMNS}"
+        );
+        let rows: Vec<WebhookTuple> = with_pool!(&self.backend, |p| {
+            sqlx::query_as(sqlx::AssertSqlSafe(sql.clone()))
+                .bind(owner)
+                .bind(lease_until_ms)
+                .bind(now_ms)
+                .bind(i64::from(limit))
+                .fetch_all(p)
+                .await?
+        });
+        Ok(rows.into_iter().map(webhook_from_row).collect())
+    }
+
+    /// Records that the webhook accepted the notifications up to `delivered_seq` (clearing
+    /// its failures) and extends `owner`'s lease to `lease_until_ms`; `false` when `owner`
+    /// no longer holds the webhook (it was deleted, or its lease expired and another replica
+    /// took it).
+    ///
+    /// # Errors
+    /// [`StoreError`] on database failure.
+    pub async fn webhook_delivered(
+        &self,
+        task_id: &str,
+        webhook_id: &str,
+        owner: &str,
+        delivered_seq: i64,
+        lease_until_ms: i64,
+    ) -> Result<bool, StoreError> {
+        Ok(with_pool!(&self.backend, |p| {
+            sqlx::query(
+                "UPDATE reach_webhooks SET delivered_seq = $1, failed_attempts = 0, last_error = '', next_attempt_ms = 0, lease_until_ms = $2 \
+                 WHERE task_id = $3 AND webhook_id = $4 AND lease_owner = $5 AND delivered_seq <= $1",
+            )
+            .bind(delivered_seq)
+            .bind(lease_until_ms)
+            .bind(task_id)
+            .bind(webhook_id)
+            .bind(owner)
+            .execute(p)
+            .await?
+            .rows_affected()
+        }) == 1)
+    }
+
+    /// Records a failed attempt (`error`; the next one is due at `next_attempt_ms`) and
+    /// releases `owner`'s lease.
+    ///
+    /// # Errors
+    /// [`StoreError`] on database failure.
+    pub async fn webhook_failed(
+        &self,
+        task_id: &str,
+        webhook_id: &str,
+        owner: &str,
+        error: &str,
+        next_attempt_ms: i64,
+    ) -> Result<(), StoreError> {
+        with_pool!(&self.backend, |p| {
+            sqlx::query(
+                "UPDATE reach_webhooks SET failed_attempts = failed_attempts + 1, last_error = $1, next_attempt_ms = $2, \
+                 lease_owner = NULL, lease_until_ms = 0 WHERE task_id = $3 AND webhook_id = $4 AND lease_owner = $5",
+            )
+            .bind(error)
+            .bind(next_attempt_ms)
+            .bind(task_id)
+            .bind(webhook_id)
+            .bind(owner)
+            .execute(p)
+            .await?;
+        });
+        Ok(())
+    }
+
+    /// Parks a webhook `owner` holds, releasing the lease, when its task has ended and it
+    /// was sent everything (`delivered_seq` is the task's last sequence): it is not polled
+    /// again (see [`WEBHOOK_PARKED_MS`]). `false`, changing nothing, otherwise.
+    ///
+    /// # Errors
+    /// [`StoreError`] on database failure.
+    pub async fn park_webhook(
+        &self,
+        task_id: &str,
+        webhook_id: &str,
+        owner: &str,
+    ) -> Result<bool, StoreError> {
+        Ok(with_pool!(&self.backend, |p| {
+            sqlx::query(
+                "UPDATE reach_webhooks SET next_attempt_ms = $1, lease_owner = NULL, lease_until_ms = 0 \
+                 WHERE task_id = $2 AND webhook_id = $3 AND lease_owner = $4 \
+                 AND delivered_seq >= (SELECT t.seq FROM reach_tasks t WHERE t.task_id = $2 AND t.ended_ms IS NOT NULL)",
+            )
+            .bind(WEBHOOK_PARKED_MS)
+            .bind(task_id)
+            .bind(webhook_id)
+            .bind(owner)
+            .execute(p)
+            .await?
+            .rows_affected()
+        }) == 1)
+    }
+
+    /// Makes parked webhooks due again: those of task `task_id` (it was retried), or with
+    /// `None` those of every task that has not ended (a sweep at start, for a retry whose
+    /// process stopped before it unparked them). Returns how many.
+    ///
+    /// # Errors
+    /// [`StoreError`] on database failure.
+    pub async fn unpark_webhooks(&self, task_id: Option<&str>) -> Result<u64, StoreError> {
+        Ok(with_pool!(&self.backend, |p| {
+            sqlx::query(
+                "UPDATE reach_webhooks SET next_attempt_ms = 0 WHERE next_attempt_ms = $1 \
+                 AND task_id IN (SELECT t.task_id FROM reach_tasks t WHERE t.ended_ms IS NULL AND ($2 = '' OR t.task_id = $2))",
+            )
+            .bind(WEBHOOK_PARKED_MS)
+            .bind(task_id.unwrap_or(""))
+            .execute(p)
+            .await?
+            .rows_affected()
+        }))
+    }
+
+    /// Releases every webhook lease `owner` holds (a replica stopping cleanly), or with
+    /// `None` every lease (an exclusive SQLite store at start: the previous process is gone).
+    ///
+    /// # Errors
+    /// [`StoreError`] on database failure.
+    pub async fn release_webhooks(&self, owner: Option<&str>) -> Result<u64, StoreError> {
+        Ok(with_pool!(&self.backend, |p| {
+            sqlx::query(
+                "UPDATE reach_webhooks SET lease_owner = NULL, lease_until_ms = 0 \
+                 WHERE lease_owner IS NOT NULL AND ($1 = '' OR lease_owner = $1)",
+            )
+            .bind(owner.unwrap_or(""))
+            .execute(p)
+            .await?
+            .rows_affected()
+        }))
+    }
+
+    /// Releases `owner`'s lease of a webhook (its turn is over).
+    ///
+    /// # Errors
+    /// [`StoreError`] on database failure.
+    pub async fn release_webhook(
+        &self,
+        task_id: &str,
+        webhook_id: &str,
+        owner: &str,
+    ) -> Result<(), StoreError> {
+        with_pool!(&self.backend, |p| {
+            sqlx::query(
+                "UPDATE reach_webhooks SET lease_owner = NULL, lease_until_ms = 0 WHERE task_id = $1 AND webhook_id = $2 AND lease_owner = $3",
+            )
+            .bind(task_id)
+            .bind(webhook_id)
+            .bind(owner)
+            .execute(p)
+            .await?;
+        });
+        Ok(())
     }
 
     /// Closes the pool.
@@ -850,6 +1178,91 @@ fn summary_from_row(r: SummaryRow) -> TaskSummary {
     }
 }
 
+/// One row of `reach_webhooks`: a task webhook's settings and delivery progress.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WebhookRow {
+    /// The webhook id, unique within its task.
+    pub webhook_id: String,
+    /// The task.
+    pub task_id: String,
+    /// Where notifications are POSTed.
+    pub url: String,
+    /// The `X-A2A-Notification-Token` header value; empty for none.
+    pub token: String,
+    /// The `Authorization` scheme; empty for none.
+    pub auth_scheme: String,
+    /// The `Authorization` credentials; empty for none.
+    pub auth_credentials: String,
+    /// The renderer's format (`reach`, ...).
+    pub format: String,
+    /// The sequence number of the last event delivered (0 before the first).
+    pub delivered_seq: i64,
+    /// When created (unix ms).
+    pub created_ms: i64,
+    /// Failed attempts since the last success.
+    pub failed_attempts: i64,
+    /// The last failure; empty after a success.
+    pub last_error: String,
+    /// When the next attempt is due (unix ms); 0 for at once, [`WEBHOOK_PARKED_MS`] for
+    /// never (parked).
+    pub next_attempt_ms: i64,
+    /// The replica delivering now, if any.
+    pub lease_owner: Option<String>,
+    /// Until when `lease_owner` holds it (unix ms).
+    pub lease_until_ms: i64,
+}
+
+/// The `next_attempt_ms` of a parked webhook: its task ended and it was sent every event,
+/// so it is kept (for GetTaskWebhook) but not polled; RetryTask makes it due again.
+pub const WEBHOOK_PARKED_MS: i64 = i64::MAX;
+
+/// What [`Store::upsert_webhook`] did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum WebhookUpsert {
+    /// Stored (created or replaced); the row as it is now.
+    Stored(Box<WebhookRow>),
+    /// Not created: the task has as many webhooks as it may.
+    Full,
+}
+
+const WEBHOOK_COLUMNS: &str = "webhook_id, task_id, url, token, auth_scheme, auth_credentials, format, delivered_seq, created_ms, failed_attempts, last_error, next_attempt_ms, lease_owner, lease_until_ms";
+
+type WebhookTuple = (
+    String,
+    String,
+    String,
+    String,
+    String,
+    String,
+    String,
+    i64,
+    i64,
+    i64,
+    String,
+    i64,
+    Option<String>,
+    i64,
+);
+
+fn webhook_from_row(r: WebhookTuple) -> WebhookRow {
+    WebhookRow {
+        webhook_id: r.0,
+        task_id: r.1,
+        url: r.2,
+        token: r.3,
+        auth_scheme: r.4,
+        auth_credentials: r.5,
+        format: r.6,
+        delivered_seq: r.7,
+        created_ms: r.8,
+        failed_attempts: r.9,
+        last_error: r.10,
+        next_attempt_ms: r.11,
+        lease_owner: r.12,
+        lease_until_ms: r.13,
+    }
+}
+
 const SCHEMA: &[&str] = &[
     "CREATE TABLE IF NOT EXISTS reach_flows (flow_id TEXT NOT NULL, version BIGINT NOT NULL, yaml TEXT NOT NULL, source TEXT NOT NULL, applied_ms BIGINT NOT NULL, PRIMARY KEY (flow_id, version))",
     "CREATE TABLE IF NOT EXISTS reach_tasks (task_id TEXT PRIMARY KEY, flow_id TEXT NOT NULL, flow_version BIGINT NOT NULL, status TEXT NOT NULL, current_node TEXT, seq BIGINT NOT NULL, created_ms BIGINT NOT NULL, updated_ms BIGINT NOT NULL, ended_ms BIGINT, owner TEXT, lease_until_ms BIGINT NOT NULL DEFAULT 0, trace_id TEXT NOT NULL, error TEXT, failed_node TEXT)",
@@ -863,6 +1276,8 @@ const SCHEMA: &[&str] = &[
     "CREATE TABLE IF NOT EXISTS reach_timers (timer_id TEXT PRIMARY KEY, task_id TEXT NOT NULL, fire_at_ms BIGINT NOT NULL, state TEXT NOT NULL)",
     "CREATE INDEX IF NOT EXISTS reach_timers_due ON reach_timers (state, fire_at_ms)",
     "CREATE INDEX IF NOT EXISTS reach_timers_task ON reach_timers (task_id)",
+    "CREATE TABLE IF NOT EXISTS reach_webhooks (webhook_id TEXT NOT NULL, task_id TEXT NOT NULL, url TEXT NOT NULL, token TEXT NOT NULL, auth_scheme TEXT NOT NULL, auth_credentials TEXT NOT NULL, format TEXT NOT NULL, delivered_seq BIGINT NOT NULL DEFAULT 0, created_ms BIGINT NOT NULL, failed_attempts BIGINT NOT NULL DEFAULT 0, last_error TEXT NOT NULL DEFAULT '', next_attempt_ms BIGINT NOT NULL DEFAULT 0, lease_owner TEXT, lease_until_ms BIGINT NOT NULL DEFAULT 0, PRIMARY KEY (task_id, webhook_id))",
+    "CREATE INDEX IF NOT EXISTS reach_webhooks_due ON reach_webhooks (next_attempt_ms)",
 ];
 
 async fn create_schema(backend: &Backend) -> Result<(), StoreError> {
@@ -1211,6 +1626,161 @@ mod tests {
             assert_eq!(mode(&wal), 0o600);
         }
         store.close().await;
+    }
+
+    fn hook(task: &str, id: &str) -> WebhookRow {
+        WebhookRow {
+            webhook_id: id.into(),
+            task_id: task.into(),
+            url: "http://127.0.0.1:9/".into(),
+            token: String::new(),
+            auth_scheme: String::new(),
+            auth_credentials: String::new(),
+            format: "reach".into(),
+            delivered_seq: 0,
+            created_ms: 1,
+            failed_attempts: 0,
+            last_error: String::new(),
+            next_attempt_ms: 0,
+            lease_owner: None,
+            lease_until_ms: 0,
+        }
+    }
+
+    /// A webhook is leased to one owner at a time; a lost lease refuses progress; failures
+    /// delay it; once its ended task's events are all in it is parked until a retry; replacing
+    /// keeps its progress; the purge of its task deletes it.
+    #[tokio::test]
+    async fn webhooks_are_leased_parked_and_purged() {
+        let store = Store::open("sqlite::memory:", SqliteDurability::Normal)
+            .await
+            .unwrap();
+        let Backend::Sqlite(pool) = &store.backend else {
+            unreachable!()
+        };
+        sqlx::query("INSERT INTO reach_tasks (task_id, flow_id, flow_version, status, seq, created_ms, updated_ms, trace_id) VALUES ('t', 'f', 1, 'PROCESSING', 3, 0, 0, 'x')")
+            .execute(pool)
+            .await
+            .unwrap();
+        let stored = |u: WebhookUpsert| match u {
+            WebhookUpsert::Stored(w) => *w,
+            WebhookUpsert::Full => panic!("full"),
+        };
+        stored(store.upsert_webhook(&hook("t", "w"), 2).await.unwrap());
+        stored(store.upsert_webhook(&hook("t", "v"), 2).await.unwrap());
+        assert_eq!(
+            store.upsert_webhook(&hook("t", "u"), 2).await.unwrap(),
+            WebhookUpsert::Full
+        );
+        store.delete_webhook("t", "v").await.unwrap();
+
+        let claimed = store.claim_webhooks("a", 100, 200, 64).await.unwrap();
+        assert_eq!(claimed.len(), 1);
+        assert!(
+            store
+                .claim_webhooks("b", 150, 250, 64)
+                .await
+                .unwrap()
+                .is_empty()
+        );
+        assert!(
+            store
+                .webhook_delivered("t", "w", "a", 1, 300)
+                .await
+                .unwrap()
+        );
+        // Released leases (a replica stopping, or every lease on an SQLite store at start) are
+        // free at once; another owner's lease is not released.
+        assert_eq!(store.release_webhooks(Some("b")).await.unwrap(), 0);
+        assert_eq!(store.release_webhooks(None).await.unwrap(), 1);
+        assert_eq!(
+            store.claim_webhooks("a", 150, 300, 64).await.unwrap().len(),
+            1
+        );
+        // Expired: b takes it over, and a's progress is refused.
+        assert_eq!(
+            store.claim_webhooks("b", 301, 400, 64).await.unwrap().len(),
+            1
+        );
+        assert!(
+            !store
+                .webhook_delivered("t", "w", "a", 2, 500)
+                .await
+                .unwrap()
+        );
+        store
+            .webhook_failed("t", "w", "b", "HTTP 500", 1000)
+            .await
+            .unwrap();
+        assert!(
+            store
+                .claim_webhooks("a", 999, 2000, 64)
+                .await
+                .unwrap()
+                .is_empty()
+        );
+        let w = store.claim_webhooks("a", 1000, 2000, 64).await.unwrap();
+        assert_eq!((w[0].failed_attempts, w[0].delivered_seq), (1, 1));
+        assert!(
+            store
+                .webhook_delivered("t", "w", "a", 3, 2000)
+                .await
+                .unwrap()
+        );
+        // Running task: not parked, and nothing pending, so not claimed.
+        assert!(!store.park_webhook("t", "w", "a").await.unwrap());
+        store.release_webhook("t", "w", "a").await.unwrap();
+        assert!(
+            store
+                .claim_webhooks("a", 1000, 2000, 64)
+                .await
+                .unwrap()
+                .is_empty()
+        );
+
+        sqlx::query("UPDATE reach_tasks SET ended_ms = 5, status = 'SUCCEEDED'")
+            .execute(pool)
+            .await
+            .unwrap();
+        sqlx::query("UPDATE reach_webhooks SET lease_owner = 'a'")
+            .execute(pool)
+            .await
+            .unwrap();
+        assert!(store.park_webhook("t", "w", "a").await.unwrap());
+        let parked = store.webhook("t", "w").await.unwrap().unwrap();
+        assert_eq!(parked.next_attempt_ms, WEBHOOK_PARKED_MS);
+        assert_eq!(parked.lease_owner, None);
+        // Replacing keeps progress and parking; the ended task's webhook stays parked.
+        let mut replaced = hook("t", "w");
+        replaced.url = "https://example.com/".into();
+        let now = stored(store.upsert_webhook(&replaced, 2).await.unwrap());
+        assert_eq!(
+            (now.delivered_seq, now.next_attempt_ms),
+            (3, WEBHOOK_PARKED_MS)
+        );
+        assert_eq!(now.url, "https://example.com/");
+        assert_eq!(store.unpark_webhooks(None).await.unwrap(), 0);
+        // A retry: the task runs again with more events.
+        sqlx::query("UPDATE reach_tasks SET ended_ms = NULL, status = 'PROCESSING', seq = 4")
+            .execute(pool)
+            .await
+            .unwrap();
+        assert_eq!(store.unpark_webhooks(Some("t")).await.unwrap(), 1);
+        assert_eq!(
+            store
+                .claim_webhooks("a", 3000, 4000, 64)
+                .await
+                .unwrap()
+                .len(),
+            1
+        );
+
+        sqlx::query("UPDATE reach_tasks SET ended_ms = 5, status = 'SUCCEEDED'")
+            .execute(pool)
+            .await
+            .unwrap();
+        assert_eq!(store.purge(10).await.unwrap(), 1);
+        assert_eq!(store.webhook("t", "w").await.unwrap(), None);
     }
 
     /// A stored event that no longer decodes is reported as corrupt, naming task and seq.

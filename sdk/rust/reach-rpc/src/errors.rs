@@ -124,6 +124,16 @@ pub mod reason {
     pub const FLOW_VERSION_CONFLICT: &str = "FLOW_VERSION_CONFLICT";
     /// A list request's `page_token` was not issued by this server: INVALID_ARGUMENT.
     pub const INVALID_PAGE_TOKEN: &str = "INVALID_PAGE_TOKEN";
+    /// CreateTaskWebhook's request is not valid (a BadRequest names the field: `url`,
+    /// `webhook_id`, `token`, `auth_scheme`, `auth_credentials` or `format`; `field` in the
+    /// metadata): INVALID_ARGUMENT.
+    pub const INVALID_WEBHOOK: &str = "INVALID_WEBHOOK";
+    /// CreateTaskWebhook of a new webhook on a task that has as many as it may have (`limit`
+    /// in the metadata): FAILED_PRECONDITION. Delete one, or replace one by its id.
+    pub const TOO_MANY_WEBHOOKS: &str = "TOO_MANY_WEBHOOKS";
+    /// GetTaskWebhook or DeleteTaskWebhook of a webhook the task does not have
+    /// (`webhook_id` in the metadata): NOT_FOUND.
+    pub const WEBHOOK_NOT_FOUND: &str = "WEBHOOK_NOT_FOUND";
     /// The task store cannot be reached or is busy; retry later: UNAVAILABLE.
     pub const STORE_UNAVAILABLE: &str = "STORE_UNAVAILABLE";
     /// A store write collided with a concurrent one on a unique key: ABORTED.

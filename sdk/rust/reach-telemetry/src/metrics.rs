@@ -76,6 +76,9 @@ pub mod names {
     pub const ORCHESTRATOR_TIMER_LAG: &str = "reach_orchestrator_timer_lag_seconds";
     /// Counter: tasks moved to the dead-letter list.
     pub const ORCHESTRATOR_DEAD_LETTERS: &str = "reach_orchestrator_dead_letters_total";
+    /// Counter `{outcome}`: task webhook notifications POSTed (`outcome`: `delivered` for a
+    /// 2xx answer, `failed` for a connection error, a timeout or another status).
+    pub const WEBHOOK_DELIVERIES: &str = "reach_webhook_deliveries_total";
 
     /// Histogram `{capability, code}`: agent handler latency, seconds.
     pub const SDK_HANDLER_DURATION: &str = "reach_sdk_handler_duration_seconds";
@@ -203,6 +206,7 @@ fn describe() {
         ORCHESTRATOR_DEAD_LETTERS,
         "tasks moved to the dead-letter list"
     );
+    describe_counter!(WEBHOOK_DELIVERIES, "task webhook notifications posted");
     describe_histogram!(SDK_HANDLER_DURATION, Unit::Seconds, "agent handler latency");
     describe_gauge!(SDK_QUEUE_DEPTH, "messages waiting for a handler slot");
     describe_gauge!(SDK_IN_FLIGHT, "messages being handled");

@@ -234,7 +234,15 @@ impl Engine {
     /// [`Error::TaskNotRetryable`] for tasks in other states; [`Error::NoNodeToRetry`];
     /// [`Error::TaskNotFound`]; [`Error::TaskContended`]; [`Error::Store`].
     pub async fn retry(&self, task_id: &str) -> Result<TaskState, Error> {
-        self.command(task_id, |state, _| retry_events(state)).await
+        let state = self
+            .command(task_id, |state, _| retry_events(state))
+            .await?;
+        // The task runs again: its webhooks, parked once it ended and they had everything,
+        // are polled again (after the retry's events are stored, so none parks again).
+        if let Err(e) = self.inner.store.unpark_webhooks(Some(task_id)).await {
+            tracing::warn!(task_id, error = %e, "cannot resume the webhooks of a retried task");
+        }
+        Ok(state)
     }
 }
 

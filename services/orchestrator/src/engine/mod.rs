@@ -204,6 +204,11 @@ impl Engine {
         &self.inner.flows
     }
 
+    /// This replica's id, the owner of its task and webhook leases.
+    pub fn node_id(&self) -> &str {
+        &self.inner.settings.node_id
+    }
+
     /// The clock.
     pub fn clock(&self) -> Clock {
         self.inner.clock

@@ -421,3 +421,99 @@ class DumpTaskResponse(_message.Message):
     task: Task
     records: _containers.RepeatedCompositeFieldContainer[DumpRecord]
     def __init__(self, task: _Optional[_Union[Task, _Mapping]] = ..., records: _Optional[_Iterable[_Union[DumpRecord, _Mapping]]] = ...) -> None: ...
+
+class TaskWebhook(_message.Message):
+    __slots__ = ("webhook_id", "task_id", "url", "token", "auth_scheme", "auth_credentials", "format", "delivered_sequence", "created_at", "failed_attempts", "last_error", "next_attempt_at")
+    WEBHOOK_ID_FIELD_NUMBER: _ClassVar[int]
+    TASK_ID_FIELD_NUMBER: _ClassVar[int]
+    URL_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_FIELD_NUMBER: _ClassVar[int]
+    AUTH_SCHEME_FIELD_NUMBER: _ClassVar[int]
+    AUTH_CREDENTIALS_FIELD_NUMBER: _ClassVar[int]
+    FORMAT_FIELD_NUMBER: _ClassVar[int]
+    DELIVERED_SEQUENCE_FIELD_NUMBER: _ClassVar[int]
+    CREATED_AT_FIELD_NUMBER: _ClassVar[int]
+    FAILED_ATTEMPTS_FIELD_NUMBER: _ClassVar[int]
+    LAST_ERROR_FIELD_NUMBER: _ClassVar[int]
+    NEXT_ATTEMPT_AT_FIELD_NUMBER: _ClassVar[int]
+    webhook_id: str
+    task_id: str
+    url: str
+    token: str
+    auth_scheme: str
+    auth_credentials: str
+    format: str
+    delivered_sequence: int
+    created_at: _timestamp_pb2.Timestamp
+    failed_attempts: int
+    last_error: str
+    next_attempt_at: _timestamp_pb2.Timestamp
+    def __init__(self, webhook_id: _Optional[str] = ..., task_id: _Optional[str] = ..., url: _Optional[str] = ..., token: _Optional[str] = ..., auth_scheme: _Optional[str] = ..., auth_credentials: _Optional[str] = ..., format: _Optional[str] = ..., delivered_sequence: _Optional[int] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., failed_attempts: _Optional[int] = ..., last_error: _Optional[str] = ..., next_attempt_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+
+class CreateTaskWebhookRequest(_message.Message):
+    __slots__ = ("task_id", "webhook_id", "url", "token", "auth_scheme", "auth_credentials", "format")
+    TASK_ID_FIELD_NUMBER: _ClassVar[int]
+    WEBHOOK_ID_FIELD_NUMBER: _ClassVar[int]
+    URL_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_FIELD_NUMBER: _ClassVar[int]
+    AUTH_SCHEME_FIELD_NUMBER: _ClassVar[int]
+    AUTH_CREDENTIALS_FIELD_NUMBER: _ClassVar[int]
+    FORMAT_FIELD_NUMBER: _ClassVar[int]
+    task_id: str
+    webhook_id: str
+    url: str
+    token: str
+    auth_scheme: str
+    auth_credentials: str
+    format: str
+    def __init__(self, task_id: _Optional[str] = ..., webhook_id: _Optional[str] = ..., url: _Optional[str] = ..., token: _Optional[str] = ..., auth_scheme: _Optional[str] = ..., auth_credentials: _Optional[str] = ..., format: _Optional[str] = ...) -> None: ...
+
+class CreateTaskWebhookResponse(_message.Message):
+    __slots__ = ("webhook",)
+    WEBHOOK_FIELD_NUMBER: _ClassVar[int]
+    webhook: TaskWebhook
+    def __init__(self, webhook: _Optional[_Union[TaskWebhook, _Mapping]] = ...) -> None: ...
+
+class GetTaskWebhookRequest(_message.Message):
+    __slots__ = ("task_id", "webhook_id")
+    TASK_ID_FIELD_NUMBER: _ClassVar[int]
+    WEBHOOK_ID_FIELD_NUMBER: _ClassVar[int]
+    task_id: str
+    webhook_id: str
+    def __init__(self, task_id: _Optional[str] = ..., webhook_id: _Optional[str] = ...) -> None: ...
+
+class GetTaskWebhookResponse(_message.Message):
+    __slots__ = ("webhook",)
+    WEBHOOK_FIELD_NUMBER: _ClassVar[int]
+    webhook: TaskWebhook
+    def __init__(self, webhook: _Optional[_Union[TaskWebhook, _Mapping]] = ...) -> None: ...
+
+class ListTaskWebhooksRequest(_message.Message):
+    __slots__ = ("task_id", "page_size", "page_token")
+    TASK_ID_FIELD_NUMBER: _ClassVar[int]
+    PAGE_SIZE_FIELD_NUMBER: _ClassVar[int]
+    PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    task_id: str
+    page_size: int
+    page_token: str
+    def __init__(self, task_id: _Optional[str] = ..., page_size: _Optional[int] = ..., page_token: _Optional[str] = ...) -> None: ...
+
+class ListTaskWebhooksResponse(_message.Message):
+    __slots__ = ("webhooks", "next_page_token")
+    WEBHOOKS_FIELD_NUMBER: _ClassVar[int]
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    webhooks: _containers.RepeatedCompositeFieldContainer[TaskWebhook]
+    next_page_token: str
+    def __init__(self, webhooks: _Optional[_Iterable[_Union[TaskWebhook, _Mapping]]] = ..., next_page_token: _Optional[str] = ...) -> None: ...
+
+class DeleteTaskWebhookRequest(_message.Message):
+    __slots__ = ("task_id", "webhook_id")
+    TASK_ID_FIELD_NUMBER: _ClassVar[int]
+    WEBHOOK_ID_FIELD_NUMBER: _ClassVar[int]
+    task_id: str
+    webhook_id: str
+    def __init__(self, task_id: _Optional[str] = ..., webhook_id: _Optional[str] = ...) -> None: ...
+
+class DeleteTaskWebhookResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...

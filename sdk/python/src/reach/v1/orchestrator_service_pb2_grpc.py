@@ -96,6 +96,26 @@ class OrchestratorServiceStub:
                 request_serializer=reach_dot_v1_dot_orchestrator__service__pb2.DumpTaskRequest.SerializeToString,
                 response_deserializer=reach_dot_v1_dot_orchestrator__service__pb2.DumpTaskResponse.FromString,
                 _registered_method=True)
+        self.CreateTaskWebhook = channel.unary_unary(
+                '/reach.v1.OrchestratorService/CreateTaskWebhook',
+                request_serializer=reach_dot_v1_dot_orchestrator__service__pb2.CreateTaskWebhookRequest.SerializeToString,
+                response_deserializer=reach_dot_v1_dot_orchestrator__service__pb2.CreateTaskWebhookResponse.FromString,
+                _registered_method=True)
+        self.GetTaskWebhook = channel.unary_unary(
+                '/reach.v1.OrchestratorService/GetTaskWebhook',
+                request_serializer=reach_dot_v1_dot_orchestrator__service__pb2.GetTaskWebhookRequest.SerializeToString,
+                response_deserializer=reach_dot_v1_dot_orchestrator__service__pb2.GetTaskWebhookResponse.FromString,
+                _registered_method=True)
+        self.ListTaskWebhooks = channel.unary_unary(
+                '/reach.v1.OrchestratorService/ListTaskWebhooks',
+                request_serializer=reach_dot_v1_dot_orchestrator__service__pb2.ListTaskWebhooksRequest.SerializeToString,
+                response_deserializer=reach_dot_v1_dot_orchestrator__service__pb2.ListTaskWebhooksResponse.FromString,
+                _registered_method=True)
+        self.DeleteTaskWebhook = channel.unary_unary(
+                '/reach.v1.OrchestratorService/DeleteTaskWebhook',
+                request_serializer=reach_dot_v1_dot_orchestrator__service__pb2.DeleteTaskWebhookRequest.SerializeToString,
+                response_deserializer=reach_dot_v1_dot_orchestrator__service__pb2.DeleteTaskWebhookResponse.FromString,
+                _registered_method=True)
 
 
 class OrchestratorServiceServicer:
@@ -191,6 +211,40 @@ class OrchestratorServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def CreateTaskWebhook(self, request, context):
+        """CreateTaskWebhook registers a URL that is sent a notification (an HTTP POST) for each
+        event of the task's log, in order, from the orchestrator's durable event log: a webhook
+        that is down gets each event later, with back-off. Creating an id that the task already
+        has replaces that webhook and keeps what it was already sent. Needs the same rights as
+        CancelTask.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetTaskWebhook(self, request, context):
+        """GetTaskWebhook returns one webhook of a task (credentials masked) with its delivery
+        progress.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListTaskWebhooks(self, request, context):
+        """ListTaskWebhooks lists the webhooks of a task (credentials masked), oldest first.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DeleteTaskWebhook(self, request, context):
+        """DeleteTaskWebhook removes a webhook of a task; nothing more is sent to it. Needs the
+        same rights as CancelTask.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_OrchestratorServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -253,6 +307,26 @@ def add_OrchestratorServiceServicer_to_server(servicer, server):
                     servicer.DumpTask,
                     request_deserializer=reach_dot_v1_dot_orchestrator__service__pb2.DumpTaskRequest.FromString,
                     response_serializer=reach_dot_v1_dot_orchestrator__service__pb2.DumpTaskResponse.SerializeToString,
+            ),
+            'CreateTaskWebhook': grpc.unary_unary_rpc_method_handler(
+                    servicer.CreateTaskWebhook,
+                    request_deserializer=reach_dot_v1_dot_orchestrator__service__pb2.CreateTaskWebhookRequest.FromString,
+                    response_serializer=reach_dot_v1_dot_orchestrator__service__pb2.CreateTaskWebhookResponse.SerializeToString,
+            ),
+            'GetTaskWebhook': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetTaskWebhook,
+                    request_deserializer=reach_dot_v1_dot_orchestrator__service__pb2.GetTaskWebhookRequest.FromString,
+                    response_serializer=reach_dot_v1_dot_orchestrator__service__pb2.GetTaskWebhookResponse.SerializeToString,
+            ),
+            'ListTaskWebhooks': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListTaskWebhooks,
+                    request_deserializer=reach_dot_v1_dot_orchestrator__service__pb2.ListTaskWebhooksRequest.FromString,
+                    response_serializer=reach_dot_v1_dot_orchestrator__service__pb2.ListTaskWebhooksResponse.SerializeToString,
+            ),
+            'DeleteTaskWebhook': grpc.unary_unary_rpc_method_handler(
+                    servicer.DeleteTaskWebhook,
+                    request_deserializer=reach_dot_v1_dot_orchestrator__service__pb2.DeleteTaskWebhookRequest.FromString,
+                    response_serializer=reach_dot_v1_dot_orchestrator__service__pb2.DeleteTaskWebhookResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -581,6 +655,114 @@ class OrchestratorService:
             '/reach.v1.OrchestratorService/DumpTask',
             reach_dot_v1_dot_orchestrator__service__pb2.DumpTaskRequest.SerializeToString,
             reach_dot_v1_dot_orchestrator__service__pb2.DumpTaskResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CreateTaskWebhook(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/reach.v1.OrchestratorService/CreateTaskWebhook',
+            reach_dot_v1_dot_orchestrator__service__pb2.CreateTaskWebhookRequest.SerializeToString,
+            reach_dot_v1_dot_orchestrator__service__pb2.CreateTaskWebhookResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetTaskWebhook(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/reach.v1.OrchestratorService/GetTaskWebhook',
+            reach_dot_v1_dot_orchestrator__service__pb2.GetTaskWebhookRequest.SerializeToString,
+            reach_dot_v1_dot_orchestrator__service__pb2.GetTaskWebhookResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListTaskWebhooks(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/reach.v1.OrchestratorService/ListTaskWebhooks',
+            reach_dot_v1_dot_orchestrator__service__pb2.ListTaskWebhooksRequest.SerializeToString,
+            reach_dot_v1_dot_orchestrator__service__pb2.ListTaskWebhooksResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DeleteTaskWebhook(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/reach.v1.OrchestratorService/DeleteTaskWebhook',
+            reach_dot_v1_dot_orchestrator__service__pb2.DeleteTaskWebhookRequest.SerializeToString,
+            reach_dot_v1_dot_orchestrator__service__pb2.DeleteTaskWebhookResponse.FromString,
             options,
             channel_credentials,
             insecure,

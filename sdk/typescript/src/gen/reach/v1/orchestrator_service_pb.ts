@@ -14,7 +14,7 @@ import type { Message } from "@bufbuild/protobuf";
  * Describes the file reach/v1/orchestrator_service.proto.
  */
 export const file_reach_v1_orchestrator_service: GenFile = /*@__PURE__*/
-  fileDesc("CiNyZWFjaC92MS9vcmNoZXN0cmF0b3Jfc2VydmljZS5wcm90bxIIcmVhY2gudjEi7AQKBFRhc2sSDwoHdGFza19pZBgBIAEoCRIPCgdmbG93X2lkGAIgASgJEhQKDGZsb3dfdmVyc2lvbhgDIAEoDRIkCgZzdGF0dXMYBCABKA4yFC5yZWFjaC52MS5UYXNrU3RhdHVzEhQKDGN1cnJlbnRfbm9kZRgFIAEoCRIlCgVpbnB1dBgGIAEoCzIWLmdvb2dsZS5wcm90b2J1Zi5WYWx1ZRImCgZvdXRwdXQYByABKAsyFi5nb29nbGUucHJvdG9idWYuVmFsdWUSDQoFZXJyb3IYCCABKAkSEAoIdHJhY2VfaWQYCSABKAkSLgoKY3JlYXRlZF9hdBgKIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASLgoKdXBkYXRlZF9hdBgLIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASLAoIZW5kZWRfYXQYDCABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEiAKBW5vZGVzGA0gAygLMhEucmVhY2gudjEuTm9kZVJ1bhITCgtmYWlsZWRfbm9kZRgOIAEoCRIkCgd3YWl0aW5nGA8gASgLMhMucmVhY2gudjEuSHVtYW5XYWl0EiMKBXVzYWdlGBAgASgLMhQucmVhY2gudjEuVG9rZW5Vc2FnZRIVCg1sYXN0X3NlcXVlbmNlGBEgASgEEioKBmxhYmVscxgSIAMoCzIaLnJlYWNoLnYxLlRhc2suTGFiZWxzRW50cnkaLQoLTGFiZWxzRW50cnkSCwoDa2V5GAEgASgJEg0KBXZhbHVlGAIgASgJOgI4ASJOCgpUb2tlblVzYWdlEhQKDGlucHV0X3Rva2VucxgBIAEoBBIVCg1vdXRwdXRfdG9rZW5zGAIgASgEEhMKC21vZGVsX2NhbGxzGAMgASgEIogBCglIdW1hbldhaXQSDwoHbm9kZV9pZBgBIAEoCRIOCgZwcm9tcHQYAiABKAkSLAoMaW5wdXRfc2NoZW1hGAMgASgLMhYuZ29vZ2xlLnByb3RvYnVmLlZhbHVlEiwKCGRlYWRsaW5lGAQgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcCLtAgoHTm9kZVJ1bhIPCgdub2RlX2lkGAEgASgJEhEKCW5vZGVfdHlwZRgCIAEoCRIkCgZzdGF0dXMYAyABKA4yFC5yZWFjaC52MS5Ob2RlU3RhdHVzEhAKCGF0dGVtcHRzGAQgASgNEhIKCm1lc3NhZ2VfaWQYBSABKAkSJQoFaW5wdXQYBiABKAsyFi5nb29nbGUucHJvdG9idWYuVmFsdWUSJgoGb3V0cHV0GAcgASgLMhYuZ29vZ2xlLnByb3RvYnVmLlZhbHVlEg0KBWVycm9yGAggASgJEi4KCnN0YXJ0ZWRfYXQYCSABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEiwKCGVuZGVkX2F0GAogASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIRCgluZXh0X25vZGUYCyABKAkSIwoFdXNhZ2UYDCABKAsyFC5yZWFjaC52MS5Ub2tlblVzYWdlIsMBCglUYXNrRXZlbnQSDwoHdGFza19pZBgBIAEoCRIQCghzZXF1ZW5jZRgCIAEoBBImCgJhdBgDIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASDAoEa2luZBgEIAEoCRIPCgdub2RlX2lkGAUgASgJEiYKBmRldGFpbBgGIAEoCzIWLmdvb2dsZS5wcm90b2J1Zi5WYWx1ZRIkCgZzdGF0dXMYByABKA4yFC5yZWFjaC52MS5UYXNrU3RhdHVzIqkBCgtGbG93U3VtbWFyeRIPCgdmbG93X2lkGAEgASgJEg8KB3ZlcnNpb24YAiABKA0SDwoHaW5pdGlhbBgDIAEoCRISCgpub2RlX2NvdW50GAQgASgNEi4KCmFwcGxpZWRfYXQYBSABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEg4KBnNvdXJjZRgGIAEoCRITCgtkZXNjcmlwdGlvbhgHIAEoCSKOAgoLTGVkZ2VyRW50cnkSIAoGaGVhZGVyGAEgASgLMhAucmVhY2gudjEuSGVhZGVyEhQKDHBheWxvYWRfdHlwZRgCIAEoCRIVCg1wYXlsb2FkX2J5dGVzGAMgASgEEhMKC3N0YXR1c19jb2RlGAQgASgFEhYKDnN0YXR1c19tZXNzYWdlGAUgASgJEioKB2xhdGVuY3kYBiABKAsyGS5nb29nbGUucHJvdG9idWYuRHVyYXRpb24SLQoJcm91dGVkX2F0GAcgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBITCgtpbnN0YW5jZV9pZBgIIAEoCRITCgtyZWNvcmRlZF9ieRgJIAEoCSKOAQoKRHVtcFJlY29yZBImCgJhdBgBIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASKAoHbWVzc2FnZRgCIAEoCzIVLnJlYWNoLnYxLkxlZGdlckVudHJ5SAASJAoFZXZlbnQYAyABKAsyEy5yZWFjaC52MS5UYXNrRXZlbnRIAEIICgZyZWNvcmQiTgoKRGVhZExldHRlchIcCgR0YXNrGAEgASgLMg4ucmVhY2gudjEuVGFzaxITCgtmYWlsZWRfbm9kZRgCIAEoCRINCgVlcnJvchgDIAEoCSLYAQoQU3RhcnRUYXNrUmVxdWVzdBIPCgdmbG93X2lkGAEgASgJEhQKDGZsb3dfdmVyc2lvbhgCIAEoDRIlCgVpbnB1dBgDIAEoCzIWLmdvb2dsZS5wcm90b2J1Zi5WYWx1ZRIPCgd0YXNrX2lkGAQgASgJEjYKBmxhYmVscxgFIAMoCzImLnJlYWNoLnYxLlN0YXJ0VGFza1JlcXVlc3QuTGFiZWxzRW50cnkaLQoLTGFiZWxzRW50cnkSCwoDa2V5GAEgASgJEg0KBXZhbHVlGAIgASgJOgI4ASIxChFTdGFydFRhc2tSZXNwb25zZRIcCgR0YXNrGAEgASgLMg4ucmVhY2gudjEuVGFzayIhCg5HZXRUYXNrUmVxdWVzdBIPCgd0YXNrX2lkGAEgASgJIi8KD0dldFRhc2tSZXNwb25zZRIcCgR0YXNrGAEgASgLMg4ucmVhY2gudjEuVGFzayLXAQoQTGlzdFRhc2tzUmVxdWVzdBIkCgZzdGF0dXMYASABKA4yFC5yZWFjaC52MS5UYXNrU3RhdHVzEg8KB2Zsb3dfaWQYAiABKAkSEQoJcGFnZV9zaXplGAMgASgNEhIKCnBhZ2VfdG9rZW4YBCABKAkSNgoGbGFiZWxzGAUgAygLMiYucmVhY2gudjEuTGlzdFRhc2tzUmVxdWVzdC5MYWJlbHNFbnRyeRotCgtMYWJlbHNFbnRyeRILCgNrZXkYASABKAkSDQoFdmFsdWUYAiABKAk6AjgBIksKEUxpc3RUYXNrc1Jlc3BvbnNlEh0KBXRhc2tzGAEgAygLMg4ucmVhY2gudjEuVGFzaxIXCg9uZXh0X3BhZ2VfdG9rZW4YAiABKAkiOwoQV2F0Y2hUYXNrUmVxdWVzdBIPCgd0YXNrX2lkGAEgASgJEhYKDmFmdGVyX3NlcXVlbmNlGAIgASgEIjcKEVdhdGNoVGFza1Jlc3BvbnNlEiIKBWV2ZW50GAEgASgLMhMucmVhY2gudjEuVGFza0V2ZW50IlwKEVJlc3VtZVRhc2tSZXF1ZXN0Eg8KB3Rhc2tfaWQYASABKAkSDwoHbm9kZV9pZBgCIAEoCRIlCgVpbnB1dBgDIAEoCzIWLmdvb2dsZS5wcm90b2J1Zi5WYWx1ZSIyChJSZXN1bWVUYXNrUmVzcG9uc2USHAoEdGFzaxgBIAEoCzIOLnJlYWNoLnYxLlRhc2siNAoRQ2FuY2VsVGFza1JlcXVlc3QSDwoHdGFza19pZBgBIAEoCRIOCgZyZWFzb24YAiABKAkiMgoSQ2FuY2VsVGFza1Jlc3BvbnNlEhwKBHRhc2sYASABKAsyDi5yZWFjaC52MS5UYXNrIiMKEFJldHJ5VGFza1JlcXVlc3QSDwoHdGFza19pZBgBIAEoCSIxChFSZXRyeVRhc2tSZXNwb25zZRIcCgR0YXNrGAEgASgLMg4ucmVhY2gudjEuVGFzayJQChZMaXN0RGVhZExldHRlcnNSZXF1ZXN0Eg8KB2Zsb3dfaWQYASABKAkSEQoJcGFnZV9zaXplGAIgASgNEhIKCnBhZ2VfdG9rZW4YAyABKAkiXgoXTGlzdERlYWRMZXR0ZXJzUmVzcG9uc2USKgoMZGVhZF9sZXR0ZXJzGAEgAygLMhQucmVhY2gudjEuRGVhZExldHRlchIXCg9uZXh0X3BhZ2VfdG9rZW4YAiABKAkiMAoQQXBwbHlGbG93UmVxdWVzdBIMCgR5YW1sGAEgASgJEg4KBnNvdXJjZRgCIAEoCSJJChFBcHBseUZsb3dSZXNwb25zZRIjCgRmbG93GAEgASgLMhUucmVhY2gudjEuRmxvd1N1bW1hcnkSDwoHY2hhbmdlZBgCIAEoCCIjChBMaXN0Rmxvd3NSZXF1ZXN0Eg8KB2Zsb3dfaWQYASABKAkiOQoRTGlzdEZsb3dzUmVzcG9uc2USJAoFZmxvd3MYASADKAsyFS5yZWFjaC52MS5GbG93U3VtbWFyeSJQChVSZWNvcmRNZXNzYWdlc1JlcXVlc3QSJgoHZW50cmllcxgBIAMoCzIVLnJlYWNoLnYxLkxlZGdlckVudHJ5Eg8KB2Ryb3BwZWQYAiABKAQiKgoWUmVjb3JkTWVzc2FnZXNSZXNwb25zZRIQCghhY2NlcHRlZBgBIAEoDSIiCg9EdW1wVGFza1JlcXVlc3QSDwoHdGFza19pZBgBIAEoCSJXChBEdW1wVGFza1Jlc3BvbnNlEhwKBHRhc2sYASABKAsyDi5yZWFjaC52MS5UYXNrEiUKB3JlY29yZHMYAiADKAsyFC5yZWFjaC52MS5EdW1wUmVjb3JkKoACCgpUYXNrU3RhdHVzEhsKF1RBU0tfU1RBVFVTX1VOU1BFQ0lGSUVEEAASFwoTVEFTS19TVEFUVVNfUEVORElORxABEhoKFlRBU0tfU1RBVFVTX0RJU1BBVENIRUQQAhIaChZUQVNLX1NUQVRVU19QUk9DRVNTSU5HEAMSHQoZVEFTS19TVEFUVVNfV0FJVElOR19IVU1BThAEEhkKFVRBU0tfU1RBVFVTX1NVQ0NFRURFRBAFEhYKElRBU0tfU1RBVFVTX0ZBSUxFRBAGEhcKE1RBU0tfU1RBVFVTX1BBUlRJQUwQBxIZChVUQVNLX1NUQVRVU19DQU5DRUxMRUQQCCqpAQoKTm9kZVN0YXR1cxIbChdOT0RFX1NUQVRVU19VTlNQRUNJRklFRBAAEhcKE05PREVfU1RBVFVTX1JVTk5JTkcQARIZChVOT0RFX1NUQVRVU19TVUNDRUVERUQQAhIWChJOT0RFX1NUQVRVU19GQUlMRUQQAxIXChNOT0RFX1NUQVRVU19QQVJUSUFMEAQSGQoVTk9ERV9TVEFUVVNfQ0FOQ0VMTEVEEAUymwcKE09yY2hlc3RyYXRvclNlcnZpY2USRAoJU3RhcnRUYXNrEhoucmVhY2gudjEuU3RhcnRUYXNrUmVxdWVzdBobLnJlYWNoLnYxLlN0YXJ0VGFza1Jlc3BvbnNlEkMKB0dldFRhc2sSGC5yZWFjaC52MS5HZXRUYXNrUmVxdWVzdBoZLnJlYWNoLnYxLkdldFRhc2tSZXNwb25zZSIDkAIBEkkKCUxpc3RUYXNrcxIaLnJlYWNoLnYxLkxpc3RUYXNrc1JlcXVlc3QaGy5yZWFjaC52MS5MaXN0VGFza3NSZXNwb25zZSIDkAIBEksKCVdhdGNoVGFzaxIaLnJlYWNoLnYxLldhdGNoVGFza1JlcXVlc3QaGy5yZWFjaC52MS5XYXRjaFRhc2tSZXNwb25zZSIDkAIBMAESRwoKUmVzdW1lVGFzaxIbLnJlYWNoLnYxLlJlc3VtZVRhc2tSZXF1ZXN0GhwucmVhY2gudjEuUmVzdW1lVGFza1Jlc3BvbnNlEkcKCkNhbmNlbFRhc2sSGy5yZWFjaC52MS5DYW5jZWxUYXNrUmVxdWVzdBocLnJlYWNoLnYxLkNhbmNlbFRhc2tSZXNwb25zZRJECglSZXRyeVRhc2sSGi5yZWFjaC52MS5SZXRyeVRhc2tSZXF1ZXN0GhsucmVhY2gudjEuUmV0cnlUYXNrUmVzcG9uc2USWwoPTGlzdERlYWRMZXR0ZXJzEiAucmVhY2gudjEuTGlzdERlYWRMZXR0ZXJzUmVxdWVzdBohLnJlYWNoLnYxLkxpc3REZWFkTGV0dGVyc1Jlc3BvbnNlIgOQAgESRAoJQXBwbHlGbG93EhoucmVhY2gudjEuQXBwbHlGbG93UmVxdWVzdBobLnJlYWNoLnYxLkFwcGx5Rmxvd1Jlc3BvbnNlEkkKCUxpc3RGbG93cxIaLnJlYWNoLnYxLkxpc3RGbG93c1JlcXVlc3QaGy5yZWFjaC52MS5MaXN0Rmxvd3NSZXNwb25zZSIDkAIBElMKDlJlY29yZE1lc3NhZ2VzEh8ucmVhY2gudjEuUmVjb3JkTWVzc2FnZXNSZXF1ZXN0GiAucmVhY2gudjEuUmVjb3JkTWVzc2FnZXNSZXNwb25zZRJGCghEdW1wVGFzaxIZLnJlYWNoLnYxLkR1bXBUYXNrUmVxdWVzdBoaLnJlYWNoLnYxLkR1bXBUYXNrUmVzcG9uc2UiA5ACAWIGcHJvdG8z", [file_google_protobuf_duration, file_google_protobuf_struct, file_google_protobuf_timestamp, file_reach_v1_envelope]);
+  fileDesc("CiNyZWFjaC92MS9vcmNoZXN0cmF0b3Jfc2VydmljZS5wcm90bxIIcmVhY2gudjEi7AQKBFRhc2sSDwoHdGFza19pZBgBIAEoCRIPCgdmbG93X2lkGAIgASgJEhQKDGZsb3dfdmVyc2lvbhgDIAEoDRIkCgZzdGF0dXMYBCABKA4yFC5yZWFjaC52MS5UYXNrU3RhdHVzEhQKDGN1cnJlbnRfbm9kZRgFIAEoCRIlCgVpbnB1dBgGIAEoCzIWLmdvb2dsZS5wcm90b2J1Zi5WYWx1ZRImCgZvdXRwdXQYByABKAsyFi5nb29nbGUucHJvdG9idWYuVmFsdWUSDQoFZXJyb3IYCCABKAkSEAoIdHJhY2VfaWQYCSABKAkSLgoKY3JlYXRlZF9hdBgKIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASLgoKdXBkYXRlZF9hdBgLIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASLAoIZW5kZWRfYXQYDCABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEiAKBW5vZGVzGA0gAygLMhEucmVhY2gudjEuTm9kZVJ1bhITCgtmYWlsZWRfbm9kZRgOIAEoCRIkCgd3YWl0aW5nGA8gASgLMhMucmVhY2gudjEuSHVtYW5XYWl0EiMKBXVzYWdlGBAgASgLMhQucmVhY2gudjEuVG9rZW5Vc2FnZRIVCg1sYXN0X3NlcXVlbmNlGBEgASgEEioKBmxhYmVscxgSIAMoCzIaLnJlYWNoLnYxLlRhc2suTGFiZWxzRW50cnkaLQoLTGFiZWxzRW50cnkSCwoDa2V5GAEgASgJEg0KBXZhbHVlGAIgASgJOgI4ASJOCgpUb2tlblVzYWdlEhQKDGlucHV0X3Rva2VucxgBIAEoBBIVCg1vdXRwdXRfdG9rZW5zGAIgASgEEhMKC21vZGVsX2NhbGxzGAMgASgEIogBCglIdW1hbldhaXQSDwoHbm9kZV9pZBgBIAEoCRIOCgZwcm9tcHQYAiABKAkSLAoMaW5wdXRfc2NoZW1hGAMgASgLMhYuZ29vZ2xlLnByb3RvYnVmLlZhbHVlEiwKCGRlYWRsaW5lGAQgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcCLtAgoHTm9kZVJ1bhIPCgdub2RlX2lkGAEgASgJEhEKCW5vZGVfdHlwZRgCIAEoCRIkCgZzdGF0dXMYAyABKA4yFC5yZWFjaC52MS5Ob2RlU3RhdHVzEhAKCGF0dGVtcHRzGAQgASgNEhIKCm1lc3NhZ2VfaWQYBSABKAkSJQoFaW5wdXQYBiABKAsyFi5nb29nbGUucHJvdG9idWYuVmFsdWUSJgoGb3V0cHV0GAcgASgLMhYuZ29vZ2xlLnByb3RvYnVmLlZhbHVlEg0KBWVycm9yGAggASgJEi4KCnN0YXJ0ZWRfYXQYCSABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEiwKCGVuZGVkX2F0GAogASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIRCgluZXh0X25vZGUYCyABKAkSIwoFdXNhZ2UYDCABKAsyFC5yZWFjaC52MS5Ub2tlblVzYWdlIsMBCglUYXNrRXZlbnQSDwoHdGFza19pZBgBIAEoCRIQCghzZXF1ZW5jZRgCIAEoBBImCgJhdBgDIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASDAoEa2luZBgEIAEoCRIPCgdub2RlX2lkGAUgASgJEiYKBmRldGFpbBgGIAEoCzIWLmdvb2dsZS5wcm90b2J1Zi5WYWx1ZRIkCgZzdGF0dXMYByABKA4yFC5yZWFjaC52MS5UYXNrU3RhdHVzIqkBCgtGbG93U3VtbWFyeRIPCgdmbG93X2lkGAEgASgJEg8KB3ZlcnNpb24YAiABKA0SDwoHaW5pdGlhbBgDIAEoCRISCgpub2RlX2NvdW50GAQgASgNEi4KCmFwcGxpZWRfYXQYBSABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEg4KBnNvdXJjZRgGIAEoCRITCgtkZXNjcmlwdGlvbhgHIAEoCSKOAgoLTGVkZ2VyRW50cnkSIAoGaGVhZGVyGAEgASgLMhAucmVhY2gudjEuSGVhZGVyEhQKDHBheWxvYWRfdHlwZRgCIAEoCRIVCg1wYXlsb2FkX2J5dGVzGAMgASgEEhMKC3N0YXR1c19jb2RlGAQgASgFEhYKDnN0YXR1c19tZXNzYWdlGAUgASgJEioKB2xhdGVuY3kYBiABKAsyGS5nb29nbGUucHJvdG9idWYuRHVyYXRpb24SLQoJcm91dGVkX2F0GAcgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBITCgtpbnN0YW5jZV9pZBgIIAEoCRITCgtyZWNvcmRlZF9ieRgJIAEoCSKOAQoKRHVtcFJlY29yZBImCgJhdBgBIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASKAoHbWVzc2FnZRgCIAEoCzIVLnJlYWNoLnYxLkxlZGdlckVudHJ5SAASJAoFZXZlbnQYAyABKAsyEy5yZWFjaC52MS5UYXNrRXZlbnRIAEIICgZyZWNvcmQiTgoKRGVhZExldHRlchIcCgR0YXNrGAEgASgLMg4ucmVhY2gudjEuVGFzaxITCgtmYWlsZWRfbm9kZRgCIAEoCRINCgVlcnJvchgDIAEoCSLYAQoQU3RhcnRUYXNrUmVxdWVzdBIPCgdmbG93X2lkGAEgASgJEhQKDGZsb3dfdmVyc2lvbhgCIAEoDRIlCgVpbnB1dBgDIAEoCzIWLmdvb2dsZS5wcm90b2J1Zi5WYWx1ZRIPCgd0YXNrX2lkGAQgASgJEjYKBmxhYmVscxgFIAMoCzImLnJlYWNoLnYxLlN0YXJ0VGFza1JlcXVlc3QuTGFiZWxzRW50cnkaLQoLTGFiZWxzRW50cnkSCwoDa2V5GAEgASgJEg0KBXZhbHVlGAIgASgJOgI4ASIxChFTdGFydFRhc2tSZXNwb25zZRIcCgR0YXNrGAEgASgLMg4ucmVhY2gudjEuVGFzayIhCg5HZXRUYXNrUmVxdWVzdBIPCgd0YXNrX2lkGAEgASgJIi8KD0dldFRhc2tSZXNwb25zZRIcCgR0YXNrGAEgASgLMg4ucmVhY2gudjEuVGFzayLXAQoQTGlzdFRhc2tzUmVxdWVzdBIkCgZzdGF0dXMYASABKA4yFC5yZWFjaC52MS5UYXNrU3RhdHVzEg8KB2Zsb3dfaWQYAiABKAkSEQoJcGFnZV9zaXplGAMgASgNEhIKCnBhZ2VfdG9rZW4YBCABKAkSNgoGbGFiZWxzGAUgAygLMiYucmVhY2gudjEuTGlzdFRhc2tzUmVxdWVzdC5MYWJlbHNFbnRyeRotCgtMYWJlbHNFbnRyeRILCgNrZXkYASABKAkSDQoFdmFsdWUYAiABKAk6AjgBIksKEUxpc3RUYXNrc1Jlc3BvbnNlEh0KBXRhc2tzGAEgAygLMg4ucmVhY2gudjEuVGFzaxIXCg9uZXh0X3BhZ2VfdG9rZW4YAiABKAkiOwoQV2F0Y2hUYXNrUmVxdWVzdBIPCgd0YXNrX2lkGAEgASgJEhYKDmFmdGVyX3NlcXVlbmNlGAIgASgEIjcKEVdhdGNoVGFza1Jlc3BvbnNlEiIKBWV2ZW50GAEgASgLMhMucmVhY2gudjEuVGFza0V2ZW50IlwKEVJlc3VtZVRhc2tSZXF1ZXN0Eg8KB3Rhc2tfaWQYASABKAkSDwoHbm9kZV9pZBgCIAEoCRIlCgVpbnB1dBgDIAEoCzIWLmdvb2dsZS5wcm90b2J1Zi5WYWx1ZSIyChJSZXN1bWVUYXNrUmVzcG9uc2USHAoEdGFzaxgBIAEoCzIOLnJlYWNoLnYxLlRhc2siNAoRQ2FuY2VsVGFza1JlcXVlc3QSDwoHdGFza19pZBgBIAEoCRIOCgZyZWFzb24YAiABKAkiMgoSQ2FuY2VsVGFza1Jlc3BvbnNlEhwKBHRhc2sYASABKAsyDi5yZWFjaC52MS5UYXNrIiMKEFJldHJ5VGFza1JlcXVlc3QSDwoHdGFza19pZBgBIAEoCSIxChFSZXRyeVRhc2tSZXNwb25zZRIcCgR0YXNrGAEgASgLMg4ucmVhY2gudjEuVGFzayJQChZMaXN0RGVhZExldHRlcnNSZXF1ZXN0Eg8KB2Zsb3dfaWQYASABKAkSEQoJcGFnZV9zaXplGAIgASgNEhIKCnBhZ2VfdG9rZW4YAyABKAkiXgoXTGlzdERlYWRMZXR0ZXJzUmVzcG9uc2USKgoMZGVhZF9sZXR0ZXJzGAEgAygLMhQucmVhY2gudjEuRGVhZExldHRlchIXCg9uZXh0X3BhZ2VfdG9rZW4YAiABKAkiMAoQQXBwbHlGbG93UmVxdWVzdBIMCgR5YW1sGAEgASgJEg4KBnNvdXJjZRgCIAEoCSJJChFBcHBseUZsb3dSZXNwb25zZRIjCgRmbG93GAEgASgLMhUucmVhY2gudjEuRmxvd1N1bW1hcnkSDwoHY2hhbmdlZBgCIAEoCCIjChBMaXN0Rmxvd3NSZXF1ZXN0Eg8KB2Zsb3dfaWQYASABKAkiOQoRTGlzdEZsb3dzUmVzcG9uc2USJAoFZmxvd3MYASADKAsyFS5yZWFjaC52MS5GbG93U3VtbWFyeSJQChVSZWNvcmRNZXNzYWdlc1JlcXVlc3QSJgoHZW50cmllcxgBIAMoCzIVLnJlYWNoLnYxLkxlZGdlckVudHJ5Eg8KB2Ryb3BwZWQYAiABKAQiKgoWUmVjb3JkTWVzc2FnZXNSZXNwb25zZRIQCghhY2NlcHRlZBgBIAEoDSIiCg9EdW1wVGFza1JlcXVlc3QSDwoHdGFza19pZBgBIAEoCSJXChBEdW1wVGFza1Jlc3BvbnNlEhwKBHRhc2sYASABKAsyDi5yZWFjaC52MS5UYXNrEiUKB3JlY29yZHMYAiADKAsyFC5yZWFjaC52MS5EdW1wUmVjb3JkIrsCCgtUYXNrV2ViaG9vaxISCgp3ZWJob29rX2lkGAEgASgJEg8KB3Rhc2tfaWQYAiABKAkSCwoDdXJsGAMgASgJEg0KBXRva2VuGAQgASgJEhMKC2F1dGhfc2NoZW1lGAUgASgJEhgKEGF1dGhfY3JlZGVudGlhbHMYBiABKAkSDgoGZm9ybWF0GAcgASgJEhoKEmRlbGl2ZXJlZF9zZXF1ZW5jZRgIIAEoBBIuCgpjcmVhdGVkX2F0GAkgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIXCg9mYWlsZWRfYXR0ZW1wdHMYCiABKA0SEgoKbGFzdF9lcnJvchgLIAEoCRIzCg9uZXh0X2F0dGVtcHRfYXQYDCABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wIpoBChhDcmVhdGVUYXNrV2ViaG9va1JlcXVlc3QSDwoHdGFza19pZBgBIAEoCRISCgp3ZWJob29rX2lkGAIgASgJEgsKA3VybBgDIAEoCRINCgV0b2tlbhgEIAEoCRITCgthdXRoX3NjaGVtZRgFIAEoCRIYChBhdXRoX2NyZWRlbnRpYWxzGAYgASgJEg4KBmZvcm1hdBgHIAEoCSJDChlDcmVhdGVUYXNrV2ViaG9va1Jlc3BvbnNlEiYKB3dlYmhvb2sYASABKAsyFS5yZWFjaC52MS5UYXNrV2ViaG9vayI8ChVHZXRUYXNrV2ViaG9va1JlcXVlc3QSDwoHdGFza19pZBgBIAEoCRISCgp3ZWJob29rX2lkGAIgASgJIkAKFkdldFRhc2tXZWJob29rUmVzcG9uc2USJgoHd2ViaG9vaxgBIAEoCzIVLnJlYWNoLnYxLlRhc2tXZWJob29rIlEKF0xpc3RUYXNrV2ViaG9va3NSZXF1ZXN0Eg8KB3Rhc2tfaWQYASABKAkSEQoJcGFnZV9zaXplGAIgASgNEhIKCnBhZ2VfdG9rZW4YAyABKAkiXAoYTGlzdFRhc2tXZWJob29rc1Jlc3BvbnNlEicKCHdlYmhvb2tzGAEgAygLMhUucmVhY2gudjEuVGFza1dlYmhvb2sSFwoPbmV4dF9wYWdlX3Rva2VuGAIgASgJIj8KGERlbGV0ZVRhc2tXZWJob29rUmVxdWVzdBIPCgd0YXNrX2lkGAEgASgJEhIKCndlYmhvb2tfaWQYAiABKAkiGwoZRGVsZXRlVGFza1dlYmhvb2tSZXNwb25zZSqAAgoKVGFza1N0YXR1cxIbChdUQVNLX1NUQVRVU19VTlNQRUNJRklFRBAAEhcKE1RBU0tfU1RBVFVTX1BFTkRJTkcQARIaChZUQVNLX1NUQVRVU19ESVNQQVRDSEVEEAISGgoWVEFTS19TVEFUVVNfUFJPQ0VTU0lORxADEh0KGVRBU0tfU1RBVFVTX1dBSVRJTkdfSFVNQU4QBBIZChVUQVNLX1NUQVRVU19TVUNDRUVERUQQBRIWChJUQVNLX1NUQVRVU19GQUlMRUQQBhIXChNUQVNLX1NUQVRVU19QQVJUSUFMEAcSGQoVVEFTS19TVEFUVVNfQ0FOQ0VMTEVEEAgqqQEKCk5vZGVTdGF0dXMSGwoXTk9ERV9TVEFUVVNfVU5TUEVDSUZJRUQQABIXChNOT0RFX1NUQVRVU19SVU5OSU5HEAESGQoVTk9ERV9TVEFUVVNfU1VDQ0VFREVEEAISFgoSTk9ERV9TVEFUVVNfRkFJTEVEEAMSFwoTTk9ERV9TVEFUVVNfUEFSVElBTBAEEhkKFU5PREVfU1RBVFVTX0NBTkNFTExFRBAFMpEKChNPcmNoZXN0cmF0b3JTZXJ2aWNlEkQKCVN0YXJ0VGFzaxIaLnJlYWNoLnYxLlN0YXJ0VGFza1JlcXVlc3QaGy5yZWFjaC52MS5TdGFydFRhc2tSZXNwb25zZRJDCgdHZXRUYXNrEhgucmVhY2gudjEuR2V0VGFza1JlcXVlc3QaGS5yZWFjaC52MS5HZXRUYXNrUmVzcG9uc2UiA5ACARJJCglMaXN0VGFza3MSGi5yZWFjaC52MS5MaXN0VGFza3NSZXF1ZXN0GhsucmVhY2gudjEuTGlzdFRhc2tzUmVzcG9uc2UiA5ACARJLCglXYXRjaFRhc2sSGi5yZWFjaC52MS5XYXRjaFRhc2tSZXF1ZXN0GhsucmVhY2gudjEuV2F0Y2hUYXNrUmVzcG9uc2UiA5ACATABEkcKClJlc3VtZVRhc2sSGy5yZWFjaC52MS5SZXN1bWVUYXNrUmVxdWVzdBocLnJlYWNoLnYxLlJlc3VtZVRhc2tSZXNwb25zZRJHCgpDYW5jZWxUYXNrEhsucmVhY2gudjEuQ2FuY2VsVGFza1JlcXVlc3QaHC5yZWFjaC52MS5DYW5jZWxUYXNrUmVzcG9uc2USRAoJUmV0cnlUYXNrEhoucmVhY2gudjEuUmV0cnlUYXNrUmVxdWVzdBobLnJlYWNoLnYxLlJldHJ5VGFza1Jlc3BvbnNlElsKD0xpc3REZWFkTGV0dGVycxIgLnJlYWNoLnYxLkxpc3REZWFkTGV0dGVyc1JlcXVlc3QaIS5yZWFjaC52MS5MaXN0RGVhZExldHRlcnNSZXNwb25zZSIDkAIBEkQKCUFwcGx5RmxvdxIaLnJlYWNoLnYxLkFwcGx5Rmxvd1JlcXVlc3QaGy5yZWFjaC52MS5BcHBseUZsb3dSZXNwb25zZRJJCglMaXN0Rmxvd3MSGi5yZWFjaC52MS5MaXN0Rmxvd3NSZXF1ZXN0GhsucmVhY2gudjEuTGlzdEZsb3dzUmVzcG9uc2UiA5ACARJTCg5SZWNvcmRNZXNzYWdlcxIfLnJlYWNoLnYxLlJlY29yZE1lc3NhZ2VzUmVxdWVzdBogLnJlYWNoLnYxLlJlY29yZE1lc3NhZ2VzUmVzcG9uc2USRgoIRHVtcFRhc2sSGS5yZWFjaC52MS5EdW1wVGFza1JlcXVlc3QaGi5yZWFjaC52MS5EdW1wVGFza1Jlc3BvbnNlIgOQAgESXAoRQ3JlYXRlVGFza1dlYmhvb2sSIi5yZWFjaC52MS5DcmVhdGVUYXNrV2ViaG9va1JlcXVlc3QaIy5yZWFjaC52MS5DcmVhdGVUYXNrV2ViaG9va1Jlc3BvbnNlElgKDkdldFRhc2tXZWJob29rEh8ucmVhY2gudjEuR2V0VGFza1dlYmhvb2tSZXF1ZXN0GiAucmVhY2gudjEuR2V0VGFza1dlYmhvb2tSZXNwb25zZSIDkAIBEl4KEExpc3RUYXNrV2ViaG9va3MSIS5yZWFjaC52MS5MaXN0VGFza1dlYmhvb2tzUmVxdWVzdBoiLnJlYWNoLnYxLkxpc3RUYXNrV2ViaG9va3NSZXNwb25zZSIDkAIBElwKEURlbGV0ZVRhc2tXZWJob29rEiIucmVhY2gudjEuRGVsZXRlVGFza1dlYmhvb2tSZXF1ZXN0GiMucmVhY2gudjEuRGVsZXRlVGFza1dlYmhvb2tSZXNwb25zZWIGcHJvdG8z", [file_google_protobuf_duration, file_google_protobuf_struct, file_google_protobuf_timestamp, file_reach_v1_envelope]);
 
 /**
  * Task is one run of a flow.
@@ -1270,6 +1270,353 @@ export const DumpTaskResponseSchema: GenMessage<DumpTaskResponse> = /*@__PURE__*
   messageDesc(file_reach_v1_orchestrator_service, 32);
 
 /**
+ * TaskWebhook is a URL that is sent the notifications of one task's events.
+ *
+ * @generated from message reach.v1.TaskWebhook
+ */
+export type TaskWebhook = Message<"reach.v1.TaskWebhook"> & {
+  /**
+   * The webhook's id, unique within its task (a UUIDv7 unless the client chose one).
+   *
+   * @generated from field: string webhook_id = 1;
+   */
+  webhookId: string;
+
+  /**
+   * The task whose events are sent.
+   *
+   * @generated from field: string task_id = 2;
+   */
+  taskId: string;
+
+  /**
+   * The URL notifications are POSTed to (`http` or `https`, at most 2048 bytes).
+   *
+   * @generated from field: string url = 3;
+   */
+  url: string;
+
+  /**
+   * Sent as the `X-A2A-Notification-Token` header of every notification when not empty,
+   * so the receiver can tell the notifications are for it.
+   *
+   * @generated from field: string token = 4;
+   */
+  token: string;
+
+  /**
+   * The scheme of the `Authorization` header (for example `Bearer`), sent with
+   * `auth_credentials`.
+   *
+   * @generated from field: string auth_scheme = 5;
+   */
+  authScheme: string;
+
+  /**
+   * The credentials of the `Authorization` header (`<auth_scheme> <auth_credentials>`),
+   * sent when not empty. Write-only: GetTaskWebhook and ListTaskWebhooks return it empty.
+   *
+   * @generated from field: string auth_credentials = 6;
+   */
+  authCredentials: string;
+
+  /**
+   * The format of the notification bodies: `reach` (one JSON object per event: `task_id`,
+   * `sequence`, `kind`, `node_id`, `status`, `detail`, `at`) or one an embedding
+   * registered (the A2A edge's `a2a`).
+   *
+   * @generated from field: string format = 7;
+   */
+  format: string;
+
+  /**
+   * The sequence number of the last event whose notification the URL accepted (answered
+   * 2xx); 0 before the first.
+   *
+   * @generated from field: uint64 delivered_sequence = 8;
+   */
+  deliveredSequence: bigint;
+
+  /**
+   * When the webhook was first created.
+   *
+   * @generated from field: google.protobuf.Timestamp created_at = 9;
+   */
+  createdAt?: Timestamp | undefined;
+
+  /**
+   * Failed attempts in a row since the last accepted notification (0 when none failed).
+   *
+   * @generated from field: uint32 failed_attempts = 10;
+   */
+  failedAttempts: number;
+
+  /**
+   * Why the last attempt failed (connection error, timeout or the HTTP status); empty after
+   * a success.
+   *
+   * @generated from field: string last_error = 11;
+   */
+  lastError: string;
+
+  /**
+   * When the next attempt is due after a failure; unset when no retry is scheduled.
+   *
+   * @generated from field: google.protobuf.Timestamp next_attempt_at = 12;
+   */
+  nextAttemptAt?: Timestamp | undefined;
+};
+
+/**
+ * Describes the message reach.v1.TaskWebhook.
+ * Use `create(TaskWebhookSchema)` to create a new message.
+ */
+export const TaskWebhookSchema: GenMessage<TaskWebhook> = /*@__PURE__*/
+  messageDesc(file_reach_v1_orchestrator_service, 33);
+
+/**
+ * CreateTaskWebhookRequest registers (or replaces) a webhook of a task.
+ *
+ * @generated from message reach.v1.CreateTaskWebhookRequest
+ */
+export type CreateTaskWebhookRequest = Message<"reach.v1.CreateTaskWebhookRequest"> & {
+  /**
+   * The task whose events are sent; it must exist.
+   *
+   * @generated from field: string task_id = 1;
+   */
+  taskId: string;
+
+  /**
+   * The webhook's id (1 to 128 characters of `A-Z a-z 0-9 . _ : -`); empty makes a UUIDv7.
+   * An id the task already has replaces that webhook, keeping its `delivered_sequence`.
+   *
+   * @generated from field: string webhook_id = 2;
+   */
+  webhookId: string;
+
+  /**
+   * The URL to POST notifications to: `http` or `https` with a host, at most 2048 bytes.
+   *
+   * @generated from field: string url = 3;
+   */
+  url: string;
+
+  /**
+   * Sent as the `X-A2A-Notification-Token` header when not empty (at most 4096 bytes).
+   *
+   * @generated from field: string token = 4;
+   */
+  token: string;
+
+  /**
+   * The scheme of the `Authorization` header (for example `Bearer`); required with
+   * `auth_credentials`.
+   *
+   * @generated from field: string auth_scheme = 5;
+   */
+  authScheme: string;
+
+  /**
+   * The credentials of the `Authorization` header (at most 4096 bytes); never returned.
+   *
+   * @generated from field: string auth_credentials = 6;
+   */
+  authCredentials: string;
+
+  /**
+   * The notification format; empty means `reach`. An unknown format is refused with the
+   * list of the known ones.
+   *
+   * @generated from field: string format = 7;
+   */
+  format: string;
+};
+
+/**
+ * Describes the message reach.v1.CreateTaskWebhookRequest.
+ * Use `create(CreateTaskWebhookRequestSchema)` to create a new message.
+ */
+export const CreateTaskWebhookRequestSchema: GenMessage<CreateTaskWebhookRequest> = /*@__PURE__*/
+  messageDesc(file_reach_v1_orchestrator_service, 34);
+
+/**
+ * CreateTaskWebhookResponse carries the stored webhook.
+ *
+ * @generated from message reach.v1.CreateTaskWebhookResponse
+ */
+export type CreateTaskWebhookResponse = Message<"reach.v1.CreateTaskWebhookResponse"> & {
+  /**
+   * The webhook (credentials masked).
+   *
+   * @generated from field: reach.v1.TaskWebhook webhook = 1;
+   */
+  webhook?: TaskWebhook | undefined;
+};
+
+/**
+ * Describes the message reach.v1.CreateTaskWebhookResponse.
+ * Use `create(CreateTaskWebhookResponseSchema)` to create a new message.
+ */
+export const CreateTaskWebhookResponseSchema: GenMessage<CreateTaskWebhookResponse> = /*@__PURE__*/
+  messageDesc(file_reach_v1_orchestrator_service, 35);
+
+/**
+ * GetTaskWebhookRequest names a webhook.
+ *
+ * @generated from message reach.v1.GetTaskWebhookRequest
+ */
+export type GetTaskWebhookRequest = Message<"reach.v1.GetTaskWebhookRequest"> & {
+  /**
+   * The task id.
+   *
+   * @generated from field: string task_id = 1;
+   */
+  taskId: string;
+
+  /**
+   * The webhook id.
+   *
+   * @generated from field: string webhook_id = 2;
+   */
+  webhookId: string;
+};
+
+/**
+ * Describes the message reach.v1.GetTaskWebhookRequest.
+ * Use `create(GetTaskWebhookRequestSchema)` to create a new message.
+ */
+export const GetTaskWebhookRequestSchema: GenMessage<GetTaskWebhookRequest> = /*@__PURE__*/
+  messageDesc(file_reach_v1_orchestrator_service, 36);
+
+/**
+ * GetTaskWebhookResponse carries a webhook.
+ *
+ * @generated from message reach.v1.GetTaskWebhookResponse
+ */
+export type GetTaskWebhookResponse = Message<"reach.v1.GetTaskWebhookResponse"> & {
+  /**
+   * The webhook (credentials masked).
+   *
+   * @generated from field: reach.v1.TaskWebhook webhook = 1;
+   */
+  webhook?: TaskWebhook | undefined;
+};
+
+/**
+ * Describes the message reach.v1.GetTaskWebhookResponse.
+ * Use `create(GetTaskWebhookResponseSchema)` to create a new message.
+ */
+export const GetTaskWebhookResponseSchema: GenMessage<GetTaskWebhookResponse> = /*@__PURE__*/
+  messageDesc(file_reach_v1_orchestrator_service, 37);
+
+/**
+ * ListTaskWebhooksRequest pages the webhooks of a task.
+ *
+ * @generated from message reach.v1.ListTaskWebhooksRequest
+ */
+export type ListTaskWebhooksRequest = Message<"reach.v1.ListTaskWebhooksRequest"> & {
+  /**
+   * The task id.
+   *
+   * @generated from field: string task_id = 1;
+   */
+  taskId: string;
+
+  /**
+   * At most this many webhooks (default 50, at most 1000).
+   *
+   * @generated from field: uint32 page_size = 2;
+   */
+  pageSize: number;
+
+  /**
+   * The `next_page_token` of the previous page; empty for the first page.
+   *
+   * @generated from field: string page_token = 3;
+   */
+  pageToken: string;
+};
+
+/**
+ * Describes the message reach.v1.ListTaskWebhooksRequest.
+ * Use `create(ListTaskWebhooksRequestSchema)` to create a new message.
+ */
+export const ListTaskWebhooksRequestSchema: GenMessage<ListTaskWebhooksRequest> = /*@__PURE__*/
+  messageDesc(file_reach_v1_orchestrator_service, 38);
+
+/**
+ * ListTaskWebhooksResponse is one page of a task's webhooks.
+ *
+ * @generated from message reach.v1.ListTaskWebhooksResponse
+ */
+export type ListTaskWebhooksResponse = Message<"reach.v1.ListTaskWebhooksResponse"> & {
+  /**
+   * The webhooks, oldest first (credentials masked).
+   *
+   * @generated from field: repeated reach.v1.TaskWebhook webhooks = 1;
+   */
+  webhooks: TaskWebhook[];
+
+  /**
+   * The token of the next page; empty on the last page.
+   *
+   * @generated from field: string next_page_token = 2;
+   */
+  nextPageToken: string;
+};
+
+/**
+ * Describes the message reach.v1.ListTaskWebhooksResponse.
+ * Use `create(ListTaskWebhooksResponseSchema)` to create a new message.
+ */
+export const ListTaskWebhooksResponseSchema: GenMessage<ListTaskWebhooksResponse> = /*@__PURE__*/
+  messageDesc(file_reach_v1_orchestrator_service, 39);
+
+/**
+ * DeleteTaskWebhookRequest names the webhook to remove.
+ *
+ * @generated from message reach.v1.DeleteTaskWebhookRequest
+ */
+export type DeleteTaskWebhookRequest = Message<"reach.v1.DeleteTaskWebhookRequest"> & {
+  /**
+   * The task id.
+   *
+   * @generated from field: string task_id = 1;
+   */
+  taskId: string;
+
+  /**
+   * The webhook id.
+   *
+   * @generated from field: string webhook_id = 2;
+   */
+  webhookId: string;
+};
+
+/**
+ * Describes the message reach.v1.DeleteTaskWebhookRequest.
+ * Use `create(DeleteTaskWebhookRequestSchema)` to create a new message.
+ */
+export const DeleteTaskWebhookRequestSchema: GenMessage<DeleteTaskWebhookRequest> = /*@__PURE__*/
+  messageDesc(file_reach_v1_orchestrator_service, 40);
+
+/**
+ * DeleteTaskWebhookResponse acknowledges a removal.
+ *
+ * @generated from message reach.v1.DeleteTaskWebhookResponse
+ */
+export type DeleteTaskWebhookResponse = Message<"reach.v1.DeleteTaskWebhookResponse"> & {
+};
+
+/**
+ * Describes the message reach.v1.DeleteTaskWebhookResponse.
+ * Use `create(DeleteTaskWebhookResponseSchema)` to create a new message.
+ */
+export const DeleteTaskWebhookResponseSchema: GenMessage<DeleteTaskWebhookResponse> = /*@__PURE__*/
+  messageDesc(file_reach_v1_orchestrator_service, 41);
+
+/**
  * TaskStatus is where a task is in its lifecycle.
  *
  * @generated from enum reach.v1.TaskStatus
@@ -1530,6 +1877,52 @@ export const OrchestratorService: GenService<{
     methodKind: "unary";
     input: typeof DumpTaskRequestSchema;
     output: typeof DumpTaskResponseSchema;
+  },
+  /**
+   * CreateTaskWebhook registers a URL that is sent a notification (an HTTP POST) for each
+   * event of the task's log, in order, from the orchestrator's durable event log: a webhook
+   * that is down gets each event later, with back-off. Creating an id that the task already
+   * has replaces that webhook and keeps what it was already sent. Needs the same rights as
+   * CancelTask.
+   *
+   * @generated from rpc reach.v1.OrchestratorService.CreateTaskWebhook
+   */
+  createTaskWebhook: {
+    methodKind: "unary";
+    input: typeof CreateTaskWebhookRequestSchema;
+    output: typeof CreateTaskWebhookResponseSchema;
+  },
+  /**
+   * GetTaskWebhook returns one webhook of a task (credentials masked) with its delivery
+   * progress.
+   *
+   * @generated from rpc reach.v1.OrchestratorService.GetTaskWebhook
+   */
+  getTaskWebhook: {
+    methodKind: "unary";
+    input: typeof GetTaskWebhookRequestSchema;
+    output: typeof GetTaskWebhookResponseSchema;
+  },
+  /**
+   * ListTaskWebhooks lists the webhooks of a task (credentials masked), oldest first.
+   *
+   * @generated from rpc reach.v1.OrchestratorService.ListTaskWebhooks
+   */
+  listTaskWebhooks: {
+    methodKind: "unary";
+    input: typeof ListTaskWebhooksRequestSchema;
+    output: typeof ListTaskWebhooksResponseSchema;
+  },
+  /**
+   * DeleteTaskWebhook removes a webhook of a task; nothing more is sent to it. Needs the
+   * same rights as CancelTask.
+   *
+   * @generated from rpc reach.v1.OrchestratorService.DeleteTaskWebhook
+   */
+  deleteTaskWebhook: {
+    methodKind: "unary";
+    input: typeof DeleteTaskWebhookRequestSchema;
+    output: typeof DeleteTaskWebhookResponseSchema;
   },
 }> = /*@__PURE__*/
   serviceDesc(file_reach_v1_orchestrator_service, 0);
