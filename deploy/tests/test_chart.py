@@ -29,6 +29,8 @@ SERVICES = {
     "registry": "reach.v1.RegistryService",
     "router": "reach.v1.RouterService",
     "orchestrator": "reach.v1.OrchestratorService",
+    # The A2A edge (`reach edge`, edge.enabled): A2A over gRPC, SERVING once it runs.
+    "edge": "lf.a2a.v1.A2AService",
 }
 
 
@@ -342,37 +344,49 @@ def test_services_find_each_other_by_service_name(case):
         assert env["REACH_ROUTER_ENDPOINT"] == urls["router"]
 
 
-def test_pdb_selects_the_router_pods_only(case):
+def edge_on(values) -> bool:
+    return bool(values.get("edge", {}).get("enabled"))
+
+
+def test_pdbs_select_their_own_pods_only(case):
+    """The routers' PDB (and the edges', when the edge is on) each select one component's pods."""
     values, manifests = case
-    pdbs = of_kind(manifests, "PodDisruptionBudget")
-    if not values.get("router", {}).get("pdb", {}).get("enabled", True):
-        assert not pdbs
+    pdbs = {component(p): p for p in of_kind(manifests, "PodDisruptionBudget")}
+    expected = set()
+    if values.get("router", {}).get("pdb", {}).get("enabled", True):
+        expected.add("router")
+    if edge_on(values) and values["edge"].get("pdb", {}).get("enabled", True):
+        expected.add("edge")
+    assert set(pdbs) == expected
+    for comp, pdb in pdbs.items():
+        selector = pdb["spec"]["selector"]["matchLabels"]
+        for workload in of_kind(manifests, "Deployment"):
+            labels = workload["spec"]["template"]["metadata"]["labels"]
+            assert selects(selector, labels) == (component(workload) == comp), workload["metadata"]["name"]
+        assert pdb["spec"]["maxUnavailable"] >= 1
+
+
+@pytest.mark.parametrize("comp", ["router", "edge"])
+def test_hpa_targets_its_deployment(case, comp):
+    values, manifests = case
+    if comp == "edge" and not edge_on(values):
         return
-    (pdb,) = pdbs
-    selector = pdb["spec"]["selector"]["matchLabels"]
-    for workload in of_kind(manifests, "Deployment"):
-        labels = workload["spec"]["template"]["metadata"]["labels"]
-        assert selects(selector, labels) == (component(workload) == "router"), workload["metadata"]["name"]
-    assert pdb["spec"]["maxUnavailable"] >= 1
-
-
-def test_hpa_targets_the_router_deployment(case):
-    values, manifests = case
-    hpas = of_kind(manifests, "HorizontalPodAutoscaler")
-    router = deployment(manifests, "router")
-    if not values.get("router", {}).get("autoscaling", {}).get("enabled", True):
+    hpas = [h for h in of_kind(manifests, "HorizontalPodAutoscaler") if component(h) == comp]
+    workload = deployment(manifests, comp)
+    # The router's HPA is on by default, the edge's off.
+    if not values.get(comp, {}).get("autoscaling", {}).get("enabled", comp == "router"):
         assert not hpas
-        assert router["spec"]["replicas"] == values["router"]["replicas"]
+        assert workload["spec"]["replicas"] == values.get(comp, {}).get("replicas", 2)
         return
     (hpa,) = hpas
     assert hpa["spec"]["scaleTargetRef"] == {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
-        "name": router["metadata"]["name"],
+        "name": workload["metadata"]["name"],
     }
     # The HPA owns the replica count, and CPU utilisation is relative to the request.
-    assert "replicas" not in router["spec"]
-    (container,) = router["spec"]["template"]["spec"]["containers"]
+    assert "replicas" not in workload["spec"]
+    (container,) = workload["spec"]["template"]["spec"]["containers"]
     assert container["resources"]["requests"]["cpu"]
     assert hpa["spec"]["minReplicas"] <= hpa["spec"]["maxReplicas"]
 
@@ -427,6 +441,9 @@ def test_every_container_is_locked_down(case):
 def test_orchestrator_replicas_and_store_agree(case):
     values, manifests = case
     store = values.get("orchestrator", {}).get("store", {}).get("type", "sqlite")
+    if not values.get("orchestrator", {}).get("enabled", True):
+        assert not [m for m in manifests if component(m) == "orchestrator"]
+        return
     orchestrator = deployment(manifests, "orchestrator")
     (container,) = orchestrator["spec"]["template"]["spec"]["containers"]
     env = {e["name"]: e for e in container["env"]}
@@ -469,9 +486,10 @@ def test_the_chart_ships_the_repository_examples():
 
 
 def test_readiness_service_names_exist_in_the_contracts():
-    protos = "".join(p.read_text() for p in (REPO / "proto" / "reach" / "v1").glob("*.proto"))
     for name in SERVICES.values():
-        assert f"service {name.rsplit('.', 1)[1]} " in protos, name
+        package, service = name.rsplit(".", 1)
+        protos = "".join(p.read_text() for p in (REPO / "proto" / package.replace(".", "/")).glob("*.proto"))
+        assert f"package {package};" in protos and f"service {service} " in protos, name
 
 
 # === values.yaml ===
@@ -590,6 +608,12 @@ def test_the_binary_accepts_every_rendered_setting(case, tmp_path):
             assert dumped["router"]["registry_endpoint"].endswith("-registry:7070")
         if container["args"][0] == "orchestrator":
             assert dumped["orchestrator"]["node_id"] == pod["POD_NAME"]
+        if container["args"][0] == "edge":
+            assert dumped["edge_listen"] == args[args.index("--edge-listen") + 1]
+            assert dumped["edge"]["registry_endpoint"].endswith("-registry:7070")
+            assert dumped["edge"]["router_endpoint"].endswith("-router:7070")
+            assert dumped["edge"]["public_url"] == env["REACH_EDGE__PUBLIC_URL"]
+            assert dumped["edge"]["public_grpc"] == env["REACH_EDGE__PUBLIC_GRPC"]
 
 
 # === trust (docs/security.md) ===
@@ -720,3 +744,137 @@ def test_jwt_keys_point_at_the_mounted_secret(case):
         assert keys == [f"{mount['mountPath']}/{k}" for k in jwt.get("keys", ["jwt-public.pem"])]
         (volume,) = [v for v in spec["volumes"] if v["name"] == "jwt-keys"]
         assert volume["secret"]["secretName"] == jwt["secretName"]
+
+
+# === the A2A edge (edge.enabled, docs/edges.md) ===
+
+
+def edge_parts(manifests) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
+    """The edge's Deployment, its container, and its Service."""
+    workload = deployment(manifests, "edge")
+    (container,) = workload["spec"]["template"]["spec"]["containers"]
+    (service,) = [s for s in of_kind(manifests, "Service") if component(s) == "edge"]
+    return workload, container, service
+
+
+def test_edge_is_off_by_default_and_renders_nothing_then():
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+    assert values["edge"]["enabled"] is False
+    for manifests in (render({}), render({"edge": {"enabled": False}})):
+        assert not [m for m in manifests if m["metadata"].get("labels", {}).get("app.kubernetes.io/component") == "edge"]
+        assert not [m for m in manifests if "-edge" in m["metadata"]["name"]]
+        for _, spec in pod_specs(manifests):
+            for container in containers(spec):
+                assert "a2a" not in {p["name"] for p in container.get("ports", [])}
+    notes = render_text({})["reach/templates/NOTES.txt"]
+    assert "A2A" not in notes and "-edge" not in notes
+
+
+def test_edge_renders_only_when_enabled(case):
+    values, manifests = case
+    edges = [m for m in manifests if m["metadata"].get("labels", {}).get("app.kubernetes.io/component") == "edge"]
+    assert bool(edges) == edge_on(values)
+
+
+def test_edge_calls_the_charts_own_services(case):
+    values, manifests = case
+    if not edge_on(values):
+        return
+    _, container, _ = edge_parts(manifests)
+    args = container["args"]
+    assert args[0] == "edge"
+    services = {component(s): s for s in of_kind(manifests, "Service")}
+
+    def url(comp: str) -> str:
+        port = next(p["port"] for p in services[comp]["spec"]["ports"] if p["name"] == "grpc")
+        return f"{scheme(values)}://{services[comp]['metadata']['name']}:{port}"
+
+    assert args[args.index("--registry") + 1] == url("registry")
+    assert args[args.index("--router") + 1] == url("router")
+    grpc = values.get("ports", {}).get("grpc", 7070)
+    if values.get("orchestrator", {}).get("enabled", True):
+        assert args[args.index("--orchestrator") + 1] == url("orchestrator")
+    else:
+        # No orchestrator Service: the edge's own port answers UNIMPLEMENTED (no flows).
+        assert "orchestrator" not in services
+        assert args[args.index("--orchestrator") + 1] == f"{scheme(values)}://127.0.0.1:{grpc}"
+    a2a = values.get("ports", {}).get("a2a", 7072)
+    assert args[args.index("--edge-listen") + 1] == f"0.0.0.0:{a2a}"
+    assert args[args.index("--admin-listen") + 1] == f"0.0.0.0:{values.get('ports', {}).get('admin', 7071)}"
+
+
+def test_edge_cards_advertise_the_service_not_the_pod(case):
+    values, manifests = case
+    if not edge_on(values):
+        return
+    _, container, service = edge_parts(manifests)
+    env = env_of(container)
+    ports = {p["name"]: p["port"] for p in service["spec"]["ports"]}
+    host = f"{service['metadata']['name']}.{service['metadata'].get('namespace', 'reach')}.svc"
+    edge = values["edge"]
+    assert env["REACH_EDGE__PUBLIC_URL"] == (edge.get("publicUrl") or f"{scheme(values)}://{host}:{ports['a2a']}")
+    assert env["REACH_EDGE__PUBLIC_GRPC"] == (edge.get("publicGrpc") or f"{host}:{ports['grpc']}")
+    assert "POD_IP" not in env["REACH_EDGE__PUBLIC_URL"] + env["REACH_EDGE__PUBLIC_GRPC"]
+
+
+def test_edge_public_urls_default_to_the_service_dns_names():
+    for tls, want in ((False, "http"), (True, "https")):
+        values = {"edge": {"enabled": True}, "trust": {"tls": {"enabled": tls}}}
+        env = env_of(edge_parts(render(values))[1])
+        assert env["REACH_EDGE__PUBLIC_URL"] == f"{want}://ci-reach-edge.reach.svc:7072"
+        assert env["REACH_EDGE__PUBLIC_GRPC"] == "ci-reach-edge.reach.svc:7070"
+    env = env_of(edge_parts(render({"edge": {"enabled": True, "publicUrl": "https://a2a.example.com", "publicGrpc": "a2a.example.com:443"}}))[1])
+    assert env["REACH_EDGE__PUBLIC_URL"] == "https://a2a.example.com"
+    assert env["REACH_EDGE__PUBLIC_GRPC"] == "a2a.example.com:443"
+
+
+def test_edge_a2a_port_is_on_its_service_and_container_only(case):
+    values, manifests = case
+    if not edge_on(values):
+        return
+    a2a = values.get("ports", {}).get("a2a", 7072)
+    _, container, service = edge_parts(manifests)
+    assert {"name": "a2a", "containerPort": a2a, "protocol": "TCP"} in container["ports"]
+    (port,) = [p for p in service["spec"]["ports"] if p["name"] == "a2a"]
+    assert port["port"] == a2a and port["targetPort"] == "a2a"
+    assert port["appProtocol"] == scheme(values)
+    for other in of_kind(manifests, "Service"):
+        if component(other) != "edge":
+            assert "a2a" not in {p["name"] for p in other["spec"]["ports"]}, other["metadata"]["name"]
+
+
+def test_edge_probes_check_the_a2a_service(case):
+    values, manifests = case
+    if not edge_on(values):
+        return
+    _, container, _ = edge_parts(manifests)
+    if tls_on(values):
+        assert container["readinessProbe"]["httpGet"]["path"] == "/health"
+        return
+    grpc = values.get("ports", {}).get("grpc", 7070)
+    assert container["readinessProbe"]["grpc"] == {"port": grpc, "service": "lf.a2a.v1.A2AService"}
+    assert container["livenessProbe"]["grpc"] == {"port": grpc}
+
+
+def test_edge_presents_its_own_certificate(case):
+    values, manifests = case
+    if not (edge_on(values) and tls_on(values)):
+        return
+    workload, _, _ = edge_parts(manifests)
+    (volume,) = [v for v in workload["spec"]["template"]["spec"]["volumes"] if v["name"] == "tls"]
+    named_ = values["trust"]["tls"].get("secrets", {}).get("edge")
+    assert volume["secret"]["secretName"] == (named_ or "ci-reach-edge-tls")
+    if values["trust"]["tls"].get("certManager", {}).get("enabled"):
+        (certificate,) = [c for c in of_kind(manifests, "Certificate") if component(c) == "edge"]
+        domain = values["trust"].get("trustDomain", "reach.local")
+        assert certificate["spec"]["uris"] == [f"spiffe://{domain}/edge"]
+        assert "ci-reach-edge.reach.svc" in certificate["spec"]["dnsNames"]
+
+
+def test_notes_say_how_to_reach_the_edge():
+    notes = render_text({"edge": {"enabled": True}})["reach/templates/NOTES.txt"]
+    assert "http://ci-reach-edge.reach.svc:7072/.well-known/agent-card.json" in notes
+    assert "port-forward svc/ci-reach-edge 7072:7072" in notes
+    assert "curl -s http://127.0.0.1:7072/.well-known/agent-card.json" in notes
+    notes = render_text({"edge": {"enabled": True, "publicUrl": "https://a2a.example.com/"}})["reach/templates/NOTES.txt"]
+    assert "https://a2a.example.com/.well-known/agent-card.json" in notes

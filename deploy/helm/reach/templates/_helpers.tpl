@@ -1,6 +1,6 @@
 {{/*
 Names, labels and the pieces every Reach pod shares. Components: registry, router,
-orchestrator, and one per agent ("agent-<name>").
+orchestrator, edge (when enabled), and one per agent ("agent-<name>").
 */}}
 
 {{/* The chart name, or nameOverride. */}}
@@ -59,6 +59,19 @@ app.kubernetes.io/component: {{ .component }}
 {{/* A component's resource name: (dict "root" $ "component" "router") -> "<fullname>-router". */}}
 {{- define "reach.componentName" -}}
 {{- printf "%s-%s" (include "reach.fullname" .root) .component | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{/*
+The addresses the edge's agent cards advertise ([edge] public_url and public_grpc): edge.publicUrl
+and edge.publicGrpc, else the edge Service's in-cluster DNS names (never the pod's own address).
+*/}}
+{{- define "reach.edge.publicUrl" -}}
+{{- $host := printf "%s.%s.svc" (include "reach.componentName" (dict "root" . "component" "edge")) .Release.Namespace -}}
+{{- .Values.edge.publicUrl | default (printf "%s://%s:%d" (include "reach.scheme" .) $host (int .Values.ports.a2a)) -}}
+{{- end -}}
+{{- define "reach.edge.publicGrpc" -}}
+{{- $host := printf "%s.%s.svc" (include "reach.componentName" (dict "root" . "component" "edge")) .Release.Namespace -}}
+{{- .Values.edge.publicGrpc | default (printf "%s:%d" $host (int .Values.ports.grpc)) -}}
 {{- end -}}
 
 {{/* The gRPC URL of a component's Service, as other pods dial it: "http://<name>:7070" (https with TLS on). */}}
@@ -360,7 +373,15 @@ Checks that values.schema.json cannot express; each failure says what to change.
 {{- if and $autoscaling.enabled (gt (int $autoscaling.minReplicas) (int $autoscaling.maxReplicas)) -}}
 {{- fail (printf "router.autoscaling.minReplicas (%d) is above router.autoscaling.maxReplicas (%d)" (int $autoscaling.minReplicas) (int $autoscaling.maxReplicas)) -}}
 {{- end -}}
-{{- range $name := list "registry" "router" "orchestrator" -}}
+{{- $edge := .Values.edge -}}
+{{- if and $edge.enabled $edge.autoscaling.enabled (gt (int $edge.autoscaling.minReplicas) (int $edge.autoscaling.maxReplicas)) -}}
+{{- fail (printf "edge.autoscaling.minReplicas (%d) is above edge.autoscaling.maxReplicas (%d)" (int $edge.autoscaling.minReplicas) (int $edge.autoscaling.maxReplicas)) -}}
+{{- end -}}
+{{- $components := list "registry" "router" "orchestrator" -}}
+{{- if $edge.enabled -}}
+{{- $components = append $components "edge" -}}
+{{- end -}}
+{{- range $name := $components -}}
 {{- $component := index $.Values $name -}}
 {{- if le (int $component.terminationGracePeriodSeconds) (int $component.preStopSleepSeconds) -}}
 {{- fail (printf "%s.terminationGracePeriodSeconds (%d) must be above %s.preStopSleepSeconds (%d): the grace period includes the preStop sleep, and the drain after it" $name (int $component.terminationGracePeriodSeconds) $name (int $component.preStopSleepSeconds)) -}}
@@ -393,11 +414,14 @@ Checks that values.schema.json cannot express; each failure says what to change.
 {{- if eq (int .Values.ports.grpc) (int .Values.ports.admin) -}}
 {{- fail (printf "ports.grpc and ports.admin are both %d: the gRPC and admin servers each need a port of their own" (int .Values.ports.grpc)) -}}
 {{- end -}}
+{{- if and $edge.enabled (has (int .Values.ports.a2a) (list (int .Values.ports.grpc) (int .Values.ports.admin))) -}}
+{{- fail (printf "ports.a2a (%d) is also ports.grpc or ports.admin: the edge serves gRPC, admin and A2A JSON-RPC each on a port of its own" (int .Values.ports.a2a)) -}}
+{{- end -}}
 {{- end -}}
 
 {{/*
-A component's Service: its gRPC and admin ports, selecting its pods. Call with
-(dict "root" $ "component" "router" "service" .Values.router.service).
+A component's Service: its gRPC and admin ports (and, with "a2a" true, the edge's ports.a2a),
+selecting its pods. Call with (dict "root" $ "component" "router" "service" .Values.router.service).
 */}}
 {{- define "reach.service" -}}
 {{- $ctx := dict "root" .root "component" .component -}}
@@ -429,6 +453,14 @@ spec:
       targetPort: admin
       protocol: TCP
       appProtocol: {{ ternary "https" "http" .root.Values.trust.tls.enabled }}
+    {{- if .a2a }}
+    # The A2A JSON-RPC binding and the agent cards (HTTP/1.1, SSE for streams).
+    - name: a2a
+      port: {{ .root.Values.ports.a2a | int }}
+      targetPort: a2a
+      protocol: TCP
+      appProtocol: {{ ternary "https" "http" .root.Values.trust.tls.enabled }}
+    {{- end }}
 {{- end -}}
 
 {{/*
