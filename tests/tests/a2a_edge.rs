@@ -159,14 +159,24 @@ async fn malformed_json_rpc_requests_get_the_json_rpc_error_for_them() {
             "no-such-task",
         ),
         (
-            "push notifications",
+            "a push config of an unknown task",
             rpc(
                 "CreateTaskPushNotificationConfig",
                 json!({"taskId": "t", "url": "http://127.0.0.1:9/"}),
             ),
-            -32003,
-            "PUSH_NOTIFICATION_NOT_SUPPORTED",
-            "SubscribeToTask",
+            -32001,
+            "TASK_NOT_FOUND",
+            "\"t\"",
+        ),
+        (
+            "a push config without a task",
+            rpc(
+                "CreateTaskPushNotificationConfig",
+                json!({"url": "http://127.0.0.1:9/"}),
+            ),
+            -32602,
+            "INVALID_PARAMS",
+            "taskId",
         ),
     ];
     for (what, body, code, reason, hint) in cases {

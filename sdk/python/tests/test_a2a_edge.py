@@ -15,6 +15,8 @@ import os
 import re
 import shutil
 import sys
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import tempfile
 import time
 import uuid
@@ -30,6 +32,10 @@ import yaml  # type: ignore[import-untyped]
 from a2a.client import A2ACardResolver, Client, ClientCallContext, ClientConfig, ClientFactory
 from a2a.types import a2a_pb2_grpc
 from a2a.types.a2a_pb2 import (
+    DeleteTaskPushNotificationConfigRequest,
+    GetTaskPushNotificationConfigRequest,
+    ListTaskPushNotificationConfigsRequest,
+    TaskPushNotificationConfig,
     ROLE_AGENT,
     ROLE_USER,
     TASK_STATE_CANCELED,
@@ -201,6 +207,8 @@ def edge() -> Iterator[EdgeProcess]:
             ],
             cwd=REPO,
             log=root / "reach-dev.log",
+            # A webhook that is down is retried after 100 ms, not 1 s (doubling either way).
+            env={"REACH_ORCHESTRATOR__WEBHOOK_BACKOFF": "100ms"},
         )
         try:
             _wait_for_skills(process)
@@ -962,3 +970,114 @@ async def test_reach_edge_serves_a2a_for_a_mesh_elsewhere(edge: EdgeProcess, wor
         assert data_of(answer.message.parts[0])["category"] == "servicing", answer
     finally:
         alone.stop()
+
+
+# ---- push notifications ----------------------------------------------------------------------
+
+
+class Webhook:
+    """An HTTP receiver on 127.0.0.1 that records every POST (its JSON body and headers) and
+    answers 503 to the first :attr:`refuse` of them, as a webhook that is down would."""
+
+    def __init__(self, refuse: int = 0) -> None:
+        self.refuse = refuse
+        self.bodies: list[dict[str, Any]] = []
+        self.headers: list[dict[str, str]] = []
+        self.refused = 0
+        hook = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:  # noqa: N802 - http.server's name
+                body = self.rfile.read(int(self.headers.get("content-length", "0")))
+                if hook.refused < hook.refuse:
+                    hook.refused += 1
+                    self.send_response(503)
+                else:
+                    hook.bodies.append(json.loads(body))
+                    hook.headers.append({k.lower(): v for k, v in self.headers.items()})
+                    self.send_response(200)
+                self.end_headers()
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/hook"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+    def states(self) -> list[str]:
+        return [b["statusUpdate"]["status"]["state"] for b in self.bodies if "statusUpdate" in b]
+
+
+@BINDINGS
+@pytest.mark.timeout(90)
+async def test_push_notifications_reach_a_webhook_that_was_down_in_order_once(edge: EdgeProcess, binding: str) -> None:
+    """A push config made with the task (SendMessageConfiguration) and one made later: each
+    webhook gets every update of the task, in order, exactly once, with its token — also the
+    one that refused the first deliveries (the orchestrator retries from its durable log)."""
+    early, late = Webhook(), Webhook(refuse=2)
+    try:
+        async with connect(await fetch_card(edge), binding, streaming=False) as client:
+            first = request(user_message(data_part(complaint(VAGUE)), skill="flow:complaint-flow"))
+            first.configuration.task_push_notification_config.CopyFrom(
+                TaskPushNotificationConfig(url=early.url, token="early-token")
+            )
+            answer = await send(client, first)
+            assert kind(answer) == "task", answer
+            task = answer.task
+            waiting_for(task, "human_review")
+
+            made = await client.create_task_push_notification_config(
+                TaskPushNotificationConfig(task_id=task.id, id="late", url=late.url, token="late-token")
+            )
+            assert (made.id, made.task_id, made.url) == ("late", task.id, late.url), made
+            found = await client.get_task_push_notification_config(
+                GetTaskPushNotificationConfigRequest(task_id=task.id, id="late")
+            )
+            assert found.url == late.url, found
+            listed = await client.list_task_push_notification_configs(
+                ListTaskPushNotificationConfigsRequest(task_id=task.id)
+            )
+            assert {c.url for c in listed.configs} == {early.url, late.url}, listed
+            with pytest.raises(TaskNotFoundError):
+                await client.get_task_push_notification_config(
+                    GetTaskPushNotificationConfigRequest(task_id=task.id, id="nobody")
+                )
+
+            done = await send(client, request(user_message(data_part({"category": "servicing"}), task_id=task.id)))
+            assert kind(done) == "task" and done.task.status.state == TASK_STATE_COMPLETED, done
+
+            def delivered(hook: Webhook) -> bool:
+                return bool(hook.states()) and hook.states()[-1] == "TASK_STATE_COMPLETED"
+
+            await eventually(lambda: delivered(early) and delivered(late), "both webhooks got the completion", timeout=30)
+            assert late.refused == 2
+            for hook, token in [(early, "early-token"), (late, "late-token")]:
+                assert hook.bodies == early.bodies, "both webhooks get the same notifications"
+                sequences = [next(iter(b.values()))["metadata"]["reach.sequence"] for b in hook.bodies]
+                assert sequences == sorted(sequences), sequences
+                # Exactly once: no (event, notification kind) twice, although the late one
+                # was refused and retried.
+                keys = [(seq, next(iter(b))) for seq, b in zip(sequences, hook.bodies)]
+                assert len(keys) == len(set(keys)), keys
+                assert all(h.get("x-a2a-notification-token") == token for h in hook.headers), hook.headers
+                assert all(next(iter(b.values()))["taskId"] == task.id for b in hook.bodies)
+            states = early.states()
+            assert states[0] == "TASK_STATE_SUBMITTED" and "TASK_STATE_INPUT_REQUIRED" in states, states
+            artifacts = [b["artifactUpdate"]["artifact"]["artifactId"] for b in early.bodies if "artifactUpdate" in b]
+            assert artifacts == ["classify"], early.bodies
+
+            await client.delete_task_push_notification_config(
+                DeleteTaskPushNotificationConfigRequest(task_id=task.id, id="late")
+            )
+            listed = await client.list_task_push_notification_configs(
+                ListTaskPushNotificationConfigsRequest(task_id=task.id)
+            )
+            assert [c.url for c in listed.configs] == [early.url], listed
+    finally:
+        early.close()
+        late.close()

@@ -158,9 +158,11 @@ impl ControlPlane {
             if services.router {
                 orchestrator_config.router_endpoint = format!("http://{addr}");
             }
+            // A2A push notifications are webhooks of the `a2a` format.
             let orchestrator =
                 reach_orchestrator::Orchestrator::with_trust(orchestrator_config, trust.clone())
-                    .await?;
+                    .await?
+                    .with_webhook_renderer(std::sync::Arc::new(A2aPushRenderer));
             let running = orchestrator.start()?;
             server = server.add_service(reach_telemetry::traced(orchestrator.grpc_service()));
             Some((orchestrator, running))
@@ -370,4 +372,25 @@ fn a2a_edge(
         router,
         orchestrator,
     ))
+}
+
+/// Renders task webhooks of the `a2a` format: the A2A edge's push notifications
+/// ([`reach_edge::a2a::mapping::push_notifications`]), delivered by the orchestrator.
+struct A2aPushRenderer;
+
+impl reach_orchestrator::WebhookRenderer for A2aPushRenderer {
+    fn format(&self) -> &'static str {
+        reach_edge::a2a::edge::PUSH_FORMAT
+    }
+
+    fn render(
+        &self,
+        task: &reach_proto::v1::Task,
+        events: &[reach_proto::v1::TaskEvent],
+    ) -> Vec<reach_orchestrator::Rendered> {
+        reach_edge::a2a::mapping::push_notifications(task, events)
+            .into_iter()
+            .map(|(sequence, body)| reach_orchestrator::Rendered { sequence, body })
+            .collect()
+    }
 }

@@ -195,7 +195,7 @@ fn card(
         documentation_url: None,
         capabilities: Some(AgentCapabilities {
             streaming: Some(true),
-            push_notifications: Some(false),
+            push_notifications: Some(true),
             extensions: Vec::new(),
             extended_agent_card: Some(true),
         }),

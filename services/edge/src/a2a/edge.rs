@@ -16,12 +16,18 @@ use tonic::{Code, Request};
 use super::card::{self, Catalogue, Interfaces, Security, Skill};
 use super::config::EdgeConfig;
 use super::error::{A2aError, task_error};
-use super::mapping::{self, EventMapper};
+use super::mapping::{self, CONTEXT_LABEL, EventMapper};
 use super::proto::{
-    AgentCard, CancelTaskRequest, GetTaskRequest, ListTasksRequest, ListTasksResponse, Message,
+    AgentCard, AuthenticationInfo, CancelTaskRequest, DeleteTaskPushNotificationConfigRequest,
+    GetTaskPushNotificationConfigRequest, GetTaskRequest, ListTaskPushNotificationConfigsRequest,
+    ListTaskPushNotificationConfigsResponse, ListTasksRequest, ListTasksResponse, Message,
     SendMessageRequest, SendMessageResponse, StreamResponse, SubscribeToTaskRequest, Task,
-    TaskState, send_message_response, stream_response,
+    TaskPushNotificationConfig, TaskState, send_message_response, stream_response,
 };
+
+/// The orchestrator webhook format of A2A push notifications (rendered by
+/// [`mapping::push_notifications`]).
+pub const PUSH_FORMAT: &str = "a2a";
 
 /// A stream of A2A events, ending after the task ends or needs input.
 pub type EventStream = Pin<Box<dyn Stream<Item = Result<StreamResponse, A2aError>> + Send>>;
@@ -265,6 +271,9 @@ impl A2aEdge {
                 Skill::Flow(flow) => self.start_flow(cx, &flow, message).await?,
             }
         };
+        if let Some(push) = configuration.task_push_notification_config {
+            self.push_for(cx, &task.task_id, push).await?;
+        }
         let task = if configuration.return_immediately {
             task
         } else {
@@ -289,6 +298,9 @@ impl A2aEdge {
         request: SendMessageRequest,
     ) -> Result<EventStream, A2aError> {
         let message = validate_message(request.message.as_ref())?;
+        let push = request
+            .configuration
+            .and_then(|c| c.task_push_notification_config);
         let task = if !message.task_id.is_empty() {
             self.resume(cx, message).await?
         } else {
@@ -303,6 +315,9 @@ impl A2aEdge {
                 Skill::Flow(flow) => self.start_flow(cx, &flow, message).await?,
             }
         };
+        if let Some(push) = push {
+            self.push_for(cx, &task.task_id, push).await?;
+        }
         Ok(self.stream_task(cx, task, cx.last_event_id))
     }
 
@@ -481,6 +496,126 @@ impl A2aEdge {
             )));
         }
         Ok(self.stream_task(cx, task, cx.last_event_id))
+    }
+
+    /// CreateTaskPushNotificationConfig: a webhook of the task, kept and delivered by the
+    /// orchestrator from its durable event log (a webhook that is down gets each event later,
+    /// in order), with `X-A2A-Notification-Token` and `Authorization` as the config says.
+    ///
+    /// # Errors
+    /// [`A2aError::TaskNotFound`]; [`A2aError::InvalidParams`] for a bad URL, too many
+    /// webhooks or oversized credentials; [`A2aError::PushNotificationNotSupported`] without
+    /// an orchestrator.
+    pub async fn create_push_config(
+        &self,
+        cx: &RequestContext,
+        config: TaskPushNotificationConfig,
+    ) -> Result<TaskPushNotificationConfig, A2aError> {
+        let task_id = config.task_id.clone();
+        if task_id.is_empty() {
+            return Err(A2aError::InvalidParams(
+                "taskId is required: the task whose updates are pushed".into(),
+            ));
+        }
+        self.push_for(cx, &task_id, config).await
+    }
+
+    async fn push_for(
+        &self,
+        cx: &RequestContext,
+        task_id: &str,
+        config: TaskPushNotificationConfig,
+    ) -> Result<TaskPushNotificationConfig, A2aError> {
+        let authentication = config.authentication.unwrap_or_default();
+        let mut orchestrator = self.inner.orchestrator.clone();
+        let webhook = orchestrator
+            .create_task_webhook(cx.request(reach::CreateTaskWebhookRequest {
+                task_id: task_id.to_string(),
+                webhook_id: config.id,
+                url: config.url,
+                token: config.token,
+                auth_scheme: authentication.scheme,
+                auth_credentials: authentication.credentials,
+                format: PUSH_FORMAT.into(),
+            }))
+            .await
+            .map_err(|status| push_error(task_id, status))?
+            .into_inner()
+            .webhook
+            .unwrap_or_default();
+        Ok(push_config(&cx.tenant, webhook))
+    }
+
+    /// GetTaskPushNotificationConfig (credentials are never returned).
+    ///
+    /// # Errors
+    /// [`A2aError::TaskNotFound`] for an unknown task or config (as the official SDK).
+    pub async fn get_push_config(
+        &self,
+        cx: &RequestContext,
+        request: GetTaskPushNotificationConfigRequest,
+    ) -> Result<TaskPushNotificationConfig, A2aError> {
+        let mut orchestrator = self.inner.orchestrator.clone();
+        let webhook = orchestrator
+            .get_task_webhook(cx.request(reach::GetTaskWebhookRequest {
+                task_id: request.task_id.clone(),
+                webhook_id: request.id,
+            }))
+            .await
+            .map_err(|status| push_error(&request.task_id, status))?
+            .into_inner()
+            .webhook
+            .unwrap_or_default();
+        Ok(push_config(&cx.tenant, webhook))
+    }
+
+    /// ListTaskPushNotificationConfigs, oldest first, paged.
+    ///
+    /// # Errors
+    /// [`A2aError::TaskNotFound`]; [`A2aError::InvalidParams`] for a bad page token.
+    pub async fn list_push_configs(
+        &self,
+        cx: &RequestContext,
+        request: ListTaskPushNotificationConfigsRequest,
+    ) -> Result<ListTaskPushNotificationConfigsResponse, A2aError> {
+        let mut orchestrator = self.inner.orchestrator.clone();
+        let page = orchestrator
+            .list_task_webhooks(cx.request(reach::ListTaskWebhooksRequest {
+                task_id: request.task_id.clone(),
+                page_size: u32::try_from(request.page_size).unwrap_or(0),
+                page_token: request.page_token,
+            }))
+            .await
+            .map_err(|status| push_error(&request.task_id, status))?
+            .into_inner();
+        Ok(ListTaskPushNotificationConfigsResponse {
+            configs: page
+                .webhooks
+                .into_iter()
+                .map(|w| push_config(&cx.tenant, w))
+                .collect(),
+            next_page_token: page.next_page_token,
+        })
+    }
+
+    /// DeleteTaskPushNotificationConfig: nothing more is sent to it.
+    ///
+    /// # Errors
+    /// [`A2aError::TaskNotFound`] for an unknown task or config.
+    pub async fn delete_push_config(
+        &self,
+        cx: &RequestContext,
+        request: DeleteTaskPushNotificationConfigRequest,
+    ) -> Result<(), A2aError> {
+        let mut orchestrator = self.inner.orchestrator.clone();
+        orchestrator
+            .delete_task_webhook(cx.request(reach::DeleteTaskWebhookRequest {
+                task_id: request.task_id.clone(),
+                webhook_id: request.id,
+            }))
+            .await
+            .map_err(|status| push_error(&request.task_id, status))?;
+        Ok(())
     }
 
     fn task_view(&self, task: &reach::Task, history: Option<usize>, artifacts: bool) -> Task {
@@ -856,9 +991,6 @@ where
     tokio_stream::wrappers::ReceiverStream::new(rx)
 }
 
-/// The label a task's A2A context id is kept in.
-pub const CONTEXT_LABEL: &str = "a2a.context_id";
-
 /// A task's A2A context: its `a2a.context_id` label, else its id (tasks not started through
 /// the edge are each their own context).
 fn context_of(task: &reach::Task) -> &str {
@@ -866,6 +998,34 @@ fn context_of(task: &reach::Task) -> &str {
         .get(CONTEXT_LABEL)
         .map(String::as_str)
         .unwrap_or(&task.task_id)
+}
+
+/// A webhook as an A2A push config; the credentials are never returned, the scheme is.
+fn push_config(tenant: &str, webhook: reach::TaskWebhook) -> TaskPushNotificationConfig {
+    TaskPushNotificationConfig {
+        tenant: tenant.to_string(),
+        id: webhook.webhook_id,
+        task_id: webhook.task_id,
+        url: webhook.url,
+        token: webhook.token,
+        authentication: (!webhook.auth_scheme.is_empty()).then(|| AuthenticationInfo {
+            scheme: webhook.auth_scheme,
+            credentials: String::new(),
+        }),
+    }
+}
+
+/// The A2A error of a failed webhook call about task `task_id`.
+fn push_error(task_id: &str, status: tonic::Status) -> A2aError {
+    match status.code() {
+        // An unknown task or config: TaskNotFound, as the official SDK answers both.
+        Code::NotFound => A2aError::TaskNotFound(task_id.to_string()),
+        Code::InvalidArgument | Code::FailedPrecondition => {
+            A2aError::InvalidParams(status.message().to_string())
+        }
+        Code::Unimplemented => A2aError::PushNotificationNotSupported,
+        _ => A2aError::Mesh(status),
+    }
 }
 
 fn unknown_service(service: &str, catalogue: &Catalogue) -> A2aError {

@@ -28,7 +28,7 @@ pub enum A2aError {
     },
     /// Push notifications are not offered (the card says `pushNotifications: false`).
     #[error(
-        "push notifications are not supported by this edge: stream the task with SubscribeToTask (it resumes after a dropped connection) or poll GetTask"
+        "push notifications need the mesh's orchestrator, which this edge cannot reach: stream the task with SubscribeToTask or poll GetTask"
     )]
     PushNotificationNotSupported,
     /// The operation does not apply to the task in its state.

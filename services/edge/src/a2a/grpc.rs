@@ -6,7 +6,6 @@ use futures::StreamExt;
 use tonic::{Request, Response, Status};
 
 use super::edge::{A2aEdge, EventStream, RequestContext};
-use super::error::A2aError;
 use super::proto::a2a_service_server::{A2aService, A2aServiceServer};
 use super::proto::{
     AgentCard, CancelTaskRequest, DeleteTaskPushNotificationConfigRequest,
@@ -125,24 +124,34 @@ impl A2aService for A2aGrpc {
         &self,
         request: Request<TaskPushNotificationConfig>,
     ) -> Result<Response<TaskPushNotificationConfig>, Status> {
-        context(&request, &request.get_ref().tenant)?;
-        Err(A2aError::PushNotificationNotSupported.into())
+        let cx = context(&request, &request.get_ref().tenant)?;
+        Ok(Response::new(
+            self.edge
+                .create_push_config(&cx, request.into_inner())
+                .await?,
+        ))
     }
 
     async fn get_task_push_notification_config(
         &self,
         request: Request<GetTaskPushNotificationConfigRequest>,
     ) -> Result<Response<TaskPushNotificationConfig>, Status> {
-        context(&request, &request.get_ref().tenant)?;
-        Err(A2aError::PushNotificationNotSupported.into())
+        let cx = context(&request, &request.get_ref().tenant)?;
+        Ok(Response::new(
+            self.edge.get_push_config(&cx, request.into_inner()).await?,
+        ))
     }
 
     async fn list_task_push_notification_configs(
         &self,
         request: Request<ListTaskPushNotificationConfigsRequest>,
     ) -> Result<Response<ListTaskPushNotificationConfigsResponse>, Status> {
-        context(&request, &request.get_ref().tenant)?;
-        Err(A2aError::PushNotificationNotSupported.into())
+        let cx = context(&request, &request.get_ref().tenant)?;
+        Ok(Response::new(
+            self.edge
+                .list_push_configs(&cx, request.into_inner())
+                .await?,
+        ))
     }
 
     async fn get_extended_agent_card(
@@ -160,7 +169,10 @@ impl A2aService for A2aGrpc {
         &self,
         request: Request<DeleteTaskPushNotificationConfigRequest>,
     ) -> Result<Response<pbjson_types::Empty>, Status> {
-        context(&request, &request.get_ref().tenant)?;
-        Err(A2aError::PushNotificationNotSupported.into())
+        let cx = context(&request, &request.get_ref().tenant)?;
+        self.edge
+            .delete_push_config(&cx, request.into_inner())
+            .await?;
+        Ok(Response::new(pbjson_types::Empty {}))
     }
 }

@@ -210,11 +210,20 @@ async fn dispatch(
             let service = cx.tenant.clone();
             rpc_result(id, &edge.card(cx, Some(service.as_str())).await?)
         }
-        "CreateTaskPushNotificationConfig"
-        | "GetTaskPushNotificationConfig"
-        | "ListTaskPushNotificationConfigs"
-        | "DeleteTaskPushNotificationConfig" => {
-            return Err(A2aError::PushNotificationNotSupported);
+        "CreateTaskPushNotificationConfig" => rpc_result(
+            id,
+            &edge.create_push_config(cx, params(method, json)?).await?,
+        ),
+        "GetTaskPushNotificationConfig" => {
+            rpc_result(id, &edge.get_push_config(cx, params(method, json)?).await?)
+        }
+        "ListTaskPushNotificationConfigs" => rpc_result(
+            id,
+            &edge.list_push_configs(cx, params(method, json)?).await?,
+        ),
+        "DeleteTaskPushNotificationConfig" => {
+            edge.delete_push_config(cx, params(method, json)?).await?;
+            rpc_result(id, &Value::Null)
         }
         other => {
             return Err(A2aError::MethodNotFound(reach_rpc::errors::cut(other, 64)));

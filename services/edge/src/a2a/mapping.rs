@@ -505,6 +505,35 @@ impl EventMapper {
     }
 }
 
+/// The A2A push notifications of a task's whole event log (from its first event): each
+/// status and artifact update [`EventMapper`] gives, as the proto3 JSON of a
+/// `StreamResponse` (what the official SDKs POST to a webhook), tagged with the sequence of
+/// the event it came from. A pure function of the log, so a redelivery sends the same bodies.
+pub fn push_notifications(
+    task: &reach::Task,
+    events: &[reach::TaskEvent],
+) -> Vec<(u64, serde_json::Value)> {
+    let context = task
+        .labels
+        .get(CONTEXT_LABEL)
+        .map(String::as_str)
+        .unwrap_or(&task.task_id);
+    let mut mapper = EventMapper::new(&task.task_id, context);
+    events
+        .iter()
+        .flat_map(|event| {
+            mapper
+                .map(event)
+                .into_iter()
+                .map(move |update| (event.sequence, update))
+        })
+        .filter_map(|(sequence, update)| Some((sequence, serde_json::to_value(update).ok()?)))
+        .collect()
+}
+
+/// The label a task's A2A context id is kept in.
+pub const CONTEXT_LABEL: &str = "a2a.context_id";
+
 #[cfg(test)]
 mod tests {
     use super::*;
