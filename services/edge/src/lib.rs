@@ -1,2 +1,10 @@
-//! Reach's protocol edges.
+//! Reach's protocol edges: the mesh for clients of the ecosystem's agent protocols, each a
+//! mapping onto the registry, router and orchestrator (their gRPC APIs), never a second
+//! engine.
+//!
+//! # Layout
+//! - [`a2a`]: the A2A v1 edge — the `lf.a2a.v1` contract, agent cards generated from the
+//!   registry, messages as router calls and orchestrator tasks, the gRPC and JSON-RPC
+//!   bindings (`docs/edges.md`).
+
 pub mod a2a;
