@@ -1081,3 +1081,35 @@ async def test_push_notifications_reach_a_webhook_that_was_down_in_order_once(ed
     finally:
         early.close()
         late.close()
+
+
+@pytest.mark.timeout(60)
+async def test_a_callers_traceparent_is_the_trace_of_its_call_and_its_task(edge: EdgeProcess) -> None:
+    """A caller that is part of a trace (W3C ``traceparent``) has the capability call and the
+    flow task it starts continue that trace: one trace from the A2A client through the mesh."""
+    trace_id = uuid.uuid4().hex
+    headers = {"traceparent": f"00-{trace_id}-00f067aa0ba902b7-01", "A2A-Version": "1.0"}
+
+    def rpc(skill: str) -> dict[str, Any]:
+        return {
+            "jsonrpc": "2.0",
+            "id": 1,
+            "method": "SendMessage",
+            "params": {
+                "message": {
+                    "messageId": str(uuid.uuid4()),
+                    "role": "ROLE_USER",
+                    "metadata": {"skill": skill},
+                    "parts": [{"data": complaint(CONFIDENT)}],
+                },
+                "configuration": {"returnImmediately": True},
+            },
+        }
+
+    async with httpx.AsyncClient(timeout=30) as http:
+        call = (await http.post(f"{edge.a2a_url}/", json=rpc("complaint.classify"), headers=headers)).json()
+        task = (await http.post(f"{edge.a2a_url}/", json=rpc("flow:complaint-flow"), headers=headers)).json()
+    assert call["result"]["message"]["metadata"]["reach.traceId"] == trace_id, call
+    assert task["result"]["task"]["metadata"]["reach.traceId"] == trace_id, task
+    reach = await reach_task(edge, task["result"]["task"]["id"])
+    assert reach["trace_id"] == trace_id, reach

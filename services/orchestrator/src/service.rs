@@ -442,7 +442,8 @@ impl OrchestratorService for OrchestratorApi {
             .metadata()
             .get("traceparent")
             .and_then(|v| v.to_str().ok())
-            .and_then(trace_id_of);
+            .and_then(reach_rpc::trace::TraceId::from_traceparent)
+            .map(|id| id.to_string());
         let r = request.into_inner();
         validate_labels(&r.labels, MAX_TASK_LABELS)?;
         if r.flow_id.is_empty() {
@@ -965,15 +966,4 @@ fn validate_labels(
         }
     }
     Ok(())
-}
-
-/// The trace id of a W3C `traceparent` (`00-<32 hex>-<16 hex>-<2 hex>`), when valid and not
-/// all zeros.
-fn trace_id_of(traceparent: &str) -> Option<String> {
-    let mut fields = traceparent.trim().split('-');
-    let (_version, id) = (fields.next()?, fields.next()?);
-    let valid = id.len() == 32
-        && id.bytes().all(|b| b.is_ascii_hexdigit())
-        && id.bytes().any(|b| b != b'0');
-    valid.then(|| id.to_ascii_lowercase())
 }

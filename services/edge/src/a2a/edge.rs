@@ -103,12 +103,11 @@ impl RequestContext {
         request
     }
 
-    /// The trace id of the caller's `traceparent`, when it has a valid one.
+    /// The trace id of the caller's `traceparent`, when it is a valid one (W3C Trace
+    /// Context).
     fn trace_id(&self) -> Option<String> {
-        let parent = self.traceparent.as_deref()?;
-        let id = parent.split('-').nth(1)?;
-        (id.len() == 32 && id.bytes().all(|b| b.is_ascii_hexdigit()) && id != "0".repeat(32))
-            .then(|| id.to_ascii_lowercase())
+        reach_rpc::trace::TraceId::from_traceparent(self.traceparent.as_deref()?)
+            .map(|id| id.to_string())
     }
 }
 
