@@ -819,7 +819,7 @@ def test_edge_cards_advertise_the_service_not_the_pod(case):
 
 def test_edge_public_urls_default_to_the_service_dns_names():
     for tls, want in ((False, "http"), (True, "https")):
-        values = {"edge": {"enabled": True}, "trust": {"tls": {"enabled": tls}}}
+        values = {"edge": {"enabled": True}, "trust": {"tls": {"enabled": tls, "clientAuth": "optional"}}}
         env = env_of(edge_parts(render(values))[1])
         assert env["REACH_EDGE__PUBLIC_URL"] == f"{want}://ci-reach-edge.reach.svc:7072"
         assert env["REACH_EDGE__PUBLIC_GRPC"] == "ci-reach-edge.reach.svc:7070"

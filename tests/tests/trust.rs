@@ -740,3 +740,71 @@ async fn the_health_probe_speaks_tls_and_expects_the_agents_identity() {
     assert_eq!(state("p-2").await.state(), pb::InstanceState::Registered);
     mesh.plane.shutdown().await.unwrap();
 }
+
+/// The A2A edge acts in the mesh with its caller's bearer token, so the policy judges the
+/// caller: an operator's token reaches a task the edge's own identity may not see, a user's
+/// token does not, and a caller known only by its client certificate is refused (it would act
+/// as the edge). The card says how to authenticate.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_a2a_edge_acts_with_its_callers_bearer_token_only() {
+    use reach_edge::a2a::proto::a2a_service_client::A2aServiceClient;
+    use reach_edge::a2a::proto::{GetExtendedAgentCardRequest, GetTaskRequest};
+
+    let mesh = Mesh::start().await;
+    let operator_token = mesh.operator_token();
+    let mut operator = OrchestratorServiceClient::with_interceptor(
+        mesh.anonymous_channel().await,
+        bearer(operator_token.clone()),
+    );
+    operator
+        .apply_flow(pb::ApplyFlowRequest {
+            yaml: FLOW.into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    // An agent's task: its starter and operators may view it; the edge's identity may not.
+    OrchestratorServiceClient::new(mesh.channel_as("a", &agent("a")).await)
+        .start_task(pb::StartTaskRequest {
+            flow_id: "approve".into(),
+            task_id: "task-of-a".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let get = || GetTaskRequest {
+        id: "task-of-a".into(),
+        ..Default::default()
+    };
+
+    let mut as_operator =
+        A2aServiceClient::with_interceptor(mesh.anonymous_channel().await, bearer(operator_token));
+    let task = as_operator.get_task(get()).await.unwrap().into_inner();
+    assert_eq!(task.id, "task-of-a");
+    let card = as_operator
+        .get_extended_agent_card(GetExtendedAgentCardRequest::default())
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(card.security_schemes.contains_key("bearer"), "{card:?}");
+
+    let user_token = mesh.token(reach_trust::token::claims(
+        "mallory",
+        "reach",
+        None,
+        Duration::from_secs(300),
+    ));
+    let mut as_user =
+        A2aServiceClient::with_interceptor(mesh.anonymous_channel().await, bearer(user_token));
+    let refused = as_user.get_task(get()).await.unwrap_err();
+    assert_eq!(refused.code(), Code::PermissionDenied, "{refused:?}");
+
+    let mut by_certificate = A2aServiceClient::new(mesh.channel_as("b", &agent("b")).await);
+    let refused = by_certificate.get_task(get()).await.unwrap_err();
+    assert_eq!(refused.code(), Code::Unauthenticated, "{refused:?}");
+    assert!(
+        refused.message().contains("Bearer"),
+        "{}",
+        refused.message()
+    );
+}

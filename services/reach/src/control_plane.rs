@@ -333,14 +333,32 @@ fn a2a_edge(
         "http"
     };
     let local = format!("{scheme}://{addr}");
-    let channel = |alongside: bool, configured: &str| {
+    // Requests of callers with a bearer token go on channels without the edge's certificate,
+    // trusting the same CA, so the mesh judges the caller by its token.
+    let anonymous = match trust.tls() {
+        Some(tls) => Some(
+            reach_trust::tls::TlsSource::load(
+                &reach_trust::tls::TlsConfig {
+                    cert: None,
+                    key: None,
+                    ..tls.config().clone()
+                },
+                trust.trust_domain(),
+            )
+            .map_err(reach_trust::TrustError::from)?,
+        ),
+        None => None,
+    };
+    let channel = |alongside: bool,
+                   configured: &str,
+                   tls: Option<&std::sync::Arc<reach_trust::tls::TlsSource>>| {
         let url = if alongside {
             local.as_str()
         } else {
             configured
         };
         reach_rpc::http2::endpoint(url.to_string())
-            .map(|endpoint| reach_rpc::http2::channel_lazy(&endpoint, trust.tls(), None))
+            .map(|endpoint| reach_rpc::http2::channel_lazy(&endpoint, tls, None))
             .map_err(|e| {
                 std::io::Error::new(
                     std::io::ErrorKind::InvalidInput,
@@ -349,9 +367,24 @@ fn a2a_edge(
             })
     };
     let edge_config = config.edge.clone();
-    let registry = channel(services.registry, &edge_config.registry_endpoint)?;
-    let router = channel(services.router, &edge_config.router_endpoint)?;
-    let orchestrator = channel(services.orchestrator, &edge_config.orchestrator_endpoint)?;
+    let (router_url, orchestrator_url) = (
+        edge_config.router_endpoint.as_str(),
+        edge_config.orchestrator_endpoint.as_str(),
+    );
+    let registry = channel(
+        services.registry,
+        &edge_config.registry_endpoint,
+        trust.tls(),
+    )?;
+    let router = channel(services.router, router_url, trust.tls())?;
+    let orchestrator = channel(services.orchestrator, orchestrator_url, trust.tls())?;
+    let as_caller = match &anonymous {
+        Some(tls) => Some((
+            channel(services.router, router_url, Some(tls))?,
+            channel(services.orchestrator, orchestrator_url, Some(tls))?,
+        )),
+        None => None,
+    };
     let interfaces = reach_edge::a2a::card::Interfaces {
         json_rpc: edge_config.public_url.trim_end_matches('/').to_string(),
         grpc: if edge_config.public_grpc.is_empty() {
@@ -362,15 +395,18 @@ fn a2a_edge(
     };
     let security = reach_edge::a2a::card::Security {
         bearer: trust.config().jwt.is_some(),
-        mtls: trust.tls().is_some(),
+        tls: trust.tls().is_some(),
     };
     Ok(reach_edge::a2a::A2aEdge::new(
         edge_config,
         interfaces,
         security,
-        registry,
-        router,
-        orchestrator,
+        reach_edge::a2a::MeshChannels {
+            registry,
+            router,
+            orchestrator,
+            as_caller,
+        },
     ))
 }
 

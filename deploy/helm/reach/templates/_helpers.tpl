@@ -377,6 +377,9 @@ Checks that values.schema.json cannot express; each failure says what to change.
 {{- if and $edge.enabled $edge.autoscaling.enabled (gt (int $edge.autoscaling.minReplicas) (int $edge.autoscaling.maxReplicas)) -}}
 {{- fail (printf "edge.autoscaling.minReplicas (%d) is above edge.autoscaling.maxReplicas (%d)" (int $edge.autoscaling.minReplicas) (int $edge.autoscaling.maxReplicas)) -}}
 {{- end -}}
+{{- if and $edge.enabled .Values.trust.tls.enabled (eq .Values.trust.tls.clientAuth "required") -}}
+{{- fail "edge.enabled with trust.tls.clientAuth=required: the A2A edge calls the mesh with its callers' bearer tokens on connections without a client certificate (so the policy judges the caller, never the edge), which a required client certificate refuses. Set trust.tls.clientAuth=optional (bearer tokens verified with trust.jwt)" -}}
+{{- end -}}
 {{- $components := list "registry" "router" "orchestrator" -}}
 {{- if $edge.enabled -}}
 {{- $components = append $components "edge" -}}

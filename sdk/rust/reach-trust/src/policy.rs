@@ -81,6 +81,17 @@ struct TaskRuleFile {
     actions: Vec<TaskAction>,
 }
 
+/// The paths anyone may GET without credentials unless the policy's `admin.open_paths` says
+/// otherwise: health and metrics (probes and scrapers present none), and the A2A edge's agent
+/// cards, which A2A clients read first to learn how to authenticate (A2A v1 §"Agent
+/// Discovery").
+pub const DEFAULT_OPEN_PATHS: &[&str] = &[
+    "/health",
+    "/metrics",
+    "/.well-known/agent-card.json",
+    "/agents/*/.well-known/agent-card.json",
+];
+
 #[derive(Debug, Deserialize, Default)]
 #[serde(deny_unknown_fields)]
 struct AdminFile {
@@ -279,10 +290,12 @@ impl Policy {
                 })
             })
             .collect::<Result<_, PolicyError>>()?;
-        let open_paths = file
-            .admin
-            .open_paths
-            .unwrap_or_else(|| vec!["/health".into(), "/metrics".into()]);
+        let open_paths = file.admin.open_paths.unwrap_or_else(|| {
+            DEFAULT_OPEN_PATHS
+                .iter()
+                .map(|path| (*path).to_string())
+                .collect()
+        });
         Ok(Self {
             operators: compile(&operators, "operators".into())?,
             serve,
@@ -301,8 +314,8 @@ impl Policy {
         Self::parse(&yaml, path, trust_domain)
     }
 
-    /// The policy without a file: operators are `/operator/*` of the trust domain, `/health`
-    /// and `/metrics` are open, and no rule grants anything (callers of the rule kinds use
+    /// The policy without a file: operators are `/operator/*` of the trust domain,
+    /// [`DEFAULT_OPEN_PATHS`] are open, and no rule grants anything (callers of the rule kinds use
     /// their defaults instead when no policy is loaded; see [`crate::Trust`]).
     pub fn defaults(trust_domain: &str) -> Self {
         Self::parse("", Path::new("(defaults)"), trust_domain)
@@ -522,6 +535,10 @@ tasks:
         assert!(!policy.is_operator(&alice));
         assert!(policy.is_open_path("/metrics"));
         assert!(!policy.is_open_path("/agents"));
+        let defaults = Policy::defaults("td");
+        assert!(defaults.is_open_path("/.well-known/agent-card.json"));
+        assert!(defaults.is_open_path("/agents/coordinator/.well-known/agent-card.json"));
+        assert!(!defaults.is_open_path("/agents/coordinator/"));
     }
 
     #[test]

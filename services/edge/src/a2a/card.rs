@@ -7,8 +7,7 @@ use reach_proto::v1 as reach;
 
 use super::proto::{
     AgentCapabilities, AgentCard, AgentInterface, AgentProvider, AgentSkill,
-    HttpAuthSecurityScheme, MutualTlsSecurityScheme, SecurityRequirement, SecurityScheme,
-    StringList, security_scheme,
+    HttpAuthSecurityScheme, SecurityRequirement, SecurityScheme, StringList, security_scheme,
 };
 
 /// The A2A protocol version the edge serves.
@@ -27,14 +26,14 @@ pub struct Interfaces {
     pub grpc: String,
 }
 
-/// How callers authenticate, for `security_schemes`: a bearer JWT and/or a client
-/// certificate.
+/// How callers authenticate, for `security_schemes`.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Security {
-    /// The edge verifies bearer JWTs.
+    /// The edge verifies bearer JWTs (the one credential it acts with: see
+    /// [`super::RequestContext::check_caller`]).
     pub bearer: bool,
-    /// The edge accepts client certificates (mutual TLS).
-    pub mtls: bool,
+    /// The edge serves TLS (its URLs are `https`).
+    pub tls: bool,
 }
 
 /// A skill the edge can send a message to.
@@ -131,20 +130,6 @@ fn security(security: Security) -> (BTreeMap<String, SecurityScheme>, Vec<Securi
             },
         );
     }
-    if security.mtls {
-        schemes.insert(
-            "mtls".to_string(),
-            SecurityScheme {
-                scheme: Some(security_scheme::Scheme::MtlsSecurityScheme(
-                    MutualTlsSecurityScheme {
-                        description:
-                            "a client certificate from the mesh's CA naming a SPIFFE identity"
-                                .into(),
-                    },
-                )),
-            },
-        );
-    }
     // Each scheme alone suffices: one requirement per scheme (OR).
     for name in schemes.keys() {
         requirements.push(SecurityRequirement {
@@ -163,7 +148,7 @@ fn card(
     auth: Security,
     skills: Vec<AgentSkill>,
 ) -> AgentCard {
-    let scheme = if auth.mtls { "https" } else { "http" };
+    let scheme = if auth.tls { "https" } else { "http" };
     let json_rpc = interfaces
         .json_rpc
         .replacen("http://", &format!("{scheme}://"), 1);

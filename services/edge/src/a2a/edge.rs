@@ -74,6 +74,20 @@ impl RequestContext {
         }
     }
 
+    /// Whether the edge may act for `caller`. It passes the caller's `authorization` into the
+    /// mesh, so the trust policy judges the caller; a caller known only by its client
+    /// certificate cannot be passed on and would act with the edge's own identity (a confused
+    /// deputy), so it is refused. Anonymous callers (no trust) and bearer callers pass.
+    ///
+    /// # Errors
+    /// [`A2aError::BearerRequired`].
+    pub fn check_caller(caller: &reach_trust::Caller) -> Result<(), A2aError> {
+        match caller.via() {
+            reach_trust::Via::Certificate => Err(A2aError::BearerRequired),
+            _ => Ok(()),
+        }
+    }
+
     /// The `last-event-id` value as a sequence number.
     ///
     /// # Errors
@@ -125,7 +139,27 @@ struct Inner {
     registry: RegistryServiceClient<Channel>,
     router: RouterServiceClient<Channel>,
     orchestrator: OrchestratorServiceClient<Channel>,
+    as_caller: Option<(
+        RouterServiceClient<Channel>,
+        OrchestratorServiceClient<Channel>,
+    )>,
     mesh: MeshClient,
+}
+
+/// The channels an [`A2aEdge`] calls the mesh on.
+#[derive(Debug, Clone)]
+pub struct MeshChannels {
+    /// The registry (cards).
+    pub registry: Channel,
+    /// The router (capability calls).
+    pub router: Channel,
+    /// The orchestrator (flows, tasks, push configs).
+    pub orchestrator: Channel,
+    /// With TLS: channels to the router and the orchestrator that present no certificate of
+    /// the edge's, for requests of callers with a bearer token — a verified certificate would
+    /// win over the token, and the edge would act as itself. `None` without TLS (the token is
+    /// then the only credential anyway).
+    pub as_caller: Option<(Channel, Channel)>,
 }
 
 impl A2aEdge {
@@ -135,22 +169,46 @@ impl A2aEdge {
         config: EdgeConfig,
         interfaces: Interfaces,
         security: Security,
-        registry: Channel,
-        router: Channel,
-        orchestrator: Channel,
+        channels: MeshChannels,
     ) -> Self {
         let limit = config.max_message_bytes;
+        let router =
+            |channel: Channel| RouterServiceClient::new(channel).max_decoding_message_size(limit);
+        let orchestrator = |channel: Channel| {
+            OrchestratorServiceClient::new(channel).max_decoding_message_size(limit)
+        };
         Self {
             inner: Arc::new(Inner {
                 interfaces,
                 security,
-                registry: RegistryServiceClient::new(registry).max_decoding_message_size(limit),
-                mesh: MeshClient::new(router.clone(), "a2a.edge"),
-                router: RouterServiceClient::new(router).max_decoding_message_size(limit),
-                orchestrator: OrchestratorServiceClient::new(orchestrator)
+                registry: RegistryServiceClient::new(channels.registry)
                     .max_decoding_message_size(limit),
+                mesh: MeshClient::new(channels.router.clone(), "a2a.edge"),
+                router: router(channels.router),
+                orchestrator: orchestrator(channels.orchestrator),
+                as_caller: channels
+                    .as_caller
+                    .map(|(r, o)| (router(r), orchestrator(o))),
                 config,
             }),
+        }
+    }
+
+    /// The router client for a request: one presenting no certificate of the edge's when
+    /// the caller sent a bearer token (so the mesh authenticates the caller by it), else the
+    /// edge's own.
+    fn router(&self, cx: &RequestContext) -> RouterServiceClient<Channel> {
+        match (&self.inner.as_caller, &cx.authorization) {
+            (Some((router, _)), Some(_)) => router.clone(),
+            _ => self.inner.router.clone(),
+        }
+    }
+
+    /// The orchestrator client for a request, as [`A2aEdge::router`].
+    fn orchestrator(&self, cx: &RequestContext) -> OrchestratorServiceClient<Channel> {
+        match (&self.inner.as_caller, &cx.authorization) {
+            (Some((_, orchestrator)), Some(_)) => orchestrator.clone(),
+            _ => self.inner.orchestrator.clone(),
         }
     }
 
@@ -368,7 +426,7 @@ impl A2aEdge {
             [one] => *one,
             _ => reach::TaskStatus::Unspecified,
         };
-        let mut orchestrator = self.inner.orchestrator.clone();
+        let mut orchestrator = self.orchestrator(cx);
         let page = orchestrator
             .list_tasks(cx.request(reach::ListTasksRequest {
                 status: status.into(),
@@ -451,7 +509,7 @@ impl A2aEdge {
                 state: state.as_str_name(),
             });
         }
-        let mut orchestrator = self.inner.orchestrator.clone();
+        let mut orchestrator = self.orchestrator(cx);
         let cancelled = orchestrator
             .cancel_task(cx.request(reach::CancelTaskRequest {
                 task_id: request.id.clone(),
@@ -526,7 +584,7 @@ impl A2aEdge {
         config: TaskPushNotificationConfig,
     ) -> Result<TaskPushNotificationConfig, A2aError> {
         let authentication = config.authentication.unwrap_or_default();
-        let mut orchestrator = self.inner.orchestrator.clone();
+        let mut orchestrator = self.orchestrator(cx);
         let webhook = orchestrator
             .create_task_webhook(cx.request(reach::CreateTaskWebhookRequest {
                 task_id: task_id.to_string(),
@@ -554,7 +612,7 @@ impl A2aEdge {
         cx: &RequestContext,
         request: GetTaskPushNotificationConfigRequest,
     ) -> Result<TaskPushNotificationConfig, A2aError> {
-        let mut orchestrator = self.inner.orchestrator.clone();
+        let mut orchestrator = self.orchestrator(cx);
         let webhook = orchestrator
             .get_task_webhook(cx.request(reach::GetTaskWebhookRequest {
                 task_id: request.task_id.clone(),
@@ -577,7 +635,7 @@ impl A2aEdge {
         cx: &RequestContext,
         request: ListTaskPushNotificationConfigsRequest,
     ) -> Result<ListTaskPushNotificationConfigsResponse, A2aError> {
-        let mut orchestrator = self.inner.orchestrator.clone();
+        let mut orchestrator = self.orchestrator(cx);
         let page = orchestrator
             .list_task_webhooks(cx.request(reach::ListTaskWebhooksRequest {
                 task_id: request.task_id.clone(),
@@ -606,7 +664,7 @@ impl A2aEdge {
         cx: &RequestContext,
         request: DeleteTaskPushNotificationConfigRequest,
     ) -> Result<(), A2aError> {
-        let mut orchestrator = self.inner.orchestrator.clone();
+        let mut orchestrator = self.orchestrator(cx);
         orchestrator
             .delete_task_webhook(cx.request(reach::DeleteTaskWebhookRequest {
                 task_id: request.task_id.clone(),
@@ -628,7 +686,7 @@ impl A2aEdge {
                 id.len()
             )));
         }
-        let mut orchestrator = self.inner.orchestrator.clone();
+        let mut orchestrator = self.orchestrator(cx);
         orchestrator
             .get_task(cx.request(reach::GetTaskRequest {
                 task_id: id.to_string(),
@@ -724,7 +782,7 @@ impl A2aEdge {
             message: Some(envelope),
         });
         request.set_timeout(self.inner.config.call_timeout);
-        let mut router = self.inner.router.clone();
+        let mut router = self.router(cx);
         let reply = router
             .call(request)
             .await
@@ -790,7 +848,7 @@ impl A2aEdge {
         } else {
             message.context_id.clone()
         };
-        let mut orchestrator = self.inner.orchestrator.clone();
+        let mut orchestrator = self.orchestrator(cx);
         let task = orchestrator
             .start_task(cx.request(reach::StartTaskRequest {
                 flow_id: flow.to_string(),
@@ -831,7 +889,7 @@ impl A2aEdge {
             .as_ref()
             .map(|w| w.node_id.clone())
             .unwrap_or_default();
-        let mut orchestrator = self.inner.orchestrator.clone();
+        let mut orchestrator = self.orchestrator(cx);
         let resumed = orchestrator
             .resume_task(cx.request(reach::ResumeTaskRequest {
                 task_id: id.clone(),
@@ -873,7 +931,7 @@ impl A2aEdge {
         if done(mapping::state_of(&task)) {
             return self.reach_task(cx, &task.task_id).await;
         }
-        let mut orchestrator = self.inner.orchestrator.clone();
+        let mut orchestrator = self.orchestrator(cx);
         let watch = orchestrator.watch_task(cx.request(reach::WatchTaskRequest {
             task_id: task.task_id.clone(),
             after_sequence: after,
@@ -930,7 +988,7 @@ impl A2aEdge {
             {
                 return;
             }
-            let mut orchestrator = edge.inner.orchestrator.clone();
+            let mut orchestrator = edge.orchestrator(&cx);
             let mut events = match orchestrator
                 .watch_task(cx.request(reach::WatchTaskRequest {
                     task_id: task.task_id.clone(),

@@ -59,6 +59,12 @@ pub enum A2aError {
     /// The JSON-RPC body is not JSON.
     #[error("the body is not JSON: {0}")]
     ParseError(String),
+    /// The caller is known only by its client certificate: the edge acts in the mesh with the
+    /// caller's bearer token, so that the policy applies to the caller and not to the edge.
+    #[error(
+        "the A2A edge acts for callers with a bearer token: send Authorization: Bearer <token> (a client certificate alone would make the edge's own identity act for you)"
+    )]
+    BearerRequired,
     /// The mesh failed the request with a status the caller should see as it is
     /// (UNAVAILABLE, DEADLINE_EXCEEDED, PERMISSION_DENIED, …).
     #[error("{}", .0.message())]
@@ -79,6 +85,7 @@ impl A2aError {
             A2aError::InvalidParams(_) => "INVALID_PARAMS",
             A2aError::InvalidRequest(_) | A2aError::ParseError(_) => "INVALID_REQUEST",
             A2aError::MethodNotFound(_) => "METHOD_NOT_FOUND",
+            A2aError::BearerRequired => "UNAUTHENTICATED",
             A2aError::Mesh(_) => "INTERNAL_ERROR",
         }
     }
@@ -96,6 +103,7 @@ impl A2aError {
             | A2aError::InvalidRequest(_)
             | A2aError::ParseError(_) => Code::InvalidArgument,
             A2aError::InvalidAgentResponse(_) => Code::Internal,
+            A2aError::BearerRequired => Code::Unauthenticated,
             A2aError::Mesh(status) => status.code(),
         }
     }
@@ -115,6 +123,7 @@ impl A2aError {
             A2aError::InvalidRequest(_) => -32600,
             A2aError::MethodNotFound(_) => -32601,
             A2aError::ParseError(_) => -32700,
+            A2aError::BearerRequired => -32600,
             A2aError::Mesh(_) => -32603,
         }
     }
@@ -144,8 +153,18 @@ impl A2aError {
     /// [`A2A_DOMAIN`] with [`A2aError::reason`]. A mesh failure is passed through as the mesh
     /// answered it (code, message and Reach ErrorInfo), since A2A has no error for it.
     pub fn to_status(&self) -> Status {
-        if let A2aError::Mesh(status) = self {
-            return status.clone();
+        match self {
+            A2aError::Mesh(status) => return status.clone(),
+            // Not an A2A error: the caller's credentials, as the mesh's own ports answer.
+            A2aError::BearerRequired => {
+                return reach_rpc::errors::status_with_reason(
+                    Code::Unauthenticated,
+                    self.to_string(),
+                    reach_rpc::errors::reason::UNAUTHENTICATED,
+                    [],
+                );
+            }
+            _ => {}
         }
         Status::with_error_details(
             self.code(),

@@ -40,6 +40,7 @@ fn context<T>(request: &Request<T>, tenant: &str) -> Result<RequestContext, Stat
     let metadata = request.metadata();
     let text = |name: &str| metadata.get(name).and_then(|v| v.to_str().ok());
     RequestContext::check_version(text("a2a-version"))?;
+    RequestContext::check_caller(&reach_trust::Caller::of(request.extensions()))?;
     Ok(RequestContext {
         tenant: tenant.to_string(),
         authorization: text("authorization").map(str::to_string),

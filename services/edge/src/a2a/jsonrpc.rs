@@ -16,7 +16,7 @@
 use std::convert::Infallible;
 
 use axum::Router;
-use axum::extract::{DefaultBodyLimit, Path, State};
+use axum::extract::{DefaultBodyLimit, Extension, Path, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
@@ -94,17 +94,43 @@ async fn card(edge: A2aEdge, headers: HeaderMap, service: Option<String>) -> Res
     }
 }
 
-async fn mesh_rpc(State(edge): State<A2aEdge>, headers: HeaderMap, body: Bytes) -> Response {
+async fn mesh_rpc(
+    State(edge): State<A2aEdge>,
+    caller: Option<Extension<reach_trust::Caller>>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    if let Some(refused) = refused(caller) {
+        return refused;
+    }
     rpc(edge, headers, String::new(), body).await
 }
 
 async fn service_rpc(
     State(edge): State<A2aEdge>,
+    caller: Option<Extension<reach_trust::Caller>>,
     Path(service): Path<String>,
     headers: HeaderMap,
     body: Bytes,
 ) -> Response {
+    if let Some(refused) = refused(caller) {
+        return refused;
+    }
     rpc(edge, headers, service, body).await
+}
+
+/// A 401 for a caller the edge may not act for ([`RequestContext::check_caller`]).
+fn refused(caller: Option<Extension<reach_trust::Caller>>) -> Option<Response> {
+    let Extension(caller) = caller?;
+    let error = RequestContext::check_caller(&caller).err()?;
+    Some(
+        (
+            StatusCode::UNAUTHORIZED,
+            [(axum::http::header::WWW_AUTHENTICATE, "Bearer")],
+            axum::Json(json!({"jsonrpc": "2.0", "id": Value::Null, "error": error.to_json_rpc()})),
+        )
+            .into_response(),
+    )
 }
 
 fn rpc_error(id: &Value, error: &A2aError) -> Response {

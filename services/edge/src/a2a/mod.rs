@@ -21,5 +21,5 @@ pub mod mapping;
 pub mod proto;
 
 pub use config::EdgeConfig;
-pub use edge::{A2aEdge, RequestContext};
+pub use edge::{A2aEdge, MeshChannels, RequestContext};
 pub use grpc::A2aGrpc;
