@@ -78,6 +78,11 @@ fn rpc(method: &str, params: Value) -> String {
     json!({"jsonrpc": "2.0", "id": 7, "method": method, "params": params}).to_string()
 }
 
+/// A JSON object nested `depth` levels deep (`{"a": {"a": … {}}}`).
+fn nested(depth: usize) -> Value {
+    (0..depth).fold(json!({}), |inner, _| json!({ "a": inner }))
+}
+
 /// The JSON-RPC error's code and ErrorInfo reason, and its message.
 fn error_of(answer: &Value) -> (i64, String, String) {
     let error = &answer["error"];
@@ -152,6 +157,32 @@ async fn malformed_json_rpc_requests_get_the_json_rpc_error_for_them() {
             "skill",
         ),
         (
+            "data nested deeper than the mesh carries",
+            rpc(
+                "SendMessage",
+                json!({"message": {"messageId": "m", "role": "ROLE_USER",
+                    "metadata": {"skill": "complaint.classify"},
+                    "parts": [{"data": nested(40)}]}}),
+            ),
+            -32602,
+            "INVALID_PARAMS",
+            "levels deep",
+        ),
+        (
+            "an id longer than echoed",
+            json!({"jsonrpc": "2.0", "id": "i".repeat(10_000), "method": "GetTask"}).to_string(),
+            -32600,
+            "INVALID_REQUEST",
+            "id",
+        ),
+        (
+            "a tenant that is no service",
+            rpc("GetTask", json!({"tenant": "nobody", "id": "x"})),
+            -32602,
+            "INVALID_PARAMS",
+            "nobody",
+        ),
+        (
             "an unknown task",
             rpc("GetTask", json!({"id": "no-such-task"})),
             -32001,
@@ -202,9 +233,26 @@ async fn malformed_json_rpc_requests_get_the_json_rpc_error_for_them() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn oversized_and_deeply_nested_bodies_are_refused_without_harm() {
     let edge = edge().await;
-    // Over the body limit: refused before it is parsed.
-    let (status, _) = post(&edge.url, "x".repeat(LIMIT + 1), &[]).await;
-    assert_eq!(status, 413);
+    // Over the body limit: refused before it is parsed, as a JSON-RPC error, closing the
+    // connection (the rest of the body is never read).
+    let response = reqwest::Client::new()
+        .post(&edge.url)
+        .body("x".repeat(LIMIT + 1))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status().as_u16(), 413);
+    assert_eq!(
+        response
+            .headers()
+            .get("connection")
+            .map(|v| v.to_str().unwrap()),
+        Some("close")
+    );
+    let answer: Value = response.json().await.unwrap();
+    let (code, _, message) = error_of(&answer);
+    assert_eq!(code, -32600, "{answer}");
+    assert!(message.contains("max_message_bytes"), "{message}");
     // Nesting deeper than the JSON parser's recursion limit is a parse error, not a crash.
     let deep = format!("{}{}", "[".repeat(10_000), "]".repeat(10_000));
     let (status, answer) = post(&edge.url, deep, &[]).await;
@@ -220,6 +268,7 @@ async fn versions_and_resume_points_are_checked_on_both_bindings() {
     for (header, value, code, reason) in [
         ("a2a-version", "0.3", -32009, "VERSION_NOT_SUPPORTED"),
         ("a2a-version", "2.0", -32009, "VERSION_NOT_SUPPORTED"),
+        ("a2a-version", "1.banana", -32009, "VERSION_NOT_SUPPORTED"),
         ("last-event-id", "yesterday", -32602, "INVALID_PARAMS"),
     ] {
         let (_, answer) = post(

@@ -64,8 +64,12 @@ impl RequestContext {
         let Some(version) = version.map(str::trim).filter(|v| !v.is_empty()) else {
             return Ok(());
         };
-        let major = version.split('.').next().unwrap_or("");
-        if major == "1" {
+        // `Major.Minor` (a patch tolerated, as the official SDKs ignore it), numbers only.
+        let mut numbers = version.split('.');
+        let served = numbers.next() == Some("1")
+            && numbers.clone().count() <= 2
+            && numbers.all(|n| (1..=4).contains(&n.len()) && n.bytes().all(|b| b.is_ascii_digit()));
+        if served {
             Ok(())
         } else {
             Err(A2aError::VersionNotSupported(reach_rpc::errors::cut(
@@ -95,7 +99,10 @@ impl RequestContext {
     pub fn parse_last_event_id(value: Option<&str>) -> Result<Option<u64>, A2aError> {
         value
             .map(|v| {
-                v.trim().parse::<u64>().map_err(|_| {
+                // `reach.sequence` reaches JSON clients as a number (`11.0` in some).
+                let v = v.trim();
+                let integral = v.strip_suffix(".0").unwrap_or(v);
+                integral.parse::<u64>().map_err(|_| {
                     A2aError::InvalidParams(format!(
                         "Last-Event-ID {:?} is not an event sequence number: send the metadata[\"reach.sequence\"] of the last event received",
                         reach_rpc::errors::cut(v, 32)
@@ -378,15 +385,31 @@ impl A2aEdge {
         Ok(self.stream_task(cx, task, cx.last_event_id))
     }
 
+    /// Checks the request's tenant: empty (the mesh), or a service with a routable instance.
+    /// Tasks are the mesh's (flows), so a service's agent shares them.
+    async fn check_tenant(&self, cx: &RequestContext) -> Result<(), A2aError> {
+        if cx.tenant.is_empty() {
+            return Ok(());
+        }
+        let catalogue = self.catalogue(cx).await?;
+        if catalogue.services.contains_key(&cx.tenant) {
+            Ok(())
+        } else {
+            Err(unknown_service(&cx.tenant, &catalogue))
+        }
+    }
+
     /// GetTask.
     ///
     /// # Errors
-    /// [`A2aError::TaskNotFound`]; [`A2aError::InvalidParams`] for a negative history length.
+    /// [`A2aError::TaskNotFound`]; [`A2aError::InvalidParams`] for a negative history length
+    /// or an unknown tenant.
     pub async fn get_task(
         &self,
         cx: &RequestContext,
         request: GetTaskRequest,
     ) -> Result<Task, A2aError> {
+        self.check_tenant(cx).await?;
         let history = history_length(request.history_length)?;
         let task = self.reach_task(cx, &request.id).await?;
         Ok(self.task_view(&task, history, true))
@@ -401,6 +424,7 @@ impl A2aEdge {
         cx: &RequestContext,
         request: ListTasksRequest,
     ) -> Result<ListTasksResponse, A2aError> {
+        self.check_tenant(cx).await?;
         let page_size = match request.page_size {
             None | Some(0) => 50,
             Some(n @ 1..=100) => n,
@@ -501,6 +525,7 @@ impl A2aEdge {
         cx: &RequestContext,
         request: CancelTaskRequest,
     ) -> Result<Task, A2aError> {
+        self.check_tenant(cx).await?;
         let task = self.reach_task(cx, &request.id).await?;
         let state = mapping::state_of(&task);
         if mapping::is_terminal(state) {
@@ -544,6 +569,7 @@ impl A2aEdge {
         cx: &RequestContext,
         request: SubscribeToTaskRequest,
     ) -> Result<EventStream, A2aError> {
+        self.check_tenant(cx).await?;
         let task = self.reach_task(cx, &request.id).await?;
         if cx.last_event_id.is_none() && mapping::is_terminal(mapping::state_of(&task)) {
             return Err(A2aError::UnsupportedOperation(format!(
@@ -833,7 +859,8 @@ impl A2aEdge {
         flow: &str,
         message: &Message,
     ) -> Result<reach::Task, A2aError> {
-        let input = mapping::message_input(message)?;
+        let input = reach_proto::json::to_proto(&mapping::message_input(message)?);
+        mapping::check_depth("the flow's input (the message's first data part)", &input)?;
         if message.context_id.len() > MAX_ID_BYTES {
             return Err(A2aError::InvalidParams(format!(
                 "message.contextId is {} bytes, over the limit of {MAX_ID_BYTES}",
@@ -853,7 +880,7 @@ impl A2aEdge {
             .start_task(cx.request(reach::StartTaskRequest {
                 flow_id: flow.to_string(),
                 flow_version: 0,
-                input: Some(reach_proto::json::to_proto(&input)),
+                input: Some(input),
                 task_id,
                 labels: [(CONTEXT_LABEL.to_string(), context_id)].into(),
             }))
@@ -883,7 +910,8 @@ impl A2aEdge {
                 mapping::state_of(&task).as_str_name()
             )));
         }
-        let input = mapping::message_input(message)?;
+        let input = reach_proto::json::to_proto(&mapping::message_input(message)?);
+        mapping::check_depth("the answer (the message's first data part)", &input)?;
         let node = task
             .waiting
             .as_ref()
@@ -894,7 +922,7 @@ impl A2aEdge {
             .resume_task(cx.request(reach::ResumeTaskRequest {
                 task_id: id.clone(),
                 node_id: node,
-                input: Some(reach_proto::json::to_proto(&input)),
+                input: Some(input),
             }))
             .await
             .map_err(|status| match status.code() {
@@ -986,6 +1014,12 @@ impl A2aEdge {
                 .await
                 .is_err()
             {
+                return;
+            }
+            // An ended task with nothing to replay: the snapshot is the whole answer. A task
+            // already waiting for input keeps the stream open until it changes and next ends
+            // or needs input (as the official SDK's subscriptions do).
+            if after >= now && mapping::is_terminal(mapping::state_of(&task)) {
                 return;
             }
             let mut orchestrator = edge.orchestrator(&cx);

@@ -16,6 +16,7 @@
 use std::convert::Infallible;
 
 use axum::Router;
+use axum::extract::rejection::BytesRejection;
 use axum::extract::{DefaultBodyLimit, Extension, Path, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::sse::{Event, KeepAlive, Sse};
@@ -31,6 +32,9 @@ use super::edge::{A2aEdge, EventStream, RequestContext};
 use super::error::A2aError;
 use super::mapping::SEQUENCE_KEY;
 use super::proto::{StreamResponse, stream_response};
+
+/// The longest JSON-RPC request id echoed back, in bytes.
+const MAX_ID_BYTES: usize = 256;
 
 /// The routes of the JSON-RPC binding and the cards, for the edge's HTTP port.
 pub fn routes(edge: A2aEdge) -> Router {
@@ -98,12 +102,15 @@ async fn mesh_rpc(
     State(edge): State<A2aEdge>,
     caller: Option<Extension<reach_trust::Caller>>,
     headers: HeaderMap,
-    body: Bytes,
+    body: Result<Bytes, BytesRejection>,
 ) -> Response {
     if let Some(refused) = refused(caller) {
         return refused;
     }
-    rpc(edge, headers, String::new(), body).await
+    match body {
+        Ok(body) => rpc(edge, headers, String::new(), body).await,
+        Err(rejection) => body_refused(&edge, &rejection),
+    }
 }
 
 async fn service_rpc(
@@ -111,12 +118,42 @@ async fn service_rpc(
     caller: Option<Extension<reach_trust::Caller>>,
     Path(service): Path<String>,
     headers: HeaderMap,
-    body: Bytes,
+    body: Result<Bytes, BytesRejection>,
 ) -> Response {
     if let Some(refused) = refused(caller) {
         return refused;
     }
-    rpc(edge, headers, service, body).await
+    match body {
+        Ok(body) => rpc(edge, headers, service, body).await,
+        Err(rejection) => body_refused(&edge, &rejection),
+    }
+}
+
+/// A body that could not be read (over the limit, or cut off): a JSON-RPC error with the
+/// rejection's HTTP status, closing the connection (the rest of the body is not read).
+fn body_refused(edge: &A2aEdge, rejection: &BytesRejection) -> Response {
+    let status = rejection.status();
+    let message = if status == StatusCode::PAYLOAD_TOO_LARGE {
+        format!(
+            "the request body is over the edge's limit of {} bytes ([edge] max_message_bytes): send large content by url",
+            edge.config().max_message_bytes
+        )
+    } else {
+        format!(
+            "the request body could not be read: {}",
+            rejection.body_text()
+        )
+    };
+    (
+        status,
+        [(axum::http::header::CONNECTION, "close")],
+        axum::Json(json!({
+            "jsonrpc": "2.0",
+            "id": Value::Null,
+            "error": A2aError::InvalidRequest(message).to_json_rpc(),
+        })),
+    )
+        .into_response()
 }
 
 /// A 401 for a caller the edge may not act for ([`RequestContext::check_caller`]).
@@ -172,6 +209,14 @@ async fn rpc(edge: A2aEdge, headers: HeaderMap, tenant: String, body: Bytes) -> 
         );
     };
     let id = request.remove("id").unwrap_or(Value::Null);
+    if matches!(&id, Value::String(text) if text.len() > MAX_ID_BYTES) {
+        return rpc_error(
+            &Value::Null,
+            &A2aError::InvalidRequest(format!(
+                "the JSON-RPC id is longer than {MAX_ID_BYTES} bytes: use a short string or a number"
+            )),
+        );
+    }
     if !matches!(id, Value::String(_) | Value::Number(_) | Value::Null) {
         return rpc_error(
             &Value::Null,
@@ -260,7 +305,10 @@ async fn dispatch(
 /// The event's sequence number (its `metadata["reach.sequence"]`), for the SSE `id:`.
 fn sequence_of(event: &StreamResponse) -> Option<u64> {
     let metadata = match event.payload.as_ref()? {
-        stream_response::Payload::Task(task) => task.metadata.as_ref(),
+        // A snapshot reflects events up to its sequence, but replayed events older than it
+        // may follow (a resume): an `id:` on it would move an EventSource's last id past
+        // events it has not received yet.
+        stream_response::Payload::Task(_) => None,
         stream_response::Payload::StatusUpdate(update) => update.metadata.as_ref(),
         stream_response::Payload::ArtifactUpdate(update) => update.metadata.as_ref(),
         stream_response::Payload::Message(_) => None,

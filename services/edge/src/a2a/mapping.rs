@@ -155,7 +155,9 @@ pub fn part_to_reach(index: usize, part: &Part) -> Result<reach::Part, A2aError>
     let content = match &part.content {
         Some(part::Content::Text(text)) => reach::part::Content::Text(text.clone()),
         Some(part::Content::Data(data)) => {
-            reach::part::Content::Data(reach_proto::json::to_proto(&from_value(data)))
+            let value = reach_proto::json::to_proto(&from_value(data));
+            check_depth(&format!("message.parts[{index}].data"), &value)?;
+            reach::part::Content::Data(value)
         }
         Some(part::Content::Raw(raw)) => reach::part::Content::Raw(raw.clone().into()),
         Some(part::Content::Url(url)) => reach::part::Content::Url(url.clone()),
@@ -170,6 +172,22 @@ pub fn part_to_reach(index: usize, part: &Part) -> Result<reach::Part, A2aError>
         media_type: part.media_type.clone(),
         filename: part.filename.clone(),
     })
+}
+
+/// Refuses data nesting deeper than the mesh carries ([`reach_proto::json::MAX_DATA_DEPTH`]
+/// object levels): past it, a message could not be decoded inside the mesh.
+///
+/// # Errors
+/// [`A2aError::InvalidParams`] naming `what`.
+pub fn check_depth(what: &str, value: &prost_types::Value) -> Result<(), A2aError> {
+    let depth = reach_proto::json::depth(value);
+    if depth > reach_proto::json::MAX_DATA_DEPTH {
+        return Err(A2aError::InvalidParams(format!(
+            "{what} nests {depth} levels deep, over the mesh's limit of {}: flatten it, or send it as a raw or url part",
+            reach_proto::json::MAX_DATA_DEPTH
+        )));
+    }
+    Ok(())
 }
 
 /// One data part holding `json`.
