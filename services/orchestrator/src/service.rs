@@ -133,21 +133,32 @@ fn ts(ms: i64) -> prost_types::Timestamp {
 
 /// What a task in WAITING_HUMAN waits for: its human node, the node's prompt and schema, and
 /// when the wait times out. `None` in any other status.
+/// The prompt and input schema (as written in the flow) of `node`, when it is a human node.
+fn human_node<'f>(
+    flow: &'f Flow,
+    node: &str,
+) -> Option<(Option<&'f str>, Option<&'f serde_json::Value>)> {
+    match flow.node(node).map(|n| &n.kind) {
+        Some(NodeKind::Human {
+            prompt,
+            schema_source,
+            ..
+        }) => Some((prompt.as_deref(), schema_source.as_ref())),
+        _ => None,
+    }
+}
+
 fn human_wait(state: &TaskState, flow: Option<&Flow>) -> Option<pb::HumanWait> {
     if state.status != TaskStatus::WaitingHuman {
         return None;
     }
     let node_id = state.current.clone()?;
-    let (prompt, input_schema) = match flow.and_then(|f| f.node(&node_id)).map(|n| &n.kind) {
-        Some(NodeKind::Human {
-            prompt,
-            schema_source,
-            ..
-        }) => (
-            prompt.clone().unwrap_or_default(),
-            schema_source.as_ref().map(json::to_proto),
+    let (prompt, input_schema) = match flow.and_then(|f| human_node(f, &node_id)) {
+        Some((prompt, schema)) => (
+            prompt.map(str::to_string).unwrap_or_default(),
+            schema.map(json::to_proto),
         ),
-        _ => (String::new(), None),
+        None => (String::new(), None),
     };
     let deadline = state
         .timers
@@ -310,10 +321,7 @@ impl OrchestratorApi {
         let mut detail = serde_json::to_value(&e.event).unwrap_or_default();
         if let Event::HumanWaiting { node, .. } = &e.event
             && let Some(flow) = self.engine.flows().get(&state.flow_id, state.flow_version)
-            && let Some(NodeKind::Human {
-                schema_source: Some(schema),
-                ..
-            }) = flow.node(node).map(|n| &n.kind)
+            && let Some((_, Some(schema))) = human_node(&flow, node)
         {
             detail["schema"] = schema.clone();
         }

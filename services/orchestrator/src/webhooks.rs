@@ -296,8 +296,8 @@ pub fn view(w: &WebhookRow) -> pb::TaskWebhook {
 /// doubled per failure after the first, capped at `max`, of which a random half to all is
 /// taken (jitter, so webhooks that failed together do not retry together).
 pub fn backoff(failures: i64, base: Duration, max: Duration) -> Duration {
-    let doublings = u32::try_from(failures.saturating_sub(1).clamp(0, 30)).unwrap_or(30);
-    let full = base.saturating_mul(1u32 << doublings).min(max);
+    let failures = u32::try_from(failures.max(1)).unwrap_or(u32::MAX);
+    let full = reach_rpc::backoff::Exponential::doubling(base, max).delay(failures);
     let factor: f64 = rand::Rng::random_range(&mut rand::rng(), 0.5..=1.0);
     full.mul_f64(factor)
 }

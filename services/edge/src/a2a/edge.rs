@@ -16,7 +16,7 @@ use tonic::{Code, Request};
 use super::card::{self, Catalogue, Interfaces, Security, Skill};
 use super::config::EdgeConfig;
 use super::error::{A2aError, task_error};
-use super::mapping::{self, CONTEXT_LABEL, EventMapper};
+use super::mapping::{self, CONTEXT_LABEL, EventMapper, context_of};
 use super::proto::{
     AgentCard, AuthenticationInfo, CancelTaskRequest, DeleteTaskPushNotificationConfigRequest,
     GetTaskPushNotificationConfigRequest, GetTaskRequest, ListTaskPushNotificationConfigsRequest,
@@ -56,6 +56,24 @@ pub struct RequestContext {
 }
 
 impl RequestContext {
+    /// The context of a request with `headers` (HTTP headers, or gRPC metadata as them) for
+    /// `tenant`: `A2A-Version` checked, `Authorization`, `traceparent` and `Last-Event-ID`
+    /// read.
+    ///
+    /// # Errors
+    /// [`A2aError::VersionNotSupported`]; [`A2aError::InvalidParams`] for a bad
+    /// `Last-Event-ID`.
+    pub fn from_headers(headers: &http::HeaderMap, tenant: &str) -> Result<Self, A2aError> {
+        let text = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
+        Self::check_version(text("a2a-version"))?;
+        Ok(Self {
+            tenant: tenant.to_string(),
+            authorization: text("authorization").map(str::to_string),
+            traceparent: text("traceparent").map(str::to_string),
+            last_event_id: Self::parse_last_event_id(text("last-event-id"))?,
+        })
+    }
+
     /// The `A2A-Version` check: absent, or 1.x, is served.
     ///
     /// # Errors
@@ -1080,15 +1098,6 @@ where
     let (tx, rx) = tokio::sync::mpsc::channel(16);
     tokio::spawn(produce(tx));
     tokio_stream::wrappers::ReceiverStream::new(rx)
-}
-
-/// A task's A2A context: its `a2a.context_id` label, else its id (tasks not started through
-/// the edge are each their own context).
-fn context_of(task: &reach::Task) -> &str {
-    task.labels
-        .get(CONTEXT_LABEL)
-        .map(String::as_str)
-        .unwrap_or(&task.task_id)
 }
 
 /// A webhook as an A2A push config; the credentials are never returned, the scheme is.

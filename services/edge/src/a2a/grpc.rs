@@ -37,16 +37,9 @@ impl A2aGrpc {
 }
 
 fn context<T>(request: &Request<T>, tenant: &str) -> Result<RequestContext, Status> {
-    let metadata = request.metadata();
-    let text = |name: &str| metadata.get(name).and_then(|v| v.to_str().ok());
-    RequestContext::check_version(text("a2a-version"))?;
+    let cx = RequestContext::from_headers(request.metadata().as_ref(), tenant)?;
     RequestContext::check_caller(&reach_trust::Caller::of(request.extensions()))?;
-    Ok(RequestContext {
-        tenant: tenant.to_string(),
-        authorization: text("authorization").map(str::to_string),
-        traceparent: text("traceparent").map(str::to_string),
-        last_event_id: RequestContext::parse_last_event_id(text("last-event-id"))?,
-    })
+    Ok(cx)
 }
 
 fn events(stream: EventStream) -> EventsStream {

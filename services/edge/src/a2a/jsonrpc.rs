@@ -52,18 +52,8 @@ pub fn routes(edge: A2aEdge) -> Router {
         .with_state(edge)
 }
 
-fn header<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
-    headers.get(name).and_then(|v| v.to_str().ok())
-}
-
 fn context(headers: &HeaderMap, tenant: &str) -> Result<RequestContext, A2aError> {
-    RequestContext::check_version(header(headers, "a2a-version"))?;
-    Ok(RequestContext {
-        tenant: tenant.to_string(),
-        authorization: header(headers, "authorization").map(str::to_string),
-        traceparent: header(headers, "traceparent").map(str::to_string),
-        last_event_id: RequestContext::parse_last_event_id(header(headers, "last-event-id"))?,
-    })
+    RequestContext::from_headers(headers, tenant)
 }
 
 fn card_error(error: &A2aError) -> Response {

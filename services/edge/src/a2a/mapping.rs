@@ -531,12 +531,7 @@ pub fn push_notifications(
     task: &reach::Task,
     events: &[reach::TaskEvent],
 ) -> Vec<(u64, serde_json::Value)> {
-    let context = task
-        .labels
-        .get(CONTEXT_LABEL)
-        .map(String::as_str)
-        .unwrap_or(&task.task_id);
-    let mut mapper = EventMapper::new(&task.task_id, context);
+    let mut mapper = EventMapper::new(&task.task_id, context_of(task));
     events
         .iter()
         .flat_map(|event| {
@@ -551,6 +546,15 @@ pub fn push_notifications(
 
 /// The label a task's A2A context id is kept in.
 pub const CONTEXT_LABEL: &str = "a2a.context_id";
+
+/// A task's A2A context: its [`CONTEXT_LABEL`], else its id (tasks not started through the
+/// edge are each their own context).
+pub fn context_of(task: &reach::Task) -> &str {
+    task.labels
+        .get(CONTEXT_LABEL)
+        .map(String::as_str)
+        .unwrap_or(&task.task_id)
+}
 
 #[cfg(test)]
 mod tests {
