@@ -1,7 +1,8 @@
 //! When a failed attempt may be sent again.
 //!
 //! A retry is safe when the request provably never reached a handler (the connection could
-//! not be opened, or the instance refused it while draining), or when the capability is
+//! not be opened, a closing connection never carried it, or the instance refused it while
+//! draining), or when the capability is
 //! declared `idempotent` in the protocol registry. Everything else — in particular a
 //! connection reset after the request was written — may have run the handler, so it is
 //! returned to the caller, who may resend with the same `message_id` (the SDK's dedupe window
@@ -50,6 +51,13 @@ pub fn classify(status: &Status) -> Classified {
             instance_failed: true,
         };
     }
+    // A closing connection that never carried the request (the instance drains, or rotates
+    // its connections): nothing ran, and nothing is wrong with the instance.
+    if local && is_unprocessed(status) {
+        return Classified::NotDelivered {
+            instance_failed: false,
+        };
+    }
     if local {
         // A transport error after the connection was up: the request may have been read.
         return Classified::MaybeDelivered {
@@ -66,6 +74,8 @@ pub fn classify(status: &Status) -> Classified {
 
 /// Whether the status came from failing to open a connection (nothing was sent).
 pub use reach_rpc::errors::is_connect_error;
+/// Whether the status came from a closing connection that never carried the request.
+pub use reach_rpc::errors::is_unprocessed;
 
 #[cfg(test)]
 mod tests {

@@ -562,3 +562,95 @@ async fn pass_through_calls_are_counted_like_envelope_calls() {
     assert_eq!(status, Some(tonic::Code::Internal as i32));
     assert_eq!(requests("INTERNAL") - internal_before, 1.0);
 }
+
+/// Registers instance `id` of capability `capability` at a raw HTTP/2 server that refuses
+/// every stream unprocessed (RST_STREAM(REFUSED_STREAM), RFC 9113 §8.7), as a server going
+/// away does; returns how many streams it refused.
+async fn refusing_instance(
+    registry: &TestRegistry,
+    id: &str,
+    capability: &str,
+) -> Arc<std::sync::atomic::AtomicUsize> {
+    let refused = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let endpoint = format!("http://{}", listener.local_addr().unwrap());
+    let counter = refused.clone();
+    tokio::spawn(async move {
+        loop {
+            let (tcp, _) = listener.accept().await.unwrap();
+            let counter = counter.clone();
+            tokio::spawn(async move {
+                let Ok(mut connection) = h2::server::handshake(tcp).await else {
+                    return;
+                };
+                while let Some(Ok((_, mut respond))) = connection.accept().await {
+                    counter.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                    respond.send_reset(h2::Reason::REFUSED_STREAM);
+                }
+            });
+        }
+    });
+    let spec = InstanceSpec {
+        service: "work".into(),
+        instance_id: id.into(),
+        endpoint,
+        capabilities: vec![reach_proto::v1::Capability {
+            name: capability.into(),
+            version: "1.0.0".into(),
+            ..Default::default()
+        }],
+        protocol_version: "1.0".into(),
+        weight: 1,
+        ..InstanceSpec::default()
+    };
+    registry
+        .registry
+        .register(spec, Some(Duration::from_secs(60)))
+        .expect("registration");
+    refused
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_an_instance_refused_unprocessed_goes_to_another_instance() {
+    let registry = registry().await;
+    let refused = refusing_instance(&registry, "work-refusing", "work").await;
+    let served = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let counter = served.clone();
+    // Much slower than a refusal (even the first, which opens the connection), so p2c peak-EWMA
+    // (lower latency wins; a peak fades within `rtt_decay`) keeps picking the refusing instance.
+    let serving = AgentRuntime::new(config("work", "work-serving", &registry.url)).handle(
+        "work",
+        "1.0.0",
+        move |_: HandlerContext, message: ReachMessage| {
+            let counter = counter.clone();
+            async move {
+                tokio::time::sleep(Duration::from_millis(25)).await;
+                counter.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                Ok(message.payload.unwrap_or_default())
+            }
+        },
+    );
+    let (_serving, _) = agent(serving).await;
+    let config = RouterConfig {
+        rtt_decay: Duration::from_millis(100),
+        ..RouterConfig::default()
+    };
+    let router = router(&registry.url, config).await;
+    router.wait_routable(2).await;
+    let client = router.client().await;
+    // Not idempotent: only a refusal that provably ran nothing may be sent again.
+    let mut calls = 0;
+    while refused.load(std::sync::atomic::Ordering::SeqCst) < 3 {
+        calls += 1;
+        assert!(
+            calls <= 200,
+            "the refusing instance was picked {} times",
+            refused.load(std::sync::atomic::Ordering::SeqCst)
+        );
+        client
+            .call("work", Payload::text("t", "x"), CallOptions::default())
+            .await
+            .unwrap_or_else(|status| panic!("call {calls} failed: {status:?}"));
+    }
+    assert_eq!(served.load(std::sync::atomic::Ordering::SeqCst), calls);
+}

@@ -246,6 +246,50 @@ pub fn is_connect_error(status: &Status) -> bool {
     false
 }
 
+/// Whether `status` came from a request that a live but closing connection never carried to
+/// the peer's handler: hyper dropped it unsent (`operation was canceled`: the connection
+/// closed or was not ready), the peer refused the stream unprocessed (`REFUSED_STREAM`, RFC
+/// 9113 §8.7), the peer's graceful GOAWAY (`NO_ERROR`) left it above the last stream it
+/// processes (RFC 9113 §6.8), or a multiplexed link knew nothing was sent ([`Unsent`]) —
+/// anywhere in its sources. Unlike [`is_connect_error`] this says nothing against the peer
+/// (a draining or connection-rotating server does this); the call may go anywhere again.
+pub fn is_unprocessed(status: &Status) -> bool {
+    let mut source = std::error::Error::source(status);
+    while let Some(error) = source {
+        if error.is::<Unsent>() {
+            return true;
+        }
+        if let Some(hyper) = error.downcast_ref::<hyper::Error>()
+            && hyper.is_canceled()
+        {
+            return true;
+        }
+        if let Some(h2) = error.downcast_ref::<h2::Error>() {
+            let refused = h2.is_reset() && h2.reason() == Some(h2::Reason::REFUSED_STREAM);
+            let going_away =
+                h2.is_go_away() && h2.is_remote() && h2.reason() == Some(h2::Reason::NO_ERROR);
+            if refused || going_away {
+                return true;
+            }
+        }
+        source = error.source();
+    }
+    false
+}
+
+/// The source of a status for a call that provably never left this process (its stream had
+/// ended, or closed before the frame was queued): see [`is_unprocessed`].
+#[derive(Debug, thiserror::Error)]
+#[error("nothing was sent")]
+pub struct Unsent;
+
+/// `status` marked as never sent (its source becomes [`Unsent`]), so [`is_unprocessed`]
+/// holds for it.
+pub fn unsent(mut status: Status) -> Status {
+    status.set_source(std::sync::Arc::new(Unsent));
+    status
+}
+
 /// INVALID_ARGUMENT / `INVALID_PAYLOAD` for a message whose data part `part` nests `depth`
 /// levels deep, over [`reach_proto::json::MAX_DATA_DEPTH`]: metadata `depth` and `limit`, and a
 /// `BadRequest` violation on `message.payload.parts[N].data`. What the router answers such a

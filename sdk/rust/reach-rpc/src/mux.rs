@@ -416,10 +416,12 @@ impl<R: MuxReply> MuxLink<R> {
             let waiter = session.waiting.lock().calls.remove(&call_id);
             drop(waiter);
             self.forget(&session);
-            return Err(MuxError::Failed(Status::unavailable(format!(
-                "the stream to {} closed before the call was sent; nothing was delivered",
-                self.peer
-            ))));
+            return Err(MuxError::Failed(crate::errors::unsent(
+                Status::unavailable(format!(
+                    "the stream to {} closed before the call was sent; nothing was delivered",
+                    self.peer
+                )),
+            )));
         }
         guard.sent = true;
         let outcome = reply_rx.await;
@@ -579,10 +581,10 @@ async fn read_replies<R: MuxReply>(
 }
 
 fn not_sent(peer: &str, broken: &Status) -> Status {
-    Status::unavailable(format!(
+    crate::errors::unsent(Status::unavailable(format!(
         "the stream to {peer} had ended ({}); nothing was delivered",
         broken.message()
-    ))
+    )))
 }
 
 /// `timeout` in whole milliseconds, rounded up, at least 1 (0 would mean no deadline).

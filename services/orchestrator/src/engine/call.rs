@@ -173,7 +173,8 @@ pub fn task_span_id(task_id: &str) -> [u8; 8] {
 
 /// Whether a failed call provably reached no agent: the router answered that nothing
 /// routable took it (ROUTE_NOT_FOUND, INSTANCE_UNAVAILABLE, OVERLOADED, INSTANCE_DRAINING),
-/// or the router itself could not be connected to.
+/// or the router itself could not be connected to, or a closing connection to it never
+/// carried the call.
 fn delivery_of(status: &tonic::Status) -> Delivery {
     use reach_rpc::errors::reason;
     if matches!(
@@ -187,7 +188,7 @@ fn delivery_of(status: &tonic::Status) -> Delivery {
     ) {
         return Delivery::NotDelivered;
     }
-    if reach_rpc::errors::is_connect_error(status) {
+    if reach_rpc::errors::is_connect_error(status) || reach_rpc::errors::is_unprocessed(status) {
         return Delivery::NotDelivered;
     }
     Delivery::Maybe
