@@ -1,0 +1,1 @@
+//! An MCP server attached to the mesh (built next).

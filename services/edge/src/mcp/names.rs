@@ -1,0 +1,1 @@
+//! Tool names ↔ capability names (built next).

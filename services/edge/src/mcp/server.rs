@@ -1,0 +1,5 @@
+//! The MCP edge server (built next).
+
+/// The MCP edge.
+#[derive(Clone)]
+pub struct McpEdge;
