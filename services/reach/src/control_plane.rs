@@ -74,6 +74,7 @@ pub struct ControlPlane {
         reach_orchestrator::Running,
     )>,
     edge: Option<reach_edge::a2a::A2aEdge>,
+    mcp_edge: Option<reach_edge::mcp::McpEdge>,
     shutdown: CancellationToken,
     serve: JoinHandle<Result<(), reach_rpc::server::ServeError>>,
     background: Vec<JoinHandle<()>>,
@@ -169,8 +170,10 @@ impl ControlPlane {
         } else {
             None
         };
+        let mut mcp_edge = None;
         let edge = if services.edge {
-            let edge = a2a_edge(addr, config, services, &trust)?;
+            let (edge, mcp) = edges(addr, config, services, &trust)?;
+            mcp_edge = mcp;
             server = server
                 .add_service(reach_telemetry::traced(
                     reach_edge::a2a::A2aGrpc::new(edge.clone()).into_server(),
@@ -196,6 +199,7 @@ impl ControlPlane {
             router,
             orchestrator,
             edge,
+            mcp_edge,
             shutdown,
             serve,
             background,
@@ -207,6 +211,12 @@ impl ControlPlane {
     /// listener: [`reach_edge::a2a::jsonrpc::routes`]).
     pub fn a2a_edge(&self) -> Option<&reach_edge::a2a::A2aEdge> {
         self.edge.as_ref()
+    }
+
+    /// The MCP edge, when this control plane serves the edges and `edge.mcp.enabled` (its
+    /// routes go on the edge's HTTP listener: [`reach_edge::mcp::http::routes`]).
+    pub fn mcp_edge(&self) -> Option<&reach_edge::mcp::McpEdge> {
+        self.mcp_edge.as_ref()
     }
 
     /// The trust this control plane serves with.
@@ -316,17 +326,18 @@ impl ControlPlane {
     }
 }
 
-/// The A2A edge of a control plane on `addr`: the registry, router and orchestrator it calls
+/// The edges of a control plane on `addr` (A2A, and MCP unless `edge.mcp.enabled` is off):
+/// the registry, router and orchestrator they call
 /// are the ones served on `addr` when `services` runs them, else `config.edge`'s endpoints
 /// (over TLS when `trust` has certificates). Its cards advertise `config.edge.public_url`
 /// (set by `reach dev` and `reach edge` to their edge HTTP listener) and the gRPC target
 /// `addr`, unless `config.edge.public_grpc` names another.
-fn a2a_edge(
+fn edges(
     addr: SocketAddr,
     config: &ReachConfig,
     services: Services,
     trust: &std::sync::Arc<reach_trust::Trust>,
-) -> Result<reach_edge::a2a::A2aEdge, StartError> {
+) -> Result<(reach_edge::a2a::A2aEdge, Option<reach_edge::mcp::McpEdge>), StartError> {
     let scheme = if trust.tls().is_some() {
         "https"
     } else {
@@ -397,7 +408,22 @@ fn a2a_edge(
         bearer: trust.config().jwt.is_some(),
         tls: trust.tls().is_some(),
     };
-    Ok(reach_edge::a2a::A2aEdge::new(
+    let mcp = edge_config.mcp.enabled.then(|| {
+        reach_edge::mcp::McpEdge::new(
+            edge_config.mcp.clone(),
+            reach_edge::mcp::McpLimits {
+                call_timeout: edge_config.call_timeout,
+                max_message_bytes: edge_config.max_message_bytes,
+            },
+            reach_edge::mcp::McpChannels {
+                registry: registry.clone(),
+                router: router.clone(),
+                as_caller: as_caller.as_ref().map(|(router, _)| router.clone()),
+            },
+            trust.clone(),
+        )
+    });
+    let a2a = reach_edge::a2a::A2aEdge::new(
         edge_config,
         interfaces,
         security,
@@ -407,7 +433,8 @@ fn a2a_edge(
             orchestrator,
             as_caller,
         },
-    ))
+    );
+    Ok((a2a, mcp))
 }
 
 /// Renders task webhooks of the `a2a` format: the A2A edge's push notifications

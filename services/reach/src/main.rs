@@ -97,8 +97,8 @@ enum Command {
         /// A directory of flow YAML files, loaded and watched (default: examples/flows when present).
         #[arg(long)]
         flows: Option<PathBuf>,
-        /// Where the A2A edge serves JSON-RPC and its agent cards over HTTP (host:port); ""
-        /// disables it (A2A over gRPC stays on --listen). Default 127.0.0.1:7072.
+        /// Where the edges serve HTTP (host:port): A2A JSON-RPC and agent cards, and MCP at
+        /// /mcp; "" disables it (A2A over gRPC stays on --listen). Default 127.0.0.1:7072.
         #[arg(long)]
         edge_listen: Option<String>,
         #[command(flatten)]
@@ -158,13 +158,13 @@ enum Command {
         #[arg(long)]
         max_message_bytes: Option<usize>,
     },
-    /// Run the A2A edge alone: lf.a2a.v1.A2AService on --listen, JSON-RPC and agent cards on
-    /// --edge-listen, as a mapping onto a registry, router and orchestrator elsewhere.
+    /// Run the edges alone: lf.a2a.v1.A2AService on --listen; A2A JSON-RPC, agent cards and
+    /// MCP (/mcp) on --edge-listen; a mapping onto a registry, router and orchestrator elsewhere.
     Edge {
         #[command(flatten)]
         service: ServiceArgs,
-        /// Where JSON-RPC and the agent cards are served over HTTP (host:port). Default
-        /// 127.0.0.1:7072.
+        /// Where A2A JSON-RPC, the agent cards and MCP (/mcp) are served over HTTP
+        /// (host:port). Default 127.0.0.1:7072.
         #[arg(long)]
         edge_listen: Option<String>,
         /// The registry the cards come from (also REACH_EDGE__REGISTRY_ENDPOINT).
@@ -946,18 +946,38 @@ async fn serve(
                 "a2a          {url}/.well-known/agent-card.json  (JSON-RPC at {url}/; gRPC lf.a2a.v1.A2AService at {})",
                 plane.addr()
             )?;
-            Some(tokio::spawn(
-                reach_rpc::server::serve_http_with_client_certificates(
-                    edge_listener,
-                    reach_edge::a2a::jsonrpc::routes(edge.clone()),
-                    async move { token.cancelled().await },
-                    config.server.shutdown_grace,
-                    config.server,
-                    reach_rpc::limits::MessageLimits::default(),
-                    plane.trust().clone(),
-                    reach_rpc::server::ClientCertificates::Optional,
-                ),
-            ))
+            let mut routes = reach_edge::a2a::jsonrpc::routes(edge.clone());
+            let mut challenges = Vec::new();
+            if let Some(mcp) = plane.mcp_edge() {
+                let mut authorization_servers = config.edge.mcp.authorization_servers.clone();
+                if authorization_servers.is_empty()
+                    && let Some(issuer) = config.trust.jwt.as_ref().and_then(|j| j.issuer.clone())
+                {
+                    authorization_servers.push(issuer);
+                }
+                let published = reach_edge::mcp::http::Published {
+                    base_url: url.clone(),
+                    authorization_servers,
+                };
+                writeln!(
+                    std::io::stdout(),
+                    "mcp          {}  (Streamable HTTP; tools are the mesh's capabilities)",
+                    published.resource()
+                )?;
+                challenges.push(reach_edge::mcp::http::challenge(&published));
+                routes = routes.merge(reach_edge::mcp::http::routes(mcp.clone(), published));
+            }
+            Some(tokio::spawn(reach_rpc::server::serve_http_with_challenges(
+                edge_listener,
+                routes,
+                async move { token.cancelled().await },
+                config.server.shutdown_grace,
+                config.server,
+                reach_rpc::limits::MessageLimits::default(),
+                plane.trust().clone(),
+                reach_rpc::server::ClientCertificates::Optional,
+                challenges,
+            )))
         }
         _ => None,
     };

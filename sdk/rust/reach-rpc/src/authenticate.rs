@@ -99,13 +99,46 @@ fn is_open_grpc(path: &str) -> bool {
         || path == "/reach.v1.RegistryService/Deregister"
 }
 
+/// The state of [`authenticate`]: the trust settings, and the challenges of protected
+/// resources.
+pub(crate) struct Authentication {
+    pub(crate) trust: Arc<Trust>,
+    pub(crate) challenges: Vec<crate::server::Challenge>,
+}
+
+impl Authentication {
+    /// The `WWW-Authenticate` value of a 401 for `path` (RFC 6750 §3): `Bearer`, with the
+    /// resource metadata of the challenge whose prefix `path` is under (RFC 9728 §5.1), and
+    /// `error="invalid_token"` when a token was sent and refused.
+    pub(crate) fn challenge(&self, path: &str, error: &AuthError) -> http::HeaderValue {
+        let mut value = String::from("Bearer");
+        let mut separator = " ";
+        if let Some(challenge) = self.challenges.iter().find(|c| {
+            path.strip_prefix(c.path_prefix.as_str())
+                .is_some_and(|rest| rest.is_empty() || rest.starts_with('/'))
+        }) {
+            value.push_str(&format!(
+                "{separator}resource_metadata=\"{}\"",
+                challenge.resource_metadata
+            ));
+            separator = ", ";
+        }
+        if !matches!(error, AuthError::Missing) {
+            value.push_str(&format!("{separator}error=\"invalid_token\""));
+        }
+        http::HeaderValue::from_str(&value)
+            .unwrap_or_else(|_| http::HeaderValue::from_static("Bearer"))
+    }
+}
+
 /// Axum middleware: establishes the request's [`Caller`] and puts it in its extensions, or
 /// answers `UNAUTHENTICATED` / 401 for refused credentials.
 pub(crate) async fn authenticate(
-    axum::extract::State(trust): axum::extract::State<Arc<Trust>>,
+    axum::extract::State(auth): axum::extract::State<Arc<Authentication>>,
     mut request: axum::extract::Request,
     next: axum::middleware::Next,
 ) -> axum::response::Response {
+    let trust = &auth.trust;
     let peer = request
         .extensions()
         .get::<PeerIdentity>()
@@ -135,7 +168,10 @@ pub(crate) async fn authenticate(
             } else {
                 (
                     http::StatusCode::UNAUTHORIZED,
-                    [(http::header::WWW_AUTHENTICATE, "Bearer")],
+                    [(
+                        http::header::WWW_AUTHENTICATE,
+                        auth.challenge(request.uri().path(), &error),
+                    )],
                     format!("{error}\n"),
                 )
                     .into_response()

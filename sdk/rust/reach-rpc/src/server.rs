@@ -432,6 +432,18 @@ pub enum ClientCertificates {
     Optional,
 }
 
+/// What a 401 tells HTTP clients of the resources under `path_prefix`: the URL of their
+/// OAuth 2.0 protected resource metadata (RFC 9728 §5.1), sent as the `resource_metadata`
+/// parameter of the `WWW-Authenticate: Bearer` challenge, so a client can find the
+/// authorization server to get a token from (as the MCP authorization spec requires).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Challenge {
+    /// The paths the challenge is for (`/mcp`: `/mcp` and everything under it).
+    pub path_prefix: String,
+    /// The absolute URL of the metadata document.
+    pub resource_metadata: String,
+}
+
 /// [`serve_http_with_trust`], asking TLS clients for certificates as `client_certificates`
 /// says.
 #[allow(clippy::too_many_arguments)]
@@ -445,12 +457,43 @@ pub async fn serve_http_with_client_certificates(
     trust: std::sync::Arc<reach_trust::Trust>,
     client_certificates: ClientCertificates,
 ) {
+    serve_http_with_challenges(
+        listener,
+        router,
+        shutdown,
+        grace,
+        limits,
+        message_limits,
+        trust,
+        client_certificates,
+        Vec::new(),
+    )
+    .await;
+}
+
+/// [`serve_http_with_client_certificates`], with the 401 of a request under a
+/// [`Challenge`]'s prefix naming that challenge's resource metadata.
+#[allow(clippy::too_many_arguments)]
+pub async fn serve_http_with_challenges(
+    listener: tokio::net::TcpListener,
+    router: axum::Router,
+    shutdown: impl Future<Output = ()>,
+    grace: Duration,
+    limits: ConnectionLimits,
+    message_limits: MessageLimits,
+    trust: std::sync::Arc<reach_trust::Trust>,
+    client_certificates: ClientCertificates,
+    challenges: Vec<Challenge>,
+) {
     use hyper_util::rt::{TokioExecutor, TokioTimer};
     use hyper_util::server::conn::auto::Builder;
 
     let router = if trust.is_enabled() {
         router.layer(axum::middleware::from_fn_with_state(
-            trust.clone(),
+            std::sync::Arc::new(crate::authenticate::Authentication {
+                trust: trust.clone(),
+                challenges,
+            }),
             crate::authenticate::authenticate,
         ))
     } else {

@@ -82,14 +82,17 @@ struct TaskRuleFile {
 }
 
 /// The paths anyone may GET without credentials unless the policy's `admin.open_paths` says
-/// otherwise: health and metrics (probes and scrapers present none), and the A2A edge's agent
+/// otherwise: health and metrics (probes and scrapers present none), the A2A edge's agent
 /// cards, which A2A clients read first to learn how to authenticate (A2A v1 §"Agent
-/// Discovery").
+/// Discovery"), and the MCP edge's OAuth protected resource metadata, which MCP clients read
+/// for the same reason (RFC 9728; MCP authorization spec).
 pub const DEFAULT_OPEN_PATHS: &[&str] = &[
     "/health",
     "/metrics",
     "/.well-known/agent-card.json",
     "/agents/*/.well-known/agent-card.json",
+    "/.well-known/oauth-protected-resource",
+    "/.well-known/oauth-protected-resource/*",
 ];
 
 #[derive(Debug, Deserialize, Default)]

@@ -1,10 +1,11 @@
-//! The A2A edge's settings (`[edge]` in the `reach` config file).
+//! The edges' settings (`[edge]` in the `reach` config file; the MCP edge's are
+//! `[edge.mcp]`).
 
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-/// Settings of the A2A edge.
+/// Settings of the A2A edge (and, in `mcp`, of the MCP edge beside it).
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 #[serde(default, deny_unknown_fields)]
 pub struct EdgeConfig {
@@ -35,6 +36,8 @@ pub struct EdgeConfig {
     /// The gRPC target the cards advertise (`a2a.example.com:443`); empty: the mesh port's
     /// address.
     pub public_grpc: String,
+    /// The MCP edge, served at `/mcp` on the same HTTP port (`[edge.mcp]`).
+    pub mcp: crate::mcp::McpConfig,
 }
 
 impl Default for EdgeConfig {
@@ -49,6 +52,7 @@ impl Default for EdgeConfig {
             max_message_bytes: 4 * 1024 * 1024,
             public_url: String::new(),
             public_grpc: String::new(),
+            mcp: crate::mcp::McpConfig::default(),
         }
     }
 }

@@ -3,14 +3,19 @@
 //! the mesh as capabilities.
 //!
 //! # Layout
+//! - [`config`]: `[edge.mcp]`.
 //! - [`names`]: tool names ↔ capability names.
-//! - [`server`]: [`McpEdge`], the Streamable HTTP MCP server — `tools/list` from the
-//!   registry's capability descriptors, `tools/call` as router calls.
+//! - [`server`]: [`McpEdge`], the MCP server — `tools/list` from the registry's capability
+//!   descriptors, `tools/call` as router calls.
+//! - [`http`]: its Streamable HTTP routes and OAuth protected resource metadata.
 //! - [`attach`]: an MCP server (stdio child process or Streamable HTTP URL) served as mesh
 //!   capabilities `mcp.<server>.<tool>`.
 
 pub mod attach;
+pub mod config;
+pub mod http;
 pub mod names;
 pub mod server;
 
-pub use server::McpEdge;
+pub use config::McpConfig;
+pub use server::{McpChannels, McpEdge, McpLimits};

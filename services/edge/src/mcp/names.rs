@@ -1,1 +1,180 @@
-//! Tool names ↔ capability names (built next).
+//! Tool names ↔ capability names, both ways and without loss.
+//!
+//! A capability name is dotted segments of ASCII letters, digits, `_` and `-` (at most 256
+//! bytes, the registry's rule). An MCP tool name is 1–128 of `A-Z a-z 0-9 _ - .` (the
+//! 2026-07-28 revision, SEP-986), so under [`ToolNaming::Capability`] (the default) a tool is
+//! named exactly as its capability. Some LLM hosts accept only `^[a-zA-Z0-9_-]{1,64}$` as a
+//! tool (function) name; [`ToolNaming::Underscored`] writes each `.` as `__` for them, and
+//! refuses the capabilities whose names that would make ambiguous.
+
+use serde::{Deserialize, Serialize};
+
+/// The longest MCP tool name (characters, all ASCII).
+pub const MAX_TOOL_NAME: usize = 128;
+/// The longest tool name [`ToolNaming::Underscored`] makes, as strict LLM hosts require.
+pub const MAX_UNDERSCORED_TOOL_NAME: usize = 64;
+
+/// How tools are named after capabilities (`[edge.mcp] tool_names`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ToolNaming {
+    /// The tool is named as the capability: `complaint.classify`.
+    #[default]
+    Capability,
+    /// Each `.` becomes `__`: `complaint__classify` (at most 64 characters).
+    Underscored,
+}
+
+/// Why a capability has no tool name, or a tool name no capability.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum NameError {
+    /// The capability's name is longer than a tool name may be.
+    #[error(
+        "capability {capability:?} makes a tool name of {length} characters, over the limit of {limit}; give the capability a shorter name"
+    )]
+    TooLong {
+        /// The capability.
+        capability: String,
+        /// The tool name's length.
+        length: usize,
+        /// The limit it exceeds.
+        limit: usize,
+    },
+    /// Under [`ToolNaming::Underscored`], the capability's name holds `__` or a segment that
+    /// starts or ends with `_`, so its tool name could be read back as another capability.
+    #[error(
+        "capability {capability:?} has `__` or a segment starting or ending with `_`, so its underscored tool name would be ambiguous; rename it, or set edge.mcp.tool_names = \"capability\""
+    )]
+    Ambiguous {
+        /// The capability.
+        capability: String,
+    },
+    /// The tool name is no capability's (not a dotted name under this naming).
+    #[error("no tool is named {tool:?}; list the tools with tools/list")]
+    UnknownTool {
+        /// The tool name, clipped.
+        tool: String,
+    },
+}
+
+impl ToolNaming {
+    /// The tool name of `capability`.
+    ///
+    /// # Errors
+    /// [`NameError::TooLong`] over the naming's limit; [`NameError::Ambiguous`] for a name
+    /// underscoring cannot carry.
+    pub fn tool_name(self, capability: &str) -> Result<String, NameError> {
+        let (name, limit) = match self {
+            Self::Capability => (capability.to_string(), MAX_TOOL_NAME),
+            Self::Underscored => {
+                let ambiguous = capability.contains("__")
+                    || capability
+                        .split('.')
+                        .any(|segment| segment.starts_with('_') || segment.ends_with('_'));
+                if ambiguous {
+                    return Err(NameError::Ambiguous {
+                        capability: capability.to_string(),
+                    });
+                }
+                (capability.replace('.', "__"), MAX_UNDERSCORED_TOOL_NAME)
+            }
+        };
+        if name.len() > limit {
+            return Err(NameError::TooLong {
+                capability: capability.to_string(),
+                length: name.len(),
+                limit,
+            });
+        }
+        Ok(name)
+    }
+
+    /// The capability a tool name stands for: the inverse of [`ToolNaming::tool_name`].
+    ///
+    /// # Errors
+    /// [`NameError::UnknownTool`] when `tool` is no tool name this naming makes.
+    pub fn capability_name(self, tool: &str) -> Result<String, NameError> {
+        let capability = match self {
+            Self::Capability => tool.to_string(),
+            Self::Underscored => tool.replace("__", "."),
+        };
+        match self.tool_name(&capability) {
+            Ok(back) if back == tool && is_capability_name(&capability) => Ok(capability),
+            _ => Err(NameError::UnknownTool {
+                tool: tool.chars().take(MAX_TOOL_NAME).collect(),
+            }),
+        }
+    }
+}
+
+/// Whether `name` is a capability name: dotted segments of ASCII letters, digits, `_` and
+/// `-`, at most 256 bytes (the registry's rule).
+fn is_capability_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 256
+        && name.split('.').all(|segment| {
+            !segment.is_empty()
+                && segment
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+        })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_go_both_ways_under_either_naming() {
+        for naming in [ToolNaming::Capability, ToolNaming::Underscored] {
+            for capability in [
+                "complaint.classify",
+                "echo",
+                "mcp.words.count_words",
+                "a-b.c",
+            ] {
+                let tool = naming.tool_name(capability).unwrap();
+                assert_eq!(naming.capability_name(&tool).unwrap(), capability);
+            }
+        }
+        assert_eq!(
+            ToolNaming::Underscored
+                .tool_name("complaint.classify")
+                .unwrap(),
+            "complaint__classify"
+        );
+    }
+
+    #[test]
+    fn names_that_cannot_go_back_are_refused() {
+        let underscored = ToolNaming::Underscored;
+        for capability in ["a__b", "a_.b", "a._b"] {
+            assert!(
+                matches!(
+                    underscored.tool_name(capability),
+                    Err(NameError::Ambiguous { .. })
+                ),
+                "{capability}"
+            );
+        }
+        let long = "x".repeat(129);
+        assert!(matches!(
+            ToolNaming::Capability.tool_name(&long),
+            Err(NameError::TooLong { length: 129, .. })
+        ));
+        assert!(matches!(
+            underscored.tool_name(&"y".repeat(65)),
+            Err(NameError::TooLong { limit: 64, .. })
+        ));
+        for tool in ["", "a..b", "a b", "a___b", "x.__y"] {
+            assert!(
+                ToolNaming::Capability.capability_name(tool).is_err()
+                    || underscored.capability_name(tool).is_err(),
+                "{tool:?}"
+            );
+        }
+        assert!(underscored.capability_name("a___b").is_err());
+        assert!(ToolNaming::Capability.capability_name("a b").is_err());
+        assert!(ToolNaming::Capability.capability_name("").is_err());
+    }
+}

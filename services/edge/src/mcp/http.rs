@@ -1,0 +1,135 @@
+//! The MCP edge's HTTP routes: the Streamable HTTP endpoint at [`MCP_PATH`] and the OAuth 2.0
+//! protected resource metadata (RFC 9728) that MCP clients read to find where to get a token.
+//!
+//! Requests reach these routes authenticated by the edge port's trust layer, which answers
+//! 401 with `WWW-Authenticate: Bearer resource_metadata="…"` (see
+//! [`reach_rpc::server::Challenge`], built by [`challenge`]). A caller that proved itself
+//! only with a client certificate is refused here too: the edge acts with its callers'
+//! bearer tokens, never with its own identity on their behalf.
+
+use std::sync::Arc;
+
+use axum::Router;
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use rmcp::transport::streamable_http_server::session::never::NeverSessionManager;
+use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, StreamableHttpService};
+use serde_json::json;
+
+use super::McpEdge;
+
+/// Where the MCP endpoint is served on the edge's HTTP port.
+pub const MCP_PATH: &str = "/mcp";
+/// The protected resource metadata of the MCP endpoint (RFC 9728 §3.1: the well-known
+/// prefix, then the resource's path).
+pub const RESOURCE_METADATA_PATH: &str = "/.well-known/oauth-protected-resource/mcp";
+/// The same document at the well-known path without the resource's path, for clients that
+/// look there first.
+const RESOURCE_METADATA_ROOT: &str = "/.well-known/oauth-protected-resource";
+
+/// Where the edge is reached from outside, and what it says about authorization.
+#[derive(Debug, Clone)]
+pub struct Published {
+    /// The edge's base URL (`https://mesh.example.com`), without a trailing `/`.
+    pub base_url: String,
+    /// The authorization servers (issuer URLs) whose tokens the mesh accepts.
+    pub authorization_servers: Vec<String>,
+}
+
+impl Published {
+    /// The MCP endpoint's URL: the resource identifier tokens are for.
+    pub fn resource(&self) -> String {
+        format!("{}{MCP_PATH}", self.base_url)
+    }
+}
+
+/// The challenge a 401 under [`MCP_PATH`] carries.
+pub fn challenge(published: &Published) -> reach_rpc::server::Challenge {
+    reach_rpc::server::Challenge {
+        path_prefix: MCP_PATH.to_string(),
+        resource_metadata: format!("{}{RESOURCE_METADATA_PATH}", published.base_url),
+    }
+}
+
+/// The routes: the MCP endpoint and its resource metadata. The `Host` check (DNS rebinding)
+/// allows `edge.mcp.allowed_hosts`, or by default the loopback names and the host of
+/// `published.base_url`.
+pub fn routes(edge: McpEdge, published: Published) -> Router {
+    let config = edge.config().clone();
+    let mut allowed_hosts = config.allowed_hosts.clone();
+    if allowed_hosts.is_empty() {
+        allowed_hosts = vec!["localhost".into(), "127.0.0.1".into(), "::1".into()];
+        if let Ok(url) = published.base_url.parse::<http::Uri>()
+            && let Some(authority) = url.authority()
+        {
+            allowed_hosts.push(authority.host().trim_matches(['[', ']']).to_string());
+        }
+    }
+    let mut server = StreamableHttpServerConfig::default()
+        .with_legacy_session_mode(false)
+        .with_json_response(true)
+        .with_sse_keep_alive(None)
+        .with_allowed_hosts(allowed_hosts)
+        .with_max_request_body_bytes(edge.limits().max_message_bytes);
+    server = if config.allowed_origins.is_empty() {
+        server.enforce_origin_validation()
+    } else {
+        server.with_allowed_origins(config.allowed_origins.clone())
+    };
+    let trust_on = edge.inner_trust_enabled();
+    let factory = edge.clone();
+    let service = StreamableHttpService::new(
+        move || Ok(factory.clone()),
+        Arc::new(NeverSessionManager::default()),
+        server,
+    );
+    let metadata = Arc::new(json!({
+        "resource": published.resource(),
+        "authorization_servers": published.authorization_servers,
+        "bearer_methods_supported": ["header"],
+        "resource_name": "Reach mesh (MCP)",
+    }));
+    let document = move || {
+        let metadata = metadata.clone();
+        async move { axum::Json(metadata.as_ref().clone()) }
+    };
+    Router::new()
+        .route(RESOURCE_METADATA_ROOT, get(document.clone()))
+        .route(RESOURCE_METADATA_PATH, get(document))
+        .nest_service(
+            MCP_PATH,
+            tower::ServiceBuilder::new()
+                .layer(axum::middleware::from_fn(
+                    move |request: axum::extract::Request, next: axum::middleware::Next| {
+                        let challenge = challenge(&published);
+                        async move {
+                            if trust_on && refuse_certificate_only(&request) {
+                                return unauthorized(&challenge);
+                            }
+                            next.run(request).await
+                        }
+                    },
+                ))
+                .service(service),
+        )
+}
+
+/// Whether the request's caller proved itself only with a client certificate.
+fn refuse_certificate_only(request: &axum::extract::Request) -> bool {
+    reach_trust::Caller::of(request.extensions()).via() == reach_trust::Via::Certificate
+}
+
+fn unauthorized(challenge: &reach_rpc::server::Challenge) -> Response {
+    (
+        http::StatusCode::UNAUTHORIZED,
+        [(
+            http::header::WWW_AUTHENTICATE,
+            format!(
+                "Bearer resource_metadata=\"{}\"",
+                challenge.resource_metadata
+            ),
+        )],
+        "the MCP edge calls the mesh with its callers' bearer tokens, and this request has only a client certificate: send Authorization: Bearer <token>\n",
+    )
+        .into_response()
+}
