@@ -67,6 +67,11 @@ impl Mesh {
 
     /// [`Mesh::start`], the registry probing instances' health when `probe`.
     async fn start_probing(probe: bool) -> Self {
+        Self::start_with(probe, POLICY).await
+    }
+
+    /// [`Mesh::start_probing`] with `policy` (YAML) instead of [`POLICY`].
+    async fn start_with(probe: bool, policy: &str) -> Self {
         let dir = tempfile::tempdir().unwrap();
         let ca = CertificateAuthority::generate(TD, DAY).unwrap();
         std::fs::write(dir.path().join("ca.pem"), ca.cert_pem()).unwrap();
@@ -79,7 +84,7 @@ impl Mesh {
         tls.client_auth = ClientAuth::Optional;
         let (token_key, public) = reach_trust::issue::token_signing_key().unwrap();
         std::fs::write(dir.path().join("jwt.pem"), public).unwrap();
-        std::fs::write(dir.path().join("policy.yaml"), POLICY).unwrap();
+        std::fs::write(dir.path().join("policy.yaml"), policy).unwrap();
         let mut config = ReachConfig::default();
         config.registry.health_probe = probe;
         config.registry.default_lease_ttl = Duration::from_secs(30);
@@ -807,4 +812,224 @@ async fn the_a2a_edge_acts_with_its_callers_bearer_token_only() {
         "{}",
         refused.message()
     );
+}
+
+/// Anyone may serve; the user mallory may call only `tools.visible`; operators anything.
+const MCP_POLICY: &str = r#"
+serve:
+  - identities: ["*"]
+    capabilities: ["*"]
+call:
+  - identities: ["spiffe://reach.test/user/mallory"]
+    capabilities: ["tools.visible"]
+  - identities: ["spiffe://reach.test/operator/*"]
+    capabilities: ["*"]
+"#;
+
+/// The MCP edge is an OAuth resource server acting with its callers' bearer tokens: a request
+/// without a token gets a 401 naming the protected resource metadata (which anyone may read),
+/// a bad token a 401 with `invalid_token`, a caller known only by its client certificate is
+/// refused (it would act as the edge), `tools/list` shows a caller only what its policy lets
+/// it call, and a call goes through the router as the caller (the policy refuses it there).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_mcp_edge_lists_and_calls_tools_as_its_bearer_token_callers() {
+    let mesh = Mesh::start_with(false, MCP_POLICY).await;
+    let schema = r#"{"type":"object","properties":{"text":{"type":"string"}}}"#;
+    let mut register = register_request("tools", "tools-1");
+    let spec = register.instance.as_mut().unwrap();
+    for name in ["tools.visible", "tools.hidden"] {
+        spec.capabilities.push(pb::Capability {
+            name: name.into(),
+            version: "1.0.0".into(),
+            input_schema: schema.into(),
+            ..Default::default()
+        });
+    }
+    RegistryServiceClient::new(mesh.channel_as("tools", &agent("tools")).await)
+        .register(register)
+        .await
+        .unwrap();
+
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base = format!("https://{}", listener.local_addr().unwrap());
+    let published = reach_edge::mcp::http::Published {
+        base_url: base.clone(),
+        authorization_servers: vec!["https://login.example.com".into()],
+    };
+    let challenge = reach_edge::mcp::http::challenge(&published);
+    let routes = reach_edge::mcp::http::routes(mesh.plane.mcp_edge().unwrap().clone(), published);
+    let stop = tokio_util::sync::CancellationToken::new();
+    let token = stop.clone();
+    tokio::spawn(reach_rpc::server::serve_http_with_challenges(
+        listener,
+        routes,
+        async move { token.cancelled().await },
+        Duration::from_secs(1),
+        reach_rpc::limits::ConnectionLimits::default(),
+        reach_rpc::limits::MessageLimits::default(),
+        mesh.plane.trust().clone(),
+        reach_rpc::server::ClientCertificates::Optional,
+        vec![challenge],
+    ));
+
+    let ca = reqwest::Certificate::from_pem(mesh.ca.cert_pem().as_bytes()).unwrap();
+    let client = |identity: Option<reqwest::Identity>| {
+        let builder = reqwest::Client::builder()
+            .use_rustls_tls()
+            .tls_built_in_root_certs(false)
+            .add_root_certificate(ca.clone());
+        match identity {
+            Some(identity) => builder.identity(identity),
+            None => builder,
+        }
+        .build()
+        .unwrap()
+    };
+    let http = client(None);
+    let mcp = format!("{base}/mcp");
+    // One stateless JSON-RPC request (2026-07-28: no session, protocol metadata in `_meta`).
+    let rpc = |http: reqwest::Client,
+               method: &'static str,
+               params: serde_json::Value,
+               token: Option<String>| {
+        let mcp = mcp.clone();
+        async move {
+            let mut params = params;
+            params["_meta"] = serde_json::json!({
+                "io.modelcontextprotocol/protocolVersion": "2026-07-28",
+                "io.modelcontextprotocol/clientCapabilities": {},
+            });
+            let mut request = http
+                .post(&mcp)
+                .header("accept", "application/json, text/event-stream")
+                .header("mcp-protocol-version", "2026-07-28")
+                .header("mcp-method", method)
+                .json(&serde_json::json!({"jsonrpc": "2.0", "id": 1, "method": method, "params": params}));
+            if let Some(name) = params.get("name").and_then(|n| n.as_str()) {
+                request = request.header("mcp-name", name);
+            }
+            if let Some(token) = token {
+                request = request.bearer_auth(token);
+            }
+            request.send().await.unwrap()
+        }
+    };
+    let list = serde_json::json!({});
+    let tool_names = |body: serde_json::Value| -> Vec<String> {
+        body["result"]["tools"]
+            .as_array()
+            .unwrap_or_else(|| panic!("no tools in {body}"))
+            .iter()
+            .map(|t| t["name"].as_str().unwrap().to_string())
+            .collect()
+    };
+
+    // No token: 401 naming the metadata, which anyone may read.
+    let refused = rpc(http.clone(), "tools/list", list.clone(), None).await;
+    assert_eq!(refused.status(), 401);
+    let metadata_url = format!("{base}/.well-known/oauth-protected-resource/mcp");
+    assert_eq!(
+        refused.headers()["www-authenticate"],
+        format!("Bearer resource_metadata=\"{metadata_url}\"").as_str()
+    );
+    let metadata: serde_json::Value = http
+        .get(&metadata_url)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(metadata["resource"], mcp.as_str());
+    assert_eq!(
+        metadata["authorization_servers"],
+        serde_json::json!(["https://login.example.com"])
+    );
+    // A bad token: 401, invalid_token.
+    let refused = rpc(
+        http.clone(),
+        "tools/list",
+        list.clone(),
+        Some("not.a.jwt".into()),
+    )
+    .await;
+    assert_eq!(refused.status(), 401);
+    let challenge = refused.headers()["www-authenticate"]
+        .to_str()
+        .unwrap()
+        .to_string();
+    assert!(challenge.contains("error=\"invalid_token\""), "{challenge}");
+    assert!(challenge.contains(&metadata_url), "{challenge}");
+
+    // mallory sees and may call only tools.visible; the router judges her calls.
+    let mallory = mesh.token(reach_trust::token::claims(
+        "mallory",
+        "reach",
+        None,
+        Duration::from_secs(300),
+    ));
+    let listed = rpc(
+        http.clone(),
+        "tools/list",
+        list.clone(),
+        Some(mallory.clone()),
+    )
+    .await;
+    assert_eq!(listed.status(), 200);
+    assert_eq!(tool_names(listed.json().await.unwrap()), ["tools.visible"]);
+    let call = |name: &str| serde_json::json!({"name": name, "arguments": {"text": "hi"}});
+    let hidden: serde_json::Value = rpc(
+        http.clone(),
+        "tools/call",
+        call("tools.hidden"),
+        Some(mallory.clone()),
+    )
+    .await
+    .json()
+    .await
+    .unwrap();
+    assert_eq!(hidden["result"]["isError"], true, "{hidden}");
+    let text = hidden["result"]["content"][0]["text"].as_str().unwrap();
+    assert!(
+        text.contains("PERMISSION_DENIED") && text.contains("mallory"),
+        "{text}"
+    );
+    // Granted: the router lets it through to the instance, which is not there.
+    let visible: serde_json::Value = rpc(
+        http.clone(),
+        "tools/call",
+        call("tools.visible"),
+        Some(mallory),
+    )
+    .await
+    .json()
+    .await
+    .unwrap();
+    let text = visible["result"]["content"][0]["text"].as_str().unwrap();
+    assert!(!text.contains("PERMISSION_DENIED"), "{text}");
+    assert!(text.contains("UNAVAILABLE"), "{text}");
+
+    // An operator sees every tool.
+    let listed = rpc(
+        http.clone(),
+        "tools/list",
+        list.clone(),
+        Some(mesh.operator_token()),
+    )
+    .await;
+    assert_eq!(
+        tool_names(listed.json().await.unwrap()),
+        ["tools.hidden", "tools.visible"]
+    );
+
+    // A client certificate alone would make the edge act as itself: refused.
+    let issued = mesh.ca.issue(&agent("b"), &[], DAY).unwrap();
+    let by_certificate = client(Some(
+        reqwest::Identity::from_pem(format!("{}{}", issued.cert_pem, issued.key_pem).as_bytes())
+            .unwrap(),
+    ));
+    let refused = rpc(by_certificate, "tools/list", list, None).await;
+    assert_eq!(refused.status(), 401);
+    assert!(refused.text().await.unwrap().contains("Bearer"));
+    stop.cancel();
 }
