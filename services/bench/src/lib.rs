@@ -9,7 +9,10 @@
 //!   the table of plaintext and mTLS cells side by side.
 //! - [`flows`] — `reach-bench flows`: durable node transitions per second on SQLite (and
 //!   PostgreSQL).
+//! - [`mcp`] — `reach-bench mcp`: a tool call through the MCP edge next to the same call
+//!   through the router.
 
 pub mod flows;
+pub mod mcp;
 mod mtls;
 pub mod router;

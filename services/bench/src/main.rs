@@ -3,6 +3,7 @@
 //! ```text
 //! reach-bench router [--quick] [--no-nats] [--mtls] [--only MODES] [--payloads BYTES] [--concurrency N]
 //! reach-bench flows [--quick] [--postgres URL]
+//! reach-bench mcp [--quick]
 //! ```
 
 use std::process::ExitCode;
@@ -54,6 +55,13 @@ enum Bench {
         #[arg(long)]
         mtls: bool,
     },
+    /// A tool call through the MCP edge next to the same call through the router (c=1, c=16).
+    Mcp {
+        /// A reduced run (seconds); the last line is
+        /// `mcp_overhead_p50_us=<n> mcp_vs_router_rps=<ratio>`.
+        #[arg(long)]
+        quick: bool,
+    },
     /// Durable flow transitions per second on SQLite (and PostgreSQL with --postgres).
     Flows {
         /// A reduced run (under a minute); the last line is `sqlite_transitions_per_s=<n>`.
@@ -104,6 +112,7 @@ async fn main() -> ExitCode {
             })
             .await
         }
+        Bench::Mcp { quick } => reach_bench::mcp::run(quick).await,
         Bench::Flows { quick, postgres } => {
             reach_bench::flows::bench_flows(quick, postgres.as_deref(), &mut std::io::stdout())
                 .await

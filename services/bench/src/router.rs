@@ -353,14 +353,21 @@ const TICK_US: f64 = 10_000.0;
 
 /// What one cell measures: payload size, closed-loop workers, warm-up and recorded time.
 #[derive(Debug, Clone, Copy)]
-struct Shape {
-    payload: usize,
-    concurrency: usize,
-    warmup: Duration,
-    duration: Duration,
+pub(crate) struct Shape {
+    pub(crate) payload: usize,
+    pub(crate) concurrency: usize,
+    pub(crate) warmup: Duration,
+    pub(crate) duration: Duration,
 }
 
-async fn measure<F, Fut>(mode: &'static str, shape: Shape, extra_pid: Option<u32>, call: F) -> Cell
+/// Drives `call` from `shape.concurrency` closed-loop workers for `shape.duration` after the
+/// warm-up, and reports the cell (HDR latency histograms, throughput, CPU per request).
+pub(crate) async fn measure<F, Fut>(
+    mode: &'static str,
+    shape: Shape,
+    extra_pid: Option<u32>,
+    call: F,
+) -> Cell
 where
     F: Fn(ReachMessage) -> Fut + Clone + Send + Sync + 'static,
     Fut: Future<Output = Result<(), String>> + Send,
