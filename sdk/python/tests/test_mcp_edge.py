@@ -13,6 +13,7 @@ import asyncio
 import json
 import os
 import re
+import sys
 import tempfile
 import time
 from collections.abc import Iterator
@@ -209,3 +210,21 @@ async def test_the_protected_resource_metadata_names_the_endpoint(mesh: McpProce
             document = response.json()
             assert document["resource"] == mesh.mcp_url
             assert document["bearer_methods_supported"] == ["header"]
+
+
+async def test_the_documented_example_client_runs(mesh: McpProcess) -> None:
+    """``sdk/python/examples/mcp_client.py`` (docs/edges.md) against the mesh."""
+    child = await asyncio.create_subprocess_exec(
+        sys.executable,
+        str(REPO / "sdk/python/examples/mcp_client.py"),
+        "--url",
+        mesh.mcp_url,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT,
+    )
+    out, _ = await asyncio.wait_for(child.communicate(), timeout=60)
+    text = out.decode(errors="replace")
+    assert child.returncode == 0, text
+    assert "complaint.classify(company, complaint_id, narrative, state): classify a complaint" in text, text
+    assert '"status": "routed"' in text, text
+    assert '/narrative: 5 is not of type "string"' in text, text

@@ -4,15 +4,14 @@
 //! bytes, the registry's rule). An MCP tool name is 1–128 of `A-Z a-z 0-9 _ - .` (the
 //! 2026-07-28 revision, SEP-986), so under [`ToolNaming::Capability`] (the default) a tool is
 //! named exactly as its capability. Some LLM hosts accept only `^[a-zA-Z0-9_-]{1,64}$` as a
-//! tool (function) name; [`ToolNaming::Underscored`] writes each `.` as `__` for them, and
-//! refuses the capabilities whose names that would make ambiguous.
+//! tool (function) name; [`ToolNaming::Underscored`] names tools as the agent kit names its
+//! functions ([`reach_agent::tool::function_name`]: each `.` as `__`), refusing the
+//! capabilities whose names that would make ambiguous or too long.
 
 use serde::{Deserialize, Serialize};
 
 /// The longest MCP tool name (characters, all ASCII).
 pub const MAX_TOOL_NAME: usize = 128;
-/// The longest tool name [`ToolNaming::Underscored`] makes, as strict LLM hosts require.
-pub const MAX_UNDERSCORED_TOOL_NAME: usize = 64;
 
 /// How tools are named after capabilities (`[edge.mcp] tool_names`).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -40,14 +39,17 @@ pub enum NameError {
         /// The limit it exceeds.
         limit: usize,
     },
-    /// Under [`ToolNaming::Underscored`], the capability's name holds `__` or a segment that
-    /// starts or ends with `_`, so its tool name could be read back as another capability.
+    /// Under [`ToolNaming::Underscored`], the capability's name makes no function name
+    /// (`__` or a segment starting or ending with `_` would read back as another capability;
+    /// over 64 characters).
     #[error(
-        "capability {capability:?} has `__` or a segment starting or ending with `_`, so its underscored tool name would be ambiguous; rename it, or set edge.mcp.tool_names = \"capability\""
+        "capability {capability:?} has no underscored tool name: {reason}; rename it, or set edge.mcp.tool_names = \"capability\""
     )]
-    Ambiguous {
+    NotAFunctionName {
         /// The capability.
         capability: String,
+        /// The rule it breaks.
+        reason: String,
     },
     /// The tool name is no capability's (not a dotted name under this naming).
     #[error("no tool is named {tool:?}; list the tools with tools/list")]
@@ -61,32 +63,28 @@ impl ToolNaming {
     /// The tool name of `capability`.
     ///
     /// # Errors
-    /// [`NameError::TooLong`] over the naming's limit; [`NameError::Ambiguous`] for a name
-    /// underscoring cannot carry.
+    /// [`NameError::TooLong`] over [`MAX_TOOL_NAME`]; [`NameError::NotAFunctionName`] for a
+    /// name underscoring cannot carry.
     pub fn tool_name(self, capability: &str) -> Result<String, NameError> {
-        let (name, limit) = match self {
-            Self::Capability => (capability.to_string(), MAX_TOOL_NAME),
-            Self::Underscored => {
-                let ambiguous = capability.contains("__")
-                    || capability
-                        .split('.')
-                        .any(|segment| segment.starts_with('_') || segment.ends_with('_'));
-                if ambiguous {
-                    return Err(NameError::Ambiguous {
-                        capability: capability.to_string(),
-                    });
-                }
-                (capability.replace('.', "__"), MAX_UNDERSCORED_TOOL_NAME)
-            }
-        };
-        if name.len() > limit {
-            return Err(NameError::TooLong {
+        match self {
+            Self::Capability if capability.len() > MAX_TOOL_NAME => Err(NameError::TooLong {
                 capability: capability.to_string(),
-                length: name.len(),
-                limit,
-            });
+                length: capability.len(),
+                limit: MAX_TOOL_NAME,
+            }),
+            Self::Capability => Ok(capability.to_string()),
+            Self::Underscored => reach_agent::tool::function_name(capability).map_err(|error| {
+                NameError::NotAFunctionName {
+                    capability: capability.to_string(),
+                    reason: match error {
+                        reach_agent::tool::ToolDefinitionError::InvalidName { reason, .. } => {
+                            reason
+                        }
+                        other => other.to_string(),
+                    },
+                }
+            }),
         }
-        Ok(name)
     }
 
     /// The capability a tool name stands for: the inverse of [`ToolNaming::tool_name`].
@@ -96,7 +94,7 @@ impl ToolNaming {
     pub fn capability_name(self, tool: &str) -> Result<String, NameError> {
         let capability = match self {
             Self::Capability => tool.to_string(),
-            Self::Underscored => tool.replace("__", "."),
+            Self::Underscored => reach_agent::tool::capability_name(tool),
         };
         match self.tool_name(&capability) {
             Ok(back) if back == tool && is_capability_name(&capability) => Ok(capability),
@@ -152,7 +150,7 @@ mod tests {
             assert!(
                 matches!(
                     underscored.tool_name(capability),
-                    Err(NameError::Ambiguous { .. })
+                    Err(NameError::NotAFunctionName { .. })
                 ),
                 "{capability}"
             );
@@ -163,8 +161,8 @@ mod tests {
             Err(NameError::TooLong { length: 129, .. })
         ));
         assert!(matches!(
-            underscored.tool_name(&"y".repeat(65)),
-            Err(NameError::TooLong { limit: 64, .. })
+            underscored.tool_name(&format!("{}.y", "y".repeat(63))),
+            Err(NameError::NotAFunctionName { .. })
         ));
         for tool in ["", "a..b", "a b", "a___b", "x.__y"] {
             assert!(
