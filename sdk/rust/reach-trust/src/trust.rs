@@ -402,6 +402,14 @@ impl Trust {
         })
     }
 
+    /// Whether [`Trust::check_call`] would grant `caller` a call of `target`, without
+    /// recording a decision: for listings that show a caller what it may call (the MCP
+    /// edge's `tools/list`), where nothing was refused.
+    pub fn would_allow_call(&self, caller: &Caller, target: CallTarget<'_>) -> bool {
+        self.policy()
+            .is_none_or(|policy| policy.may_call(caller, target).is_some())
+    }
+
     /// May `caller` do `action` with a task of `flow` started by `starter` (None: not a
     /// particular task, or started before trust was on)?
     ///

@@ -76,7 +76,8 @@ pub fn routes(edge: McpEdge, published: Published) -> Router {
     } else {
         server.with_allowed_origins(config.allowed_origins.clone())
     };
-    let trust_on = edge.inner_trust_enabled();
+    let trust_on = edge.authenticates();
+    let refusal = challenge(&published);
     let factory = edge.clone();
     let service = StreamableHttpService::new(
         move || Ok(factory.clone()),
@@ -101,12 +102,13 @@ pub fn routes(edge: McpEdge, published: Published) -> Router {
             tower::ServiceBuilder::new()
                 .layer(axum::middleware::from_fn(
                     move |request: axum::extract::Request, next: axum::middleware::Next| {
-                        let challenge = challenge(&published);
+                        let refused = trust_on && refuse_certificate_only(&request);
+                        let response = refused.then(|| unauthorized(&refusal));
                         async move {
-                            if trust_on && refuse_certificate_only(&request) {
-                                return unauthorized(&challenge);
+                            match response {
+                                Some(response) => response,
+                                None => next.run(request).await,
                             }
-                            next.run(request).await
                         }
                     },
                 ))

@@ -92,14 +92,15 @@ struct CachedSchema {
     schema: Option<Arc<ArgumentSchema>>,
 }
 
-/// What the edge knows of the request a method serves.
-struct Caller {
+/// Who asks, as a method sees it: the caller the trust layer established, and what goes
+/// with its calls into the mesh (its `authorization`, its trace).
+struct CallerContext {
     caller: reach_trust::Caller,
     authorization: Option<String>,
     traceparent: Option<String>,
 }
 
-impl Caller {
+impl CallerContext {
     fn of(context: &RequestContext<RoleServer>) -> Self {
         let parts = context.extensions.get::<http::request::Parts>();
         let header = |name: &str| {
@@ -175,7 +176,7 @@ impl McpEdge {
     }
 
     /// Whether callers are authenticated (trust on).
-    pub(super) fn inner_trust_enabled(&self) -> bool {
+    pub(super) fn authenticates(&self) -> bool {
         self.inner.trust.is_enabled()
     }
 
@@ -185,7 +186,7 @@ impl McpEdge {
 
     /// The router a caller's call goes through: under its own bearer token when it sent one
     /// and the mesh runs TLS, else the edge's channel.
-    fn router_for(&self, caller: &Caller) -> RouterServiceClient<Channel> {
+    fn router_for(&self, caller: &CallerContext) -> RouterServiceClient<Channel> {
         match (&self.inner.as_caller, &caller.authorization) {
             (Some(router), Some(_)) => router.clone(),
             _ => self.inner.router.clone(),
@@ -195,7 +196,7 @@ impl McpEdge {
     /// Every capability descriptor the registry lists (bounded by [`MAX_CATALOGUE_PAGES`]).
     async fn descriptors(
         &self,
-        caller: &Caller,
+        caller: &CallerContext,
         name_prefix: &str,
         page_size: u32,
         pages: usize,
@@ -222,7 +223,7 @@ impl McpEdge {
     }
 
     /// The tools `caller` may call, sorted by name.
-    async fn tools(&self, caller: &Caller) -> Result<Vec<Tool>, tonic::Status> {
+    async fn tools(&self, caller: &CallerContext) -> Result<Vec<Tool>, tonic::Status> {
         let descriptors = self
             .descriptors(caller, "", 500, MAX_CATALOGUE_PAGES)
             .await?;
@@ -230,13 +231,10 @@ impl McpEdge {
             .iter()
             .filter(|d| d.routable_instances > 0)
             .filter(|d| {
-                self.inner
-                    .trust
-                    .check_call(
-                        &caller.caller,
-                        reach_trust::policy::CallTarget::Capability(&d.name),
-                    )
-                    .is_ok()
+                self.inner.trust.would_allow_call(
+                    &caller.caller,
+                    reach_trust::policy::CallTarget::Capability(&d.name),
+                )
             })
             .filter_map(|d| tool_of(self.naming(), d))
             .collect();
@@ -251,7 +249,7 @@ impl McpEdge {
     /// The registry's status; NOT_FOUND when no capability is so named.
     async fn input_schema(
         &self,
-        caller: &Caller,
+        caller: &CallerContext,
         capability: &str,
     ) -> Result<Option<Arc<ArgumentSchema>>, tonic::Status> {
         if let Some(cached) = self.cached_schema(capability) {
@@ -298,7 +296,7 @@ impl McpEdge {
     /// INVALID_PARAMS when no capability is so named (an unknown tool, as the MCP spec says).
     async fn call(
         &self,
-        caller: &Caller,
+        caller: &CallerContext,
         tool: &str,
         capability: &str,
         arguments: JsonObject,
@@ -325,7 +323,7 @@ impl McpEdge {
     /// Sends `arguments` through the router to `capability`.
     async fn send(
         &self,
-        caller: &Caller,
+        caller: &CallerContext,
         tool: &str,
         capability: &str,
         arguments: &Value,
@@ -474,7 +472,7 @@ impl ServerHandler for McpEdge {
         request: Option<PaginatedRequestParams>,
         context: RequestContext<RoleServer>,
     ) -> Result<ListToolsResult, ErrorData> {
-        let caller = Caller::of(&context);
+        let caller = CallerContext::of(&context);
         let cursor = request.and_then(|r| r.cursor);
         if cursor
             .as_ref()
@@ -520,7 +518,7 @@ impl ServerHandler for McpEdge {
         request: CallToolRequestParams,
         context: RequestContext<RoleServer>,
     ) -> Result<CallToolResponse, ErrorData> {
-        let caller = Caller::of(&context);
+        let caller = CallerContext::of(&context);
         let capability = self
             .naming()
             .capability_name(&request.name)
