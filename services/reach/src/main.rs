@@ -263,6 +263,14 @@ enum Command {
         #[command(subcommand)]
         command: reach::cli::TokenCommand,
     },
+    /// MCP servers as mesh capabilities (`reach mcp attach`).
+    Mcp {
+        #[command(subcommand)]
+        command: reach::cli::McpCommand,
+        /// A TOML config file with `[[mcp.attach]]` entries (see docs/configuration.md).
+        #[arg(long, global = true)]
+        config: Option<PathBuf>,
+    },
     /// List the registered agent instances and their state.
     Agents {
         /// The registry (or `reach dev`) endpoint.
@@ -299,6 +307,7 @@ impl Command {
             Command::Edge { .. } => "reach-edge",
             Command::Orchestrator { .. } => "reach-orchestrator",
             Command::ExampleAgents { .. } => "reach-example-agents",
+            Command::Mcp { .. } => "reach-mcp-attach",
             Command::Agents { .. }
             | Command::Call { .. }
             | Command::Capabilities { .. }
@@ -794,6 +803,29 @@ async fn run(command: Command) -> anyhow::Result<ExitCode> {
         }
         Command::Token { command } => {
             reach::cli::token(command, &mut std::io::stdout(), &mut std::io::stderr())?;
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Mcp { command, config } => {
+            let reach::cli::McpCommand::Attach(args) = command;
+            let entries = match ReachConfig::load(config.as_deref(), Map::new())
+                .map_err(|e| e.to_string())
+                .and_then(|config| args.entries(&config.mcp.attach))
+            {
+                Ok(entries) => entries,
+                Err(message) => {
+                    eprintln!("error: {message}");
+                    return Ok(ExitCode::from(EXIT_USAGE));
+                }
+            };
+            let shutdown = async {
+                reach_sdk::signal::terminate().await;
+                tokio::spawn(async {
+                    reach_sdk::signal::terminate().await;
+                    warn!("second signal: exiting without finishing the drain");
+                    std::process::exit(EXIT_INTERRUPTED);
+                });
+            };
+            reach::cli::mcp_attach(entries, &args.registry, &args.listen, shutdown).await?;
             Ok(ExitCode::SUCCESS)
         }
         Command::Agents { endpoint, json } => {
