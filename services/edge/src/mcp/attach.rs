@@ -621,6 +621,7 @@ pub async fn attach(
     let mut listen = serving.listen.clone();
     let mut current: Option<Generation> = None;
     let mut shutdown = std::pin::pin!(shutdown);
+    let mut server_exited = false;
     let result = loop {
         // (Re)list and, when the set differs, start a new runtime before draining the old one.
         let tools = match list_tools(&name, &peer).await {
@@ -662,7 +663,10 @@ pub async fn attach(
         };
         tokio::select! {
             () = &mut shutdown => break Ok(()),
-            _ = &mut closed => break Err(AttachError::ServerGone { name: name.clone() }),
+            _ = &mut closed => {
+                server_exited = true;
+                break Err(AttachError::ServerGone { name: name.clone() });
+            }
             () = changed.notified() => {}
             refused = refusal => break Err(AttachError::Agent {
                 name: name.clone(),
@@ -674,7 +678,9 @@ pub async fn attach(
         let _ = generation.agent.drain().await;
     }
     stop_service.cancel();
-    let _ = closed.await;
+    if !server_exited {
+        let _ = closed.await;
+    }
     result
 }
 
