@@ -43,12 +43,13 @@ struct Attached {
 
 impl Attached {
     fn start(sandbox: &Sandbox, config: AttachConfig) -> Self {
-        let serving = Serving {
-            agent: AgentConfig::new("", sandbox.endpoint())
+        let mut serving = Serving::new(
+            AgentConfig::new("", sandbox.endpoint())
                 .with_lease_ttl(Duration::from_secs(1))
                 .with_max_drain(Duration::from_secs(5)),
-            listen: "127.0.0.1:0".into(),
-        };
+            "127.0.0.1:0",
+        );
+        serving.probe_interval = Duration::from_millis(200);
         let (stop, stopped) = oneshot::channel();
         let task = tokio::spawn(attach(config, serving, async {
             let _ = stopped.await;
@@ -254,9 +255,17 @@ async fn a_streamable_http_server_is_attached_by_url() {
     assert_eq!(status.code(), Code::FailedPrecondition, "{status:?}");
     assert!(status.message().contains("refused: http"), "{status:?}");
 
-    attached.stop().await.expect("a clean stop");
+    // The HTTP server goes away: failed pings end the attachment, which deregisters.
+    python.kill().await.unwrap();
+    let ended = tokio::time::timeout(WITHIN, attached.task)
+        .await
+        .expect("the attachment ends when its server goes away")
+        .unwrap();
+    assert!(
+        matches!(ended, Err(AttachError::ServerGone { .. })),
+        "{ended:?}"
+    );
     until_gone(&mesh, "mcp.remote.echo").await;
-    let _ = python.kill().await;
     sandbox.stop().await;
 }
 

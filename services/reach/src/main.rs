@@ -1055,6 +1055,31 @@ async fn serve(
     } else {
         None
     };
+    // `[[mcp.attach]]` entries: their tools become capabilities of this mesh.
+    let mcp_stop = tokio_util::sync::CancellationToken::new();
+    let mcp = if services.registry && services.router && !config.mcp.attach.is_empty() {
+        for entry in &config.mcp.attach {
+            writeln!(
+                std::io::stdout(),
+                "mcp attach   {:<24} {}.<tool>",
+                entry.name,
+                entry.effective_prefix()
+            )?;
+        }
+        let entries = config.mcp.attach.clone();
+        let endpoint = endpoint.clone();
+        let stop = mcp_stop.clone();
+        Some(tokio::spawn(async move {
+            if let Err(e) =
+                reach::cli::mcp_attach(entries, &endpoint, "127.0.0.1:0", stop.cancelled_owned())
+                    .await
+            {
+                error!(error = %e, "mcp attach stopped; its capabilities are deregistered");
+            }
+        }))
+    } else {
+        None
+    };
     // Listen for the signal before saying so: a supervisor (or test) that signals as soon as
     // it reads the `try:` line must not kill the process before its handler is installed.
     let mut terminated = std::pin::pin!(reach_sdk::signal::terminate());
@@ -1097,6 +1122,10 @@ async fn serve(
         warn!("second signal: exiting without finishing the shutdown");
         std::process::exit(EXIT_INTERRUPTED);
     });
+    mcp_stop.cancel();
+    if let Some(mcp) = mcp {
+        let _ = mcp.await;
+    }
     if let Some(fleet) = fleet {
         info!("shutting down: draining agents");
         fleet.drain().await;

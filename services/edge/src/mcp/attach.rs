@@ -114,9 +114,8 @@ impl AttachConfig {
             }
             _ => {}
         }
-        if !self.url.is_empty()
-            && !(self.url.starts_with("http://") || self.url.starts_with("https://"))
-        {
+        let http = self.url.starts_with("http://") || self.url.starts_with("https://");
+        if !self.url.is_empty() && !http {
             return Err(format!(
                 "mcp attach {:?} url {:?} must start with http:// or https://",
                 self.name, self.url
@@ -521,6 +520,51 @@ pub struct Serving {
     /// change listens on the same host, port 0 (the old one still holds the port while it
     /// drains).
     pub listen: String,
+    /// How often a Streamable HTTP server is pinged; [`PROBE_FAILURES`] failed pings in a row
+    /// (no answer within the interval, or a transport error) mean it went away. Default 5 s.
+    /// (A stdio server going away closes its pipes, which is seen at once.)
+    pub probe_interval: Duration,
+}
+
+/// Failed pings in a row after which a Streamable HTTP server is taken as gone.
+pub const PROBE_FAILURES: u32 = 3;
+
+impl Serving {
+    /// Serving with `agent`'s settings on `listen`, pinging HTTP servers every 5 s.
+    pub fn new(agent: AgentConfig, listen: impl Into<String>) -> Self {
+        Self {
+            agent,
+            listen: listen.into(),
+            probe_interval: Duration::from_secs(5),
+        }
+    }
+}
+
+/// Resolves once `peer` failed [`PROBE_FAILURES`] pings in a row. An MCP error answer (a
+/// server without `ping`) counts as alive: the server answered.
+async fn probe(peer: Peer<RoleClient>, interval: Duration) {
+    let mut failures = 0;
+    let mut ticks = tokio::time::interval(interval);
+    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    ticks.tick().await;
+    loop {
+        ticks.tick().await;
+        let ping = peer.send_request(rmcp::model::ClientRequest::PingRequest(
+            rmcp::model::PingRequest {
+                method: Default::default(),
+                extensions: Default::default(),
+            },
+        ));
+        match tokio::time::timeout(interval, ping).await {
+            Ok(Ok(_)) | Ok(Err(ServiceError::McpError(_))) => failures = 0,
+            Ok(Err(_)) | Err(_) => {
+                failures += 1;
+                if failures >= PROBE_FAILURES {
+                    return;
+                }
+            }
+        }
+    }
 }
 
 /// A started attachment's runtime.
@@ -588,7 +632,21 @@ pub async fn attach(
                 .and_then(|t| t.list_changed)
         })
         .unwrap_or(false);
-    let mut closed = tokio::spawn(service.waiting());
+    let waiting = service.waiting();
+    let mut closed = if config.url.is_empty() {
+        tokio::spawn(async move {
+            let _ = waiting.await;
+        })
+    } else {
+        let peer = peer.clone();
+        let interval = serving.probe_interval;
+        tokio::spawn(async move {
+            tokio::select! {
+                _ = waiting => {}
+                () = probe(peer, interval) => {}
+            }
+        })
+    };
     // On 2026-07-28, list changes come on a listen stream that asked for them; servers on
     // earlier revisions send them unscoped (to `Listener`).
     if lists_changes {

@@ -97,10 +97,7 @@ pub async fn mcp_attach(
     let stop = CancellationToken::new();
     let mut tasks = tokio::task::JoinSet::new();
     for entry in entries {
-        let serving = Serving {
-            agent: reach_sdk::AgentConfig::new("", registry),
-            listen: listen.to_string(),
-        };
+        let serving = Serving::new(reach_sdk::AgentConfig::new("", registry), listen);
         let stop = stop.clone();
         tasks.spawn(async move {
             let name = entry.name.clone();

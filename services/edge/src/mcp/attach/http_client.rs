@@ -3,7 +3,8 @@
 //! on reqwest 0.13).
 //!
 //! Bounds: a JSON response body is read up to the transport's `max_json_response_size`,
-//! an error body up to 4 KiB; an SSE response is passed to rmcp's parser as a byte stream.
+//! an error body quotes at most 4 KiB, and one SSE event may hold up to the transport's
+//! `max_sse_event_size` bytes (the stream ends with an error past it).
 
 use std::borrow::Cow;
 use std::collections::{BTreeMap, HashMap};
@@ -76,8 +77,29 @@ fn is_media(value: Option<&HeaderValue>, media: &str) -> bool {
         .is_some_and(|v| v.trim().eq_ignore_ascii_case(media))
 }
 
-fn sse(response: reqwest::Response) -> BoxStream<'static, Result<Sse, SseError>> {
-    SseStream::from_bytes_stream(response.bytes_stream()).boxed()
+/// The SSE events of `response`; an event over `max_event` bytes (counted from the last
+/// blank line) ends the stream with an error rather than being buffered.
+fn sse(response: reqwest::Response, max_event: usize) -> BoxStream<'static, Result<Sse, SseError>> {
+    let mut event_bytes = 0usize;
+    let mut previous = 0u8;
+    let bounded = response.bytes_stream().map(move |chunk| {
+        let chunk = chunk.map_err(std::io::Error::other)?;
+        for &byte in chunk.iter() {
+            match byte {
+                b'\r' => continue,
+                b'\n' if previous == b'\n' => event_bytes = 0,
+                _ => event_bytes += 1,
+            }
+            previous = byte;
+        }
+        if event_bytes > max_event {
+            return Err(std::io::Error::other(format!(
+                "an SSE event from the mcp server is over {max_event} bytes"
+            )));
+        }
+        Ok(chunk)
+    });
+    SseStream::from_bytes_stream(bounded).boxed()
 }
 
 /// Reads at most `limit` bytes of `response`'s body.
@@ -202,7 +224,10 @@ impl StreamableHttpClient for HttpClient {
             )));
         }
         if is_media(content_type.as_ref(), EVENT_STREAM_MIME_TYPE) {
-            return Ok(StreamableHttpPostResponse::Sse(sse(response), session));
+            return Ok(StreamableHttpPostResponse::Sse(
+                sse(response, limits.max_sse_event_size),
+                session,
+            ));
         }
         if is_media(content_type.as_ref(), JSON_MIME_TYPE) {
             let body = bounded_body(response, limits.max_json_response_size).await?;
@@ -247,6 +272,26 @@ impl StreamableHttpClient for HttpClient {
         auth_header: Option<String>,
         custom_headers: HashMap<HeaderName, HeaderValue>,
     ) -> Result<BoxStream<'static, Result<Sse, SseError>>, StreamableHttpError<Self::Error>> {
+        self.get_stream_with_max_sse_event_size(
+            uri,
+            session_id,
+            last_event_id,
+            auth_header,
+            custom_headers,
+            StreamableHttpResponseLimits::default().max_sse_event_size,
+        )
+        .await
+    }
+
+    async fn get_stream_with_max_sse_event_size(
+        &self,
+        uri: Arc<str>,
+        session_id: Option<Arc<str>>,
+        last_event_id: Option<String>,
+        auth_header: Option<String>,
+        custom_headers: HashMap<HeaderName, HeaderValue>,
+        max_sse_event_size: usize,
+    ) -> Result<BoxStream<'static, Result<Sse, SseError>>, StreamableHttpError<Self::Error>> {
         let mut builder = self
             .0
             .get(uri.as_ref())
@@ -273,6 +318,6 @@ impl StreamableHttpClient for HttpClient {
                     .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned()),
             ));
         }
-        Ok(sse(response))
+        Ok(sse(response, max_sse_event_size))
     }
 }
