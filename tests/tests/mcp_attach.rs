@@ -190,6 +190,48 @@ async fn tool_errors_list_changes_and_a_server_that_exits() {
     assert_eq!(status.code(), Code::FailedPrecondition, "{status:?}");
     assert!(status.message().contains("refused: because"), "{status:?}");
 
+    // The caller's deadline bounds the tool call.
+    let options = CallOptions {
+        timeout: Some(Duration::from_millis(300)),
+        ..CallOptions::default()
+    };
+    let status = mesh
+        .call(
+            "tools.changing.slow",
+            Payload::json("mcp.call", &json!({"seconds": 30})),
+            options,
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(status.code(), Code::DeadlineExceeded, "{status:?}");
+
+    // The tool whose name cannot map is skipped; the others are served.
+    let mut registry = sandbox.registry_client().await;
+    let listed = registry
+        .list_capabilities(reach_proto::v1::ListCapabilitiesRequest {
+            name_prefix: "tools.changing.".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let mut names: Vec<&str> = listed
+        .capabilities
+        .iter()
+        .map(|c| c.name.as_str())
+        .collect();
+    names.sort_unstable();
+    assert_eq!(
+        names,
+        [
+            "tools.changing.echo",
+            "tools.changing.enable_extra",
+            "tools.changing.fail",
+            "tools.changing.quit",
+            "tools.changing.slow"
+        ]
+    );
+
     // A tool added by the server (notifications/tools/list_changed) becomes routable.
     let status = call(&mesh, "tools.changing.extra", json!({"n": 21}))
         .await

@@ -1,6 +1,7 @@
 """An MCP server whose tool list changes, written with the official `mcp` package: calling
 `enable_extra` adds the tool `extra` and sends `notifications/tools/list_changed`; `fail`
-always fails (a tool error, `isError: true`); `quit` exits the process.
+always fails (a tool error, `isError: true`); `quit` exits the process; `slow` sleeps;
+`spaced out` has a name no capability can have.
 
 Runs over stdio by default; `--http` serves Streamable HTTP on 127.0.0.1 at an ephemeral port
 and prints `http://127.0.0.1:PORT/mcp` on its first line of stdout once it listens."""
@@ -31,6 +32,23 @@ def fail(reason: str) -> str:
 def quit(code: int) -> str:
     """Exits the server process at once with the exit code given (a server that goes away)."""
     os._exit(code)
+
+
+@server.tool()
+async def slow(seconds: float) -> str:
+    """Sleeps for the seconds given, then answers."""
+    import anyio
+
+    await anyio.sleep(seconds)
+    return "awake"
+
+
+def spaced(text: str) -> str:
+    """A tool whose name (`spaced out`) cannot be a capability: the attachment skips it."""
+    return text
+
+
+server.add_tool(spaced, name="spaced out")
 
 
 def extra(n: int) -> dict[str, int]:
