@@ -650,10 +650,12 @@ pub async fn attach(
     // On 2026-07-28, list changes come on a listen stream that asked for them; servers on
     // earlier revisions send them unscoped (to `Listener`).
     if lists_changes {
-        match peer
-            .listen(SubscriptionFilter::builder().tools_list_changed().build())
+        let listen = peer.listen(SubscriptionFilter::builder().tools_list_changed().build());
+        match tokio::time::timeout(CONNECT_TIMEOUT, listen)
             .await
-        {
+            .unwrap_or(Err(ServiceError::Timeout {
+                timeout: CONNECT_TIMEOUT,
+            })) {
             Ok(mut subscription) => {
                 let changed = changed.clone();
                 tokio::spawn(async move {
@@ -706,6 +708,8 @@ pub async fn attach(
                 "mcp server attached"
             );
             if let Some(old) = current.take() {
+                // The old instance drains once the new one is routable, so every call finds one.
+                wait_ready(&agent.registry_endpoint, &agent.service, next.instance_id()).await;
                 let _ = old.agent.drain().await;
             }
             current = Some(Generation {
@@ -740,6 +744,50 @@ pub async fn attach(
         let _ = closed.await;
     }
     result
+}
+
+/// How long a new instance may take to become READY before the old one drains anyway.
+const READY_WITHIN: Duration = Duration::from_secs(10);
+
+/// Waits (at most [`READY_WITHIN`]) until the registry at `registry` lists `instance` of
+/// `service` as READY or BUSY; logs and returns when it does not.
+async fn wait_ready(registry: &str, service: &str, instance: &str) {
+    use reach_proto::v1::registry_service_client::RegistryServiceClient;
+    use reach_proto::v1::{InstanceState, ListInstancesRequest};
+
+    let ready = async {
+        let endpoint = tonic::transport::Endpoint::from_shared(registry.to_string()).ok()?;
+        let mut client = RegistryServiceClient::new(endpoint.connect().await.ok()?);
+        loop {
+            let listed = client
+                .list_instances(ListInstancesRequest {
+                    service: service.to_string(),
+                    ..Default::default()
+                })
+                .await;
+            let routable = listed.is_ok_and(|listed| {
+                listed.into_inner().instances.iter().any(|i| {
+                    i.spec.as_ref().is_some_and(|s| s.instance_id == instance)
+                        && matches!(i.state(), InstanceState::Ready | InstanceState::Busy)
+                })
+            });
+            if routable {
+                return Some(());
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    };
+    if tokio::time::timeout(READY_WITHIN, ready)
+        .await
+        .ok()
+        .flatten()
+        .is_none()
+    {
+        warn!(
+            instance,
+            "the new instance is not READY after {READY_WITHIN:?}; draining the old one anyway"
+        );
+    }
 }
 
 /// Starts a runtime serving `capabilities` on `listen`.
