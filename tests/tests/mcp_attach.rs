@@ -226,8 +226,8 @@ async fn tool_errors_list_changes_and_a_server_that_exits() {
         [
             "tools.changing.echo",
             "tools.changing.enable_extra",
+            "tools.changing.exit_now",
             "tools.changing.fail",
-            "tools.changing.quit",
             "tools.changing.slow"
         ]
     );
@@ -249,7 +249,7 @@ async fn tool_errors_list_changes_and_a_server_that_exits() {
     assert_eq!(echoed.first_json(), Some(json!({"text": "again"})));
 
     // The server exits: the attachment deregisters and ends with an error.
-    let _ = call(&mesh, "tools.changing.quit", json!({"code": 3})).await;
+    let _ = call(&mesh, "tools.changing.exit_now", json!({"code": 3})).await;
     let ended = tokio::time::timeout(WITHIN, attached.task)
         .await
         .expect("the attachment ends when its server exits")
@@ -357,5 +357,35 @@ async fn terminating_reach_mcp_attach_deregisters_the_capabilities() {
         .unwrap();
     assert!(status.success(), "{status:?}");
     until_gone(&mesh, "mcp.words.count_words").await;
+    sandbox.stop().await;
+}
+
+#[tokio::test]
+async fn reach_mcp_attach_exits_1_when_its_server_exits() {
+    let sandbox = Sandbox::start().await;
+    let mesh = sandbox.mesh().await;
+    let child = tokio::process::Command::new(reach_binary())
+        .args(["mcp", "attach", "--name", "changing", "--registry"])
+        .arg(sandbox.endpoint())
+        .arg("--")
+        .arg(venv_python())
+        .arg(server("changing.py"))
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("reach starts");
+    call_when_routable(&mesh, "mcp.changing.echo", json!({"text": "hi"})).await;
+    let _ = call(&mesh, "mcp.changing.exit_now", json!({"code": 0})).await;
+    let output = tokio::time::timeout(WITHIN, child.wait_with_output())
+        .await
+        .expect("reach exits when its server exits")
+        .unwrap();
+    assert_eq!(output.status.code(), Some(1), "{output:?}");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains("mcp server \"changing\" went away"),
+        "{stderr}"
+    );
+    until_gone(&mesh, "mcp.changing.echo").await;
     sandbox.stop().await;
 }

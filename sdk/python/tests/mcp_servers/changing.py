@@ -1,6 +1,6 @@
 """An MCP server whose tool list changes, written with the official `mcp` package: calling
 `enable_extra` adds the tool `extra` and sends `notifications/tools/list_changed`; `fail`
-always fails (a tool error, `isError: true`); `quit` exits the process; `slow` sleeps;
+always fails (a tool error, `isError: true`); `exit_now` exits the process; `slow` sleeps;
 `spaced out` has a name no capability can have.
 
 Runs over stdio by default; `--http` serves Streamable HTTP on 127.0.0.1 at an ephemeral port
@@ -29,7 +29,7 @@ def fail(reason: str) -> str:
 
 
 @server.tool()
-def quit(code: int) -> str:
+def exit_now(code: int) -> str:
     """Exits the server process at once with the exit code given (a server that goes away)."""
     os._exit(code)
 
