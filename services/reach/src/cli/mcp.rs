@@ -107,6 +107,7 @@ pub async fn mcp_attach(
     }
     let mut shutdown = std::pin::pin!(shutdown);
     let mut first_error = None;
+    let mut panicked = None;
     loop {
         tokio::select! {
             () = &mut shutdown, if !stop.is_cancelled() => {
@@ -124,9 +125,16 @@ pub async fn mcp_attach(
                 Some(Err(join)) => {
                     error!(error = %join, "mcp attachment panicked");
                     stop.cancel();
+                    if join.is_panic() {
+                        panicked.get_or_insert(join.into_panic());
+                    }
                 }
             }
         }
+    }
+    // The others have drained: a panic is the caller's to see, as if it had happened here.
+    if let Some(panic) = panicked {
+        std::panic::resume_unwind(panic);
     }
     first_error.map_or(Ok(()), Err)
 }
