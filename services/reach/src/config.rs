@@ -14,8 +14,9 @@ use serde::{Deserialize, Serialize};
 
 /// The top-level keys of [`ReachConfig`], which `REACH_<KEY>` / `REACH_<KEY>__<FIELD>`
 /// variables may set.
-const SECTIONS: [&str; 10] = [
+const SECTIONS: [&str; 11] = [
     "agents",
+    "mcp",
     "edge",
     "edge_listen",
     "trust",
@@ -55,6 +56,17 @@ pub struct ReachConfig {
     /// Identities, TLS, bearer tokens and the policy (`docs/security.md`); none by default,
     /// which is only allowed on loopback.
     pub trust: reach_trust::TrustConfig,
+    /// MCP servers attached to the mesh (`[[mcp.attach]]`; `reach mcp attach`, `docs/edges.md`).
+    pub mcp: McpConfig,
+}
+
+/// The `[mcp]` section.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct McpConfig {
+    /// The MCP servers `reach mcp attach` (without `--name`) attaches, each
+    /// `{ name, command = [..] | url, headers, prefix, env }`.
+    pub attach: Vec<reach_edge::mcp::attach::AttachConfig>,
 }
 
 impl Default for ReachConfig {
@@ -70,6 +82,7 @@ impl Default for ReachConfig {
             orchestrator: OrchestratorConfig::default(),
             agents: AgentsConfig::default(),
             trust: reach_trust::TrustConfig::default(),
+            mcp: McpConfig::default(),
         }
     }
 }
@@ -163,6 +176,18 @@ impl ReachConfig {
             .model
             .validate()
             .map_err(|e| ConfigError::Invalid(e.to_string()))?;
+        let mut names = std::collections::HashSet::new();
+        for (i, entry) in self.mcp.attach.iter().enumerate() {
+            entry
+                .validate()
+                .map_err(|e| ConfigError::Invalid(format!("mcp.attach[{i}]: {e}")))?;
+            if !names.insert(&entry.name) {
+                return Err(ConfigError::Invalid(format!(
+                    "mcp.attach[{i}]: name {:?} is used twice; each attached server needs its own name",
+                    entry.name
+                )));
+            }
+        }
         // A protocol registry that cannot be read or parsed is a configuration mistake, found
         // here (exit 64) rather than when the service starts.
         for (key, path) in [

@@ -263,6 +263,14 @@ enum Command {
         #[command(subcommand)]
         command: reach::cli::TokenCommand,
     },
+    /// MCP servers as mesh capabilities (`reach mcp attach`).
+    Mcp {
+        #[command(subcommand)]
+        command: reach::cli::McpCommand,
+        /// A TOML config file with `[[mcp.attach]]` entries (see docs/configuration.md).
+        #[arg(long, global = true)]
+        config: Option<PathBuf>,
+    },
     /// List the registered agent instances and their state.
     Agents {
         /// The registry (or `reach dev`) endpoint.
@@ -299,6 +307,7 @@ impl Command {
             Command::Edge { .. } => "reach-edge",
             Command::Orchestrator { .. } => "reach-orchestrator",
             Command::ExampleAgents { .. } => "reach-example-agents",
+            Command::Mcp { .. } => "reach-mcp-attach",
             Command::Agents { .. }
             | Command::Call { .. }
             | Command::Capabilities { .. }
@@ -796,6 +805,29 @@ async fn run(command: Command) -> anyhow::Result<ExitCode> {
             reach::cli::token(command, &mut std::io::stdout(), &mut std::io::stderr())?;
             Ok(ExitCode::SUCCESS)
         }
+        Command::Mcp { command, config } => {
+            let reach::cli::McpCommand::Attach(args) = command;
+            let entries = match ReachConfig::load(config.as_deref(), Map::new())
+                .map_err(|e| e.to_string())
+                .and_then(|config| args.entries(&config.mcp.attach))
+            {
+                Ok(entries) => entries,
+                Err(message) => {
+                    eprintln!("error: {message}");
+                    return Ok(ExitCode::from(EXIT_USAGE));
+                }
+            };
+            let shutdown = async {
+                reach_sdk::signal::terminate().await;
+                tokio::spawn(async {
+                    reach_sdk::signal::terminate().await;
+                    warn!("second signal: exiting without finishing the drain");
+                    std::process::exit(EXIT_INTERRUPTED);
+                });
+            };
+            reach::cli::mcp_attach(entries, &args.registry, &args.listen, shutdown).await?;
+            Ok(ExitCode::SUCCESS)
+        }
         Command::Agents { endpoint, json } => {
             reach::cli::agents(&endpoint, json, &mut std::io::stdout()).await?;
             Ok(ExitCode::SUCCESS)
@@ -1043,6 +1075,31 @@ async fn serve(
     } else {
         None
     };
+    // `[[mcp.attach]]` entries: their tools become capabilities of this mesh.
+    let mcp_stop = tokio_util::sync::CancellationToken::new();
+    let mcp = if services.registry && services.router && !config.mcp.attach.is_empty() {
+        for entry in &config.mcp.attach {
+            writeln!(
+                std::io::stdout(),
+                "mcp attach   {:<24} {}.<tool>",
+                entry.name,
+                entry.effective_prefix()
+            )?;
+        }
+        let entries = config.mcp.attach.clone();
+        let endpoint = endpoint.clone();
+        let stop = mcp_stop.clone();
+        Some(tokio::spawn(async move {
+            if let Err(e) =
+                reach::cli::mcp_attach(entries, &endpoint, "127.0.0.1:0", stop.cancelled_owned())
+                    .await
+            {
+                error!(error = %e, "mcp attach stopped; its capabilities are deregistered");
+            }
+        }))
+    } else {
+        None
+    };
     // Listen for the signal before saying so: a supervisor (or test) that signals as soon as
     // it reads the `try:` line must not kill the process before its handler is installed.
     let mut terminated = std::pin::pin!(reach_sdk::signal::terminate());
@@ -1085,6 +1142,10 @@ async fn serve(
         warn!("second signal: exiting without finishing the shutdown");
         std::process::exit(EXIT_INTERRUPTED);
     });
+    mcp_stop.cancel();
+    if let Some(mcp) = mcp {
+        let _ = mcp.await;
+    }
     if let Some(fleet) = fleet {
         info!("shutting down: draining agents");
         fleet.drain().await;

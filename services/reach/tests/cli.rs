@@ -1660,3 +1660,42 @@ fn a_store_that_cannot_be_opened_is_reported_once_not_once_per_cause() {
         "{line}"
     );
 }
+
+/// `reach mcp attach` with nothing to attach, or a bad `[[mcp.attach]]` entry, is a usage
+/// error (64) saying what to pass.
+#[test]
+fn mcp_attach_without_a_server_or_with_a_bad_entry_is_a_usage_error() {
+    let output = reach().args(["mcp", "attach"]).output().unwrap();
+    assert_eq!(output.status.code(), Some(64), "{output:?}");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("nothing to attach"), "{stderr}");
+
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("reach.toml");
+    std::fs::write(
+        &config,
+        "[[mcp.attach]]\nname = \"both\"\ncommand = [\"x\"]\nurl = \"http://127.0.0.1:1/mcp\"\n",
+    )
+    .unwrap();
+    let output = reach()
+        .args(["mcp", "attach", "--config"])
+        .arg(&config)
+        .output()
+        .unwrap();
+    assert_eq!(output.status.code(), Some(64), "{output:?}");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains("mcp.attach[0]") && stderr.contains("both command and url"),
+        "{stderr}"
+    );
+
+    let output = reach()
+        .args(["mcp", "attach", "--name", "a b", "--", "true"])
+        .output()
+        .unwrap();
+    assert_eq!(output.status.code(), Some(64), "{output:?}");
+    assert!(
+        String::from_utf8_lossy(&output.stderr).contains("dotted name"),
+        "{output:?}"
+    );
+}

@@ -436,9 +436,14 @@ impl RunningAgent {
     /// the error then; a caller of [`AgentRuntime::start`] can do the same.
     pub async fn registration_refused(&self) -> String {
         let mut refused = self.refused.clone();
-        match refused.wait_for(Option::is_some).await {
-            Ok(refusal) => refusal.clone().unwrap_or_default(),
-            Err(_) => std::future::pending().await,
+        // The watch guard is dropped before the next await, so the future is Send.
+        let refusal = match refused.wait_for(Option::is_some).await {
+            Ok(refusal) => Some(refusal.clone().unwrap_or_default()),
+            Err(_) => None,
+        };
+        match refusal {
+            Some(refusal) => refusal,
+            None => std::future::pending().await,
         }
     }
 

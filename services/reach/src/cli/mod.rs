@@ -23,6 +23,7 @@ pub mod certs;
 pub mod credentials;
 pub mod dump;
 pub mod flow;
+pub mod mcp;
 pub mod task;
 pub mod token;
 
@@ -37,6 +38,7 @@ pub use capabilities::{CapabilitiesArgs, capabilities};
 pub use certs::{CertsCommand, certs};
 pub use dump::{DumpArgs, dump};
 pub use flow::{FlowArgs, FlowCommand, flow};
+pub use mcp::{AttachArgs, McpCommand, mcp_attach};
 pub use task::{TaskArgs, TaskCommand, task};
 pub use token::{TokenCommand, token};
 
