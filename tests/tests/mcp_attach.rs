@@ -389,3 +389,54 @@ async fn reach_mcp_attach_exits_1_when_its_server_exits() {
     until_gone(&mesh, "mcp.changing.echo").await;
     sandbox.stop().await;
 }
+
+/// An attached server's tools are mesh tools of an LLM agent (the agent kit): discovered from
+/// the registry with their schemas like any capability, and called through the router when
+/// the model asks for them.
+#[tokio::test]
+async fn an_llm_agent_uses_an_attached_servers_tool_as_a_mesh_tool() {
+    use reach_agent::{Agent, RunContext, ScriptedProvider, Step, ToolRegistry};
+
+    let sandbox = Sandbox::start().await;
+    let mesh = sandbox.mesh().await;
+    let attached = Attached::start(&sandbox, stdio("words", "words.py"));
+    call_when_routable(&mesh, "mcp.words.count_words", json!({"text": "ready"})).await;
+
+    let specs = reach_agent::mesh::discover(sandbox.channel().await, "mcp.words.")
+        .await
+        .unwrap();
+    let described = specs
+        .iter()
+        .find(|s| s.capability == "mcp.words.count_words")
+        .expect("count_words is discovered");
+    assert_eq!(
+        described.description,
+        "Counts the words and characters of a text."
+    );
+    let mut tools = ToolRegistry::new();
+    reach_agent::mesh::mesh_tools(&mesh, specs, &mut tools).unwrap();
+    // The model asks for the tool by its function name, then answers with what it got.
+    let model = ScriptedProvider::new([
+        Step::tool_call(
+            "mcp.words.count_words",
+            r#"{"text": "the quick brown fox jumps"}"#,
+        ),
+        Step::reply("five words"),
+    ]);
+    let outcome = Agent::new(std::sync::Arc::new(model), tools)
+        .run(RunContext::default(), "how many words?")
+        .await
+        .unwrap();
+    assert_eq!(outcome.answer, "five words");
+    let [call] = outcome.tool_calls.as_slice() else {
+        panic!("one tool call: {:?}", outcome.tool_calls);
+    };
+    assert_eq!(call.name, "mcp.words.count_words");
+    assert_eq!(
+        call.result.data,
+        Some(json!({"words": 5, "characters": 25})),
+        "{:?}",
+        call.result
+    );
+    attached.stop().await.unwrap();
+}

@@ -37,6 +37,9 @@ EXPECTED_TOOLS = {
     "complaint.repayment",
     "complaint.servicing",
     "complaint.triage",
+    # The stdio server the module's reach dev attaches (sdk/python/tests/mcp_servers/words.py).
+    "mcp.words.count_words",
+    "mcp.words.shout",
 }
 COMPLAINT = {
     "complaint_id": "mcp-1",
@@ -91,12 +94,18 @@ async def _tool_names(url: str) -> set[str]:
 
 @pytest.fixture(scope="module")
 def mesh() -> Iterator[McpProcess]:
-    """``reach dev`` with the example agents, its edge on an ephemeral port, waited for until
-    every example capability is a tool."""
+    """``reach dev`` with the example agents and the stdio MCP server ``words.py`` attached
+    (``[[mcp.attach]]``), its edge on an ephemeral port, waited for until every example
+    capability and attached tool is a tool."""
     with tempfile.TemporaryDirectory(prefix="reach-mcp-") as tmp:
         root = Path(tmp)
+        words = REPO / "sdk/python/tests/mcp_servers/words.py"
+        (root / "reach.toml").write_text(f"[[mcp.attach]]\nname = \"words\"\ncommand = {json.dumps([sys.executable, str(words)])}\n")
         process = McpProcess(
-            ["dev", "--listen", "127.0.0.1:0", "--admin-listen", "", "--edge-listen", "127.0.0.1:0", "--data-dir", str(root / "data")],
+            [
+                "dev", "--config", str(root / "reach.toml"), "--listen", "127.0.0.1:0", "--admin-listen", "",
+                "--edge-listen", "127.0.0.1:0", "--data-dir", str(root / "data"),
+            ],
             cwd=REPO,
             log=root / "reach-dev.log",
         )
@@ -228,3 +237,21 @@ async def test_the_documented_example_client_runs(mesh: McpProcess) -> None:
     assert "complaint.classify(company, complaint_id, narrative, state): classify a complaint" in text, text
     assert '"status": "routed"' in text, text
     assert '/narrative: 5 is not of type "string"' in text, text
+
+
+async def test_an_attached_mcp_servers_tool_is_a_tool_of_the_edge(mesh: McpProcess) -> None:
+    """An MCP server brought into the mesh (``reach mcp attach``, here by ``reach dev``'s
+    ``[[mcp.attach]]``) is reached through the MCP edge like any capability: its tool's
+    description and schema, and its answer, routed through the mesh."""
+    async with Client(mesh.mcp_url) as client:
+        tools = {tool.name: tool for tool in (await client.list_tools()).tools}
+        count = tools["mcp.words.count_words"]
+        result = await client.call_tool("mcp.words.count_words", {"text": "the quick brown fox"})
+        wrong = await client.call_tool("mcp.words.count_words", {"text": 7})
+    assert count.description == "Counts the words and characters of a text."
+    assert count.input_schema["required"] == ["text"]
+    assert result.is_error is False
+    assert result.structured_content == {"words": 4, "characters": 19}
+    assert result.meta is not None and result.meta["reach.instanceId"].startswith("mcp.words")
+    assert wrong.is_error is True
+    assert '/text: 7 is not of type "string"' in wrong.content[0].text  # type: ignore[union-attr]

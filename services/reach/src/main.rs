@@ -807,11 +807,11 @@ async fn run(command: Command) -> anyhow::Result<ExitCode> {
         }
         Command::Mcp { command, config } => {
             let reach::cli::McpCommand::Attach(args) = command;
-            let entries = match ReachConfig::load(config.as_deref(), Map::new())
+            let loaded = ReachConfig::load(config.as_deref(), Map::new())
                 .map_err(|e| e.to_string())
-                .and_then(|config| args.entries(&config.mcp.attach))
-            {
-                Ok(entries) => entries,
+                .and_then(|config| Ok((args.entries(&config.mcp.attach)?, config.trust)));
+            let (entries, trust) = match loaded {
+                Ok(loaded) => loaded,
                 Err(message) => {
                     eprintln!("error: {message}");
                     return Ok(ExitCode::from(EXIT_USAGE));
@@ -825,7 +825,7 @@ async fn run(command: Command) -> anyhow::Result<ExitCode> {
                     std::process::exit(EXIT_INTERRUPTED);
                 });
             };
-            reach::cli::mcp_attach(entries, &args.registry, &args.listen, shutdown).await?;
+            reach::cli::mcp_attach(entries, &args, &trust, shutdown).await?;
             Ok(ExitCode::SUCCESS)
         }
         Command::Agents { endpoint, json } => {
@@ -1089,10 +1089,20 @@ async fn serve(
         let entries = config.mcp.attach.clone();
         let endpoint = endpoint.clone();
         let stop = mcp_stop.clone();
+        let args = reach::cli::AttachArgs {
+            registry: endpoint.clone(),
+            listen: "127.0.0.1:0".into(),
+            ..reach::cli::AttachArgs::default()
+        };
+        // The dev mesh's own certificate is no attachment's identity: attachments of a dev
+        // mesh with TLS need `reach mcp attach` with their own.
+        let trust = reach_trust::TrustConfig {
+            trust_domain: config.trust.trust_domain.clone(),
+            ..reach_trust::TrustConfig::default()
+        };
         Some(tokio::spawn(async move {
             if let Err(e) =
-                reach::cli::mcp_attach(entries, &endpoint, "127.0.0.1:0", stop.cancelled_owned())
-                    .await
+                reach::cli::mcp_attach(entries, &args, &trust, stop.cancelled_owned()).await
             {
                 error!(error = %e, "mcp attach stopped; its capabilities are deregistered");
             }

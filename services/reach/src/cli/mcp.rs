@@ -37,6 +37,9 @@ pub struct AttachArgs {
     /// An HTTP header for --url (`'Authorization: Bearer TOKEN'`); repeatable.
     #[arg(long = "header", requires = "url")]
     pub headers: Vec<String>,
+    /// A join token to register with (a mesh with trust on: see docs/security.md).
+    #[arg(long, env = "REACH_JOIN_TOKEN", hide_env_values = true)]
+    pub join_token: Option<String>,
     /// The stdio MCP server's program and arguments, after `--`.
     #[arg(last = true)]
     pub command: Vec<String>,
@@ -85,19 +88,29 @@ impl AttachArgs {
 }
 
 /// Attaches every entry until `shutdown` resolves or one of them stops; then deregisters all.
+/// With `trust`'s `[trust.tls]` set the attachments serve and register over mutual TLS with
+/// that certificate (an `/agent/mcp.<name>` identity, or a join token's), in its trust domain.
 ///
 /// # Errors
 /// The first attachment's [`AttachError`] (a server that went away, one that could not start).
 pub async fn mcp_attach(
     entries: Vec<AttachConfig>,
-    registry: &str,
-    listen: &str,
+    args: &AttachArgs,
+    trust: &reach_trust::TrustConfig,
     shutdown: impl std::future::Future<Output = ()> + Send,
 ) -> Result<(), AttachError> {
     let stop = CancellationToken::new();
     let mut tasks = tokio::task::JoinSet::new();
+    let mut agent =
+        reach_sdk::AgentConfig::new("", &args.registry).with_trust_domain(&trust.trust_domain);
+    if let Some(tls) = &trust.tls {
+        agent = agent.with_tls(tls.clone());
+    }
+    if let Some(token) = &args.join_token {
+        agent = agent.with_join_token(token);
+    }
     for entry in entries {
-        let serving = Serving::new(reach_sdk::AgentConfig::new("", registry), listen);
+        let serving = Serving::new(agent.clone(), &args.listen);
         let stop = stop.clone();
         tasks.spawn(async move {
             let name = entry.name.clone();
