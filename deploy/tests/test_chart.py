@@ -7,6 +7,7 @@ raising one there without the chart following fails here.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -614,6 +615,7 @@ def test_the_binary_accepts_every_rendered_setting(case, tmp_path):
             assert dumped["edge"]["router_endpoint"].endswith("-router:7070")
             assert dumped["edge"]["public_url"] == env["REACH_EDGE__PUBLIC_URL"]
             assert dumped["edge"]["public_grpc"] == env["REACH_EDGE__PUBLIC_GRPC"]
+            assert dumped["edge"]["mcp"]["allowed_hosts"] == json.loads(env["REACH_EDGE__MCP__ALLOWED_HOSTS"])
 
 
 # === trust (docs/security.md) ===
@@ -828,6 +830,18 @@ def test_edge_public_urls_default_to_the_service_dns_names():
     assert env["REACH_EDGE__PUBLIC_GRPC"] == "a2a.example.com:443"
 
 
+def test_edge_mcp_answers_the_services_names_loopback_and_the_public_host():
+    env = env_of(edge_parts(render({"edge": {"enabled": True}}))[1])
+    hosts = json.loads(env["REACH_EDGE__MCP__ALLOWED_HOSTS"])
+    assert hosts == [
+        "ci-reach-edge", "ci-reach-edge.reach", "ci-reach-edge.reach.svc", "ci-reach-edge.reach.svc.cluster.local",
+        "localhost", "127.0.0.1", "::1",
+    ]
+    values = {"edge": {"enabled": True, "publicUrl": "https://mesh.example.com:8443", "mcp": {"allowedHosts": ["mcp.example.com"]}}}
+    hosts = json.loads(env_of(edge_parts(render(values))[1])["REACH_EDGE__MCP__ALLOWED_HOSTS"])
+    assert hosts[-2:] == ["mesh.example.com", "mcp.example.com"]
+
+
 def test_edge_a2a_port_is_on_its_service_and_container_only(case):
     values, manifests = case
     if not edge_on(values):
@@ -874,6 +888,7 @@ def test_edge_presents_its_own_certificate(case):
 def test_notes_say_how_to_reach_the_edge():
     notes = render_text({"edge": {"enabled": True}})["reach/templates/NOTES.txt"]
     assert "http://ci-reach-edge.reach.svc:7072/.well-known/agent-card.json" in notes
+    assert "http://ci-reach-edge.reach.svc:7072/mcp" in notes
     assert "port-forward svc/ci-reach-edge 7072:7072" in notes
     assert "curl -s http://127.0.0.1:7072/.well-known/agent-card.json" in notes
     notes = render_text({"edge": {"enabled": True, "publicUrl": "https://a2a.example.com/"}})["reach/templates/NOTES.txt"]

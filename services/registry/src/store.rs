@@ -878,16 +878,10 @@ fn validate_spec(spec: &InstanceSpec) -> Result<(), RegistryError> {
     Ok(())
 }
 
-/// Whether `s` is a dotted name: segments of ASCII letters, digits, `_` and `-`.
+/// Whether `s` is a dotted name: segments of ASCII letters, digits, `_` and `-`
+/// ([`reach_proto::names::is_dotted_name`]).
 pub fn is_name(s: &str) -> bool {
-    !s.is_empty()
-        && s.len() <= 256
-        && s.split('.').all(|seg| {
-            !seg.is_empty()
-                && seg
-                    .bytes()
-                    .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
-        })
+    reach_proto::names::is_dotted_name(s)
 }
 
 #[cfg(test)]

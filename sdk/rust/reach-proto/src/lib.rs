@@ -5,6 +5,7 @@
 //!   `proto/reach/v1/*.proto` by `build.rs` (protox + tonic-prost-build; no protoc needed).
 //! - [`json`] — conversions between `serde_json::Value` and `google.protobuf.Value`, and
 //!   helpers to build and read message parts.
+//! - [`names`] — the dotted-name rule of capabilities and topics.
 //! - [`FILE_DESCRIPTOR_SET`]: the encoded descriptor set of every reach.v1 file, for gRPC
 //!   server reflection (`tonic-reflection`).
 
@@ -28,3 +29,4 @@ pub const FILE_DESCRIPTOR_SET: &[u8] =
     include_bytes!(concat!(env!("OUT_DIR"), "/reach_descriptor.bin"));
 
 pub mod json;
+pub mod names;

@@ -47,7 +47,7 @@ pub const MAX_TOOLS: usize = 1024;
 const MAX_PAGES: usize = MAX_TOOLS + 1;
 
 /// The longest capability name the registry takes, in bytes.
-pub const MAX_CAPABILITY_BYTES: usize = 256;
+pub const MAX_CAPABILITY_BYTES: usize = reach_proto::names::MAX_NAME_BYTES;
 
 /// The version every attached tool's capability is registered at.
 pub const CAPABILITY_VERSION: &str = "1.0.0";
@@ -93,7 +93,7 @@ impl AttachConfig {
     /// # Errors
     /// A message naming the field (`name`, `command`/`url`, `prefix`).
     pub fn validate(&self) -> Result<(), String> {
-        if !is_name(&self.name) {
+        if !reach_proto::names::is_dotted_name(&self.name) {
             return Err(format!(
                 "mcp attach name {:?} must be a dotted name of ASCII letters, digits, '_' and '-' (e.g. \"words\")",
                 self.name
@@ -128,7 +128,7 @@ impl AttachConfig {
             ));
         }
         let prefix = self.effective_prefix();
-        if !is_name(&prefix) || prefix.len() >= MAX_CAPABILITY_BYTES {
+        if !reach_proto::names::is_dotted_name(&prefix) || prefix.len() >= MAX_CAPABILITY_BYTES {
             return Err(format!(
                 "mcp attach {:?} prefix {prefix:?} must be a dotted name shorter than {MAX_CAPABILITY_BYTES} bytes",
                 self.name
@@ -175,7 +175,7 @@ pub enum NameError {
 /// [`NameError::Invalid`] when that is not a registry name.
 pub fn capability_name(prefix: &str, tool: &str) -> Result<String, NameError> {
     let capability = format!("{prefix}.{tool}");
-    if is_name(&capability) && is_name(tool) {
+    if reach_proto::names::is_dotted_name(&capability) && reach_proto::names::is_dotted_name(tool) {
         Ok(capability)
     } else {
         Err(NameError::Invalid {
@@ -194,18 +194,6 @@ pub fn tool_name<'a>(prefix: &str, capability: &'a str) -> Option<&'a str> {
         .filter(|tool| !tool.is_empty())
 }
 
-/// Whether `s` is a registry name: dotted segments of ASCII letters, digits, `_` and `-`,
-/// at most 256 bytes (the registry's rule).
-fn is_name(s: &str) -> bool {
-    !s.is_empty()
-        && s.len() <= MAX_CAPABILITY_BYTES
-        && s.split('.').all(|segment| {
-            !segment.is_empty()
-                && segment
-                    .bytes()
-                    .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
-        })
-}
 
 /// One tool to serve.
 #[derive(Debug, Clone, PartialEq)]

@@ -3,7 +3,7 @@
 //! the mesh as capabilities.
 //!
 //! # Layout
-//! - [`config`]: `[edge.mcp]`.
+//! - [`config`]: the `[edge.mcp]` settings.
 //! - [`names`]: tool names ↔ capability names.
 //! - [`server`]: [`McpEdge`], the MCP server — `tools/list` from the registry's capability
 //!   descriptors, `tools/call` as router calls.

@@ -97,7 +97,7 @@ impl ToolNaming {
             Self::Underscored => reach_agent::tool::capability_name(tool),
         };
         match self.tool_name(&capability) {
-            Ok(back) if back == tool && is_capability_name(&capability) => Ok(capability),
+            Ok(back) if back == tool && reach_proto::names::is_dotted_name(&capability) => Ok(capability),
             _ => Err(NameError::UnknownTool {
                 tool: tool.chars().take(MAX_TOOL_NAME).collect(),
             }),
@@ -105,18 +105,6 @@ impl ToolNaming {
     }
 }
 
-/// Whether `name` is a capability name: dotted segments of ASCII letters, digits, `_` and
-/// `-`, at most 256 bytes (the registry's rule).
-fn is_capability_name(name: &str) -> bool {
-    !name.is_empty()
-        && name.len() <= 256
-        && name.split('.').all(|segment| {
-            !segment.is_empty()
-                && segment
-                    .bytes()
-                    .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
-        })
-}
 
 #[cfg(test)]
 mod tests {
