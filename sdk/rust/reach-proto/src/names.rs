@@ -22,10 +22,25 @@ mod tests {
 
     #[test]
     fn dotted_names_are_segments_of_the_allowed_bytes() {
-        for good in ["a", "complaint.classify", "mcp.words.count_words", "a-b.c_d"] {
+        for good in [
+            "a",
+            "complaint.classify",
+            "mcp.words.count_words",
+            "a-b.c_d",
+        ] {
             assert!(is_dotted_name(good), "{good}");
         }
-        for bad in ["", ".", "a.", ".a", "a..b", "a b", "a/b", "é", &"x".repeat(257)] {
+        for bad in [
+            "",
+            ".",
+            "a.",
+            ".a",
+            "a..b",
+            "a b",
+            "a/b",
+            "é",
+            &"x".repeat(257),
+        ] {
             assert!(!is_dotted_name(bad), "{bad:?}");
         }
     }

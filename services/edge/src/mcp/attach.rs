@@ -194,7 +194,6 @@ pub fn tool_name<'a>(prefix: &str, capability: &'a str) -> Option<&'a str> {
         .filter(|tool| !tool.is_empty())
 }
 
-
 /// One tool to serve.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Mapped {

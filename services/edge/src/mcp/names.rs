@@ -97,14 +97,15 @@ impl ToolNaming {
             Self::Underscored => reach_agent::tool::capability_name(tool),
         };
         match self.tool_name(&capability) {
-            Ok(back) if back == tool && reach_proto::names::is_dotted_name(&capability) => Ok(capability),
+            Ok(back) if back == tool && reach_proto::names::is_dotted_name(&capability) => {
+                Ok(capability)
+            }
             _ => Err(NameError::UnknownTool {
                 tool: tool.chars().take(MAX_TOOL_NAME).collect(),
             }),
         }
     }
 }
-
 
 #[cfg(test)]
 mod tests {
