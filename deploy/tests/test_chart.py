@@ -615,7 +615,7 @@ def test_the_binary_accepts_every_rendered_setting(case, tmp_path):
             assert dumped["edge"]["router_endpoint"].endswith("-router:7070")
             assert dumped["edge"]["public_url"] == env["REACH_EDGE__PUBLIC_URL"]
             assert dumped["edge"]["public_grpc"] == env["REACH_EDGE__PUBLIC_GRPC"]
-            assert dumped["edge"]["mcp"]["allowed_hosts"] == json.loads(env["REACH_EDGE__MCP__ALLOWED_HOSTS"])
+            assert dumped["edge"]["allowed_hosts"] == json.loads(env["REACH_EDGE__ALLOWED_HOSTS"])
 
 
 # === trust (docs/security.md) ===
@@ -830,15 +830,15 @@ def test_edge_public_urls_default_to_the_service_dns_names():
     assert env["REACH_EDGE__PUBLIC_GRPC"] == "a2a.example.com:443"
 
 
-def test_edge_mcp_answers_the_services_names_loopback_and_the_public_host():
+def test_edge_answers_the_services_names_loopback_and_the_public_host():
     env = env_of(edge_parts(render({"edge": {"enabled": True}}))[1])
-    hosts = json.loads(env["REACH_EDGE__MCP__ALLOWED_HOSTS"])
+    hosts = json.loads(env["REACH_EDGE__ALLOWED_HOSTS"])
     assert hosts == [
         "ci-reach-edge", "ci-reach-edge.reach", "ci-reach-edge.reach.svc", "ci-reach-edge.reach.svc.cluster.local",
         "localhost", "127.0.0.1", "::1",
     ]
-    values = {"edge": {"enabled": True, "publicUrl": "https://mesh.example.com:8443", "mcp": {"allowedHosts": ["mcp.example.com"]}}}
-    hosts = json.loads(env_of(edge_parts(render(values))[1])["REACH_EDGE__MCP__ALLOWED_HOSTS"])
+    values = {"edge": {"enabled": True, "publicUrl": "https://mesh.example.com:8443", "allowedHosts": ["mcp.example.com"]}}
+    hosts = json.loads(env_of(edge_parts(render(values))[1])["REACH_EDGE__ALLOWED_HOSTS"])
     assert hosts[-2:] == ["mesh.example.com", "mcp.example.com"]
 
 

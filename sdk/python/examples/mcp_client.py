@@ -27,7 +27,13 @@ COMPLAINT = {
 
 async def main(url: str) -> None:
     async with Client(url) as client:
-        tools = (await client.list_tools()).tools
+        # Every page of the listing (200 tools a page).
+        tools, cursor = [], None
+        while True:
+            page = await client.list_tools(cursor=cursor)
+            tools.extend(page.tools)
+            if not (cursor := page.next_cursor):
+                break
         print(f"{len(tools)} tools at {url}:")
         for tool in tools:
             arguments = ", ".join(tool.input_schema.get("properties", {}))

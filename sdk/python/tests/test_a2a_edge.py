@@ -1113,3 +1113,41 @@ async def test_a_callers_traceparent_is_the_trace_of_its_call_and_its_task(edge:
     assert task["result"]["task"]["metadata"]["reach.traceId"] == trace_id, task
     reach = await reach_task(edge, task["result"]["task"]["id"])
     assert reach["trace_id"] == trace_id, reach
+
+
+async def test_browsers_and_rebound_names_cannot_call_the_mesh(edge: EdgeProcess) -> None:
+    """A web page can make a browser POST to the edge (a ``text/plain`` request needs no CORS
+    preflight) or rebind a name it owns to 127.0.0.1: neither reaches a capability. The cards
+    stay readable from anywhere."""
+    send = {
+        "jsonrpc": "2.0",
+        "id": 1,
+        "method": "SendMessage",
+        "params": {
+            "message": {
+                "messageId": str(uuid.uuid4()),
+                "role": "ROLE_USER",
+                "metadata": {"skill": "complaint.classify"},
+                "parts": [{"data": {"complaint_id": "csrf", "narrative": CONFIDENT}}],
+            }
+        },
+    }
+    body = json.dumps(send)
+    json_type = {"content-type": "application/json", "A2A-Version": "1.0"}
+    async with httpx.AsyncClient(timeout=30) as http:
+        served = await http.post(edge.a2a_url + "/", content=body, headers=json_type)
+        cross_site = await http.post(
+            edge.a2a_url + "/", content=body, headers={"content-type": "text/plain", "origin": "https://evil.example.com"}
+        )
+        same_with_json = await http.post(edge.a2a_url + "/", content=body, headers={**json_type, "origin": "https://evil.example.com"})
+        plain_text = await http.post(edge.a2a_url + "/", content=body, headers={"content-type": "text/plain"})
+        rebound = await http.post(edge.a2a_url + "/", content=body, headers={**json_type, "host": "evil.example.com"})
+        card = await http.get(edge.a2a_url + "/.well-known/agent-card.json", headers={"origin": "https://evil.example.com"})
+    assert served.status_code == 200 and "result" in served.json(), served.text
+    assert cross_site.status_code == 403, cross_site.text
+    assert "edge.allowed_origins" in cross_site.text
+    assert same_with_json.status_code == 403, same_with_json.text
+    assert plain_text.status_code == 415, plain_text.text
+    assert rebound.status_code == 403, rebound.text
+    assert "edge.allowed_hosts" in rebound.text
+    assert card.status_code == 200

@@ -197,15 +197,18 @@ async def test_requests_are_served_without_a_session(mesh: McpProcess) -> None:
 
 
 async def test_foreign_hosts_and_origins_are_refused(mesh: McpProcess) -> None:
-    """The transport spec's defences: a `Host` the edge is not served as (DNS rebinding) and
-    a browser `Origin` not allowed are refused before any tool runs."""
+    """The transport spec's defences: a `Host` the edge is not served as (DNS rebinding), a
+    browser `Origin` not allowed and a body that is not JSON are refused before any tool
+    runs."""
     request = raw_request("tools/list")
     headers = {**MCP_HEADERS, "mcp-method": "tools/list"}
     async with httpx.AsyncClient(timeout=10) as http:
         served = await http.post(mesh.mcp_url, json=request, headers=headers)
         rebound = await http.post(mesh.mcp_url, json=request, headers={**headers, "host": "evil.example.com"})
         cross_site = await http.post(mesh.mcp_url, json=request, headers={**headers, "origin": "https://evil.example.com"})
+        plain_text = await http.post(mesh.mcp_url, content=json.dumps(request), headers={**headers, "content-type": "text/plain"})
     assert served.status_code == 200, served.text
+    assert plain_text.status_code == 415, plain_text.text
     assert rebound.status_code == 403, rebound.text
     assert cross_site.status_code == 403, cross_site.text
 

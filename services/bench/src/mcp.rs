@@ -275,10 +275,14 @@ async fn start(stop: &CancellationToken) -> anyhow::Result<Mesh> {
         authorization_servers: Vec::new(),
     };
     let mcp_url = published.resource();
+    let guard = reach_edge::guard::HttpGuard::new(&reach_edge::a2a::config::EdgeConfig {
+        public_url: published.base_url.clone(),
+        ..reach_edge::a2a::config::EdgeConfig::default()
+    });
     let token = stop.clone();
     tokio::spawn(reach_rpc::server::serve_http_with_client_certificates(
         edge_listener,
-        reach_edge::mcp::http::routes(edge, published),
+        reach_edge::mcp::http::routes(edge, published, &guard),
         async move { token.cancelled().await },
         Duration::from_millis(100),
         reach_rpc::limits::ConnectionLimits::default(),
@@ -295,6 +299,10 @@ async fn start(stop: &CancellationToken) -> anyhow::Result<Mesh> {
     ] {
         headers.insert(name, reqwest::header::HeaderValue::from_static(value));
     }
+    headers.insert(
+        reqwest::header::CONTENT_TYPE,
+        reqwest::header::HeaderValue::from_static("application/json"),
+    );
     let http = reqwest::Client::builder()
         .default_headers(headers)
         .pool_max_idle_per_host(64)

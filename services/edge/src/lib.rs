@@ -6,8 +6,11 @@
 //! - [`a2a`]: the A2A v1 edge — the `lf.a2a.v1` contract, agent cards generated from the
 //!   registry, messages as router calls and orchestrator tasks, the gRPC and JSON-RPC
 //!   bindings (`docs/edges.md`).
+//! - [`guard`]: the HTTP port's Host, Origin and content-type checks (DNS rebinding and
+//!   cross-site requests), in front of both edges' HTTP routes.
 //! - [`mcp`]: the MCP edge — the mesh's capabilities as MCP tools over Streamable HTTP, and
 //!   existing MCP servers attached to the mesh as capabilities (`docs/edges.md`).
 
 pub mod a2a;
+pub mod guard;
 pub mod mcp;

@@ -997,7 +997,12 @@ async fn serve(
                     published.resource()
                 )?;
                 challenges.push(reach_edge::mcp::http::challenge(&published));
-                routes = routes.merge(reach_edge::mcp::http::routes(mcp.clone(), published));
+                let guard = reach_edge::guard::HttpGuard::new(&config.edge);
+                routes = routes.merge(reach_edge::mcp::http::routes(
+                    mcp.clone(),
+                    published,
+                    &guard,
+                ));
             }
             Some(tokio::spawn(reach_rpc::server::serve_http_with_challenges(
                 edge_listener,
@@ -1092,6 +1097,7 @@ async fn serve(
         let args = reach::cli::AttachArgs {
             registry: endpoint.clone(),
             listen: "127.0.0.1:0".into(),
+            max_concurrency: 64,
             ..reach::cli::AttachArgs::default()
         };
         // The dev mesh's own certificate is no attachment's identity: attachments of a dev

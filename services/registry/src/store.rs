@@ -788,7 +788,7 @@ pub fn service_of(instance: &Instance) -> &str {
 }
 
 /// The most capabilities, topics or labels one instance may declare.
-const MAX_LIST: usize = 256;
+pub const MAX_LIST: usize = 256;
 /// The most bytes of label keys and values one instance may declare.
 const MAX_LABEL_BYTES: usize = 16 * 1024;
 

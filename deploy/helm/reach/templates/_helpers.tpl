@@ -70,15 +70,15 @@ and edge.publicGrpc, else the edge Service's in-cluster DNS names (never the pod
 {{- .Values.edge.publicUrl | default (printf "%s://%s:%d" (include "reach.scheme" .) $host (int .Values.ports.a2a)) -}}
 {{- end -}}
 {{/*
-The Host values the MCP edge accepts, as a JSON list ([edge.mcp] allowed_hosts): the edge
-Service's DNS names, loopback, the host of edge.publicUrl and edge.mcp.allowedHosts.
+The Host values the edge's HTTP port answers, as a JSON list ([edge] allowed_hosts): the edge
+Service's DNS names, loopback, the host of edge.publicUrl and edge.allowedHosts.
 */}}
-{{- define "reach.edge.mcpAllowedHosts" -}}
+{{- define "reach.edge.allowedHosts" -}}
 {{- $name := include "reach.componentName" (dict "root" . "component" "edge") -}}
 {{- $ns := .Release.Namespace -}}
 {{- $hosts := list $name (printf "%s.%s" $name $ns) (printf "%s.%s.svc" $name $ns) (printf "%s.%s.svc.cluster.local" $name $ns) "localhost" "127.0.0.1" "::1" -}}
 {{- with .Values.edge.publicUrl }}{{ $hosts = append $hosts (urlParse .).hostname }}{{ end -}}
-{{- range ((.Values.edge.mcp).allowedHosts | default list) }}{{ $hosts = append $hosts . }}{{ end -}}
+{{- range (.Values.edge.allowedHosts | default list) }}{{ $hosts = append $hosts . }}{{ end -}}
 {{- $hosts | uniq | toJson -}}
 {{- end -}}
 {{- define "reach.edge.publicGrpc" -}}

@@ -36,6 +36,13 @@ pub struct EdgeConfig {
     /// The gRPC target the cards advertise (`a2a.example.com:443`); empty: the mesh port's
     /// address.
     pub public_grpc: String,
+    /// The `Host` values the HTTP port answers (`mesh.example.com`, `mesh.example.com:443`):
+    /// the defence against DNS rebinding (see [`crate::guard`]). Empty: `localhost`,
+    /// `127.0.0.1`, `::1` and the host of `public_url`.
+    pub allowed_hosts: Vec<String>,
+    /// The browser `Origin`s (`https://app.example.com`, `http://localhost:*`) whose pages may
+    /// POST to the HTTP port; empty: none (a POST carrying an `Origin` is refused).
+    pub allowed_origins: Vec<String>,
     /// The MCP edge, served at `/mcp` on the same HTTP port (`[edge.mcp]`).
     pub mcp: crate::mcp::McpConfig,
 }
@@ -52,6 +59,8 @@ impl Default for EdgeConfig {
             max_message_bytes: 4 * 1024 * 1024,
             public_url: String::new(),
             public_grpc: String::new(),
+            allowed_hosts: Vec::new(),
+            allowed_origins: Vec::new(),
             mcp: crate::mcp::McpConfig::default(),
         }
     }

@@ -39,7 +39,8 @@ const MAX_ID_BYTES: usize = 256;
 /// The routes of the JSON-RPC binding and the cards, for the edge's HTTP port.
 pub fn routes(edge: A2aEdge) -> Router {
     let limit = edge.config().max_message_bytes;
-    Router::new()
+    let guard = crate::guard::HttpGuard::new(edge.config());
+    let router = Router::new()
         .route("/.well-known/agent-card.json", get(mesh_card))
         .route(
             "/agents/{service}/.well-known/agent-card.json",
@@ -49,7 +50,9 @@ pub fn routes(edge: A2aEdge) -> Router {
         .route("/agents/{service}", post(service_rpc))
         .route("/agents/{service}/", post(service_rpc))
         .layer(DefaultBodyLimit::max(limit))
-        .with_state(edge)
+        .with_state(edge);
+    // Browsers and rebinding names reach 127.0.0.1 too: the port's Host and Origin checks.
+    guard.layer(router)
 }
 
 fn context(headers: &HeaderMap, tenant: &str) -> Result<RequestContext, A2aError> {

@@ -40,8 +40,9 @@ use tracing::{info, warn};
 
 pub use http_client::HttpClient;
 
-/// The most tools taken from one server; a longer list is refused ([`AttachError::TooManyTools`]).
-pub const MAX_TOOLS: usize = 1024;
+/// The most tools taken from one server: the capabilities one instance may declare
+/// ([`reach_registry::store::MAX_LIST`]).
+pub const MAX_TOOLS: usize = reach_registry::store::MAX_LIST;
 
 /// The most `tools/list` pages followed (a server paging one tool at a time still fits).
 const MAX_PAGES: usize = MAX_TOOLS + 1;
@@ -167,6 +168,17 @@ pub enum NameError {
         /// The tool's name.
         tool: String,
     },
+    /// The registry would refuse the tool's description or schemas (too long, too deep, not
+    /// a JSON Schema): the tool is not served, the others are.
+    #[error("tool {tool:?} is not served: its {field} {detail}")]
+    Descriptor {
+        /// The tool's name.
+        tool: String,
+        /// `description`, `input_schema` or `output_schema`.
+        field: &'static str,
+        /// What is wrong, as the registry says it.
+        detail: String,
+    },
 }
 
 /// The capability serving `tool` under `prefix`: `<prefix>.<tool>`.
@@ -214,10 +226,37 @@ pub fn plan(prefix: &str, tools: Vec<Tool>) -> (Vec<Mapped>, Vec<NameError>) {
             Ok(_) if !seen.insert(tool.name.to_string()) => refused.push(NameError::Duplicate {
                 tool: tool.name.to_string(),
             }),
-            Ok(capability) => mapped.push(Mapped { capability, tool }),
+            Ok(capability) => match check_descriptor(&capability, &tool) {
+                Err(problem) => refused.push(problem),
+                Ok(()) => mapped.push(Mapped { capability, tool }),
+            },
         }
     }
     (mapped, refused)
+}
+
+/// The registry's descriptor checks ([`reach_registry::capabilities::check_descriptor`]) of
+/// `tool` served as `capability`, so one tool the registry would refuse is skipped instead of
+/// refusing the whole instance.
+fn check_descriptor(capability: &str, tool: &Tool) -> Result<(), NameError> {
+    let json = |object: &serde_json::Map<String, serde_json::Value>| {
+        serde_json::Value::Object(object.clone()).to_string()
+    };
+    let declared = reach_proto::v1::Capability {
+        name: capability.to_string(),
+        version: CAPABILITY_VERSION.to_string(),
+        description: tool.description.as_deref().unwrap_or_default().to_string(),
+        input_schema: json(&tool.input_schema),
+        output_schema: tool.output_schema.as_deref().map(json).unwrap_or_default(),
+        ..reach_proto::v1::Capability::default()
+    };
+    reach_registry::capabilities::check_descriptor(&declared).map_err(|problem| {
+        NameError::Descriptor {
+            tool: tool.name.chars().take(128).collect(),
+            field: problem.field,
+            detail: problem.detail,
+        }
+    })
 }
 
 // === errors ===
@@ -834,6 +873,36 @@ mod tests {
 
     fn tool(name: &str) -> Tool {
         Tool::new(name.to_string(), "", Arc::new(serde_json::Map::new()))
+    }
+
+    #[test]
+    fn a_tool_the_registry_would_refuse_is_skipped_and_the_others_served() {
+        let long = Tool::new(
+            "long".to_string(),
+            "d".repeat(2000),
+            Arc::new(serde_json::Map::new()),
+        );
+        let mut bad_schema = tool("bad_schema");
+        bad_schema.input_schema = Arc::new(
+            serde_json::json!({"type": "object", "properties": {"x": {"type": 5}}})
+                .as_object()
+                .unwrap()
+                .clone(),
+        );
+        let (mapped, refused) = plan("mcp.s", vec![long, tool("fine"), bad_schema]);
+        let names: Vec<_> = mapped.iter().map(|m| m.capability.as_str()).collect();
+        assert_eq!(names, ["mcp.s.fine"]);
+        let [first, second] = refused.as_slice() else {
+            panic!("two refused: {refused:?}");
+        };
+        assert!(
+            matches!(first, NameError::Descriptor { tool, field: "description", detail } if tool == "long" && detail.contains("1024")),
+            "{first}"
+        );
+        assert!(
+            matches!(second, NameError::Descriptor { tool, field: "input_schema", .. } if tool == "bad_schema"),
+            "{second}"
+        );
     }
 
     #[test]

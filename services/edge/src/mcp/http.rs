@@ -51,31 +51,16 @@ pub fn challenge(published: &Published) -> reach_rpc::server::Challenge {
     }
 }
 
-/// The routes: the MCP endpoint and its resource metadata. The `Host` check (DNS rebinding)
-/// allows `edge.mcp.allowed_hosts`, or by default the loopback names and the host of
-/// `published.base_url`.
-pub fn routes(edge: McpEdge, published: Published) -> Router {
-    let config = edge.config().clone();
-    let mut allowed_hosts = config.allowed_hosts.clone();
-    if allowed_hosts.is_empty() {
-        allowed_hosts = vec!["localhost".into(), "127.0.0.1".into(), "::1".into()];
-        if let Ok(url) = published.base_url.parse::<http::Uri>()
-            && let Some(authority) = url.authority()
-        {
-            allowed_hosts.push(authority.host().trim_matches(['[', ']']).to_string());
-        }
-    }
-    let mut server = StreamableHttpServerConfig::default()
+/// The routes: the MCP endpoint and its resource metadata, behind `guard` (the port's Host
+/// and Origin checks, which stand for the transport spec's DNS-rebinding defence).
+pub fn routes(edge: McpEdge, published: Published, guard: &crate::guard::HttpGuard) -> Router {
+    let server = StreamableHttpServerConfig::default()
         .with_legacy_session_mode(false)
         .with_json_response(true)
         .with_sse_keep_alive(None)
-        .with_allowed_hosts(allowed_hosts)
+        // `guard` checks Host and Origin for the whole port.
+        .disable_allowed_hosts()
         .with_max_request_body_bytes(edge.limits().max_message_bytes);
-    server = if config.allowed_origins.is_empty() {
-        server.enforce_origin_validation()
-    } else {
-        server.with_allowed_origins(config.allowed_origins.clone())
-    };
     let trust_on = edge.authenticates();
     let refusal = challenge(&published);
     let factory = edge.clone();
@@ -94,7 +79,7 @@ pub fn routes(edge: McpEdge, published: Published) -> Router {
         let metadata = metadata.clone();
         async move { axum::Json(metadata.as_ref().clone()) }
     };
-    Router::new()
+    let router = Router::new()
         .route(RESOURCE_METADATA_ROOT, get(document.clone()))
         .route(RESOURCE_METADATA_PATH, get(document))
         .nest_service(
@@ -113,7 +98,8 @@ pub fn routes(edge: McpEdge, published: Published) -> Router {
                     },
                 ))
                 .service(service),
-        )
+        );
+    guard.layer(router)
 }
 
 /// Whether the request's caller proved itself only with a client certificate.

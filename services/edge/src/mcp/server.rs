@@ -351,9 +351,21 @@ impl McpEdge {
         let mut request = caller.request(reach::CallRequest {
             message: Some(envelope),
         });
-        request.set_timeout(self.inner.limits.call_timeout);
+        let timeout = self.inner.limits.call_timeout;
+        request.set_timeout(timeout);
+        let started = Instant::now();
         let reply = match self.router_for(caller).call(request).await {
             Ok(reply) => reply.into_inner(),
+            // tonic reports its own timeout as CANCELLED: say what ran out.
+            Err(status)
+                if status.code() == tonic::Code::Cancelled && started.elapsed() >= timeout =>
+            {
+                let status = tonic::Status::deadline_exceeded(format!(
+                    "no answer within edge.call_timeout ({}); raise it for longer tools",
+                    humantime::format_duration(timeout)
+                ));
+                return mesh_error(tool, &status);
+            }
             Err(status) => return mesh_error(tool, &status),
         };
         let route = reply.route.unwrap_or_default();
@@ -506,10 +518,12 @@ impl ServerHandler for McpEdge {
             .flatten();
         let mut result = ListToolsResult::with_all_items(page).with_ttl_ms(TOOL_LIST_TTL_MS);
         result.next_cursor = next_cursor;
-        if self.inner.trust.is_enabled() {
-            // The list depends on who asks.
-            result.cache_scope = Some(CacheScope::Private);
-        }
+        // With trust on the list depends on who asks.
+        result.cache_scope = Some(if self.inner.trust.is_enabled() {
+            CacheScope::Private
+        } else {
+            CacheScope::Public
+        });
         Ok(result)
     }
 

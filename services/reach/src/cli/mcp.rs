@@ -37,6 +37,10 @@ pub struct AttachArgs {
     /// An HTTP header for --url (`'Authorization: Bearer TOKEN'`); repeatable.
     #[arg(long = "header", requires = "url")]
     pub headers: Vec<String>,
+    /// How many calls each attached server serves at once; more are refused OVERLOADED (the
+    /// router sends them to another instance, if any).
+    #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u32).range(1..=4096))]
+    pub max_concurrency: u32,
     /// A join token to register with (a mesh with trust on: see docs/security.md).
     #[arg(long, env = "REACH_JOIN_TOKEN", hide_env_values = true)]
     pub join_token: Option<String>,
@@ -101,8 +105,9 @@ pub async fn mcp_attach(
 ) -> Result<(), AttachError> {
     let stop = CancellationToken::new();
     let mut tasks = tokio::task::JoinSet::new();
-    let mut agent =
-        reach_sdk::AgentConfig::new("", &args.registry).with_trust_domain(&trust.trust_domain);
+    let mut agent = reach_sdk::AgentConfig::new("", &args.registry)
+        .with_trust_domain(&trust.trust_domain)
+        .with_max_concurrency(args.max_concurrency as usize);
     if let Some(tls) = &trust.tls {
         agent = agent.with_tls(tls.clone());
     }

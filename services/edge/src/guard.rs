@@ -1,0 +1,316 @@
+//! What the edge's HTTP port takes from browsers and rebinding names: [`HttpGuard`], in front
+//! of the A2A JSON-RPC binding and the MCP endpoint alike.
+//!
+//! A web page can make a browser POST to `127.0.0.1:7072` (a "simple" cross-origin request,
+//! `text/plain`, needs no preflight), or rebind a name it controls to that address (DNS
+//! rebinding), and so call the mesh's capabilities as the person browsing. MCP's transport
+//! spec asks servers to validate `Origin` and bind to loopback; the same holds for the A2A
+//! JSON-RPC binding on the same port. So every request must name one of the edge's hosts
+//! (`Host`), a request that changes something (not GET or HEAD) from a browser (`Origin`)
+//! must come from an allowed origin, and a POST must be `application/json`.
+
+use std::sync::Arc;
+
+use axum::response::{IntoResponse, Response};
+use http::{HeaderMap, Method, StatusCode};
+
+use crate::a2a::config::EdgeConfig;
+
+/// The Host and Origin checks of the edge's HTTP port, from `edge.allowed_hosts`,
+/// `edge.allowed_origins` and `edge.public_url`. Cheap to clone.
+#[derive(Debug, Clone)]
+pub struct HttpGuard {
+    /// Lower-case `host` (any port) or `host:port` entries.
+    hosts: Arc<[String]>,
+    /// Lower-case `scheme://host[:port]` entries, `:*` for any port.
+    origins: Arc<[String]>,
+}
+
+/// The host names a request may use when `edge.allowed_hosts` is empty, besides the host of
+/// `edge.public_url`.
+pub const LOOPBACK_HOSTS: [&str; 3] = ["localhost", "127.0.0.1", "::1"];
+
+impl HttpGuard {
+    /// The guard `config` describes: its `allowed_hosts`, or by default [`LOOPBACK_HOSTS`]
+    /// and the host of `public_url`; its `allowed_origins`.
+    pub fn new(config: &EdgeConfig) -> Self {
+        let mut hosts: Vec<String> = config
+            .allowed_hosts
+            .iter()
+            .map(|h| h.trim().to_ascii_lowercase())
+            .collect();
+        if hosts.is_empty() {
+            hosts.extend(LOOPBACK_HOSTS.iter().map(|h| (*h).to_string()));
+            if let Ok(url) = config.public_url.parse::<http::Uri>()
+                && let Some(authority) = url.authority()
+            {
+                hosts.push(bare_host(authority.host()).to_ascii_lowercase());
+            }
+        }
+        Self {
+            hosts: hosts.into(),
+            origins: config
+                .allowed_origins
+                .iter()
+                .map(|o| o.trim().trim_end_matches('/').to_ascii_lowercase())
+                .collect::<Vec<_>>()
+                .into(),
+        }
+    }
+
+    /// Checks one request.
+    ///
+    /// # Errors
+    /// The response to send instead: 403 naming a `Host` that is none of the edge's or an
+    /// `Origin` not allowed, 415 for a POST that is not `application/json`.
+    pub fn check(
+        &self,
+        method: &Method,
+        uri: &http::Uri,
+        headers: &HeaderMap,
+    ) -> Result<(), Response> {
+        let host = headers
+            .get(http::header::HOST)
+            .and_then(|v| v.to_str().ok())
+            .or_else(|| uri.authority().map(http::uri::Authority::as_str))
+            .unwrap_or_default();
+        if !self.allows_host(host) {
+            return Err(refuse(
+                StatusCode::FORBIDDEN,
+                format!(
+                    "this edge does not answer requests for host {:?}; address it by one of its names, or add the name to edge.allowed_hosts",
+                    clip(host)
+                ),
+            ));
+        }
+        if method != Method::GET
+            && method != Method::HEAD
+            && let Some(origin) = headers.get(http::header::ORIGIN)
+        {
+            let origin = origin.to_str().unwrap_or_default();
+            if !self.allows_origin(origin) {
+                return Err(refuse(
+                    StatusCode::FORBIDDEN,
+                    format!(
+                        "cross-origin requests are refused (Origin {:?}); list the web apps trusted to call the mesh in edge.allowed_origins",
+                        clip(origin)
+                    ),
+                ));
+            }
+        }
+        if method == Method::POST {
+            let json = headers
+                .get(http::header::CONTENT_TYPE)
+                .and_then(|v| v.to_str().ok())
+                .and_then(|v| v.split(';').next())
+                .is_some_and(|v| v.trim().eq_ignore_ascii_case("application/json"));
+            if !json {
+                return Err(refuse(
+                    StatusCode::UNSUPPORTED_MEDIA_TYPE,
+                    "send the request as Content-Type: application/json".to_string(),
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// Whether `authority` (a `Host` value) names one of the edge's hosts.
+    fn allows_host(&self, authority: &str) -> bool {
+        let authority = authority.trim().to_ascii_lowercase();
+        // `user@host` is no Host a client sends; refusing it avoids reading it two ways.
+        if authority.is_empty() || authority.contains(['@', '/', '\\', ' ']) {
+            return false;
+        }
+        let (host, port) = split_port(&authority);
+        self.hosts.iter().any(|allowed| {
+            let (allowed_host, allowed_port) = split_port(allowed);
+            allowed_host == host && allowed_port.is_none_or(|p| Some(p) == port)
+        })
+    }
+
+    /// Whether `origin` (`scheme://host[:port]`) is allowed.
+    fn allows_origin(&self, origin: &str) -> bool {
+        let origin = origin.trim().trim_end_matches('/').to_ascii_lowercase();
+        self.origins
+            .iter()
+            .any(|allowed| match allowed.strip_suffix(":*") {
+                Some(any_port) => {
+                    origin == any_port
+                        || origin
+                            .strip_prefix(any_port)
+                            .and_then(|rest| rest.strip_prefix(':'))
+                            .is_some_and(|port| {
+                                !port.is_empty() && port.bytes().all(|b| b.is_ascii_digit())
+                            })
+                }
+                None => *allowed == origin,
+            })
+    }
+
+    /// An axum middleware applying [`HttpGuard::check`] to every request of a router.
+    pub fn layer<S: Clone + Send + Sync + 'static>(
+        &self,
+        router: axum::Router<S>,
+    ) -> axum::Router<S> {
+        let guard = self.clone();
+        router.layer(axum::middleware::from_fn(
+            move |request: axum::extract::Request, next: axum::middleware::Next| {
+                let refused = guard
+                    .check(request.method(), request.uri(), request.headers())
+                    .err();
+                async move {
+                    match refused {
+                        Some(response) => response,
+                        None => next.run(request).await,
+                    }
+                }
+            },
+        ))
+    }
+}
+
+/// `host` without the brackets of an IPv6 literal.
+fn bare_host(host: &str) -> &str {
+    host.trim_start_matches('[').trim_end_matches(']')
+}
+
+/// `host[:port]` (or `[v6]:port`) as the bare host and the port, if any.
+fn split_port(authority: &str) -> (&str, Option<&str>) {
+    if let Some(rest) = authority.strip_prefix('[') {
+        return match rest.split_once(']') {
+            Some((host, tail)) => (host, tail.strip_prefix(':')),
+            None => (rest, None),
+        };
+    }
+    match authority.rsplit_once(':') {
+        // A bare IPv6 address has several colons and no port.
+        Some((host, port)) if !host.contains(':') && port.bytes().all(|b| b.is_ascii_digit()) => {
+            (host, Some(port))
+        }
+        _ => (authority, None),
+    }
+}
+
+fn clip(value: &str) -> String {
+    value.chars().take(128).collect()
+}
+
+fn refuse(status: StatusCode, message: String) -> Response {
+    (status, format!("{message}\n")).into_response()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn guard(hosts: &[&str], origins: &[&str], public_url: &str) -> HttpGuard {
+        HttpGuard::new(&EdgeConfig {
+            allowed_hosts: hosts.iter().map(|h| (*h).to_string()).collect(),
+            allowed_origins: origins.iter().map(|o| (*o).to_string()).collect(),
+            public_url: public_url.into(),
+            ..EdgeConfig::default()
+        })
+    }
+
+    fn post(host: &str, origin: Option<&str>, content_type: &str) -> HeaderMap {
+        let mut headers = HeaderMap::new();
+        headers.insert(http::header::HOST, host.parse().unwrap());
+        headers.insert(http::header::CONTENT_TYPE, content_type.parse().unwrap());
+        if let Some(origin) = origin {
+            headers.insert(http::header::ORIGIN, origin.parse().unwrap());
+        }
+        headers
+    }
+
+    fn status(guard: &HttpGuard, method: Method, headers: &HeaderMap) -> u16 {
+        let uri = http::Uri::from_static("/mcp");
+        guard
+            .check(&method, &uri, headers)
+            .map_or_else(|r| r.status().as_u16(), |()| 200)
+    }
+
+    #[test]
+    fn only_the_edges_own_hosts_are_answered() {
+        let default = guard(&[], &[], "https://mesh.example.com:8443");
+        for ok in [
+            "127.0.0.1:7072",
+            "localhost",
+            "LOCALHOST:1",
+            "[::1]:7072",
+            "mesh.example.com:443",
+        ] {
+            assert_eq!(
+                status(&default, Method::POST, &post(ok, None, "application/json")),
+                200,
+                "{ok}"
+            );
+        }
+        for bad in [
+            "evil.example.com",
+            "evil.com@localhost",
+            "localhost.evil.com",
+            "127.0.0.2:7072",
+            "",
+        ] {
+            assert_eq!(
+                status(&default, Method::GET, &post(bad, None, "application/json")),
+                403,
+                "{bad:?}"
+            );
+        }
+        let pinned = guard(&["mcp.example.com:443"], &[], "");
+        assert_eq!(
+            status(
+                &pinned,
+                Method::GET,
+                &post("mcp.example.com:443", None, "application/json")
+            ),
+            200
+        );
+        assert_eq!(
+            status(
+                &pinned,
+                Method::GET,
+                &post("mcp.example.com:80", None, "application/json")
+            ),
+            403
+        );
+        assert_eq!(
+            status(
+                &pinned,
+                Method::GET,
+                &post("127.0.0.1", None, "application/json")
+            ),
+            403
+        );
+    }
+
+    #[test]
+    fn browsers_post_only_from_allowed_origins_and_only_json() {
+        let guard = guard(&[], &["https://app.example.com", "http://localhost:*"], "");
+        let at = |origin, content_type| {
+            status(
+                &guard,
+                Method::POST,
+                &post("127.0.0.1", origin, content_type),
+            )
+        };
+        assert_eq!(at(None, "application/json; charset=utf-8"), 200);
+        assert_eq!(at(Some("https://app.example.com"), "application/json"), 200);
+        assert_eq!(at(Some("http://localhost:5173"), "application/json"), 200);
+        assert_eq!(
+            at(Some("https://evil.example.com"), "application/json"),
+            403
+        );
+        assert_eq!(at(Some("null"), "application/json"), 403);
+        assert_eq!(at(Some("http://localhost:x"), "application/json"), 403);
+        assert_eq!(at(None, "text/plain"), 415);
+        // A card is read from anywhere.
+        let get = status(
+            &guard,
+            Method::GET,
+            &post("127.0.0.1", Some("https://evil.example.com"), "text/plain"),
+        );
+        assert_eq!(get, 200);
+    }
+}
