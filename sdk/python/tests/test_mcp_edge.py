@@ -258,3 +258,21 @@ async def test_an_attached_mcp_servers_tool_is_a_tool_of_the_edge(mesh: McpProce
     assert result.meta is not None and result.meta["reach.instanceId"].startswith("mcp.words")
     assert wrong.is_error is True
     assert '/text: 7 is not of type "string"' in wrong.content[0].text  # type: ignore[union-attr]
+
+
+async def test_malformed_requests_get_json_rpc_errors_saying_what_to_fix(mesh: McpProcess) -> None:
+    headers = {**MCP_HEADERS, "mcp-method": "tools/call", "mcp-name": "complaint.classify"}
+    not_an_object = raw_request("tools/call", {"name": "complaint.classify", "arguments": "hello"})
+    async with httpx.AsyncClient(timeout=10) as http:
+        garbage = await http.post(mesh.mcp_url, content="{not json", headers=headers)
+        batch = await http.post(mesh.mcp_url, content="[]", headers=headers)
+        bad_params = await http.post(mesh.mcp_url, json=not_an_object, headers=headers)
+    for response in (garbage, batch):
+        assert response.status_code == 400, response.text
+        assert response.json()["error"]["code"] == -32700, response.text
+        assert "not one JSON-RPC 2.0 request" in response.json()["error"]["message"]
+    assert bad_params.status_code == 400, bad_params.text
+    error = bad_params.json()["error"]
+    assert error["code"] == -32602, error
+    assert '"arguments" a JSON object' in error["message"], error
+    assert bad_params.json()["id"] == 1

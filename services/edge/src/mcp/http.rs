@@ -97,9 +97,76 @@ pub fn routes(edge: McpEdge, published: Published, guard: &crate::guard::HttpGua
                         }
                     },
                 ))
+                .layer(axum::middleware::from_fn(explain_refusals))
                 .service(service),
         );
     guard.layer(router)
+}
+
+/// The largest refusal body of rmcp's that [`explain_refusals`] reads, in bytes.
+const MAX_REFUSAL_BYTES: usize = 64 * 1024;
+
+/// Rewrites two of rmcp's refusals into the JSON-RPC errors they stand for, saying what to
+/// fix: a body that is not one JSON-RPC request (rmcp answers 415 and plain text) becomes
+/// 400 with a PARSE_ERROR (-32700), and a request for a method the edge serves whose
+/// params do not fit it (rmcp answers METHOD_NOT_FOUND naming the method) becomes
+/// INVALID_PARAMS (-32602). Other responses pass untouched (and unread).
+async fn explain_refusals(
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    let response = next.run(request).await;
+    let status = response.status();
+    if status != http::StatusCode::UNSUPPORTED_MEDIA_TYPE && status != http::StatusCode::NOT_FOUND {
+        return response;
+    }
+    let (parts, body) = response.into_parts();
+    let Ok(bytes) = axum::body::to_bytes(body, MAX_REFUSAL_BYTES).await else {
+        return (parts.status, "the request was refused\n").into_response();
+    };
+    let answer: Option<serde_json::Value> = serde_json::from_slice(&bytes).ok();
+    let id = answer
+        .as_ref()
+        .map_or(serde_json::Value::Null, |a| a["id"].clone());
+    let error = |code: i64, message: String| {
+        (
+            http::StatusCode::BAD_REQUEST,
+            axum::Json(
+                json!({"jsonrpc": "2.0", "id": id, "error": {"code": code, "message": message}}),
+            ),
+        )
+            .into_response()
+    };
+    if status == http::StatusCode::UNSUPPORTED_MEDIA_TYPE {
+        let detail = String::from_utf8_lossy(&bytes);
+        return error(
+            -32700,
+            format!(
+                "the body is not one JSON-RPC 2.0 request (an object with \"jsonrpc\": \"2.0\", a string or number \"id\" and a \"method\"; MCP has no batches): {}",
+                detail.trim().chars().take(512).collect::<String>()
+            ),
+        );
+    }
+    let method = answer
+        .as_ref()
+        .filter(|a| a["error"]["code"] == -32601)
+        .and_then(|a| a["error"]["message"].as_str());
+    match method {
+        Some(method @ ("tools/call" | "tools/list")) => error(
+            -32602,
+            format!(
+                "the params of {method} do not fit it: \"name\" must be a string, \"arguments\" a JSON object and \"cursor\" a string"
+            ),
+        ),
+        Some(method) => error(
+            -32601,
+            format!(
+                "method not found: {:?}; the edge serves initialize, ping, tools/list and tools/call",
+                method.chars().take(128).collect::<String>()
+            ),
+        ),
+        None => Response::from_parts(parts, axum::body::Body::from(bytes)),
+    }
 }
 
 /// Whether the request's caller proved itself only with a client certificate.
