@@ -237,6 +237,7 @@ async fn oversized_and_deeply_nested_bodies_are_refused_without_harm() {
     // connection (the rest of the body is never read).
     let response = reqwest::Client::new()
         .post(&edge.url)
+        .header("content-type", "application/json")
         .body("x".repeat(LIMIT + 1))
         .send()
         .await

@@ -61,14 +61,14 @@ impl HttpGuard {
     /// Checks one request.
     ///
     /// # Errors
-    /// The response to send instead: 403 naming a `Host` that is none of the edge's or an
+    /// The [`Refusal`] to answer instead: 403 naming a `Host` that is none of the edge's or an
     /// `Origin` not allowed, 415 for a POST that is not `application/json`.
     pub fn check(
         &self,
         method: &Method,
         uri: &http::Uri,
         headers: &HeaderMap,
-    ) -> Result<(), Response> {
+    ) -> Result<(), Refusal> {
         let host = headers
             .get(http::header::HOST)
             .and_then(|v| v.to_str().ok())
@@ -160,7 +160,7 @@ impl HttpGuard {
                     .err();
                 async move {
                     match refused {
-                        Some(response) => response,
+                        Some(refusal) => refusal.into_response(),
                         None => next.run(request).await,
                     }
                 }
@@ -195,8 +195,23 @@ fn clip(value: &str) -> String {
     value.chars().take(128).collect()
 }
 
-fn refuse(status: StatusCode, message: String) -> Response {
-    (status, format!("{message}\n")).into_response()
+/// Why [`HttpGuard::check`] refused a request: the status and what to change.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Refusal {
+    /// 403 or 415.
+    pub status: StatusCode,
+    /// What was wrong and which setting to change, lowercase.
+    pub message: String,
+}
+
+impl IntoResponse for Refusal {
+    fn into_response(self) -> Response {
+        (self.status, format!("{}\n", self.message)).into_response()
+    }
+}
+
+fn refuse(status: StatusCode, message: String) -> Refusal {
+    Refusal { status, message }
 }
 
 #[cfg(test)]
@@ -226,7 +241,7 @@ mod tests {
         let uri = http::Uri::from_static("/mcp");
         guard
             .check(&method, &uri, headers)
-            .map_or_else(|r| r.status().as_u16(), |()| 200)
+            .map_or_else(|r| r.status.as_u16(), |()| 200)
     }
 
     #[test]

@@ -248,7 +248,6 @@ fn check_descriptor(capability: &str, tool: &Tool) -> Result<(), NameError> {
         description: tool.description.as_deref().unwrap_or_default().to_string(),
         input_schema: json(&tool.input_schema),
         output_schema: tool.output_schema.as_deref().map(json).unwrap_or_default(),
-        ..reach_proto::v1::Capability::default()
     };
     reach_registry::capabilities::check_descriptor(&declared).map_err(|problem| {
         NameError::Descriptor {
