@@ -131,22 +131,17 @@ impl RequestContext {
     }
 
     fn request<T>(&self, message: T) -> Request<T> {
-        let mut request = Request::new(message);
-        let metadata = request.metadata_mut();
-        if let Some(value) = self.authorization.as_deref().and_then(|v| v.parse().ok()) {
-            metadata.insert("authorization", value);
-        }
-        if let Some(value) = self.traceparent.as_deref().and_then(|v| v.parse().ok()) {
-            metadata.insert("traceparent", value);
-        }
-        request
+        crate::forward::request(
+            message,
+            self.authorization.as_deref(),
+            self.traceparent.as_deref(),
+        )
     }
 
     /// The trace id of the caller's `traceparent`, when it is a valid one (W3C Trace
     /// Context).
     fn trace_id(&self) -> Option<String> {
-        reach_rpc::trace::TraceId::from_traceparent(self.traceparent.as_deref()?)
-            .map(|id| id.to_string())
+        crate::forward::trace_id(self.traceparent.as_deref())
     }
 }
 
@@ -223,18 +218,23 @@ impl A2aEdge {
     /// the caller sent a bearer token (so the mesh authenticates the caller by it), else the
     /// edge's own.
     fn router(&self, cx: &RequestContext) -> RouterServiceClient<Channel> {
-        match (&self.inner.as_caller, &cx.authorization) {
-            (Some((router, _)), Some(_)) => router.clone(),
-            _ => self.inner.router.clone(),
-        }
+        crate::forward::client_for(
+            self.inner.as_caller.as_ref().map(|(router, _)| router),
+            &self.inner.router,
+            cx.authorization.as_deref(),
+        )
     }
 
     /// The orchestrator client for a request, as [`A2aEdge::router`].
     fn orchestrator(&self, cx: &RequestContext) -> OrchestratorServiceClient<Channel> {
-        match (&self.inner.as_caller, &cx.authorization) {
-            (Some((_, orchestrator)), Some(_)) => orchestrator.clone(),
-            _ => self.inner.orchestrator.clone(),
-        }
+        crate::forward::client_for(
+            self.inner
+                .as_caller
+                .as_ref()
+                .map(|(_, orchestrator)| orchestrator),
+            &self.inner.orchestrator,
+            cx.authorization.as_deref(),
+        )
     }
 
     /// The edge's settings.

@@ -126,15 +126,11 @@ impl CallerContext {
 
     /// `message` with the caller's `authorization` and `traceparent` as metadata.
     fn request<T>(&self, message: T) -> tonic::Request<T> {
-        let mut request = tonic::Request::new(message);
-        let metadata = request.metadata_mut();
-        if let Some(value) = self.authorization.as_deref().and_then(|v| v.parse().ok()) {
-            metadata.insert("authorization", value);
-        }
-        if let Some(value) = self.traceparent.as_deref().and_then(|v| v.parse().ok()) {
-            metadata.insert("traceparent", value);
-        }
-        request
+        crate::forward::request(
+            message,
+            self.authorization.as_deref(),
+            self.traceparent.as_deref(),
+        )
     }
 }
 
@@ -187,10 +183,11 @@ impl McpEdge {
     /// The router a caller's call goes through: under its own bearer token when it sent one
     /// and the mesh runs TLS, else the edge's channel.
     fn router_for(&self, caller: &CallerContext) -> RouterServiceClient<Channel> {
-        match (&self.inner.as_caller, &caller.authorization) {
-            (Some(router), Some(_)) => router.clone(),
-            _ => self.inner.router.clone(),
-        }
+        crate::forward::client_for(
+            self.inner.as_caller.as_ref(),
+            &self.inner.router,
+            caller.authorization.as_deref(),
+        )
     }
 
     /// Every capability descriptor the registry lists (bounded by [`MAX_CATALOGUE_PAGES`]).
@@ -337,11 +334,7 @@ impl McpEdge {
         }
         let options = CallOptions {
             timeout: Some(self.inner.limits.call_timeout),
-            trace_id: caller
-                .traceparent
-                .as_deref()
-                .and_then(reach_rpc::trace::TraceId::from_traceparent)
-                .map(|id| id.to_string()),
+            trace_id: crate::forward::trace_id(caller.traceparent.as_deref()),
             ..CallOptions::default()
         };
         let envelope = self
