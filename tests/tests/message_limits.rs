@@ -19,8 +19,8 @@ use tonic::Code;
 /// The router's message limit (`router.max_message_bytes`, its default), bytes.
 const ROUTER_LIMIT: usize = 4 * 1024 * 1024;
 
-/// Asserts `status` is PAYLOAD_TOO_LARGE naming a limit of at least `limit` (the router
-/// refuses by prefix past its decoding limit) and a size above it.
+/// Asserts `status` is PAYLOAD_TOO_LARGE naming exactly `limit` (the configured limit, also
+/// when the router refuses by prefix past its decoding limit) and a size above it.
 fn assert_too_large(what: &str, status: &tonic::Status, limit: usize) {
     assert_eq!(status.code(), Code::ResourceExhausted, "{what}: {status:?}");
     assert_eq!(
@@ -31,9 +31,9 @@ fn assert_too_large(what: &str, status: &tonic::Status, limit: usize) {
     let metadata = reach_rpc::errors::metadata_of(status);
     let size: usize = metadata["size_bytes"].parse().unwrap();
     let limit_bytes: usize = metadata["limit_bytes"].parse().unwrap();
-    assert!(
-        (limit..=2 * limit).contains(&limit_bytes),
-        "{what}: limit {limit_bytes}"
+    assert_eq!(
+        limit_bytes, limit,
+        "{what}: the refusal names the configured limit"
     );
     assert!(
         size > limit_bytes,

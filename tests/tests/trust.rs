@@ -857,7 +857,7 @@ async fn the_mcp_edge_lists_and_calls_tools_as_its_bearer_token_callers() {
         authorization_servers: vec!["https://login.example.com".into()],
     };
     let challenge = reach_edge::mcp::http::challenge(&published);
-    let guard = reach_edge::guard::HttpGuard::new(&reach_edge::a2a::config::EdgeConfig::default());
+    let guard = reach_edge::a2a::EdgeConfig::default().http_guard();
     let routes =
         reach_edge::mcp::http::routes(mesh.plane.mcp_edge().unwrap().clone(), published, &guard);
     let stop = tokio_util::sync::CancellationToken::new();

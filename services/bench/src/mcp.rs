@@ -275,10 +275,7 @@ async fn start(stop: &CancellationToken) -> anyhow::Result<Mesh> {
         authorization_servers: Vec::new(),
     };
     let mcp_url = published.resource();
-    let guard = reach_edge::guard::HttpGuard::new(&reach_edge::a2a::config::EdgeConfig {
-        public_url: published.base_url.clone(),
-        ..reach_edge::a2a::config::EdgeConfig::default()
-    });
+    let guard = reach_edge::guard::HttpGuard::new(&[], &[], &published.base_url);
     let token = stop.clone();
     tokio::spawn(reach_rpc::server::serve_http_with_client_certificates(
         edge_listener,

@@ -14,8 +14,6 @@ use std::sync::Arc;
 use axum::response::{IntoResponse, Response};
 use http::{HeaderMap, Method, StatusCode};
 
-use crate::a2a::config::EdgeConfig;
-
 /// The Host and Origin checks of the edge's HTTP port, from `edge.allowed_hosts`,
 /// `edge.allowed_origins` and `edge.public_url`. Cheap to clone.
 #[derive(Debug, Clone)]
@@ -31,17 +29,19 @@ pub struct HttpGuard {
 pub const LOOPBACK_HOSTS: [&str; 3] = ["localhost", "127.0.0.1", "::1"];
 
 impl HttpGuard {
-    /// The guard `config` describes: its `allowed_hosts`, or by default [`LOOPBACK_HOSTS`]
-    /// and the host of `public_url`; its `allowed_origins`.
-    pub fn new(config: &EdgeConfig) -> Self {
-        let mut hosts: Vec<String> = config
-            .allowed_hosts
+    /// A guard allowing the `Host`s `allowed_hosts` (`host` or `host:port`), or when there
+    /// are none [`LOOPBACK_HOSTS`] and the host of `public_url`, and the browser `Origin`s
+    /// `allowed_origins` (`scheme://host[:port]`, `:*` for any port). The edge's settings
+    /// (`edge.allowed_hosts`, `edge.allowed_origins`, `edge.public_url`) give them:
+    /// [`crate::a2a::EdgeConfig::http_guard`].
+    pub fn new(allowed_hosts: &[String], allowed_origins: &[String], public_url: &str) -> Self {
+        let mut hosts: Vec<String> = allowed_hosts
             .iter()
             .map(|h| h.trim().to_ascii_lowercase())
             .collect();
         if hosts.is_empty() {
             hosts.extend(LOOPBACK_HOSTS.iter().map(|h| (*h).to_string()));
-            if let Ok(url) = config.public_url.parse::<http::Uri>()
+            if let Ok(url) = public_url.parse::<http::Uri>()
                 && let Some(authority) = url.authority()
             {
                 hosts.push(bare_host(authority.host()).to_ascii_lowercase());
@@ -49,8 +49,7 @@ impl HttpGuard {
         }
         Self {
             hosts: hosts.into(),
-            origins: config
-                .allowed_origins
+            origins: allowed_origins
                 .iter()
                 .map(|o| o.trim().trim_end_matches('/').to_ascii_lowercase())
                 .collect::<Vec<_>>()
@@ -219,12 +218,8 @@ mod tests {
     use super::*;
 
     fn guard(hosts: &[&str], origins: &[&str], public_url: &str) -> HttpGuard {
-        HttpGuard::new(&EdgeConfig {
-            allowed_hosts: hosts.iter().map(|h| (*h).to_string()).collect(),
-            allowed_origins: origins.iter().map(|o| (*o).to_string()).collect(),
-            public_url: public_url.into(),
-            ..EdgeConfig::default()
-        })
+        let strings = |items: &[&str]| items.iter().map(|s| (*s).to_string()).collect::<Vec<_>>();
+        HttpGuard::new(&strings(hosts), &strings(origins), public_url)
     }
 
     fn post(host: &str, origin: Option<&str>, content_type: &str) -> HeaderMap {

@@ -20,7 +20,8 @@
 //!   CLI's `--json` show it.
 //! - [`metrics`]: the orchestrator's Prometheus metrics.
 //! - [`webhooks`]: task webhooks — the [`webhooks::WebhookRenderer`]s of their formats,
-//!   validation, and the loop that delivers each task's events to them from the log.
+//!   validation and views.
+//! - [`delivery`]: the loop that delivers each task's events to its webhooks from the log.
 //! - [`error`]: [`Error`] and its mapping to gRPC statuses with ErrorInfo reasons.
 //! - [`config`]: the configuration, [`OrchestratorConfig`], and [`config::ConfigError`].
 //!
@@ -35,6 +36,7 @@
 //! ```
 
 pub mod config;
+pub mod delivery;
 pub mod engine;
 pub mod error;
 pub mod event;
@@ -226,9 +228,9 @@ impl Orchestrator {
     /// client cannot be made.
     pub fn start(&self) -> Result<Running, Error> {
         let mut handles = self.engine.start();
-        handles.push(webhooks::spawn(
+        handles.push(delivery::spawn(
             self.api.clone(),
-            webhooks::WebhookSettings {
+            delivery::WebhookSettings {
                 owner: self.engine.node_id().to_string(),
                 interval: self.config.webhook_interval,
                 backoff: self.config.webhook_backoff,

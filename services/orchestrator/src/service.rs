@@ -119,16 +119,8 @@ impl OrchestratorApi {
     }
 }
 
-/// Unix milliseconds as a protobuf timestamp.
-pub fn timestamp(ms: i64) -> prost_types::Timestamp {
-    ts(ms)
-}
-
 fn ts(ms: i64) -> prost_types::Timestamp {
-    prost_types::Timestamp {
-        seconds: ms.div_euclid(1000),
-        nanos: i32::try_from(ms.rem_euclid(1000) * 1_000_000).unwrap_or(0),
-    }
+    reach_rpc::time::from_unix_ms(ms)
 }
 
 /// What a task in WAITING_HUMAN waits for: its human node, the node's prompt and schema, and

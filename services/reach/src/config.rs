@@ -162,7 +162,7 @@ impl ReachConfig {
         }
         self.server
             .validate(self.router.max_message_bytes, "router.max_message_bytes")
-            .map_err(ConfigError::Invalid)?;
+            .map_err(|e| ConfigError::Invalid(e.to_string()))?;
         self.registry
             .validate()
             .map_err(|e| ConfigError::Invalid(e.to_string()))?;

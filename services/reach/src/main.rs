@@ -997,7 +997,7 @@ async fn serve(
                     published.resource()
                 )?;
                 challenges.push(reach_edge::mcp::http::challenge(&published));
-                let guard = reach_edge::guard::HttpGuard::new(&config.edge);
+                let guard = config.edge.http_guard();
                 routes = routes.merge(reach_edge::mcp::http::routes(
                     mcp.clone(),
                     published,

@@ -84,7 +84,7 @@ impl RegistryGrpc {
                 "it is registered by {owner}; only its owner or an operator may {action} it"
             ),
         };
-        reach_trust::audit::denied(&denied);
+        denied.audit();
         Err(denied.to_status())
     }
 
@@ -107,7 +107,7 @@ impl RegistryGrpc {
                 target: format!("service {service:?}"),
                 reason,
             };
-            reach_trust::audit::denied(&denied);
+            denied.audit();
             denied.to_status()
         };
         let Some(jti) = claims.get("jti").and_then(serde_json::Value::as_str) else {
@@ -182,7 +182,7 @@ impl RegistryGrpc {
                     self.used_tokens.release(&jti);
                 }
                 if let Some(denied) = error.denied() {
-                    reach_trust::audit::denied(&denied);
+                    denied.audit();
                 }
                 return Err(error.into());
             }

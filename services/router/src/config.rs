@@ -266,6 +266,16 @@ impl RouterConfig {
         self.decoding_limit()
     }
 
+    /// [`RouterConfig::request_message_limit`] as the length-prefix check of requests and
+    /// replies: refused above it, the refusal naming `max_message_bytes` (the limit a caller
+    /// can act on), as the messages in between are refused with their own sizes.
+    pub fn prefix_limit(&self) -> reach_rpc::limits::PrefixLimit {
+        reach_rpc::limits::PrefixLimit {
+            refuse_above: self.request_message_limit(),
+            named: self.max_message_bytes,
+        }
+    }
+
     /// The decoding limit handed to tonic: above the routing limit, so that messages a little
     /// over it reach the router and get an error naming both sizes.
     pub fn decoding_limit(&self) -> usize {

@@ -191,8 +191,8 @@ impl InstanceEndpoint {
     ///
     /// # Errors
     /// The instance's status; a transport status (with its source) when nothing could be
-    /// sent; UNAVAILABLE with reason `INSTANCE_UNAVAILABLE` when the connection broke while
-    /// the call was in flight (the instance may have handled it).
+    /// sent; UNAVAILABLE with reason `INSTANCE_LOST` when the connection broke while the
+    /// call was in flight (the instance may have handled it).
     pub async fn handle(
         &self,
         message: ReachMessage,
@@ -255,6 +255,13 @@ impl InstanceEndpoint {
             .handle(forward)
             .await
             .map(|response| response.into_inner().message.unwrap_or_default())
+            .map_err(|status| {
+                if reach_rpc::errors::is_missing_status(&status) {
+                    missing_status(&self.info.instance_id)
+                } else {
+                    status
+                }
+            })
     }
 
     /// The multiplexed `HandleMux` link to the instance.
@@ -433,7 +440,8 @@ fn forwards(key: &str) -> bool {
 /// not be made): UNAVAILABLE with reason `INSTANCE_UNAVAILABLE` naming the instance, saying
 /// the message was not delivered.
 pub fn unreachable_instance(instance_id: &str, detail: &str) -> Status {
-    instance_unavailable(
+    instance_status(
+        reach_rpc::errors::reason::INSTANCE_UNAVAILABLE,
         instance_id,
         format!(
             "instance {instance_id} could not be reached ({detail}); the message was not delivered: retry it"
@@ -442,10 +450,11 @@ pub fn unreachable_instance(instance_id: &str, detail: &str) -> Status {
 }
 
 /// The status of a call whose instance connection broke while the call was in flight:
-/// UNAVAILABLE with reason `INSTANCE_UNAVAILABLE` naming the instance, and the advice to
-/// retry with the same `message_id`.
+/// UNAVAILABLE with reason `INSTANCE_LOST` naming the instance, and the advice to retry with
+/// the same `message_id`.
 pub fn lost_instance(instance_id: &str, detail: &str) -> Status {
-    instance_unavailable(
+    instance_status(
+        reach_rpc::errors::reason::INSTANCE_LOST,
         instance_id,
         format!(
             "instance {instance_id} failed during the call ({detail}); the message may or may not have been handled: retry with the same message_id to be safe"
@@ -454,10 +463,11 @@ pub fn lost_instance(instance_id: &str, detail: &str) -> Status {
 }
 
 /// The status of a routed stream whose instance connection broke while it was open:
-/// UNAVAILABLE with reason `INSTANCE_UNAVAILABLE` naming the instance. Messages sent since
-/// the instance's last reply may or may not have been handled.
+/// UNAVAILABLE with reason `INSTANCE_LOST` naming the instance. Messages sent since the
+/// instance's last reply may or may not have been handled.
 pub fn lost_stream_instance(instance_id: &str, detail: &str) -> Status {
-    instance_unavailable(
+    instance_status(
+        reach_rpc::errors::reason::INSTANCE_LOST,
         instance_id,
         format!(
             "instance {instance_id} went away while the stream was open ({detail}); messages sent since its last reply may or may not have been handled: open a new stream to go on"
@@ -465,11 +475,21 @@ pub fn lost_stream_instance(instance_id: &str, detail: &str) -> Status {
     )
 }
 
-fn instance_unavailable(instance_id: &str, message: String) -> Status {
+/// The status of a call or stream whose instance's response ended without a gRPC status
+/// (see [`reach_rpc::errors::is_missing_status`]): INTERNAL naming the instance and the
+/// missing status, never a clean end.
+pub fn missing_status(instance_id: &str) -> Status {
+    Status::internal(format!(
+        "the response of instance {instance_id} ended without a gRPC status (no grpc-status trailer); the call may or may not have completed"
+    ))
+}
+
+/// UNAVAILABLE with `reason` and the instance's id in the metadata.
+fn instance_status(reason: &'static str, instance_id: &str, message: String) -> Status {
     reach_rpc::errors::status_with_reason(
         tonic::Code::Unavailable,
         message,
-        reach_rpc::errors::reason::INSTANCE_UNAVAILABLE,
+        reason,
         [("instance_id".to_string(), instance_id.to_string())],
     )
 }

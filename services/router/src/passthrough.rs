@@ -17,7 +17,7 @@
 //!   by the serving layer, [`reach_rpc::limits::MessageLimits`], the instance's here);
 //! - a response that ends without a gRPC status (END_STREAM on DATA with no trailers, a
 //!   RST_STREAM(NO_ERROR) after data) reaches the caller as INTERNAL naming the missing
-//!   status, and a lost connection as UNAVAILABLE (`INSTANCE_UNAVAILABLE`), never as a clean
+//!   status, and a lost connection as UNAVAILABLE (`INSTANCE_LOST`), never as a clean
 //!   end;
 //! - a `router.passthrough` span, child of the caller's `traceparent` and parent of the
 //!   instance's (the forwarded `traceparent` is rewritten);
@@ -459,10 +459,7 @@ impl http_body::Body for Forwarded {
                     return Poll::Ready(None);
                 }
                 let status = take(&this.caller_failed).unwrap_or_else(|| {
-                    Status::internal(format!(
-                        "the response of instance {} ended without a gRPC status (no grpc-status trailer); the call may or may not have completed",
-                        this.endpoint.info().instance_id
-                    ))
+                    crate::endpoint::missing_status(&this.endpoint.info().instance_id)
                 });
                 this.end_with(&status)
             }

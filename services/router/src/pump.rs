@@ -374,12 +374,13 @@ impl futures::Stream for OutboundPump {
             }
             Poll::Ready(Some(Err(status))) => {
                 // A status with a local source is the connection failing (the instance went
-                // away), not one the instance sent: say so, as UNAVAILABLE.
+                // away), not one the instance sent: say so, as UNAVAILABLE. A stream that
+                // ended without a status is INTERNAL, as on every path.
+                let instance_id = &self.reserved.endpoint().info().instance_id;
                 let status = if std::error::Error::source(&status).is_some() {
-                    crate::endpoint::lost_stream_instance(
-                        &self.reserved.endpoint().info().instance_id,
-                        status.message(),
-                    )
+                    crate::endpoint::lost_stream_instance(instance_id, status.message())
+                } else if reach_rpc::errors::is_missing_status(&status) {
+                    crate::endpoint::missing_status(instance_id)
                 } else {
                     status
                 };

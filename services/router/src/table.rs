@@ -164,7 +164,7 @@ impl RoutingTable {
                 config.max_buffered_reply_bytes_per_instance,
                 config.max_buffered_reply_bytes,
             )
-            .with_max_message_bytes(config.request_message_limit()),
+            .with_prefix_limit(config.prefix_limit()),
             config,
         })
     }

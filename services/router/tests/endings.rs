@@ -103,7 +103,8 @@ async fn ending(
 enum Answer {
     /// One message, then END_STREAM on that DATA frame: no trailers, no status.
     DataEndStream,
-    /// One message, then (once the caller has it) RST_STREAM(NO_ERROR).
+    /// Reads the request to its end, sends one message, then (once the caller has it)
+    /// RST_STREAM(NO_ERROR).
     ResetNoError,
     /// One message, then (once the caller has it) the connection closes.
     DropConnection,
@@ -123,6 +124,25 @@ async fn raw_agent(
     answer: Answer,
     go: Arc<Notify>,
 ) {
+    let spec = InstanceSpec {
+        service: service.replace('.', "-"),
+        instance_id: id.into(),
+        endpoint: raw_server(answer, go).await,
+        grpc_services: vec![service.into()],
+        protocol_version: "1.0".into(),
+        weight: 1,
+        ..InstanceSpec::default()
+    };
+    registry
+        .registry
+        .register(spec, Some(Duration::from_secs(60)))
+        .expect("registration");
+}
+
+/// The raw HTTP/2 server of [`raw_agent`], answering `answer` on every path but
+/// `HandleMux`, which it does not serve (UNIMPLEMENTED, so a router sends envelope calls as
+/// unary `Handle`s); returns its endpoint.
+async fn raw_server(answer: Answer, go: Arc<Notify>) -> String {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let endpoint = format!("http://{}", listener.local_addr().unwrap());
     tokio::spawn(async move {
@@ -152,19 +172,7 @@ async fn raw_agent(
             });
         }
     });
-    let spec = InstanceSpec {
-        service: service.replace('.', "-"),
-        instance_id: id.into(),
-        endpoint,
-        grpc_services: vec![service.into()],
-        protocol_version: "1.0".into(),
-        weight: 1,
-        ..InstanceSpec::default()
-    };
-    registry
-        .registry
-        .register(spec, Some(Duration::from_secs(60)))
-        .expect("registration");
+    endpoint
 }
 
 async fn answer_one(
@@ -174,8 +182,19 @@ async fn answer_one(
     go: Arc<Notify>,
     close: mpsc::Sender<()>,
 ) {
+    if request.uri().path().ends_with("/HandleMux") {
+        let unimplemented = http::Response::builder()
+            .header("content-type", "application/grpc")
+            .header("grpc-status", "12")
+            .body(())
+            .unwrap();
+        let _ = respond.send_response(unimplemented, true);
+        return;
+    }
     let mut body = request.into_body();
-    if matches!(answer, Answer::Ok) {
+    // A reset after a complete request is the server's word that it is done (RFC 9113 §8.1);
+    // before it, it would also cut the request short.
+    if matches!(answer, Answer::Ok | Answer::ResetNoError) {
         while let Some(chunk) = body.data().await {
             match chunk {
                 Ok(chunk) => {
@@ -265,6 +284,98 @@ async fn a_pass_through_response_without_a_status_reaches_the_caller_as_a_failur
             status,
             Some(expected as i32),
             "{answer:?}: the caller gets a status saying what happened, not a clean end"
+        );
+    }
+}
+
+/// The envelope paths (a Call sent as a unary `Handle`, a routed Stream) end as pass-through
+/// does when the instance's response carries no gRPC status: INTERNAL naming the missing
+/// status (UNAVAILABLE / `INSTANCE_LOST` for a lost connection), never a clean end.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_envelope_response_without_a_status_reaches_the_caller_as_a_failure() {
+    use tonic::Code::{Internal, Unavailable};
+    // A reset right after the message may overtake it (h2 drops what it had not yet written
+    // when a stream is reset), and hyper reports a reset of an unfinished response as a
+    // broken stream: the router then says the instance was lost. Either is a failure.
+    for (answer, endings) in [
+        (Answer::DataEndStream, &[(Internal, "")][..]),
+        (
+            Answer::ResetNoError,
+            &[(Internal, ""), (Unavailable, "INSTANCE_LOST")][..],
+        ),
+        (
+            Answer::DropConnection,
+            &[(Unavailable, "INSTANCE_LOST")][..],
+        ),
+    ] {
+        let registry = registry().await;
+        let go = Arc::new(Notify::new());
+        // No caller sees the instance's message before the response ends: let it go on at once.
+        go.notify_one();
+        let spec = InstanceSpec {
+            service: "raw".into(),
+            instance_id: "raw-envelope".into(),
+            endpoint: raw_server(answer, go.clone()).await,
+            capabilities: vec![reach_proto::v1::Capability {
+                name: "raw.work".into(),
+                version: "1.0.0".into(),
+                ..Default::default()
+            }],
+            protocol_version: "1.0".into(),
+            weight: 1,
+            ..InstanceSpec::default()
+        };
+        registry
+            .registry
+            .register(spec, Some(Duration::from_secs(60)))
+            .expect("registration");
+        let router = router(&registry.url, RouterConfig::default()).await;
+        router.wait_routable(1).await;
+        let client = router.client().await;
+
+        let status = client
+            .call("raw.work", Payload::text("t", "x"), CallOptions::default())
+            .await
+            .expect_err("a response without a status is no success");
+        assert!(
+            endings.contains(&(status.code(), reason(&status).as_str())),
+            "{answer:?}: Call ended {status:?}, expected one of {endings:?}"
+        );
+        if matches!(answer, Answer::DataEndStream) {
+            assert!(
+                status.message().contains("ended without a gRPC status")
+                    && status.message().contains("raw-envelope"),
+                "the caller learns what was missing, and from which instance: {status:?}"
+            );
+        }
+
+        go.notify_one();
+        let mut stream = h2_connect(&router.url).await;
+        let (response, mut send) = start(&mut stream, "/reach.v1.RouterService/Stream");
+        let mut message = client.message_to_capability(
+            "raw.work",
+            Payload::text("t", "x"),
+            &CallOptions::default(),
+        );
+        if let Some(header) = message.header.as_mut() {
+            header.trace_id.clear();
+        }
+        send.send_data(
+            framed(
+                &StreamRequest {
+                    message: Some(message),
+                }
+                .encode_to_vec(),
+            ),
+            true,
+        )
+        .unwrap();
+        let (_, code) = ending(response, &Notify::new()).await;
+        assert!(
+            endings
+                .iter()
+                .any(|(expected, _)| code == Some(*expected as i32)),
+            "{answer:?}: Stream ended with status {code:?}, expected one of {endings:?}"
         );
     }
 }

@@ -407,6 +407,7 @@ async fn a_reset_after_delivery_is_not_retried_and_redelivery_is_deduplicated() 
     proxy.cut.notify_waiters();
     let status = call.await.unwrap().unwrap_err();
     assert_eq!(status.code(), Code::Unavailable, "{status:?}");
+    assert_eq!(reason(&status), "INSTANCE_LOST", "{status:?}");
     assert!(
         status
             .message()
@@ -852,7 +853,7 @@ async fn a_stream_whose_instance_goes_away_ends_with_an_error() {
     .expect("the caller's stream was still open 8 s after its instance went away");
     let status = outcome.expect_err("the stream ended as if it had finished");
     assert_eq!(status.code(), Code::Unavailable, "{status:?}");
-    assert_eq!(reason(&status), "INSTANCE_UNAVAILABLE");
+    assert_eq!(reason(&status), "INSTANCE_LOST");
     assert_eq!(
         reach_rpc::errors::metadata_of(&status)["instance_id"],
         "talk-gone"

@@ -40,7 +40,7 @@ pub(crate) async fn accept_tls(
     tcp: TcpStream,
     timeout: Duration,
     listener_name: &str,
-    client_certificates: crate::server::ClientCertificates,
+    client_certificates: ClientCertificates,
 ) -> Option<(tokio_rustls::server::TlsStream<TcpStream>, PeerIdentity)> {
     let refused = |reason: &'static str| {
         metrics::counter!(
@@ -51,8 +51,8 @@ pub(crate) async fn accept_tls(
         .increment(1);
     };
     let config = match client_certificates {
-        crate::server::ClientCertificates::AsConfigured => tls.server_config(),
-        crate::server::ClientCertificates::Optional => tls.server_config_optional_client_auth(),
+        ClientCertificates::AsConfigured => tls.server_config(),
+        ClientCertificates::Optional => tls.server_config_optional_client_auth(),
     };
     let config = match config {
         Ok(config) => config,
@@ -103,7 +103,7 @@ fn is_open_grpc(path: &str) -> bool {
 /// resources.
 pub(crate) struct Authentication {
     pub(crate) trust: Arc<Trust>,
-    pub(crate) challenges: Vec<crate::server::Challenge>,
+    pub(crate) challenges: Vec<Challenge>,
 }
 
 impl Authentication {
@@ -180,4 +180,27 @@ pub(crate) async fn authenticate(
     };
     request.extensions_mut().insert(caller);
     next.run(request).await
+}
+
+/// Whether a TLS listener requires client certificates.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum ClientCertificates {
+    /// As `[trust.tls] client_auth` says (gRPC ports).
+    #[default]
+    AsConfigured,
+    /// Optional whatever it says (admin ports: Kubernetes HTTPS probes present none). A
+    /// client without one must send a bearer token, except GETs of the policy's open paths.
+    Optional,
+}
+
+/// What a 401 tells HTTP clients of the resources under `path_prefix`: the URL of their
+/// OAuth 2.0 protected resource metadata (RFC 9728 §5.1), sent as the `resource_metadata`
+/// parameter of the `WWW-Authenticate: Bearer` challenge, so a client can find the
+/// authorization server to get a token from (as the MCP authorization spec requires).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Challenge {
+    /// The paths the challenge is for (`/mcp`: `/mcp` and everything under it).
+    pub path_prefix: String,
+    /// The absolute URL of the metadata document.
+    pub resource_metadata: String,
 }

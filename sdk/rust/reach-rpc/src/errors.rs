@@ -32,8 +32,13 @@ pub mod reason {
     pub const LEASE_NOT_FOUND: &str = "LEASE_NOT_FOUND";
     /// An operator drained the instance: it must not register again.
     pub const INSTANCE_DRAINED: &str = "INSTANCE_DRAINED";
-    /// The instance could not be reached.
+    /// The instance could not be reached, or nothing routable was ready: the message was not
+    /// delivered.
     pub const INSTANCE_UNAVAILABLE: &str = "INSTANCE_UNAVAILABLE";
+    /// The instance's connection broke while the call or stream was in flight
+    /// (`instance_id` in the metadata): the message may or may not have been handled, so a
+    /// retry must carry the same `message_id` (UNAVAILABLE).
+    pub const INSTANCE_LOST: &str = "INSTANCE_LOST";
     /// Every instance is at its concurrency limit and the wait queue is full or timed out;
     /// retry after the hinted delay (`retry_after_ms`).
     pub const OVERLOADED: &str = "OVERLOADED";
@@ -244,6 +249,20 @@ pub fn is_connect_error(status: &Status) -> bool {
         source = error.source();
     }
     false
+}
+
+/// Whether `status` is tonic's own answer to a response that ended without a gRPC status
+/// (END_STREAM on a DATA frame with no trailers, or a RST_STREAM(NO_ERROR) that hyper turns
+/// into a clean end): UNKNOWN, "missing grpc-status trailer" after HTTP 200, or "grpc-status
+/// header missing" after another HTTP status. The gRPC over HTTP/2 protocol requires the
+/// status in the trailers, so such a response may have been cut short anywhere.
+pub fn is_missing_status(status: &Status) -> bool {
+    status.code() == Code::Unknown
+        && std::error::Error::source(status).is_none()
+        && (status
+            .message()
+            .starts_with("protocol error: missing grpc-status trailer")
+            || status.message().starts_with("grpc-status header missing"))
 }
 
 /// Whether `status` came from a request that a live but closing connection never carried to

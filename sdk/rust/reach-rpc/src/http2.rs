@@ -70,7 +70,7 @@ pub fn channel_lazy(
     match tls {
         None => endpoint.connect_lazy(),
         Some(tls) => {
-            let connector = tls.connector();
+            let connector = reach_trust::connector::TlsConnector::new(tls.clone());
             let connector = match expected {
                 Some(expected) => connector.expecting(expected),
                 None => connector,
@@ -92,7 +92,7 @@ pub async fn channel(
     match tls {
         None => endpoint.connect().await,
         Some(tls) => {
-            let connector = tls.connector();
+            let connector = reach_trust::connector::TlsConnector::new(tls.clone());
             let connector = match expected {
                 Some(expected) => connector.expecting(expected),
                 None => connector,

@@ -23,6 +23,9 @@ use http_body::{Body, Frame, SizeHint};
 use serde::{Deserialize, Serialize};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
+/// How long in-flight calls may run after shutdown begins, by default.
+pub const DEFAULT_GRACE: Duration = Duration::from_secs(10);
+
 /// Counter: connections a listener closed because of a limit, by `reason`
 /// (`max_connections`, `handshake_timeout`) and `listener` (its local address).
 pub const CONNECTIONS_REFUSED: &str = "reach_server_connections_refused_total";
@@ -71,7 +74,7 @@ pub struct ConnectionLimits {
     /// How long in-flight calls and open streams may run once shutdown begins before their
     /// connections are closed: what the listener adds to a process's exit, whatever its peers
     /// do (idle, silent, streaming without end, or no longer reading). Default 10 s
-    /// ([`crate::server::DEFAULT_GRACE`]).
+    /// ([`DEFAULT_GRACE`]).
     #[serde(with = "humantime_serde")]
     pub shutdown_grace: Duration,
 }
@@ -83,7 +86,7 @@ impl Default for ConnectionLimits {
             handshake_timeout: Duration::from_secs(10),
             max_buffered_bytes_per_connection: 64 * 1024 * 1024,
             max_buffered_bytes: 1024 * 1024 * 1024,
-            shutdown_grace: crate::server::DEFAULT_GRACE,
+            shutdown_grace: DEFAULT_GRACE,
         }
     }
 }
@@ -93,39 +96,86 @@ impl ConnectionLimits {
     /// (`max_message_bytes`, in bytes, set by the setting named `message_limit_key`).
     ///
     /// # Errors
-    /// A message naming the `server.*` setting to fix and how.
+    /// The first [`LimitsError`] found, naming the `server.*` setting to fix and how.
     pub fn validate(
         &self,
         max_message_bytes: usize,
         message_limit_key: &str,
-    ) -> Result<(), String> {
+    ) -> Result<(), LimitsError> {
         if self.max_connections == 0 {
-            return Err("server.max_connections is 0; it must be at least 1".into());
+            return Err(LimitsError::NoConnections);
         }
         if self.handshake_timeout < MIN_HANDSHAKE_TIMEOUT {
-            return Err(format!(
-                "server.handshake_timeout is {:?}; it must be at least {MIN_HANDSHAKE_TIMEOUT:?} \
-                 (a loaded client needs that long to send its first bytes), such as \"10s\"",
-                self.handshake_timeout
-            ));
+            return Err(LimitsError::HandshakeTimeoutTooShort {
+                value: self.handshake_timeout,
+            });
         }
         if self.max_buffered_bytes_per_connection < max_message_bytes {
-            return Err(format!(
-                "server.max_buffered_bytes_per_connection is {} bytes, less than the largest \
-                 message accepted ({max_message_bytes} bytes, {message_limit_key}), so such \
-                 a message could never be received; raise it to at least {max_message_bytes}",
-                self.max_buffered_bytes_per_connection
-            ));
+            return Err(LimitsError::ConnectionBudgetBelowMessageLimit {
+                value: self.max_buffered_bytes_per_connection,
+                max_message_bytes,
+                message_limit_key: message_limit_key.to_string(),
+            });
         }
         if self.max_buffered_bytes < self.max_buffered_bytes_per_connection {
-            return Err(format!(
-                "server.max_buffered_bytes ({}) is less than \
-                 server.max_buffered_bytes_per_connection ({}); the listener-wide budget must \
-                 be at least one connection's",
-                self.max_buffered_bytes, self.max_buffered_bytes_per_connection
-            ));
+            return Err(LimitsError::ListenerBudgetBelowConnectionBudget {
+                value: self.max_buffered_bytes,
+                per_connection: self.max_buffered_bytes_per_connection,
+            });
         }
         Ok(())
+    }
+}
+
+/// A `[server]` setting that cannot work, from [`ConnectionLimits::validate`].
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum LimitsError {
+    /// `server.max_connections` is 0.
+    #[error("server.max_connections is 0; it must be at least 1")]
+    NoConnections,
+    /// `server.handshake_timeout` is below [`MIN_HANDSHAKE_TIMEOUT`].
+    #[error(
+        "server.handshake_timeout is {value:?}; it must be at least {MIN_HANDSHAKE_TIMEOUT:?} (a loaded client needs that long to send its first bytes), such as \"10s\""
+    )]
+    HandshakeTimeoutTooShort {
+        /// The configured timeout.
+        value: Duration,
+    },
+    /// `server.max_buffered_bytes_per_connection` is below the largest message accepted.
+    #[error(
+        "server.max_buffered_bytes_per_connection is {value} bytes, less than the largest message accepted ({max_message_bytes} bytes, {message_limit_key}), so such a message could never be received; raise it to at least {max_message_bytes}"
+    )]
+    ConnectionBudgetBelowMessageLimit {
+        /// The configured budget, in bytes.
+        value: usize,
+        /// The largest message accepted, in bytes.
+        max_message_bytes: usize,
+        /// The setting that sets `max_message_bytes`.
+        message_limit_key: String,
+    },
+    /// `server.max_buffered_bytes` is below `server.max_buffered_bytes_per_connection`.
+    #[error(
+        "server.max_buffered_bytes ({value}) is less than server.max_buffered_bytes_per_connection ({per_connection}); the listener-wide budget must be at least one connection's"
+    )]
+    ListenerBudgetBelowConnectionBudget {
+        /// The configured listener budget, in bytes.
+        value: usize,
+        /// The configured per-connection budget, in bytes.
+        per_connection: usize,
+    },
+}
+
+impl LimitsError {
+    /// The setting to fix (`server.max_connections`, ...).
+    pub fn key(&self) -> &'static str {
+        match self {
+            Self::NoConnections => "server.max_connections",
+            Self::HandshakeTimeoutTooShort { .. } => "server.handshake_timeout",
+            Self::ConnectionBudgetBelowMessageLimit { .. } => {
+                "server.max_buffered_bytes_per_connection"
+            }
+            Self::ListenerBudgetBelowConnectionBudget { .. } => "server.max_buffered_bytes",
+        }
     }
 }
 
@@ -143,24 +193,51 @@ pub const DEFAULT_MAX_MESSAGE_BYTES: usize = 4 * 1024 * 1024;
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct MessageLimits {
     /// Limits by full service name (`reach.v1.RouterService`).
-    by_service: std::collections::HashMap<String, usize>,
+    by_service: std::collections::HashMap<String, PrefixLimit>,
     /// Services the server serves (with or without a limit of their own).
     known: std::collections::HashSet<String>,
     /// The limit of paths no known service claims (a fallback service's), when set.
-    fallback: Option<usize>,
+    fallback: Option<PrefixLimit>,
+}
+
+/// A gRPC message size limit as checked against each message's 5-byte length prefix.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PrefixLimit {
+    /// Messages whose prefix declares more bytes than this are refused before any of them
+    /// is read.
+    pub refuse_above: usize,
+    /// The limit a refusal names (`limit_bytes`, and in its message), in bytes: the
+    /// service's own limit. It is below `refuse_above` when the service reads the messages
+    /// in between and refuses them itself, with the same reason (the router does, so that
+    /// one oversized call on a shared `CallMux` stream fails alone).
+    pub named: usize,
+}
+
+impl PrefixLimit {
+    /// Refuses above `max_message_bytes` and names it.
+    pub fn exact(max_message_bytes: usize) -> Self {
+        Self {
+            refuse_above: max_message_bytes,
+            named: max_message_bytes,
+        }
+    }
 }
 
 impl MessageLimits {
     /// Sets the limit of `service` (its full name), in bytes.
     pub fn set(&mut self, service: &str, max_message_bytes: usize) {
-        self.by_service
-            .insert(service.to_string(), max_message_bytes);
+        self.set_prefix_limit(service, PrefixLimit::exact(max_message_bytes));
+    }
+
+    /// Sets the limit of `service` (its full name) as a [`PrefixLimit`].
+    pub fn set_prefix_limit(&mut self, service: &str, limit: PrefixLimit) {
+        self.by_service.insert(service.to_string(), limit);
     }
 
     /// Sets the limit of paths no known service claims (they go to a fallback service), in
     /// bytes.
     pub fn set_fallback(&mut self, max_message_bytes: usize) {
-        self.fallback = Some(max_message_bytes);
+        self.fallback = Some(PrefixLimit::exact(max_message_bytes));
     }
 
     /// Records that the server serves `service`, so its paths are not the fallback's.
@@ -168,10 +245,10 @@ impl MessageLimits {
         self.known.insert(service.to_string());
     }
 
-    /// The limit of a request to `path` (`/package.Service/Method`), in bytes: its service's,
-    /// else the fallback's for a service the server does not serve (when a fallback limit is
-    /// set), else [`DEFAULT_MAX_MESSAGE_BYTES`].
-    pub fn for_path(&self, path: &str) -> usize {
+    /// The limit of a request to `path` (`/package.Service/Method`): its service's, else the
+    /// fallback's for a service the server does not serve (when a fallback limit is set),
+    /// else [`DEFAULT_MAX_MESSAGE_BYTES`].
+    pub fn for_path(&self, path: &str) -> PrefixLimit {
         let service = path
             .trim_start_matches('/')
             .split_once('/')
@@ -181,7 +258,7 @@ impl MessageLimits {
         }
         match self.fallback {
             Some(limit) if !self.known.contains(service) => limit,
-            _ => DEFAULT_MAX_MESSAGE_BYTES,
+            _ => PrefixLimit::exact(DEFAULT_MAX_MESSAGE_BYTES),
         }
     }
 }
@@ -411,10 +488,10 @@ impl ConnectionBudgets {
         request.map(|inner| MeteredBody::new(inner, meter))
     }
 
-    fn new_meter(&self, max_message_bytes: usize) -> MessageMeter {
+    fn new_meter(&self, limit: PrefixLimit) -> MessageMeter {
         MessageMeter {
             budgets: self.clone(),
-            max_message_bytes,
+            limit,
             header: [0; 5],
             header_len: 0,
             body_remaining: 0,
@@ -433,7 +510,7 @@ impl ConnectionBudgets {
 pub struct ReplyBudget {
     per_channel: usize,
     total: Arc<BufferBudget>,
-    max_message_bytes: usize,
+    limit: PrefixLimit,
 }
 
 impl ReplyBudget {
@@ -443,7 +520,7 @@ impl ReplyBudget {
         Self {
             per_channel,
             total: BufferBudget::new(total),
-            max_message_bytes: usize::MAX,
+            limit: PrefixLimit::exact(usize::MAX),
         }
     }
 
@@ -451,7 +528,14 @@ impl ReplyBudget {
     /// `max_message_bytes` bytes as soon as its prefix arrives, with `RESOURCE_EXHAUSTED` and
     /// `PAYLOAD_TOO_LARGE` (both sizes), instead of tonic's `OUT_OF_RANGE`.
     pub fn with_max_message_bytes(mut self, max_message_bytes: usize) -> Self {
-        self.max_message_bytes = max_message_bytes;
+        self.limit = PrefixLimit::exact(max_message_bytes);
+        self
+    }
+
+    /// [`ReplyBudget::with_max_message_bytes`], refusing above `limit.refuse_above` and
+    /// naming `limit.named`.
+    pub fn with_prefix_limit(mut self, limit: PrefixLimit) -> Self {
+        self.limit = limit;
         self
     }
 
@@ -466,7 +550,7 @@ impl ReplyBudget {
                 metered: Metered::Replies,
                 message_limits: Arc::default(),
             },
-            max_message_bytes: self.max_message_bytes,
+            limit: self.limit,
         }
     }
 }
@@ -477,7 +561,7 @@ impl ReplyBudget {
 pub struct MeteredChannel {
     inner: tonic::transport::Channel,
     budgets: ConnectionBudgets,
-    max_message_bytes: usize,
+    limit: PrefixLimit,
 }
 
 impl MeteredChannel {
@@ -499,13 +583,13 @@ impl tower::Service<http::Request<tonic::body::Body>> for MeteredChannel {
     fn call(&mut self, request: http::Request<tonic::body::Body>) -> Self::Future {
         let response = self.inner.call(request);
         let budgets = self.budgets.clone();
-        let max_message_bytes = self.max_message_bytes;
+        let limit = self.limit;
         Box::pin(async move {
             // Every reply is metered, whatever its content-type says: the client will parse
             // it as gRPC messages.
             Ok(response
                 .await?
-                .map(|inner| MeteredBody::new(inner, Some(budgets.new_meter(max_message_bytes)))))
+                .map(|inner| MeteredBody::new(inner, Some(budgets.new_meter(limit)))))
         })
     }
 }
@@ -527,7 +611,7 @@ pub(crate) fn is_grpc(headers: &http::HeaderMap) -> bool {
 struct MessageMeter {
     budgets: ConnectionBudgets,
     /// The largest message accepted, by its length prefix.
-    max_message_bytes: usize,
+    limit: PrefixLimit,
     header: [u8; 5],
     header_len: usize,
     /// Bytes of the current message's body still to come; 0 between messages.
@@ -560,11 +644,11 @@ impl MessageMeter {
                         self.header[4],
                     ]);
                     self.body_remaining = length as usize;
-                    if self.body_remaining > self.max_message_bytes {
+                    if self.body_remaining > self.limit.refuse_above {
                         return Err(message_too_large(
                             self.budgets.metered,
                             self.body_remaining,
-                            self.max_message_bytes,
+                            self.limit.named,
                         ));
                     }
                     if self.body_remaining == 0 {

@@ -30,8 +30,8 @@ pub type Fallback = tower::util::BoxCloneSyncService<
     Infallible,
 >;
 
-/// How long in-flight calls may run after shutdown begins, by default.
-pub const DEFAULT_GRACE: Duration = Duration::from_secs(10);
+pub use crate::authenticate::{Challenge, ClientCertificates};
+pub use crate::limits::DEFAULT_GRACE;
 
 /// A set of gRPC services to serve on one listener, plus `grpc.health.v1.Health` and server
 /// reflection (`grpc.reflection.v1` and `grpc.reflection.v1alpha`).
@@ -192,6 +192,15 @@ impl GrpcServer {
     /// its tonic decoding limit must say so here too.
     pub fn with_message_limit(mut self, service: &str, max_message_bytes: usize) -> Self {
         self.message_limits.set(service, max_message_bytes);
+        self
+    }
+
+    /// Sets `service`'s message limit as a [`crate::limits::PrefixLimit`]: refused by the
+    /// length prefix above `limit.refuse_above`, the refusal naming `limit.named` (for a
+    /// service that refuses the messages in between itself; see
+    /// [`GrpcServer::with_message_limit`]).
+    pub fn with_prefix_limit(mut self, service: &str, limit: crate::limits::PrefixLimit) -> Self {
+        self.message_limits.set_prefix_limit(service, limit);
         self
     }
 
@@ -419,29 +428,6 @@ pub async fn serve_http_with_trust(
         ClientCertificates::AsConfigured,
     )
     .await;
-}
-
-/// Whether a TLS listener requires client certificates.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub enum ClientCertificates {
-    /// As `[trust.tls] client_auth` says (gRPC ports).
-    #[default]
-    AsConfigured,
-    /// Optional whatever it says (admin ports: Kubernetes HTTPS probes present none). A
-    /// client without one must send a bearer token, except GETs of the policy's open paths.
-    Optional,
-}
-
-/// What a 401 tells HTTP clients of the resources under `path_prefix`: the URL of their
-/// OAuth 2.0 protected resource metadata (RFC 9728 §5.1), sent as the `resource_metadata`
-/// parameter of the `WWW-Authenticate: Bearer` challenge, so a client can find the
-/// authorization server to get a token from (as the MCP authorization spec requires).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Challenge {
-    /// The paths the challenge is for (`/mcp`: `/mcp` and everything under it).
-    pub path_prefix: String,
-    /// The absolute URL of the metadata document.
-    pub resource_metadata: String,
 }
 
 /// [`serve_http_with_trust`], asking TLS clients for certificates as `client_certificates`

@@ -16,6 +16,15 @@ pub fn timestamp(time: SystemTime) -> prost_types::Timestamp {
     }
 }
 
+/// Unix milliseconds (negative before 1970) as a protobuf timestamp, nanos always in
+/// `0..1e9` as the type requires.
+pub fn from_unix_ms(ms: i64) -> prost_types::Timestamp {
+    prost_types::Timestamp {
+        seconds: ms.div_euclid(1000),
+        nanos: i32::try_from(ms.rem_euclid(1000) * 1_000_000).unwrap_or(0),
+    }
+}
+
 /// A protobuf timestamp as a system time; `None` when negative or out of range.
 pub fn system_time(ts: &prost_types::Timestamp) -> Option<SystemTime> {
     let seconds = u64::try_from(ts.seconds).ok()?;

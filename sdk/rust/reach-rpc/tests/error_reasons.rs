@@ -27,11 +27,16 @@ fn defined_reasons() -> Vec<(String, String)> {
         .collect()
 }
 
-/// Every `### `REASON`` heading of `docs/errors.md`.
+/// The heading of `docs/errors.md`'s section on the A2A edge's reasons (a table, after every
+/// Reach reason).
+const A2A_SECTION: &str = "## A2A edge";
+
+/// Every `### `REASON`` heading of `docs/errors.md` before its A2A section.
 fn documented_reasons() -> BTreeSet<String> {
     std::fs::read_to_string(repo().join("docs/errors.md"))
         .unwrap()
         .lines()
+        .take_while(|line| !line.starts_with(A2A_SECTION))
         .filter_map(|line| {
             let name = line.strip_prefix("### `")?.strip_suffix('`')?;
             Some(name.to_string())
@@ -96,4 +101,44 @@ fn every_reason_is_returned_by_some_service() {
             "reason {name} is defined and documented but no service returns it: remove it"
         );
     }
+}
+
+/// The reasons the A2A edge answers with: every `=> "REASON"` of `A2aError::reason`.
+fn a2a_reasons() -> BTreeSet<String> {
+    let source = std::fs::read_to_string(repo().join("services/edge/src/a2a/error.rs")).unwrap();
+    let start = source
+        .find("pub fn reason(&self)")
+        .expect("A2aError has `fn reason`");
+    let end = start + source[start..].find("\n    }\n").expect("`fn reason` ends");
+    source[start..end]
+        .lines()
+        .filter_map(|line| {
+            let quoted = line.split("=> \"").nth(1)?;
+            Some(quoted.split('"').next()?.to_string())
+        })
+        .collect()
+}
+
+#[test]
+fn the_error_page_lists_every_a2a_reason_and_only_those() {
+    let page = std::fs::read_to_string(repo().join("docs/errors.md")).unwrap();
+    let section = &page[page
+        .find(A2A_SECTION)
+        .expect("errors.md has the A2A section")..];
+    let documented: BTreeSet<String> = section
+        .lines()
+        .filter_map(|line| {
+            let name = line.strip_prefix("| `")?.split('`').next()?;
+            Some(name.to_string())
+        })
+        .collect();
+    let returned = a2a_reasons();
+    assert!(
+        returned.len() >= 10,
+        "parsed too few A2A reasons: {returned:?}"
+    );
+    assert_eq!(
+        documented, returned,
+        "docs/errors.md's A2A table is out of step with A2aError::reason"
+    );
 }

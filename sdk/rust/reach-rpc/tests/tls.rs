@@ -139,8 +139,7 @@ async fn only_clients_with_a_certificate_of_the_ca_are_served() {
 async fn presented(url: &str, client: &Arc<TlsSource>) -> CertificateDer<'static> {
     let addr = url.trim_start_matches("http://");
     let (host, port) = addr.rsplit_once(':').unwrap();
-    let stream = client
-        .connector()
+    let stream = reach_trust::connector::TlsConnector::new(client.clone())
         .connect(host, port.parse().unwrap())
         .await
         .unwrap();

@@ -159,20 +159,37 @@ impl AgentConfig {
     /// Checks the settings.
     ///
     /// # Errors
-    /// A message naming the setting to fix.
-    pub fn validate(&self) -> Result<(), String> {
+    /// The first [`ConfigError`] found, naming the setting to fix.
+    pub fn validate(&self) -> Result<(), ConfigError> {
         if self.service.is_empty() {
-            return Err("agent.service must be set (for example \"executor.servicing\")".into());
+            return Err(ConfigError::NoService);
         }
         if self.max_concurrency == 0 {
-            return Err("agent.max_concurrency must be at least 1".into());
+            return Err(ConfigError::NoConcurrency);
         }
         if self.lease_ttl.is_zero() {
-            return Err("agent.lease_ttl must be above zero".into());
+            return Err(ConfigError::NoLeaseTtl);
         }
         self.server
-            .validate(self.max_message_bytes, "agent.max_message_bytes")
-            .map_err(|e| format!("agent.{e}"))?;
+            .validate(self.max_message_bytes, "agent.max_message_bytes")?;
         Ok(())
     }
+}
+
+/// An agent setting that cannot work, from [`AgentConfig::validate`]; its message names the
+/// setting and how to fix it.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ConfigError {
+    /// `agent.service` is empty.
+    #[error("agent.service must be set (for example \"executor.servicing\")")]
+    NoService,
+    /// `agent.max_concurrency` is 0.
+    #[error("agent.max_concurrency must be at least 1")]
+    NoConcurrency,
+    /// `agent.lease_ttl` is zero.
+    #[error("agent.lease_ttl must be above zero")]
+    NoLeaseTtl,
+    /// An `agent.server.*` setting.
+    #[error("agent.{0}")]
+    Server(#[from] reach_rpc::limits::LimitsError),
 }

@@ -43,7 +43,11 @@ use crate::models::ModelSlots;
 /// Why an agent could not run.
 #[derive(Debug, thiserror::Error)]
 pub enum AgentError {
-    /// The configuration is invalid; the message names the setting.
+    /// A setting of [`AgentConfig`] cannot work ([`AgentConfig::validate`]).
+    #[error("invalid agent config: {0}")]
+    InvalidConfig(#[from] crate::config::ConfigError),
+    /// The configuration is invalid otherwise (a capability over the registry's bounds, TLS
+    /// material that does not load); the message names the setting.
     #[error("invalid agent config: {0}")]
     Config(String),
     /// The listener's address could not be read.
@@ -236,7 +240,7 @@ impl AgentRuntime {
         listener: tokio::net::TcpListener,
     ) -> Result<(RunningAgent, String), AgentError> {
         let mut config = self.config;
-        config.validate().map_err(AgentError::Config)?;
+        config.validate()?;
         if let Some(problem) = self.problems.into_iter().next() {
             return Err(AgentError::Config(problem));
         }

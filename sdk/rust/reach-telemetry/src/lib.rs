@@ -12,7 +12,8 @@
 //! - [`grpc`] — tower middleware: [`traced`] / [`GrpcServerTraceLayer`] for servers,
 //!   [`traced_channel`] / [`GrpcClientTraceLayer`] for clients.
 //! - [`metrics`] — the Prometheus recorder ([`metrics::install`]), every metric name
-//!   ([`metrics::names`]) and recording helpers per service.
+//!   ([`metrics::names`]) and the shared helpers ([`metrics::GaugeGuard`]); each service
+//!   records its own metrics in its own `metrics` module.
 //! - [`admin`] — the HTTP admin router (`/metrics`, `/health`).
 //!
 //! # Wiring a service

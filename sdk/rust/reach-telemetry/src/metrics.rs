@@ -1,5 +1,6 @@
-//! Prometheus metrics: the process-wide recorder, and every metric name Reach uses with
-//! helpers that record them with the right labels.
+//! Prometheus metrics: the process-wide recorder, every metric name Reach uses (the shared
+//! catalogue, [`names`]) and the helpers every service shares ([`GaugeGuard`]); the router, registry, orchestrator and SDK record their own metrics with
+//! them in their own `metrics` modules.
 //!
 //! All durations are in seconds (`*_seconds` histograms with [`LATENCY_BUCKETS`], except
 //! the SDK handler histogram with [`HANDLER_BUCKETS`], since model calls take minutes).

@@ -3,7 +3,6 @@
 //! `reason`) and counted in [`AUTHZ_DECISIONS`].
 
 use crate::identity::Caller;
-use crate::trust::Denied;
 
 /// Counter of authorization decisions recorded, labelled `action` and `decision`
 /// (`allowed` / `denied`).
@@ -42,17 +41,18 @@ pub fn record(caller: &Caller, action: &str, target: &str, decision: Decision, r
     );
 }
 
-/// Records a refusal.
-pub fn denied(denied: &Denied) {
-    metrics::counter!(AUTHZ_DECISIONS, "action" => denied.action.clone(), "decision" => "denied")
+/// Records a refusal: `identity` may not `action` `target`, because `reason` (the fields of a
+/// [`crate::Denied`]; see [`crate::Denied::audit`]).
+pub fn denied(identity: &str, action: &str, target: &str, reason: &str) {
+    metrics::counter!(AUTHZ_DECISIONS, "action" => action.to_string(), "decision" => "denied")
         .increment(1);
     tracing::warn!(
         target: "reach::audit",
-        who = %denied.identity,
-        action = %denied.action,
-        target = %denied.target,
+        who = %identity,
+        action = %action,
+        target = %target,
         decision = "denied",
-        reason = %denied.reason,
+        reason = %reason,
         "audit"
     );
 }

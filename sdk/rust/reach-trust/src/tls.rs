@@ -435,12 +435,6 @@ impl TlsSource {
             },
         );
     }
-
-    /// A connector for outbound channels that presents this process's certificate and
-    /// verifies the server (see [`crate::connector::TlsConnector`]).
-    pub fn connector(self: &Arc<Self>) -> crate::connector::TlsConnector {
-        crate::connector::TlsConnector::new(self.clone())
-    }
 }
 
 /// Verifies a server's certificate the SPIFFE way: it chains to the CA (with the serverAuth

@@ -134,6 +134,11 @@ pub struct Denied {
 }
 
 impl Denied {
+    /// Records the refusal in the audit log and its metric ([`audit::denied`]).
+    pub fn audit(&self) {
+        audit::denied(&self.identity, &self.action, &self.target, &self.reason);
+    }
+
     /// `PERMISSION_DENIED` with ErrorInfo reason `NOT_AUTHORIZED` and metadata `identity`,
     /// `action` and `target`.
     pub fn to_status(&self) -> tonic::Status {
@@ -515,7 +520,7 @@ impl Trust {
 
     /// Records a refusal as an audit event and returns it.
     fn refuse(&self, denied: Denied) -> Denied {
-        audit::denied(&denied);
+        denied.audit();
         denied
     }
 }

@@ -65,3 +65,11 @@ impl Default for EdgeConfig {
         }
     }
 }
+
+impl EdgeConfig {
+    /// The Host and Origin checks of the edge's HTTP port, from `allowed_hosts`,
+    /// `allowed_origins` and `public_url` (see [`crate::guard::HttpGuard::new`]).
+    pub fn http_guard(&self) -> crate::guard::HttpGuard {
+        crate::guard::HttpGuard::new(&self.allowed_hosts, &self.allowed_origins, &self.public_url)
+    }
+}

@@ -39,7 +39,7 @@ const MAX_ID_BYTES: usize = 256;
 /// The routes of the JSON-RPC binding and the cards, for the edge's HTTP port.
 pub fn routes(edge: A2aEdge) -> Router {
     let limit = edge.config().max_message_bytes;
-    let guard = crate::guard::HttpGuard::new(edge.config());
+    let guard = edge.config().http_guard();
     let router = Router::new()
         .route("/.well-known/agent-card.json", get(mesh_card))
         .route(

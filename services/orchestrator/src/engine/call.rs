@@ -174,7 +174,8 @@ pub fn task_span_id(task_id: &str) -> [u8; 8] {
 /// Whether a failed call provably reached no agent: the router answered that nothing
 /// routable took it (ROUTE_NOT_FOUND, INSTANCE_UNAVAILABLE, OVERLOADED, INSTANCE_DRAINING),
 /// or the router itself could not be connected to, or a closing connection to it never
-/// carried the call.
+/// carried the call. INSTANCE_LOST (the agent's connection broke mid-call) and every other
+/// failure may have been handled: the attempt counts.
 fn delivery_of(status: &tonic::Status) -> Delivery {
     use reach_rpc::errors::reason;
     if matches!(
@@ -192,4 +193,45 @@ fn delivery_of(status: &tonic::Status) -> Delivery {
         return Delivery::NotDelivered;
     }
     Delivery::Maybe
+}
+
+#[cfg(test)]
+mod tests {
+    use reach_rpc::errors::{reason, status_with_reason};
+    use tonic::Code;
+
+    use super::*;
+
+    fn refused(reason: &str) -> tonic::Status {
+        status_with_reason(Code::Unavailable, "refused", reason, [])
+    }
+
+    #[test]
+    fn only_refusals_that_prove_nothing_was_delivered_spare_the_attempt() {
+        for not_delivered in [
+            reason::ROUTE_NOT_FOUND,
+            reason::INSTANCE_UNAVAILABLE,
+            reason::OVERLOADED,
+            reason::INSTANCE_DRAINING,
+        ] {
+            assert_eq!(
+                delivery_of(&refused(not_delivered)),
+                Delivery::NotDelivered,
+                "{not_delivered}"
+            );
+        }
+        // The agent's host went away mid-call: it may have handled the message.
+        assert_eq!(
+            delivery_of(&refused(reason::INSTANCE_LOST)),
+            Delivery::Maybe
+        );
+        assert_eq!(
+            delivery_of(&tonic::Status::unavailable("connection reset")),
+            Delivery::Maybe
+        );
+        assert_eq!(
+            delivery_of(&tonic::Status::internal("handler failed")),
+            Delivery::Maybe
+        );
+    }
 }

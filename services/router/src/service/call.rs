@@ -438,10 +438,10 @@ impl Drop for CallRecord {
     }
 }
 
-/// A failure the instance did not answer with becomes UNAVAILABLE / `INSTANCE_UNAVAILABLE`
-/// naming the instance, instead of the transport's UNKNOWN: one that broke mid-call says the
-/// message may have been handled, one that never reached it (a refused connection) says it was
-/// not delivered. Statuses an instance sent pass through unchanged.
+/// A failure the instance did not answer with becomes UNAVAILABLE naming the instance,
+/// instead of the transport's UNKNOWN: `INSTANCE_LOST` for one that broke mid-call (the
+/// message may have been handled), `INSTANCE_UNAVAILABLE` for one that never reached it (a
+/// refused connection: not delivered). Statuses an instance sent pass through unchanged.
 fn explain_lost_instance(
     status: Status,
     classified: Classified,

@@ -197,9 +197,9 @@ impl Router {
     /// ([`RouterConfig::request_message_limit`], [`RouterConfig::passthrough_message_limit`]).
     pub fn add_to(&self, server: reach_rpc::GrpcServer) -> reach_rpc::GrpcServer {
         server
-            .with_message_limit(
+            .with_prefix_limit(
                 <RouterServiceServer<Self> as tonic::server::NamedService>::NAME,
-                self.config().request_message_limit(),
+                self.config().prefix_limit(),
             )
             .add_service(WatchCallers::new(
                 reach_telemetry::traced(self.clone().into_server()),

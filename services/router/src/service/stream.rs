@@ -147,6 +147,7 @@ impl Router {
                 if let Ok(refusal) = abort_rx.try_recv() {
                     return Err(refusal);
                 }
+                let status = explain_failed_open(status, &endpoint.info().instance_id);
                 if status.code() == Code::Unavailable {
                     endpoint.record_failed(&status);
                 }
@@ -173,5 +174,31 @@ impl Router {
             response.metadata_mut().insert(INSTANCE_ID_METADATA, value);
         }
         Ok(response)
+    }
+}
+
+/// A stream the instance never answered the opening of, as the caller should see it: a
+/// transport failure (a local source) is UNAVAILABLE naming the instance —
+/// `INSTANCE_UNAVAILABLE` when provably nothing was sent, `INSTANCE_LOST` otherwise — instead
+/// of tonic's bare "transport error"; a response without a gRPC status is INTERNAL; statuses
+/// the instance sent pass through.
+fn explain_failed_open(status: Status, instance_id: &str) -> Status {
+    let Some(source) = std::error::Error::source(&status) else {
+        return if reach_rpc::errors::is_missing_status(&status) {
+            crate::endpoint::missing_status(instance_id)
+        } else {
+            status
+        };
+    };
+    let mut detail = source.to_string();
+    let mut cause = source.source();
+    while let Some(inner) = cause {
+        detail = format!("{detail}: {inner}");
+        cause = inner.source();
+    }
+    if reach_rpc::errors::is_connect_error(&status) || reach_rpc::errors::is_unprocessed(&status) {
+        crate::endpoint::unreachable_instance(instance_id, &detail)
+    } else {
+        crate::endpoint::lost_stream_instance(instance_id, &detail)
     }
 }
