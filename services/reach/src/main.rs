@@ -1040,6 +1040,18 @@ async fn serve(
             "admin http   {scheme}://{admin_addr}  ({})",
             paths.join(", ")
         )?;
+        if plane.trust().is_enabled() {
+            writeln!(
+                std::io::stdout(),
+                "console      off (trust is on, and the console has no login yet)"
+            )?;
+        } else if plane.orchestrator().is_some() || plane.registry().is_some() {
+            writeln!(
+                std::io::stdout(),
+                "console      {scheme}://{admin_addr}{}/inbox",
+                reach_console::BASE
+            )?;
+        }
         Some(reach::admin::serve(
             admin_listener,
             metrics,
