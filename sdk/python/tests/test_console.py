@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import subprocess
 import tempfile
 import time
 from collections.abc import Callable, Iterator
@@ -31,7 +32,7 @@ from selenium.webdriver.common.by import By
 from selenium.webdriver.remote.webelement import WebElement
 from selenium.webdriver.support.ui import Select
 
-from conftest import REPO, START_TIMEOUT, ReachProcess
+from conftest import REPO, START_TIMEOUT, STOP_TIMEOUT, ReachProcess, reach_bin
 from reach.v1 import (
     orchestrator_service_pb2,
     orchestrator_service_pb2_grpc,
@@ -195,10 +196,14 @@ def shoot(browser: webdriver.Chrome, name: str) -> None:
     size afterwards."""
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     for size, (width, height) in SIZES.items():
-        browser.set_window_size(width, height)
-        time.sleep(0.2)
+        # The viewport itself, not the window around it, has the size.
+        browser.execute_cdp_cmd(
+            "Emulation.setDeviceMetricsOverride",
+            {"width": width, "height": height, "deviceScaleFactor": 1, "mobile": size == "narrow"},
+        )
+        time.sleep(0.3)
         browser.save_screenshot(str(ARTIFACTS / f"{name}-{size}.png"))
-    browser.set_window_size(*SIZES["wide"])
+    browser.execute_cdp_cmd("Emulation.clearDeviceMetricsOverride", {})
 
 
 def field(browser: webdriver.Chrome, name: str) -> WebElement:
@@ -289,8 +294,21 @@ def test_cancel_runs_the_nodes_on_cancel(dev: ConsoleProcess, browser: webdriver
     assert "cancelled" in browser.find_element(By.ID, "node-path").text
 
 
-def test_the_flow_page_draws_the_graph(dev: ConsoleProcess, browser: webdriver.Chrome) -> None:
+def test_the_inbox_updates_itself(dev: ConsoleProcess, browser: webdriver.Chrome) -> None:
+    browser.get(dev.console_url)
+    wait_for(lambda: browser.find_elements(By.ID, "live"), "the inbox")
+    assert not browser.find_elements(By.CSS_SELECTOR, '[data-task-id="console-review-4"]')
     start_waiting_complaint(dev, "console-review-4")
+    # No reload: the page's script polls and swaps its live part in.
+    wait_for(
+        lambda: browser.find_elements(By.CSS_SELECTOR, '[data-task-id="console-review-4"]'),
+        "the new task in the open inbox",
+        timeout=15,
+    )
+    assert "updated" in browser.find_element(By.ID, "live-stamp").text
+
+
+def test_the_flow_page_draws_the_graph(dev: ConsoleProcess, browser: webdriver.Chrome) -> None:
     browser.get(f"{dev.base}/flows/complaint-flow")
     graph = wait_for(lambda: browser.find_elements(By.CSS_SELECTOR, "#flow-graph svg"), "the flow graph")[0]
     nodes = {n.get_attribute("data-node") for n in graph.find_elements(By.CSS_SELECTOR, "g.node")}
@@ -315,3 +333,31 @@ def test_the_mesh_page_lists_every_instance(dev: ConsoleProcess, browser: webdri
     assert expected <= ids, (expected, ids)
     assert browser.find_elements(By.CSS_SELECTOR, "#capabilities tbody tr")
     shoot(browser, "mesh")
+
+
+def test_reach_console_serves_any_endpoint(dev: ConsoleProcess, browser: webdriver.Chrome) -> None:
+    """`reach console` is the same console, as a process of its own against the mesh's
+    endpoints."""
+    process = subprocess.Popen(
+        [str(reach_bin()), "console", "--listen", "127.0.0.1:0", "--orchestrator", dev.endpoint, "--registry", dev.endpoint],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        assert process.stdout is not None
+        line = process.stdout.readline().decode()
+        match = re.search(r"console\s+(http://127\.0\.0\.1:\d+/console/inbox)", line)
+        assert match, line
+        browser.get(match.group(1))
+        wait_for(lambda: browser.find_elements(By.CSS_SELECTOR, '[data-task-id="console-review-4"]'), "the inbox")
+        browser.get(match.group(1).replace("/inbox", "/mesh"))
+        assert wait_for(lambda: browser.find_elements(By.CSS_SELECTOR, "tr.instance"), "the instances")
+    finally:
+        process.terminate()
+        assert process.wait(STOP_TIMEOUT) == 0
+
+
+def test_reach_console_refuses_to_serve_beyond_loopback_without_insecure() -> None:
+    done = subprocess.run([str(reach_bin()), "console", "--listen", "0.0.0.0:0"], capture_output=True, text=True, timeout=30)
+    assert done.returncode == 64, done
+    assert "--insecure" in done.stderr, done.stderr

@@ -19,7 +19,7 @@ pub const MAX_YAML_BYTES: usize = 512 * 1024;
 
 const NODE_W: f64 = 168.0;
 const NODE_H: f64 = 48.0;
-const GAP_X: f64 = 36.0;
+const GAP_X: f64 = 48.0;
 const GAP_Y: f64 = 64.0;
 const MARGIN: f64 = 24.0;
 
@@ -100,7 +100,7 @@ impl Graph {
             if let Some(conditions) = node.get("conditions").and_then(Value::as_array) {
                 for c in conditions {
                     let expr = c.get("if").and_then(Value::as_str).unwrap_or("");
-                    edge(c.get("next"), format!("if {}", short(expr, 26)));
+                    edge(c.get("next"), format!("if {}", short(&readable(expr), 36)));
                 }
             }
             for key in ["default", "catch", "on_cancel", "on_partial", "on_failure"] {
@@ -248,8 +248,10 @@ impl Graph {
                         let (x1, y1) = (fx + NODE_W / 2.0, fy + NODE_H);
                         let (x2, y2) = (tx + NODE_W / 2.0, ty - 2.0);
                         let mid = (y1 + y2) / 2.0;
+                        // A condition's label sits above its target, where the edges fan out.
+                        let (lx, ly) = if label.starts_with("if ") { (x2, y2 - 8.0) } else { ((x1 + x2) / 2.0, mid) };
                         (format!("M {} {} C {} {}, {} {}, {} {}", fmt(x1), fmt(y1), fmt(x1), fmt(mid), fmt(x2), fmt(mid), fmt(x2), fmt(y2)),
-                         (x1 + x2) / 2.0, mid)
+                         lx, ly)
                     };
                     path.edge d=(d) fill="none" stroke=(if label == "catch" || label == "on_failure" { "#d08a84" } else { "#7d8799" })
                         stroke-width="1.4" stroke-dasharray=[dashed.then_some("5 4")] marker-end="url(#arrow)" {}
@@ -299,6 +301,12 @@ fn fill(kind: &str) -> &'static str {
         "parallel" => "#efeafd",
         _ => "#eef3ff",
     }
+}
+
+/// A condition as a label: `nodes.classify.output.category == 'x'` as
+/// `classify.category == 'x'`.
+fn readable(expr: &str) -> String {
+    expr.replace("nodes.", "").replace(".output.", ".")
 }
 
 fn fmt(v: f64) -> String {

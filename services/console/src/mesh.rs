@@ -132,7 +132,7 @@ pub async fn page(State(console): State<Console>) -> Result<Html<String>, Consol
 
 fn instance_table(list: &[&Instance]) -> Markup {
     html! {
-        div.scroll { table.wide {
+        div.scroll { table.wide.instances {
             thead { tr { th { "Instance" } th { "Service" } th { "State" } th { "Load" } th { "Lease" } th { "Endpoint" } } }
             tbody { @for i in list {
                 @let spec = i.spec.clone().unwrap_or_default();
