@@ -191,9 +191,9 @@ def start_waiting_complaint(dev: ConsoleProcess, task_id: str) -> None:
     wait_for(waiting, f"task {task_id} WAITING_HUMAN")
 
 
-def shoot(browser: webdriver.Chrome, name: str) -> None:
-    """Saves the page at each of :data:`SIZES` as ``<name>-<size>.png``, back at the wide
-    size afterwards."""
+def shoot(browser: webdriver.Chrome, name: str, scroll_to: str = "") -> None:
+    """Saves the page at each of :data:`SIZES` as ``<name>-<size>.png`` (scrolled to the
+    element with id ``scroll_to`` when given), back at the window's size afterwards."""
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     for size, (width, height) in SIZES.items():
         # The viewport itself, not the window around it, has the size.
@@ -201,6 +201,8 @@ def shoot(browser: webdriver.Chrome, name: str) -> None:
             "Emulation.setDeviceMetricsOverride",
             {"width": width, "height": height, "deviceScaleFactor": 1, "mobile": size == "narrow"},
         )
+        if scroll_to:
+            browser.execute_script(f"document.getElementById({scroll_to!r}).scrollIntoView()")
         time.sleep(0.3)
         browser.save_screenshot(str(ARTIFACTS / f"{name}-{size}.png"))
     browser.execute_cdp_cmd("Emulation.clearDeviceMetricsOverride", {})
@@ -253,6 +255,7 @@ def test_a_reviewer_clears_a_complaint_from_the_inbox(dev: ConsoleProcess, brows
     assert "classify" in path and "human_review" in path and "done" in path, path
     assert browser.find_elements(By.CSS_SELECTOR, "#timeline tbody tr"), "the timeline has rows"
     shoot(browser, "task")
+    shoot(browser, "task-nodes", scroll_to="nodes")
 
 
 def test_a_second_reviewer_is_told_who_was_first(dev: ConsoleProcess, browser: webdriver.Chrome) -> None:

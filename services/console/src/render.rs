@@ -30,6 +30,40 @@ pub fn time(timestamp: Option<&prost_types::Timestamp>) -> String {
     }
 }
 
+/// `timestamp`'s time of day in UTC with milliseconds (`14:15:23.123`); `—` when unset.
+pub fn clock(timestamp: Option<&prost_types::Timestamp>) -> String {
+    match system_time(timestamp) {
+        Some(t) => {
+            let text = humantime::format_rfc3339_millis(t).to_string();
+            text.split_once('T')
+                .map(|(_, time)| time.trim_end_matches('Z').to_string())
+                .unwrap_or(text)
+        }
+        None => "—".to_string(),
+    }
+}
+
+/// An event's detail as one line, `key=value` pairs (its `kind` and `node` left out, as the
+/// row shows them), each value cut to 60 characters and the whole to [`SUMMARY_CHARS`].
+pub fn detail(value: &Value) -> String {
+    let line = match value {
+        Value::Object(map) => map
+            .iter()
+            .filter(|(k, _)| *k != "kind" && *k != "node")
+            .map(|(k, v)| {
+                let v = match v {
+                    Value::String(s) => s.clone(),
+                    other => other.to_string(),
+                };
+                format!("{k}={}", cut(&v, 60))
+            })
+            .collect::<Vec<_>>()
+            .join("  ·  "),
+        other => scalar(other),
+    };
+    cut(&line, SUMMARY_CHARS)
+}
+
 /// How long ago `timestamp` was, coarsely (`12s`, `3m 4s`, `2h 5m`); `—` when unset.
 pub fn age(timestamp: Option<&prost_types::Timestamp>) -> String {
     match system_time(timestamp) {
@@ -178,5 +212,10 @@ mod tests {
         let markup = fields(&serde_json::json!({"x": "<script>"}), 5).into_string();
         assert!(markup.contains("&lt;script&gt;"), "{markup}");
         assert_eq!(cut("abcdef", 3), "abc…");
+        assert_eq!(clock(Some(&t)), "08:00:00.000");
+        assert_eq!(
+            detail(&serde_json::json!({"kind": "k", "node": "n", "purpose": "backoff", "n": 2})),
+            "n=2  ·  purpose=backoff"
+        );
     }
 }

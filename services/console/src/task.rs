@@ -260,13 +260,14 @@ fn timers(task: &Task, records: &[DumpRecord]) -> Markup {
             p.muted { "No timers." }
         } @else {
             @if let Some(d) = deadline { p { "The human wait times out at " (render::time(Some(d))) "." } }
+            p.muted { "Times of day in UTC." }
             div.scroll { table.wide {
-                thead { tr { th { "At" } th { "Event" } th { "Node" } th { "Detail" } } }
+                thead { tr { th { "At (UTC)" } th { "Event" } th { "Node" } th { "Detail" } } }
                 tbody { @for e in &events { tr {
-                    td data-label="at" { (render::time(e.at.as_ref())) }
+                    td data-label="at" { (render::clock(e.at.as_ref())) }
                     td data-label="event" { (e.kind) }
                     td data-label="node" { (e.node_id) }
-                    td data-label="detail" { code { (render::scalar(&render::json(e.detail.as_ref()))) } }
+                    td.detail data-label="detail" { (render::detail(&render::json(e.detail.as_ref()))) }
                 } } }
             } }
         }
@@ -346,7 +347,7 @@ fn timeline(task: &Task, records: &[DumpRecord]) -> Markup {
                                     td data-label="record" { (e.kind) }
                                     td data-label="detail" {
                                         @if !e.node_id.is_empty() { code { (e.node_id) } " " }
-                                        span.muted { (render::cut(&render::json(e.detail.as_ref()).to_string(), 160)) }
+                                        span.muted { (render::cut(&render::detail(&render::json(e.detail.as_ref())), 160)) }
                                     }
                                     td data-label="took" { "" }
                                     td.bar { div.span.event style=(format!("margin-left:{:.2}%;width:0.3%", pct(row.offset))) {} }
