@@ -318,11 +318,15 @@ fn review_page(task: &Task, review: Review, status: StatusCode) -> Result<Respon
                 form.card method="post" action=(action) novalidate #review-form {
                     input type="hidden" name="node" value=(waiting.node_id);
                     (form.render(&review.posted, &review.errors))
-                    div class={ "field" @if review.reviewer_error.is_some() { " invalid" } } data-field="reviewer" {
-                        label for="reviewer" { "Your name" span.required title="required" { " *" } }
-                        input #reviewer name="reviewer" type="text" value=(review.reviewer) autocomplete="name";
-                        p.help { "Recorded with your decision, so a second reviewer sees who was first." }
-                        @if let Some(message) = &review.reviewer_error { p.error role="alert" { (message) } }
+                    @if crate::auth::current().is_some() {
+                        p.help { "Your decision is recorded with the identity of your token." }
+                    } @else {
+                        div class={ "field" @if review.reviewer_error.is_some() { " invalid" } } data-field="reviewer" {
+                            label for="reviewer" { "Your name" span.required title="required" { " *" } }
+                            input #reviewer name="reviewer" type="text" value=(review.reviewer) autocomplete="name";
+                            p.help { "Recorded with your decision, so a second reviewer sees who was first." }
+                            @if let Some(message) = &review.reviewer_error { p.error role="alert" { (message) } }
+                        }
                     }
                     div.actions {
                         button type="submit" #submit { "Submit and resume" }
@@ -457,7 +461,8 @@ pub async fn resume(
         .and_then(|w| w.input_schema.as_ref())
         .map(reach_proto::json::from_proto);
     let form = Form::of(schema.as_ref()).map_err(|e| ConsoleError::BadRequest(e.to_string()))?;
-    let reviewer_error = reviewer.is_empty().then(|| {
+    // With a login, the orchestrator records the person's identity; a name is optional.
+    let reviewer_error = (reviewer.is_empty() && !console.config().login).then(|| {
         "say who you are (letters, digits, space and . @ _ -), so a second reviewer can be told who was first".to_string()
     });
     let input = match form.input(&posted) {

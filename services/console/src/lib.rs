@@ -9,6 +9,7 @@
 //! [`Console::routes`] gives the routes under [`BASE`].
 //!
 //! # Layout
+//! - [`auth`]: the login with a bearer token once trust is on, forwarded on every call.
 //! - [`error`]: [`ConsoleError`], what a page could not do, as an HTML page with its status.
 //! - [`flows`]: the flow list and a flow's page (its graph with tasks and failures per node).
 //! - [`graph`]: a flow's nodes and transitions from its YAML, laid out in layers as SVG.
@@ -21,6 +22,7 @@
 //!   and the API's JSON pointers mapped back to fields.
 //! - [`task`]: a task's status, node path, node inputs and outputs, and ledger timeline.
 
+pub mod auth;
 pub mod error;
 pub mod flows;
 pub mod graph;
@@ -73,6 +75,9 @@ pub struct ConsoleConfig {
     pub trace_url: String,
     /// How often pages refresh their live part, in milliseconds; 0 turns live updates off.
     pub refresh_ms: u64,
+    /// Whether a person must log in with a bearer token ([`auth`]), which every call then
+    /// carries; without it the console calls the mesh without credentials.
+    pub login: bool,
 }
 
 /// The console: cheap to clone, one per process.
@@ -155,6 +160,12 @@ impl Console {
             .route("/dead-letters/{task_id}/retry", post(mesh::retry))
             .route("/assets/console.css", get(layout::stylesheet))
             .route("/assets/console.js", get(layout::script))
+            .route("/login", get(auth::login_form).post(auth::login))
+            .route("/logout", post(auth::logout))
+            .layer(axum::middleware::from_fn_with_state(
+                self.clone(),
+                auth::layer,
+            ))
             .with_state(self.clone());
         let guard = self.inner.guard.clone();
         Router::new()
@@ -174,9 +185,15 @@ impl Console {
     }
 }
 
-/// A gRPC request carrying `message`, with the console's call deadline.
+/// A gRPC request carrying `message`, with the console's call deadline and the logged-in
+/// person's bearer token ([`auth::current`]) when there is one.
 pub(crate) fn request<T>(message: T) -> tonic::Request<T> {
     let mut request = tonic::Request::new(message);
     request.set_timeout(CALL_TIMEOUT);
+    if let Some(token) = auth::current()
+        && let Ok(value) = format!("Bearer {token}").parse()
+    {
+        request.metadata_mut().insert("authorization", value);
+    }
     request
 }

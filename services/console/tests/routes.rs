@@ -90,3 +90,61 @@ async fn oversized_forms_are_refused() {
     let (status, _, _) = send(post).await;
     assert_eq!(status, StatusCode::PAYLOAD_TOO_LARGE);
 }
+
+#[tokio::test]
+async fn with_logins_a_page_needs_a_token_which_the_calls_carry() {
+    let routes = Console::new(
+        ConsoleChannels::default(),
+        ConsoleConfig {
+            login: true,
+            ..ConsoleConfig::default()
+        },
+    )
+    .routes();
+    let send = |request: Request<Body>| {
+        let routes = routes.clone();
+        async move {
+            let response = routes.oneshot(request).await.unwrap();
+            let status = response.status();
+            let headers = response.headers().clone();
+            let body = response.into_body().collect().await.unwrap().to_bytes();
+            (status, headers, String::from_utf8_lossy(&body).into_owned())
+        }
+    };
+    let (status, headers, _) = send(get("/console/tasks/t1", "127.0.0.1")).await;
+    assert_eq!(status, StatusCode::SEE_OTHER);
+    assert_eq!(headers["location"], "/console/login?next=/console/tasks/t1");
+    let (status, _, body) = send(get("/console/login?next=/console/tasks/t1", "127.0.0.1")).await;
+    assert_eq!(status, StatusCode::OK);
+    assert!(body.contains("name=\"token\""), "{body}");
+    let login = |token: &str| {
+        Request::post("/console/login")
+            .header("host", "127.0.0.1")
+            .header("origin", "http://127.0.0.1")
+            .header("content-type", "application/x-www-form-urlencoded")
+            .body(Body::from(format!(
+                "next=%2Fconsole%2Ftasks%2Ft1&token={token}"
+            )))
+            .unwrap()
+    };
+    let (status, _, body) = send(login("two+words")).await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY);
+    assert!(body.contains("login-error"), "{body}");
+    let (status, headers, _) = send(login("eyJ.token")).await;
+    assert_eq!(status, StatusCode::SEE_OTHER);
+    assert_eq!(headers["location"], "/console/tasks/t1");
+    let cookie = headers["set-cookie"].to_str().unwrap();
+    assert!(cookie.starts_with("reach_token=eyJ.token;"), "{cookie}");
+    assert!(
+        cookie.contains("HttpOnly") && cookie.contains("SameSite=Strict"),
+        "{cookie}"
+    );
+    let with_cookie = Request::get("/console/inbox")
+        .header("host", "127.0.0.1")
+        .header("cookie", "reach_token=eyJ.token")
+        .body(Body::empty())
+        .unwrap();
+    let (status, _, body) = send(with_cookie).await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+    assert!(body.contains("Log out"), "{body}");
+}
