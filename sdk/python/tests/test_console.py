@@ -208,6 +208,15 @@ def shoot(browser: webdriver.Chrome, name: str, scroll_to: str = "") -> None:
     browser.execute_cdp_cmd("Emulation.clearDeviceMetricsOverride", {})
 
 
+def task_status_is(browser: webdriver.Chrome, status: str) -> bool:
+    """Whether the task page shows ``status``; reloads it when not."""
+    shown = browser.find_elements(By.ID, "task-status")
+    if shown and status in shown[0].text:
+        return True
+    browser.refresh()
+    return False
+
+
 def field(browser: webdriver.Chrome, name: str) -> WebElement:
     return browser.find_element(By.CSS_SELECTOR, f'[data-field="{name}"]')
 
@@ -364,3 +373,93 @@ def test_reach_console_refuses_to_serve_beyond_loopback_without_insecure() -> No
     done = subprocess.run([str(reach_bin()), "console", "--listen", "0.0.0.0:0"], capture_output=True, text=True, timeout=30)
     assert done.returncode == 64, done
     assert "--insecure" in done.stderr, done.stderr
+
+
+#: A flow that waits for a person at once (the trusted mesh below runs no agents).
+APPROVAL = """\
+id: console-approval
+version: 1
+description: A person approves, then the task ends.
+initial: approve
+states:
+  approve:
+    type: human
+    prompt: "Approve the request."
+    schema:
+      type: object
+      required: [approved]
+      properties:
+        approved: {type: boolean, description: "Whether the request may go ahead."}
+    next: done
+  done: {type: succeed}
+"""
+
+
+def test_with_trust_on_a_person_logs_in_and_acts_as_themselves(browser: webdriver.Chrome) -> None:
+    """With trust on (bearer tokens), the console asks for a token, refuses one the mesh does
+    not accept, and calls the mesh with the person's token: their identity is who resumed."""
+    with tempfile.TemporaryDirectory(prefix="reach-console-trust-") as tmp:
+        root = Path(tmp)
+        pki = root / "certs"
+        subprocess.run(
+            [str(reach_bin()), "certs", "init", "--dir", str(pki), "--trust-domain", "reach.test", "--operators", "admin"],
+            check=True,
+            capture_output=True,
+            timeout=30,
+        )
+        token = subprocess.run(
+            [str(reach_bin()), "token", "operator", "--key", str(pki / "jwt-key.pem"), "--name", "admin", "--ttl", "1h", "--trust-domain", "reach.test"],
+            check=True,
+            capture_output=True,
+            text=True,
+            timeout=30,
+        ).stdout.strip()
+        config = root / "reach.toml"
+        config.write_text(f'[trust]\ntrust_domain = "reach.test"\n[trust.jwt]\nkeys = ["{pki / "jwt-public.pem"}"]\n')
+        flows = root / "flows"
+        flows.mkdir()
+        (flows / "console-approval.yaml").write_text(APPROVAL)
+        process = ConsoleProcess(
+            ["dev", "--config", str(config), "--no-agents", "--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0",
+             "--edge-listen", "", "--data-dir", str(root / "data"), "--flows", str(flows)],
+            cwd=root,
+            log=root / "reach-dev.log",
+        )
+        try:
+            bearer = [("authorization", f"Bearer {token}")]
+            stub = orchestrator(process)
+            stub.StartTask(
+                orchestrator_service_pb2.StartTaskRequest(flow_id="console-approval", task_id="approval-1"),
+                metadata=bearer,
+                timeout=10,
+            )
+            wait_for(
+                lambda: stub.GetTask(orchestrator_service_pb2.GetTaskRequest(task_id="approval-1"), metadata=bearer, timeout=5).task.status
+                == orchestrator_service_pb2.TASK_STATUS_WAITING_HUMAN,
+                "approval-1 WAITING_HUMAN",
+            )
+            browser.get(process.console_url)
+            wait_for(lambda: browser.find_elements(By.ID, "login-form"), "the login page")
+            browser.find_element(By.ID, "token").send_keys("not-a-token")
+            browser.find_element(By.ID, "login").click()
+            error = wait_for(lambda: browser.find_elements(By.ID, "login-error"), "the refusal")[0]
+            assert "refuses this token" in error.text, error.text
+            shoot(browser, "login-refused")
+            browser.find_element(By.ID, "token").send_keys(token)
+            browser.find_element(By.ID, "login").click()
+            card = wait_for(lambda: browser.find_elements(By.CSS_SELECTOR, '[data-task-id="approval-1"]'), "the inbox")[0]
+            assert "Approve the request." in card.text
+            assert browser.find_elements(By.ID, "logout")
+            card.find_element(By.LINK_TEXT, "approval-1").click()
+            wait_for(lambda: browser.find_elements(By.ID, "review-form"), "the review form")
+            assert not browser.find_elements(By.ID, "reviewer"), "no name to give: the token says who"
+            Select(browser.find_element(By.NAME, "f.approved")).select_by_value("true")
+            browser.find_element(By.ID, "submit").click()
+            wait_for(lambda: task_status_is(browser, "SUCCEEDED"), "approval-1 SUCCEEDED")
+            browser.get(f"{process.base}/inbox/approval-1")
+            notice = wait_for(lambda: browser.find_elements(By.ID, "already-resumed"), "who resumed")[0]
+            assert "already resumed by" in notice.text and "admin" in notice.text, notice.text
+            browser.find_element(By.ID, "logout").click()
+            wait_for(lambda: browser.find_elements(By.ID, "login-form"), "the login page after logging out")
+        finally:
+            process.stop()

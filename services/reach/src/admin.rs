@@ -85,16 +85,40 @@ pub fn plane_routes(
 }
 
 /// The web console of `plane` (at [`reach_console::BASE`]), calling its own orchestrator
-/// and registry over loopback; `None` when it runs neither, or when trust is on: the console
-/// would call them as this process, not as the person browsing, until it has a login.
+/// and registry over loopback; `None` when it runs neither. With trust on, a person logs in
+/// with a bearer token, and the console calls the services with that token alone (over TLS
+/// without this process's certificate when the plane serves TLS), so their policy judges the
+/// person, never the process.
 pub fn console(plane: &crate::control_plane::ControlPlane) -> Option<reach_console::Console> {
-    if plane.trust().is_enabled() || (plane.orchestrator().is_none() && plane.registry().is_none())
-    {
+    if plane.orchestrator().is_none() && plane.registry().is_none() {
         return None;
     }
-    let channel = reach_rpc::http2::endpoint(plane.endpoint())
-        .ok()
-        .map(|endpoint| reach_rpc::http2::channel_lazy(&endpoint, None, None))?;
+    let trust = plane.trust();
+    let channel = match trust.tls() {
+        Some(tls) => {
+            let anonymous = reach_trust::tls::TlsSource::load(
+                &reach_trust::tls::TlsConfig {
+                    cert: None,
+                    key: None,
+                    ..tls.config().clone()
+                },
+                trust.trust_domain(),
+            );
+            let anonymous = match anonymous {
+                Ok(anonymous) => anonymous,
+                Err(e) => {
+                    tracing::warn!(error = %e, "the console is off: cannot load the CA for its channel");
+                    return None;
+                }
+            };
+            let endpoint = reach_rpc::http2::endpoint(format!("https://{}", plane.addr())).ok()?;
+            reach_rpc::http2::channel_lazy(&endpoint, Some(&anonymous), None)
+        }
+        None => {
+            let endpoint = reach_rpc::http2::endpoint(plane.endpoint()).ok()?;
+            reach_rpc::http2::channel_lazy(&endpoint, None, None)
+        }
+    };
     Some(reach_console::Console::new(
         reach_console::ConsoleChannels {
             orchestrator: plane.orchestrator().is_some().then(|| channel.clone()),
@@ -102,6 +126,7 @@ pub fn console(plane: &crate::control_plane::ControlPlane) -> Option<reach_conso
         },
         reach_console::ConsoleConfig {
             refresh_ms: reach_console::DEFAULT_REFRESH_MS,
+            login: trust.is_enabled(),
             ..reach_console::ConsoleConfig::default()
         },
     ))

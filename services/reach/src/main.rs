@@ -181,7 +181,7 @@ enum Command {
     /// registry until Ctrl-C; `reach dev` serves it on its admin port already.
     Console {
         /// Where the console listens (host:port). A non-loopback address needs --insecure:
-        /// the console has no login yet, so anyone who reaches it acts as the console.
+        /// the console serves plain HTTP.
         #[arg(long, default_value = "127.0.0.1:7073")]
         listen: String,
         /// The orchestrator (inbox, tasks, flows, dead letters); "" leaves those pages out.
@@ -199,6 +199,10 @@ enum Command {
         /// How often pages refresh, in milliseconds (0: never).
         #[arg(long, default_value_t = reach_console::DEFAULT_REFRESH_MS)]
         refresh_ms: u64,
+        /// Require a login with a bearer token (for a mesh with trust on), forwarded on every
+        /// call so the services' policy judges the person.
+        #[arg(long)]
+        login: bool,
         /// Allow a non-loopback --listen (see --listen).
         #[arg(long)]
         insecure: bool,
@@ -550,7 +554,7 @@ async fn serve_console(
     let addr = listener.local_addr()?;
     if !addr.ip().is_loopback() && !insecure {
         eprintln!(
-            "error: the console would serve {addr}, beyond loopback, without a login; listen on 127.0.0.1 or pass --insecure"
+            "error: the console would serve {addr}, beyond loopback, over plain HTTP; listen on 127.0.0.1 or pass --insecure"
         );
         return Ok(ExitCode::from(EXIT_USAGE));
     }
@@ -811,6 +815,7 @@ async fn run(command: Command) -> anyhow::Result<ExitCode> {
             allowed_hosts,
             trace_url,
             refresh_ms,
+            login,
             insecure,
         } => {
             serve_console(
@@ -821,6 +826,7 @@ async fn run(command: Command) -> anyhow::Result<ExitCode> {
                     allowed_hosts,
                     trace_url,
                     refresh_ms,
+                    login,
                 },
                 insecure,
             )
@@ -1134,16 +1140,16 @@ async fn serve(
             "admin http   {scheme}://{admin_addr}  ({})",
             paths.join(", ")
         )?;
-        if plane.trust().is_enabled() {
+        if plane.orchestrator().is_some() || plane.registry().is_some() {
             writeln!(
                 std::io::stdout(),
-                "console      off (trust is on, and the console has no login yet)"
-            )?;
-        } else if plane.orchestrator().is_some() || plane.registry().is_some() {
-            writeln!(
-                std::io::stdout(),
-                "console      {scheme}://{admin_addr}{}/inbox",
-                reach_console::BASE
+                "console      {scheme}://{admin_addr}{}/inbox{}",
+                reach_console::BASE,
+                if plane.trust().is_enabled() {
+                    "  (log in with a bearer token)"
+                } else {
+                    ""
+                }
             )?;
         }
         Some(reach::admin::serve(
