@@ -134,6 +134,7 @@ pub async fn login_form(Query(query): Query<LoginQuery>) -> Response {
 /// sets the cookie, then 303 to `next`.
 pub async fn login(
     State(console): State<Console>,
+    uri: http::Uri,
     headers: HeaderMap,
     axum::extract::Form(posted): axum::extract::Form<Vec<(String, String)>>,
 ) -> Response {
@@ -187,9 +188,11 @@ pub async fn login(
             StatusCode::UNAUTHORIZED,
         );
     }
-    let secure = headers
-        .get("x-forwarded-proto")
-        .is_some_and(|v| v == "https");
+    // Over TLS (HTTP/2 names the scheme) or behind a TLS proxy the cookie is `Secure`.
+    let secure = uri.scheme_str() == Some("https")
+        || headers
+            .get("x-forwarded-proto")
+            .is_some_and(|v| v == "https");
     let cookie = format!(
         "{TOKEN_COOKIE}={token}; Path={BASE}; SameSite=Strict; HttpOnly{}",
         if secure { "; Secure" } else { "" }

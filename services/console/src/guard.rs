@@ -43,10 +43,17 @@ impl Guard {
     /// # Errors
     /// The [`Refusal`] to answer instead (403): a `Host` that is none of the console's, or
     /// a change from another origin.
-    pub fn check(&self, method: &Method, headers: &HeaderMap) -> Result<(), Refusal> {
+    pub fn check(
+        &self,
+        method: &Method,
+        uri: &http::Uri,
+        headers: &HeaderMap,
+    ) -> Result<(), Refusal> {
+        // HTTP/2 (the admin port over TLS) names the host in the URI's authority.
         let host = headers
             .get(http::header::HOST)
             .and_then(|v| v.to_str().ok())
+            .or_else(|| uri.authority().map(http::uri::Authority::as_str))
             .unwrap_or_default()
             .trim()
             .to_ascii_lowercase();
@@ -159,14 +166,24 @@ mod tests {
             "console.example:8443",
         ] {
             assert!(
-                guard.check(&Method::GET, &headers(&[("host", ok)])).is_ok(),
+                guard
+                    .check(
+                        &Method::GET,
+                        &http::Uri::from_static("/"),
+                        &headers(&[("host", ok)])
+                    )
+                    .is_ok(),
                 "{ok}"
             );
         }
         for bad in ["evil.example", "console.example:80", "a@127.0.0.1", ""] {
             assert!(
                 guard
-                    .check(&Method::GET, &headers(&[("host", bad)]))
+                    .check(
+                        &Method::GET,
+                        &http::Uri::from_static("/"),
+                        &headers(&[("host", bad)])
+                    )
                     .is_err(),
                 "{bad}"
             );
@@ -180,7 +197,11 @@ mod tests {
         let post = |extra: &[(&'static str, &str)]| {
             let mut pairs = vec![host];
             pairs.extend_from_slice(extra);
-            guard.check(&Method::POST, &headers(&pairs))
+            guard.check(
+                &Method::POST,
+                &http::Uri::from_static("/"),
+                &headers(&pairs),
+            )
         };
         assert!(post(&[("origin", "http://127.0.0.1:7071")]).is_ok());
         assert!(post(&[("origin", "http://evil.example")]).is_err());
@@ -190,5 +211,14 @@ mod tests {
         assert!(post(&[("sec-fetch-site", "same-origin")]).is_ok());
         // curl and other non-browser clients send neither.
         assert!(post(&[]).is_ok());
+    }
+
+    #[test]
+    fn http2_names_the_host_in_the_authority() {
+        let guard = Guard::new(&[]);
+        let uri = http::Uri::from_static("https://127.0.0.1:7071/console/inbox");
+        assert!(guard.check(&Method::GET, &uri, &HeaderMap::new()).is_ok());
+        let uri = http::Uri::from_static("https://evil.example/console/inbox");
+        assert!(guard.check(&Method::GET, &uri, &HeaderMap::new()).is_err());
     }
 }

@@ -173,7 +173,9 @@ impl Console {
             .layer(axum::extract::DefaultBodyLimit::max(MAX_FORM_BYTES))
             .layer(axum::middleware::from_fn(
                 move |request: axum::extract::Request, next: axum::middleware::Next| {
-                    let refused = guard.check(request.method(), request.headers()).err();
+                    let refused = guard
+                        .check(request.method(), request.uri(), request.headers())
+                        .err();
                     async move {
                         match refused {
                             Some(refusal) => axum::response::IntoResponse::into_response(refusal),
