@@ -58,6 +58,9 @@ impl IntoResponse for ConsoleError {
             div.notice.error role="alert" {
                 strong { (title) } ": " (self.to_string())
             }
+            @if status == StatusCode::UNAUTHORIZED {
+                p { a href={ (crate::BASE) "/login" } #login-again { "Log in again" } }
+            }
         };
         (
             status,
