@@ -172,11 +172,11 @@ def orchestrator(dev: ConsoleProcess) -> orchestrator_service_pb2_grpc.Orchestra
     return orchestrator_service_pb2_grpc.OrchestratorServiceStub(grpc.insecure_channel(dev.address))
 
 
-def start_waiting_complaint(dev: ConsoleProcess, task_id: str) -> None:
+def start_waiting_complaint(dev: ConsoleProcess, task_id: str, company: str = "Acme Bank") -> None:
     """Starts a complaint-flow task the classifier is unsure of and waits until it waits in
     `human_review`."""
     stub = orchestrator(dev)
-    complaint = {"complaint_id": task_id, "narrative": VAGUE, "company": "Acme Bank", "state": "CA"}
+    complaint = {"complaint_id": task_id, "narrative": VAGUE, "company": company, "state": "CA"}
     stub.StartTask(
         orchestrator_service_pb2.StartTaskRequest(
             flow_id="complaint-flow", task_id=task_id, input=json_format.ParseDict(complaint, struct_pb2.Value())
@@ -318,6 +318,22 @@ def test_the_inbox_updates_itself(dev: ConsoleProcess, browser: webdriver.Chrome
         timeout=15,
     )
     assert "updated" in browser.find_element(By.ID, "live-stamp").text
+
+
+def test_user_data_is_escaped_and_filters_narrow_the_inbox(dev: ConsoleProcess, browser: webdriver.Chrome) -> None:
+    hostile = '<img src=x onerror="window.__xss=1"><script>window.__xss=2</script>'
+    start_waiting_complaint(dev, "console-review-5", company=hostile)
+    browser.get(f"{dev.base}/inbox?flow=complaint-flow&node=human_review")
+    card = wait_for(lambda: browser.find_elements(By.CSS_SELECTOR, '[data-task-id="console-review-5"]'), "the task")[0]
+    assert hostile in card.text, card.text  # shown as text, not run
+    assert browser.execute_script("return window.__xss === undefined")
+    browser.get(f"{dev.base}/inbox/console-review-5")
+    wait_for(lambda: browser.find_elements(By.ID, "review-form"), "the review form")
+    assert browser.execute_script("return window.__xss === undefined")
+    browser.get(f"{dev.base}/inbox?node=some_other_node")
+    wait_for(lambda: browser.find_elements(By.ID, "live"), "the filtered inbox")
+    assert not browser.find_elements(By.CSS_SELECTOR, "[data-task-id]")
+    assert "0 tasks waiting" in browser.find_element(By.TAG_NAME, "main").text
 
 
 def test_the_flow_page_draws_the_graph(dev: ConsoleProcess, browser: webdriver.Chrome) -> None:
