@@ -361,6 +361,15 @@ def test_the_mesh_page_lists_every_instance(dev: ConsoleProcess, browser: webdri
     assert expected <= ids, (expected, ids)
     assert browser.find_elements(By.CSS_SELECTOR, "#capabilities tbody tr")
     shoot(browser, "mesh")
+    # The review cancelled above ended FAILED (its on_cancel is a `fail` node): a dead letter
+    # with a retry button, which retries it (and it fails there again).
+    row = browser.find_element(By.XPATH, '//table[@id="dead-letters"]//tr[.//a[text()="console-review-3"]]')
+    assert "cancelled" in row.text, row.text
+    shoot(browser, "dead-letters", scroll_to="dead-letters")
+    row.find_element(By.TAG_NAME, "button").click()
+    wait_for(lambda: "/console/tasks/console-review-3" in browser.current_url, "the retried task's page")
+    browser.get(f"{dev.base}/tasks")
+    assert wait_for(lambda: browser.find_elements(By.LINK_TEXT, "console-review-1"), "the task list")
 
 
 def test_reach_console_serves_any_endpoint(dev: ConsoleProcess, browser: webdriver.Chrome) -> None:
