@@ -177,10 +177,12 @@ impl Console {
                         .check(request.method(), request.uri(), request.headers())
                         .err();
                     async move {
-                        match refused {
+                        let mut response = match refused {
                             Some(refusal) => axum::response::IntoResponse::into_response(refusal),
                             None => next.run(request).await,
-                        }
+                        };
+                        guard::harden(response.headers_mut());
+                        response
                     }
                 },
             ))

@@ -34,6 +34,20 @@ async fn the_root_redirects_to_the_inbox() {
 }
 
 #[tokio::test]
+async fn every_response_forbids_framing_and_foreign_scripts() {
+    for path in ["/console/inbox", "/console/assets/console.js"] {
+        let (_, headers, _) = send(get(path, "127.0.0.1:7071")).await;
+        let csp = headers["content-security-policy"].to_str().unwrap();
+        assert!(csp.contains("frame-ancestors 'none'"), "{csp}");
+        assert!(csp.contains("script-src 'self'"), "{csp}");
+        assert_eq!(headers["x-frame-options"], "DENY");
+        assert_eq!(headers["x-content-type-options"], "nosniff");
+    }
+    let (_, headers, _) = send(get("/console/inbox", "evil.example")).await;
+    assert_eq!(headers["x-frame-options"], "DENY");
+}
+
+#[tokio::test]
 async fn assets_come_from_the_binary() {
     let (status, headers, body) = send(get("/console/assets/console.css", "localhost")).await;
     assert_eq!(status, StatusCode::OK);
