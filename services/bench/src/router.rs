@@ -1098,6 +1098,7 @@ async fn measure_all(
 /// The mTLS cells next to the plaintext ones of the same mode, payload and concurrency, with
 /// the ratios mTLS / plaintext of throughput, p50 latency and CPU per request.
 fn render_mtls(plaintext: &[Cell], mtls: &[Cell]) -> String {
+    use std::fmt::Write as _;
     let mut out = String::from(
         "\nmutual TLS vs plaintext (every hop TLS 1.3 with client certificates, ECDSA P-256; callers authenticated by certificate, no policy file)\n",
     );

@@ -271,6 +271,11 @@ pub enum Event {
         node: String,
         /// The input given.
         input: Value,
+        /// Who resumed it: the caller's identity with trust on, else the reviewer name the
+        /// client sent in the `reach-reviewer` metadata; absent when neither is known (and in
+        /// tasks resumed before it was recorded).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        by: Option<String>,
     },
     /// A node visit ended and chose the next node.
     NodeCompleted {
@@ -770,7 +775,7 @@ impl TaskState {
                 self.human_waiting = true;
                 self.status = TaskStatus::WaitingHuman;
             }
-            Event::HumanResumed { node, input } => {
+            Event::HumanResumed { node, input, .. } => {
                 self.human_input = Some(input.clone());
                 self.ctx(node).insert("input".into(), input.clone());
                 if let Some(v) = self.visit() {

@@ -632,13 +632,21 @@ impl OrchestratorService for OrchestratorApi {
         request: Request<pb::ResumeTaskRequest>,
     ) -> Result<Response<pb::ResumeTaskResponse>, Status> {
         let caller = Caller::of(request.extensions());
+        let reviewer = reviewer_of(request.metadata());
         let r = request.into_inner();
         self.authorized(&caller, TaskAction::Resume, &r.task_id)
             .await?;
         let input = json::from_proto_opt(r.input.as_ref());
+        // With trust on, the caller's identity says who resumed; without it, the name the
+        // client sent (a console asks its reviewer for one).
+        let by = if self.trust.is_enabled() {
+            Some(caller.name().to_string())
+        } else {
+            reviewer
+        };
         let state = self
             .engine
-            .resume(&r.task_id, Some(&r.node_id), input)
+            .resume_by(&r.task_id, Some(&r.node_id), input, by)
             .await?;
         Ok(Response::new(pb::ResumeTaskResponse {
             task: Some(self.task_view(&state)),
@@ -750,7 +758,13 @@ impl OrchestratorService for OrchestratorApi {
             .latest_all()
             .into_iter()
             .filter(|e| r.flow_id.is_empty() || e.flow.id == r.flow_id)
-            .map(|e| flow_summary(&e.flow, e.applied_ms))
+            .map(|e| {
+                let mut summary = flow_summary(&e.flow, e.applied_ms);
+                if !r.flow_id.is_empty() {
+                    summary.yaml.clone_from(&e.flow.yaml);
+                }
+                summary
+            })
             .collect();
         Ok(Response::new(pb::ListFlowsResponse { flows }))
     }
@@ -925,6 +939,7 @@ pub fn flow_summary(flow: &crate::flow::Flow, applied_ms: i64) -> pb::FlowSummar
         applied_at: Some(ts(applied_ms)),
         source: flow.source.clone(),
         description: flow.description.clone().unwrap_or_default(),
+        yaml: String::new(),
     }
 }
 
@@ -966,4 +981,24 @@ fn validate_labels(
         }
     }
     Ok(())
+}
+
+/// The gRPC metadata key naming the person who resumes a task when the orchestrator runs
+/// without trust (with trust the caller's identity is recorded instead): at most
+/// [`MAX_REVIEWER_CHARS`] characters, control characters dropped.
+pub const REVIEWER_METADATA: &str = "reach-reviewer";
+/// The longest reviewer name recorded, in characters.
+pub const MAX_REVIEWER_CHARS: usize = 64;
+
+/// The reviewer named by `metadata`'s [`REVIEWER_METADATA`] (trimmed, control characters
+/// dropped, cut to [`MAX_REVIEWER_CHARS`]); `None` when absent or empty.
+fn reviewer_of(metadata: &tonic::metadata::MetadataMap) -> Option<String> {
+    let raw = metadata.get(REVIEWER_METADATA)?.to_str().ok()?;
+    let name: String = raw
+        .chars()
+        .filter(|c| !c.is_control())
+        .take(MAX_REVIEWER_CHARS)
+        .collect();
+    let name = name.trim();
+    (!name.is_empty()).then(|| name.to_string())
 }

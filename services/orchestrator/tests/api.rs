@@ -360,6 +360,54 @@ async fn refusals_carry_reasons_a_program_can_branch_on() {
         e.get_details_bad_request().unwrap().field_violations[0].field,
         "input/approved"
     );
+    // Who resumed is recorded (the reviewer's name without trust), and a second resume is
+    // refused: a console tells its reviewer who was first.
+    let mut first = tonic::Request::new(resume("r1", "ask", json!({"approved": true})));
+    first
+        .metadata_mut()
+        .insert("reach-reviewer", "Ana\tLima".parse().unwrap());
+    c.resume_task(first).await.unwrap();
+    let e = c
+        .resume_task(resume("r1", "ask", json!({"approved": false})))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::FailedPrecondition, "{e:?}");
+    let dump = c
+        .dump_task(pb::DumpTaskRequest {
+            task_id: "r1".into(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let by: Vec<serde_json::Value> = dump
+        .records
+        .iter()
+        .filter_map(|r| match &r.record {
+            Some(pb::dump_record::Record::Event(e)) if e.kind == "human_resumed" => e
+                .detail
+                .as_ref()
+                .map(|d| reach_orchestrator::json::from_proto(d)["by"].clone()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(by, [json!("AnaLima")]);
+    // One flow named: its YAML text comes along (a console draws it); all flows: none.
+    let one = c
+        .list_flows(pb::ListFlowsRequest {
+            flow_id: "review".into(),
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .flows;
+    assert!(one[0].yaml.contains("states"), "{one:?}");
+    let all = c
+        .list_flows(pb::ListFlowsRequest::default())
+        .await
+        .unwrap()
+        .into_inner()
+        .flows;
+    assert!(all.iter().all(|f| f.yaml.is_empty()));
     let e = c.start_task(start("parked", "r1")).await.unwrap_err();
     check(&e, Code::AlreadyExists, reason::TASK_ID_IN_USE);
     assert_eq!(metadata_of(&e)["flow_id"], "review");

@@ -1,7 +1,7 @@
 //! The HTTP admin port: `GET /metrics` (Prometheus) and `GET /health` from reach-telemetry,
 //! `GET /agents` (JSON) and `DELETE /agents/{service}` (drain, then remove), as users of the
 //! original gateway expect; `reach dev` adds the orchestrator's `GET /tasks/{id}` and
-//! `POST /tasks/{id}/retry`.
+//! `POST /tasks/{id}/retry`, and the web console under `/console` (`docs/console.md`).
 //!
 //! With trust on (see [`serve`]), `/health` and `/metrics` stay open to anyone and every
 //! other route needs an operator ([`reach_trust::Trust::check_operator`]); a refusal is 403
@@ -78,7 +78,58 @@ pub fn plane_routes(
     if let Some(orchestrator) = plane.orchestrator() {
         routes = routes.merge(orchestrator.admin_router());
     }
+    if let Some(console) = console(plane) {
+        routes = routes.merge(console.routes());
+    }
     routes
+}
+
+/// The web console of `plane` (at [`reach_console::BASE`]), calling its own orchestrator
+/// and registry over loopback; `None` when it runs neither. With trust on, a person logs in
+/// with a bearer token, and the console calls the services with that token alone (over TLS
+/// without this process's certificate when the plane serves TLS), so their policy judges the
+/// person, never the process.
+pub fn console(plane: &crate::control_plane::ControlPlane) -> Option<reach_console::Console> {
+    if plane.orchestrator().is_none() && plane.registry().is_none() {
+        return None;
+    }
+    let trust = plane.trust();
+    let channel = match trust.tls() {
+        Some(tls) => {
+            let anonymous = reach_trust::tls::TlsSource::load(
+                &reach_trust::tls::TlsConfig {
+                    cert: None,
+                    key: None,
+                    ..tls.config().clone()
+                },
+                trust.trust_domain(),
+            );
+            let anonymous = match anonymous {
+                Ok(anonymous) => anonymous,
+                Err(e) => {
+                    tracing::warn!(error = %e, "the console is off: cannot load the CA for its channel");
+                    return None;
+                }
+            };
+            let endpoint = reach_rpc::http2::endpoint(format!("https://{}", plane.addr())).ok()?;
+            reach_rpc::http2::channel_lazy(&endpoint, Some(&anonymous), None)
+        }
+        None => {
+            let endpoint = reach_rpc::http2::endpoint(plane.endpoint()).ok()?;
+            reach_rpc::http2::channel_lazy(&endpoint, None, None)
+        }
+    };
+    Some(reach_console::Console::new(
+        reach_console::ConsoleChannels {
+            orchestrator: plane.orchestrator().is_some().then(|| channel.clone()),
+            registry: plane.registry().is_some().then_some(channel),
+        },
+        reach_console::ConsoleConfig {
+            refresh_ms: reach_console::DEFAULT_REFRESH_MS,
+            login: trust.is_enabled(),
+            ..reach_console::ConsoleConfig::default()
+        },
+    ))
 }
 
 /// Serves `plane`'s admin routes ([`plane_routes`]) on `listener` with its trust (TLS when it

@@ -177,6 +177,36 @@ enum Command {
         #[arg(long)]
         orchestrator: Option<String>,
     },
+    /// Serve the web console (inbox, tasks, flows, mesh) against any orchestrator and
+    /// registry until Ctrl-C; `reach dev` serves it on its admin port already.
+    Console {
+        /// Where the console listens (host:port). A non-loopback address needs --insecure:
+        /// the console serves plain HTTP.
+        #[arg(long, default_value = "127.0.0.1:7073")]
+        listen: String,
+        /// The orchestrator (inbox, tasks, flows, dead letters); "" leaves those pages out.
+        #[arg(long, default_value = reach::cli::DEFAULT_ENDPOINT)]
+        orchestrator: String,
+        /// The registry (mesh page); "" leaves it out.
+        #[arg(long, default_value = reach::cli::DEFAULT_ENDPOINT)]
+        registry: String,
+        /// Host names the console may be addressed by besides loopback (repeatable).
+        #[arg(long = "allowed-host")]
+        allowed_hosts: Vec<String>,
+        /// A URL template for trace ids on task pages, `{trace_id}` replaced.
+        #[arg(long, default_value = "")]
+        trace_url: String,
+        /// How often pages refresh, in milliseconds (0: never).
+        #[arg(long, default_value_t = reach_console::DEFAULT_REFRESH_MS)]
+        refresh_ms: u64,
+        /// Require a login with a bearer token (for a mesh with trust on), forwarded on every
+        /// call so the services' policy judges the person.
+        #[arg(long)]
+        login: bool,
+        /// Allow a non-loopback --listen (see --listen).
+        #[arg(long)]
+        insecure: bool,
+    },
     /// A live terminal board: instances, traffic per capability, tasks, failures (q quits).
     Top {
         /// The registry (or `reach dev`) gRPC endpoint.
@@ -308,6 +338,7 @@ impl Command {
             Command::Orchestrator { .. } => "reach-orchestrator",
             Command::ExampleAgents { .. } => "reach-example-agents",
             Command::Mcp { .. } => "reach-mcp-attach",
+            Command::Console { .. } => "reach-console",
             Command::Agents { .. }
             | Command::Call { .. }
             | Command::Capabilities { .. }
@@ -493,6 +524,51 @@ fn grpc_endpoint(value: &str) -> Result<String, String> {
             "{value:?} is not a URL; write it with its scheme, such as http://{value}"
         ))
     }
+}
+
+/// `reach console`: the console's routes on `listen`, calling `orchestrator` and `registry`
+/// (either "" to leave its pages out), until SIGINT/SIGTERM.
+async fn serve_console(
+    listen: &str,
+    orchestrator: &str,
+    registry: &str,
+    config: reach_console::ConsoleConfig,
+    insecure: bool,
+) -> anyhow::Result<ExitCode> {
+    let channel = |url: &str, flag: &str| -> anyhow::Result<Option<tonic::transport::Channel>> {
+        if url.is_empty() {
+            return Ok(None);
+        }
+        grpc_endpoint(url).map_err(|e| anyhow::anyhow!("--{flag}: {e}"))?;
+        let endpoint = reach_rpc::http2::endpoint(url.to_string())
+            .map_err(|e| anyhow::anyhow!("--{flag} {url:?}: {e}"))?;
+        Ok(Some(reach_rpc::http2::channel_lazy(&endpoint, None, None)))
+    };
+    let channels = reach_console::ConsoleChannels {
+        orchestrator: channel(orchestrator, "orchestrator")?,
+        registry: channel(registry, "registry")?,
+    };
+    let listener = TcpListener::bind(listen)
+        .await
+        .map_err(|e| anyhow::anyhow!("cannot listen on {listen} for the console: {e}"))?;
+    let addr = listener.local_addr()?;
+    if !addr.ip().is_loopback() && !insecure {
+        eprintln!(
+            "error: the console would serve {addr}, beyond loopback, over plain HTTP; listen on 127.0.0.1 or pass --insecure"
+        );
+        return Ok(ExitCode::from(EXIT_USAGE));
+    }
+    let routes = reach_console::Console::new(channels, config).routes();
+    writeln!(
+        std::io::stdout(),
+        "console      http://{addr}{}/inbox",
+        reach_console::BASE
+    )?;
+    std::io::stdout().flush()?;
+    axum::serve(listener, routes)
+        .with_graceful_shutdown(reach_sdk::signal::terminate())
+        .await?;
+    Ok(ExitCode::SUCCESS)
 }
 
 fn exit_code(code: i32) -> ExitCode {
@@ -731,6 +807,30 @@ async fn run(command: Command) -> anyhow::Result<ExitCode> {
                 edge: true,
             };
             serve(&service, ReachConfig::default(), overrides, services, false).await
+        }
+        Command::Console {
+            listen,
+            orchestrator,
+            registry,
+            allowed_hosts,
+            trace_url,
+            refresh_ms,
+            login,
+            insecure,
+        } => {
+            serve_console(
+                &listen,
+                &orchestrator,
+                &registry,
+                reach_console::ConsoleConfig {
+                    allowed_hosts,
+                    trace_url,
+                    refresh_ms,
+                    login,
+                },
+                insecure,
+            )
+            .await
         }
         Command::Top {
             endpoint,
@@ -1040,6 +1140,18 @@ async fn serve(
             "admin http   {scheme}://{admin_addr}  ({})",
             paths.join(", ")
         )?;
+        if plane.orchestrator().is_some() || plane.registry().is_some() {
+            writeln!(
+                std::io::stdout(),
+                "console      {scheme}://{admin_addr}{}/inbox{}",
+                reach_console::BASE,
+                if plane.trust().is_enabled() {
+                    "  (log in with a bearer token)"
+                } else {
+                    ""
+                }
+            )?;
+        }
         Some(reach::admin::serve(
             admin_listener,
             metrics,

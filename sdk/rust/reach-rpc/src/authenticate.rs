@@ -131,6 +131,18 @@ impl Authentication {
     }
 }
 
+/// The HTTP path prefix whose routes authenticate their callers themselves: the web console
+/// (`reach-console`), whose login keeps a bearer token in a cookie and sends it on every
+/// call it makes, so the services it calls judge the person; without credentials its
+/// requests pass here as anonymous (the console then asks for a login).
+pub const SELF_AUTHENTICATED_PREFIX: &str = "/console";
+
+/// Whether `path` is [`SELF_AUTHENTICATED_PREFIX`] or under it.
+fn authenticates_itself(path: &str) -> bool {
+    path.strip_prefix(SELF_AUTHENTICATED_PREFIX)
+        .is_some_and(|rest| rest.is_empty() || rest.starts_with('/'))
+}
+
 /// Axum middleware: establishes the request's [`Caller`] and puts it in its extensions, or
 /// answers `UNAUTHENTICATED` / 401 for refused credentials.
 pub(crate) async fn authenticate(
@@ -147,6 +159,7 @@ pub(crate) async fn authenticate(
         Ok(caller) => caller,
         Err(AuthError::Missing)
             if is_open_grpc(request.uri().path())
+                || authenticates_itself(request.uri().path())
                 || (request.method() == http::Method::GET
                     && trust.is_open_path(request.uri().path())) =>
         {
@@ -203,4 +216,18 @@ pub struct Challenge {
     pub path_prefix: String,
     /// The absolute URL of the metadata document.
     pub resource_metadata: String,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::authenticates_itself;
+
+    #[test]
+    fn only_the_console_authenticates_itself() {
+        assert!(authenticates_itself("/console"));
+        assert!(authenticates_itself("/console/inbox/t1"));
+        assert!(!authenticates_itself("/consoles"));
+        assert!(!authenticates_itself("/agents"));
+        assert!(!authenticates_itself("/tasks/console"));
+    }
 }

@@ -211,8 +211,27 @@ impl Engine {
         node_id: Option<&str>,
         input: Value,
     ) -> Result<TaskState, Error> {
+        self.resume_by(task_id, node_id, input, None).await
+    }
+
+    /// [`Engine::resume`], recording `by` (who resumed: an identity or a reviewer's name) in
+    /// the `human_resumed` event, so a second reviewer can be told who was first.
+    ///
+    /// # Errors
+    /// As [`Engine::resume`].
+    pub async fn resume_by(
+        &self,
+        task_id: &str,
+        node_id: Option<&str>,
+        input: Value,
+        by: Option<String>,
+    ) -> Result<TaskState, Error> {
         self.command(task_id, |state, flow| {
-            resume_events(state, flow, node_id, &input)
+            let mut events = resume_events(state, flow, node_id, &input)?;
+            if let Some(Event::HumanResumed { by: slot, .. }) = events.first_mut() {
+                slot.clone_from(&by);
+            }
+            Ok(events)
         })
         .await
     }
@@ -340,6 +359,7 @@ fn resume_events(
     Ok(vec![Event::HumanResumed {
         node: current,
         input: input.clone(),
+        by: None,
     }])
 }
 
@@ -457,7 +477,8 @@ mod tests {
             resume_events(&s, Some(&f), Some(""), &ok).unwrap(),
             [Event::HumanResumed {
                 node: "ask".into(),
-                input: ok.clone()
+                input: ok.clone(),
+                by: None,
             }]
         );
         assert!(matches!(

@@ -98,6 +98,7 @@ mod tests {
             &[Event::HumanResumed {
                 node: "ask".into(),
                 input: json!({"approved": true}),
+                by: None,
             }],
             T0 + 100,
         );

@@ -165,7 +165,7 @@ class TaskEvent(_message.Message):
     def __init__(self, task_id: _Optional[str] = ..., sequence: _Optional[int] = ..., at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., kind: _Optional[str] = ..., node_id: _Optional[str] = ..., detail: _Optional[_Union[_struct_pb2.Value, _Mapping]] = ..., status: _Optional[_Union[TaskStatus, str]] = ...) -> None: ...
 
 class FlowSummary(_message.Message):
-    __slots__ = ("flow_id", "version", "initial", "node_count", "applied_at", "source", "description")
+    __slots__ = ("flow_id", "version", "initial", "node_count", "applied_at", "source", "description", "yaml")
     FLOW_ID_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
     INITIAL_FIELD_NUMBER: _ClassVar[int]
@@ -173,6 +173,7 @@ class FlowSummary(_message.Message):
     APPLIED_AT_FIELD_NUMBER: _ClassVar[int]
     SOURCE_FIELD_NUMBER: _ClassVar[int]
     DESCRIPTION_FIELD_NUMBER: _ClassVar[int]
+    YAML_FIELD_NUMBER: _ClassVar[int]
     flow_id: str
     version: int
     initial: str
@@ -180,7 +181,8 @@ class FlowSummary(_message.Message):
     applied_at: _timestamp_pb2.Timestamp
     source: str
     description: str
-    def __init__(self, flow_id: _Optional[str] = ..., version: _Optional[int] = ..., initial: _Optional[str] = ..., node_count: _Optional[int] = ..., applied_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., source: _Optional[str] = ..., description: _Optional[str] = ...) -> None: ...
+    yaml: str
+    def __init__(self, flow_id: _Optional[str] = ..., version: _Optional[int] = ..., initial: _Optional[str] = ..., node_count: _Optional[int] = ..., applied_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., source: _Optional[str] = ..., description: _Optional[str] = ..., yaml: _Optional[str] = ...) -> None: ...
 
 class LedgerEntry(_message.Message):
     __slots__ = ("header", "payload_type", "payload_bytes", "status_code", "status_message", "latency", "routed_at", "instance_id", "recorded_by")

@@ -1,0 +1,236 @@
+//! Who is browsing, once the mesh's trust is on: a login with a bearer token (one the mesh
+//! verifies, such as `reach token operator`), kept in an `HttpOnly`, `SameSite=Strict`
+//! cookie and forwarded as `authorization: Bearer …` on every call the console makes for the
+//! request, so the orchestrator's and registry's own policy judges the person, never the
+//! console. [`layer`] sends a request without a token to the login page; the token of the
+//! request being served is in a task-local ([`current`]) that [`crate::request`] reads.
+
+use std::sync::Arc;
+
+use axum::extract::{Query, Request, State};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Redirect, Response};
+use maud::html;
+use reach_proto::v1::{ListFlowsRequest, ListInstancesRequest};
+use serde::Deserialize;
+
+use crate::layout::{Nav, page};
+use crate::{BASE, Console};
+
+/// The cookie holding the bearer token.
+pub const TOKEN_COOKIE: &str = "reach_token";
+/// The longest token accepted, in bytes.
+pub const MAX_TOKEN_BYTES: usize = 8 * 1024;
+
+tokio::task_local! {
+    static TOKEN: Option<Arc<str>>;
+}
+
+/// The bearer token of the request being served; `None` without a login (or outside one).
+pub fn current() -> Option<Arc<str>> {
+    TOKEN.try_with(Clone::clone).ok().flatten()
+}
+
+/// Whether `token` can be a bearer token: 1 to [`MAX_TOKEN_BYTES`] visible ASCII characters.
+pub fn valid_token(token: &str) -> bool {
+    !token.is_empty()
+        && token.len() <= MAX_TOKEN_BYTES
+        && token.bytes().all(|b| b.is_ascii_graphic())
+}
+
+/// The token in the request's cookie, when it is a [`valid_token`].
+fn cookie_token(headers: &HeaderMap) -> Option<Arc<str>> {
+    headers
+        .get_all(header::COOKIE)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(';'))
+        .filter_map(|pair| pair.trim().split_once('='))
+        .find(|(k, _)| *k == TOKEN_COOKIE)
+        .map(|(_, v)| v)
+        .filter(|v| valid_token(v))
+        .map(Arc::from)
+}
+
+/// The middleware: with logins required, a request without a token cookie (other than the
+/// login page and the assets) is sent to `/console/login`; the token of one with it is
+/// [`current`] while it is served.
+pub async fn layer(State(console): State<Console>, request: Request, next: Next) -> Response {
+    let token = cookie_token(request.headers());
+    // Within the console's routes the path has lost its [`BASE`] prefix.
+    let path = request.uri().path();
+    let open = path == "/login" || path.starts_with("/assets/");
+    if console.config().login && token.is_none() && !open {
+        let next_path = format!(
+            "{BASE}{}",
+            request
+                .uri()
+                .path_and_query()
+                .map(|p| p.as_str())
+                .unwrap_or_default()
+        );
+        let target = format!("{BASE}/login?next={}", escape_query(&next_path));
+        return Redirect::to(&target).into_response();
+    }
+    TOKEN.scope(token, next.run(request)).await
+}
+
+/// `text` percent-encoded for a query value (everything but unreserved characters).
+fn escape_query(text: &str) -> String {
+    text.bytes()
+        .map(|b| {
+            if b.is_ascii_alphanumeric() || b"-._~/".contains(&b) {
+                (b as char).to_string()
+            } else {
+                format!("%{b:02X}")
+            }
+        })
+        .collect()
+}
+
+/// Where to go after logging in: a console path, else the inbox (never another site).
+fn next_path(next: &str) -> String {
+    let console_path = next.starts_with(&format!("{BASE}/")) && !next.contains("//");
+    if console_path && !next.starts_with(&format!("{BASE}/login")) {
+        next.to_string()
+    } else {
+        format!("{BASE}/inbox")
+    }
+}
+
+/// The login page's query.
+#[derive(Debug, Default, Deserialize)]
+pub struct LoginQuery {
+    /// The console path to return to.
+    #[serde(default)]
+    pub next: String,
+}
+
+fn login_page(next: &str, error: Option<&str>, status: StatusCode) -> Response {
+    let body = html! {
+        h1 { "Log in" }
+        p { "The mesh's trust is on: the console acts as you, with a bearer token the mesh verifies "
+            "(for example one from " code { "reach token operator" } "). It is kept in a cookie of this site only." }
+        @if let Some(error) = error { div.notice.error role="alert" #login-error { (error) } }
+        form.card method="post" action={ (BASE) "/login" } #login-form {
+            input type="hidden" name="next" value=(next);
+            div.field {
+                label for="token" { "Bearer token" span.required { " *" } }
+                textarea #token name="token" rows="4" autocomplete="off" spellcheck="false" {}
+            }
+            button type="submit" #login { "Log in" }
+        }
+    };
+    (status, page("Log in", Nav::None, body)).into_response()
+}
+
+/// `GET /console/login`.
+pub async fn login_form(Query(query): Query<LoginQuery>) -> Response {
+    login_page(&next_path(&query.next), None, StatusCode::OK)
+}
+
+/// `POST /console/login`: checks the token with one call of the mesh (it must be accepted),
+/// sets the cookie, then 303 to `next`.
+pub async fn login(
+    State(console): State<Console>,
+    uri: http::Uri,
+    headers: HeaderMap,
+    axum::extract::Form(posted): axum::extract::Form<Vec<(String, String)>>,
+) -> Response {
+    let value = |name: &str| {
+        posted
+            .iter()
+            .find(|(k, _)| k == name)
+            .map(|(_, v)| v.trim().to_string())
+            .unwrap_or_default()
+    };
+    let next = next_path(&value("next"));
+    let token = value("token");
+    let token = token.strip_prefix("Bearer ").unwrap_or(&token).trim();
+    if !valid_token(token) {
+        return login_page(
+            &next,
+            Some("paste a token: visible ASCII characters, at most 8 KiB"),
+            StatusCode::UNPROCESSABLE_ENTITY,
+        );
+    }
+    let shared: Arc<str> = Arc::from(token);
+    let checked = TOKEN
+        .scope(Some(shared), async {
+            if let Ok(mut orchestrator) = console.orchestrator() {
+                orchestrator
+                    .list_flows(crate::request(ListFlowsRequest::default()))
+                    .await
+                    .map(|_| ())
+            } else if let Ok(mut registry) = console.registry() {
+                registry
+                    .list_instances(crate::request(ListInstancesRequest::default()))
+                    .await
+                    .map(|_| ())
+            } else {
+                Ok(())
+            }
+        })
+        .await;
+    if let Err(status) = checked
+        && matches!(
+            status.code(),
+            tonic::Code::Unauthenticated | tonic::Code::PermissionDenied
+        )
+    {
+        return login_page(
+            &next,
+            Some(&format!(
+                "the mesh refuses this token: {}",
+                status.message()
+            )),
+            StatusCode::UNAUTHORIZED,
+        );
+    }
+    // Over TLS (HTTP/2 names the scheme) or behind a TLS proxy the cookie is `Secure`.
+    let secure = uri.scheme_str() == Some("https")
+        || headers
+            .get("x-forwarded-proto")
+            .is_some_and(|v| v == "https");
+    let cookie = format!(
+        "{TOKEN_COOKIE}={token}; Path={BASE}; SameSite=Strict; HttpOnly{}",
+        if secure { "; Secure" } else { "" }
+    );
+    let mut response = Redirect::to(&next).into_response();
+    if let Ok(value) = HeaderValue::from_str(&cookie) {
+        response.headers_mut().insert(header::SET_COOKIE, value);
+    }
+    response
+}
+
+/// `POST /console/logout`: forgets the token, then 303 to the login page.
+pub async fn logout() -> Response {
+    let mut response = Redirect::to(&format!("{BASE}/login")).into_response();
+    let cookie = format!("{TOKEN_COOKIE}=; Path={BASE}; SameSite=Strict; HttpOnly; Max-Age=0");
+    if let Ok(value) = HeaderValue::from_str(&cookie) {
+        response.headers_mut().insert(header::SET_COOKIE, value);
+    }
+    response
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tokens_and_return_paths_are_checked() {
+        assert!(valid_token("eyJ.abc-_"));
+        assert!(!valid_token("a b"));
+        assert!(!valid_token(""));
+        assert!(!valid_token(&"x".repeat(MAX_TOKEN_BYTES + 1)));
+        assert_eq!(next_path("/console/tasks/t1"), "/console/tasks/t1");
+        assert_eq!(next_path("https://evil.example/"), "/console/inbox");
+        assert_eq!(next_path("/console//evil.example"), "/console/inbox");
+        assert_eq!(next_path("/console/login"), "/console/inbox");
+        assert_eq!(
+            escape_query("/console/inbox?flow=a b"),
+            "/console/inbox%3Fflow%3Da%20b"
+        );
+    }
+}

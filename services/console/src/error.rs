@@ -1,0 +1,71 @@
+//! [`ConsoleError`]: why a page could not be shown or an action not done, answered as an
+//! HTML page with the HTTP status of its cause.
+
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use maud::html;
+
+/// Why a console page or action failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ConsoleError {
+    /// The console was started without this service (`orchestrator` or `registry`).
+    #[error("this console has no {0} to ask; start it with --{0} URL")]
+    NoService(&'static str),
+    /// A call of the orchestrator or registry failed.
+    #[error("{}", .0.message())]
+    Rpc(#[from] tonic::Status),
+    /// The request itself is wrong (a path segment, a query or form value out of bounds).
+    #[error("{0}")]
+    BadRequest(String),
+}
+
+impl ConsoleError {
+    /// The HTTP status the error answers with.
+    pub fn status(&self) -> StatusCode {
+        match self {
+            ConsoleError::NoService(_) => StatusCode::SERVICE_UNAVAILABLE,
+            ConsoleError::Rpc(status) => http_status(status.code()),
+            ConsoleError::BadRequest(_) => StatusCode::BAD_REQUEST,
+        }
+    }
+}
+
+/// The HTTP status a gRPC code maps to (as grpc-gateway maps them).
+pub fn http_status(code: tonic::Code) -> StatusCode {
+    use tonic::Code;
+    match code {
+        Code::Ok => StatusCode::OK,
+        Code::InvalidArgument | Code::OutOfRange => StatusCode::BAD_REQUEST,
+        Code::Unauthenticated => StatusCode::UNAUTHORIZED,
+        Code::PermissionDenied => StatusCode::FORBIDDEN,
+        Code::NotFound => StatusCode::NOT_FOUND,
+        Code::AlreadyExists | Code::Aborted | Code::FailedPrecondition => StatusCode::CONFLICT,
+        Code::ResourceExhausted => StatusCode::TOO_MANY_REQUESTS,
+        Code::Cancelled => StatusCode::from_u16(499).unwrap_or(StatusCode::BAD_REQUEST),
+        Code::Unimplemented => StatusCode::NOT_IMPLEMENTED,
+        Code::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
+        Code::DeadlineExceeded => StatusCode::GATEWAY_TIMEOUT,
+        Code::Unknown | Code::Internal | Code::DataLoss => StatusCode::INTERNAL_SERVER_ERROR,
+    }
+}
+
+impl IntoResponse for ConsoleError {
+    /// A page naming the error, with [`ConsoleError::status`].
+    fn into_response(self) -> Response {
+        let status = self.status();
+        let title = status.canonical_reason().unwrap_or("Error");
+        let body = html! {
+            div.notice.error role="alert" {
+                strong { (title) } ": " (self.to_string())
+            }
+            @if status == StatusCode::UNAUTHORIZED {
+                p { a href={ (crate::BASE) "/login" } #login-again { "Log in again" } }
+            }
+        };
+        (
+            status,
+            crate::layout::page(title, crate::layout::Nav::None, body),
+        )
+            .into_response()
+    }
+}
