@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The Python SDK's checks: its type check (mypy --strict) and its pytest suite, which starts
-# real `reach` processes on 127.0.0.1 — the binary named by REACH_BIN, default
+# real `reach` processes on 127.0.0.1 (and, for the web console, headless Chromium:
+# scripts/browser-env.sh installs it when missing) — the binary named by REACH_BIN, default
 # target/debug/reach (what `cargo test` builds). Arguments go to pytest:
 #   scripts/test-python.sh                      # everything
 #   scripts/test-python.sh -k drain             # one test
@@ -12,6 +13,7 @@ if [[ -n "${REACH_BIN:-}" ]]; then REACH_BIN="$(realpath -m -- "$REACH_BIN")"; e
 cd "$repo"
 
 scripts/python-env.sh
+scripts/browser-env.sh
 export REACH_BIN="${REACH_BIN:-$repo/target/debug/reach}"
 if [[ ! -x "$REACH_BIN" ]]; then
     echo "test-python: $REACH_BIN is missing: run cargo build -p reach (or set REACH_BIN)" >&2

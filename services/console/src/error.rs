@@ -24,28 +24,9 @@ impl ConsoleError {
     pub fn status(&self) -> StatusCode {
         match self {
             ConsoleError::NoService(_) => StatusCode::SERVICE_UNAVAILABLE,
-            ConsoleError::Rpc(status) => http_status(status.code()),
+            ConsoleError::Rpc(status) => reach_rpc::errors::http_status(status.code()),
             ConsoleError::BadRequest(_) => StatusCode::BAD_REQUEST,
         }
-    }
-}
-
-/// The HTTP status a gRPC code maps to (as grpc-gateway maps them).
-pub fn http_status(code: tonic::Code) -> StatusCode {
-    use tonic::Code;
-    match code {
-        Code::Ok => StatusCode::OK,
-        Code::InvalidArgument | Code::OutOfRange => StatusCode::BAD_REQUEST,
-        Code::Unauthenticated => StatusCode::UNAUTHORIZED,
-        Code::PermissionDenied => StatusCode::FORBIDDEN,
-        Code::NotFound => StatusCode::NOT_FOUND,
-        Code::AlreadyExists | Code::Aborted | Code::FailedPrecondition => StatusCode::CONFLICT,
-        Code::ResourceExhausted => StatusCode::TOO_MANY_REQUESTS,
-        Code::Cancelled => StatusCode::from_u16(499).unwrap_or(StatusCode::BAD_REQUEST),
-        Code::Unimplemented => StatusCode::NOT_IMPLEMENTED,
-        Code::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
-        Code::DeadlineExceeded => StatusCode::GATEWAY_TIMEOUT,
-        Code::Unknown | Code::Internal | Code::DataLoss => StatusCode::INTERNAL_SERVER_ERROR,
     }
 }
 

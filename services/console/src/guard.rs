@@ -8,33 +8,26 @@
 //! the `Host` it names; `Sec-Fetch-Site: same-origin` when a browser sends no `Origin`).
 //! The console's cookies are `SameSite=Strict` as well.
 
-use std::sync::Arc;
-
 use axum::response::{IntoResponse, Response};
 use http::{HeaderMap, Method, StatusCode};
-
-/// The host names a request may use besides the configured ones.
-pub const LOOPBACK_HOSTS: [&str; 3] = ["localhost", "127.0.0.1", "::1"];
+use reach_rpc::hosts::{AllowedHosts, LOOPBACK_HOSTS, request_host};
 
 /// The Host and Origin checks. Cheap to clone.
 #[derive(Debug, Clone)]
 pub struct Guard {
-    /// Lower-case `host` (any port) or `host:port` entries.
-    hosts: Arc<[String]>,
+    /// The `Host`s the console answers.
+    hosts: AllowedHosts,
 }
 
 impl Guard {
     /// A guard allowing [`LOOPBACK_HOSTS`] and `allowed_hosts` (`host` or `host:port`).
     pub fn new(allowed_hosts: &[String]) -> Self {
-        let mut hosts: Vec<String> = LOOPBACK_HOSTS.iter().map(|h| (*h).to_string()).collect();
-        hosts.extend(
-            allowed_hosts
-                .iter()
-                .map(|h| h.trim().to_ascii_lowercase())
-                .filter(|h| !h.is_empty()),
-        );
         Self {
-            hosts: hosts.into(),
+            hosts: AllowedHosts::new(
+                LOOPBACK_HOSTS
+                    .into_iter()
+                    .chain(allowed_hosts.iter().map(String::as_str)),
+            ),
         }
     }
 
@@ -50,14 +43,8 @@ impl Guard {
         headers: &HeaderMap,
     ) -> Result<(), Refusal> {
         // HTTP/2 (the admin port over TLS) names the host in the URI's authority.
-        let host = headers
-            .get(http::header::HOST)
-            .and_then(|v| v.to_str().ok())
-            .or_else(|| uri.authority().map(http::uri::Authority::as_str))
-            .unwrap_or_default()
-            .trim()
-            .to_ascii_lowercase();
-        if !self.allows_host(&host) {
+        let host = request_host(uri, headers).trim().to_ascii_lowercase();
+        if !self.hosts.allows(&host) {
             return Err(Refusal(format!(
                 "this console does not answer requests for host {:?}; open it by one of its names (localhost, 127.0.0.1) or add the name to the console's allowed hosts",
                 clip(&host)
@@ -100,18 +87,6 @@ impl Guard {
         }
         Ok(())
     }
-
-    /// Whether `authority` (a `Host` value, lower case) names one of the console's hosts.
-    fn allows_host(&self, authority: &str) -> bool {
-        if authority.is_empty() || authority.contains(['@', '/', '\\', ' ']) {
-            return false;
-        }
-        let (host, port) = split_port(authority);
-        self.hosts.iter().any(|allowed| {
-            let (allowed_host, allowed_port) = split_port(allowed);
-            allowed_host == host && allowed_port.is_none_or(|p| Some(p) == port)
-        })
-    }
 }
 
 /// The Content-Security-Policy of every console response: scripts, styles, forms and
@@ -140,22 +115,6 @@ pub fn harden(headers: &mut HeaderMap) {
     );
     if !headers.contains_key(header::CACHE_CONTROL) {
         headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
-    }
-}
-
-/// `host[:port]` (or `[v6]:port`) as the bare host and the port, if any.
-fn split_port(authority: &str) -> (&str, Option<&str>) {
-    if let Some(rest) = authority.strip_prefix('[') {
-        return match rest.split_once(']') {
-            Some((host, tail)) => (host, tail.strip_prefix(':')),
-            None => (rest, None),
-        };
-    }
-    match authority.rsplit_once(':') {
-        Some((host, port)) if !host.contains(':') && port.bytes().all(|b| b.is_ascii_digit()) => {
-            (host, Some(port))
-        }
-        _ => (authority, None),
     }
 }
 

@@ -68,7 +68,7 @@ pub struct ConsoleChannels {
 #[derive(Debug, Clone, Default)]
 pub struct ConsoleConfig {
     /// Host names (`host` or `host:port`, lower case) requests may name besides loopback
-    /// ([`guard::LOOPBACK_HOSTS`]); empty serves loopback names only.
+    /// ([`reach_rpc::hosts::LOOPBACK_HOSTS`]); empty serves loopback names only.
     pub allowed_hosts: Vec<String>,
     /// A URL template for trace ids on the task page, `{trace_id}` replaced (for example
     /// `http://localhost:16686/trace/{trace_id}`); empty shows the id without a link.

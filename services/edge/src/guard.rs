@@ -13,20 +13,17 @@ use std::sync::Arc;
 
 use axum::response::{IntoResponse, Response};
 use http::{HeaderMap, Method, StatusCode};
+use reach_rpc::hosts::{AllowedHosts, LOOPBACK_HOSTS, request_host};
 
 /// The Host and Origin checks of the edge's HTTP port, from `edge.allowed_hosts`,
 /// `edge.allowed_origins` and `edge.public_url`. Cheap to clone.
 #[derive(Debug, Clone)]
 pub struct HttpGuard {
-    /// Lower-case `host` (any port) or `host:port` entries.
-    hosts: Arc<[String]>,
+    /// The `Host`s the port answers.
+    hosts: AllowedHosts,
     /// Lower-case `scheme://host[:port]` entries, `:*` for any port.
     origins: Arc<[String]>,
 }
-
-/// The host names a request may use when `edge.allowed_hosts` is empty, besides the host of
-/// `edge.public_url`.
-pub const LOOPBACK_HOSTS: [&str; 3] = ["localhost", "127.0.0.1", "::1"];
 
 impl HttpGuard {
     /// A guard allowing the `Host`s `allowed_hosts` (`host` or `host:port`), or when there
@@ -35,20 +32,16 @@ impl HttpGuard {
     /// (`edge.allowed_hosts`, `edge.allowed_origins`, `edge.public_url`) give them:
     /// [`crate::a2a::EdgeConfig::http_guard`].
     pub fn new(allowed_hosts: &[String], allowed_origins: &[String], public_url: &str) -> Self {
-        let mut hosts: Vec<String> = allowed_hosts
-            .iter()
-            .map(|h| h.trim().to_ascii_lowercase())
-            .collect();
-        if hosts.is_empty() {
-            hosts.extend(LOOPBACK_HOSTS.iter().map(|h| (*h).to_string()));
-            if let Ok(url) = public_url.parse::<http::Uri>()
-                && let Some(authority) = url.authority()
-            {
-                hosts.push(bare_host(authority.host()).to_ascii_lowercase());
+        let mut hosts: Vec<&str> = allowed_hosts.iter().map(String::as_str).collect();
+        let public = public_url.parse::<http::Uri>().ok();
+        if hosts.iter().all(|h| h.trim().is_empty()) {
+            hosts = LOOPBACK_HOSTS.to_vec();
+            if let Some(authority) = public.as_ref().and_then(http::Uri::authority) {
+                hosts.push(bare_host(authority.host()));
             }
         }
         Self {
-            hosts: hosts.into(),
+            hosts: AllowedHosts::new(hosts),
             origins: allowed_origins
                 .iter()
                 .map(|o| o.trim().trim_end_matches('/').to_ascii_lowercase())
@@ -68,12 +61,8 @@ impl HttpGuard {
         uri: &http::Uri,
         headers: &HeaderMap,
     ) -> Result<(), Refusal> {
-        let host = headers
-            .get(http::header::HOST)
-            .and_then(|v| v.to_str().ok())
-            .or_else(|| uri.authority().map(http::uri::Authority::as_str))
-            .unwrap_or_default();
-        if !self.allows_host(host) {
+        let host = request_host(uri, headers);
+        if !self.hosts.allows(host) {
             return Err(refuse(
                 StatusCode::FORBIDDEN,
                 format!(
@@ -111,20 +100,6 @@ impl HttpGuard {
             }
         }
         Ok(())
-    }
-
-    /// Whether `authority` (a `Host` value) names one of the edge's hosts.
-    fn allows_host(&self, authority: &str) -> bool {
-        let authority = authority.trim().to_ascii_lowercase();
-        // `user@host` is no Host a client sends; refusing it avoids reading it two ways.
-        if authority.is_empty() || authority.contains(['@', '/', '\\', ' ']) {
-            return false;
-        }
-        let (host, port) = split_port(&authority);
-        self.hosts.iter().any(|allowed| {
-            let (allowed_host, allowed_port) = split_port(allowed);
-            allowed_host == host && allowed_port.is_none_or(|p| Some(p) == port)
-        })
     }
 
     /// Whether `origin` (`scheme://host[:port]`) is allowed.
@@ -171,23 +146,6 @@ impl HttpGuard {
 /// `host` without the brackets of an IPv6 literal.
 fn bare_host(host: &str) -> &str {
     host.trim_start_matches('[').trim_end_matches(']')
-}
-
-/// `host[:port]` (or `[v6]:port`) as the bare host and the port, if any.
-fn split_port(authority: &str) -> (&str, Option<&str>) {
-    if let Some(rest) = authority.strip_prefix('[') {
-        return match rest.split_once(']') {
-            Some((host, tail)) => (host, tail.strip_prefix(':')),
-            None => (rest, None),
-        };
-    }
-    match authority.rsplit_once(':') {
-        // A bare IPv6 address has several colons and no port.
-        Some((host, port)) if !host.contains(':') && port.bytes().all(|b| b.is_ascii_digit()) => {
-            (host, Some(port))
-        }
-        _ => (authority, None),
-    }
 }
 
 fn clip(value: &str) -> String {

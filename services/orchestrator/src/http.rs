@@ -6,7 +6,6 @@
 //! is 403 with the message as JSON.
 
 use axum::extract::{Path, State};
-use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
@@ -37,26 +36,7 @@ impl IntoResponse for HttpError {
             "error": status.message(),
             "reason": reach_rpc::errors::reason_of(&status),
         });
-        (http_status(status.code()), Json(body)).into_response()
-    }
-}
-
-/// The HTTP status a gRPC code maps to (as grpc-gateway maps them).
-fn http_status(code: tonic::Code) -> StatusCode {
-    use tonic::Code;
-    match code {
-        Code::Ok => StatusCode::OK,
-        Code::InvalidArgument | Code::OutOfRange => StatusCode::BAD_REQUEST,
-        Code::Unauthenticated => StatusCode::UNAUTHORIZED,
-        Code::PermissionDenied => StatusCode::FORBIDDEN,
-        Code::NotFound => StatusCode::NOT_FOUND,
-        Code::AlreadyExists | Code::Aborted | Code::FailedPrecondition => StatusCode::CONFLICT,
-        Code::ResourceExhausted => StatusCode::TOO_MANY_REQUESTS,
-        Code::Cancelled => StatusCode::from_u16(499).unwrap_or(StatusCode::BAD_REQUEST),
-        Code::Unimplemented => StatusCode::NOT_IMPLEMENTED,
-        Code::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
-        Code::DeadlineExceeded => StatusCode::GATEWAY_TIMEOUT,
-        Code::Unknown | Code::Internal | Code::DataLoss => StatusCode::INTERNAL_SERVER_ERROR,
+        (reach_rpc::errors::http_status(status.code()), Json(body)).into_response()
     }
 }
 

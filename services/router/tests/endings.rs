@@ -312,23 +312,8 @@ async fn an_envelope_response_without_a_status_reaches_the_caller_as_a_failure()
         let go = Arc::new(Notify::new());
         // No caller sees the instance's message before the response ends: let it go on at once.
         go.notify_one();
-        let spec = InstanceSpec {
-            service: "raw".into(),
-            instance_id: "raw-envelope".into(),
-            endpoint: raw_server(answer, go.clone()).await,
-            capabilities: vec![reach_proto::v1::Capability {
-                name: "raw.work".into(),
-                version: "1.0.0".into(),
-                ..Default::default()
-            }],
-            protocol_version: "1.0".into(),
-            weight: 1,
-            ..InstanceSpec::default()
-        };
-        registry
-            .registry
-            .register(spec, Some(Duration::from_secs(60)))
-            .expect("registration");
+        let endpoint = raw_server(answer, go.clone()).await;
+        register_capability(&registry, "raw-envelope", "raw.work", endpoint);
         let router = router(&registry.url, RouterConfig::default()).await;
         router.wait_routable(1).await;
         let client = router.client().await;
@@ -701,8 +686,14 @@ async fn refusing_instance(
             });
         }
     });
+    register_capability(registry, id, capability, endpoint);
+    refused
+}
+
+/// Registers instance `id` at `endpoint` serving `capability` 1.0.0 (a raw server's).
+fn register_capability(registry: &TestRegistry, id: &str, capability: &str, endpoint: String) {
     let spec = InstanceSpec {
-        service: "work".into(),
+        service: capability.split('.').next().unwrap_or(capability).into(),
         instance_id: id.into(),
         endpoint,
         capabilities: vec![reach_proto::v1::Capability {
@@ -718,7 +709,6 @@ async fn refusing_instance(
         .registry
         .register(spec, Some(Duration::from_secs(60)))
         .expect("registration");
-    refused
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -251,6 +251,26 @@ pub fn is_connect_error(status: &Status) -> bool {
     false
 }
 
+/// The HTTP status a gRPC code maps to, as grpc-gateway maps them (CANCELLED is 499, the
+/// client-closed-request status), for HTTP routes that answer with a service's status.
+pub fn http_status(code: Code) -> http::StatusCode {
+    use http::StatusCode;
+    match code {
+        Code::Ok => StatusCode::OK,
+        Code::InvalidArgument | Code::OutOfRange => StatusCode::BAD_REQUEST,
+        Code::Unauthenticated => StatusCode::UNAUTHORIZED,
+        Code::PermissionDenied => StatusCode::FORBIDDEN,
+        Code::NotFound => StatusCode::NOT_FOUND,
+        Code::AlreadyExists | Code::Aborted | Code::FailedPrecondition => StatusCode::CONFLICT,
+        Code::ResourceExhausted => StatusCode::TOO_MANY_REQUESTS,
+        Code::Cancelled => StatusCode::from_u16(499).unwrap_or(StatusCode::BAD_REQUEST),
+        Code::Unimplemented => StatusCode::NOT_IMPLEMENTED,
+        Code::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
+        Code::DeadlineExceeded => StatusCode::GATEWAY_TIMEOUT,
+        Code::Unknown | Code::Internal | Code::DataLoss => StatusCode::INTERNAL_SERVER_ERROR,
+    }
+}
+
 /// Whether `status` is tonic's own answer to a response that ended without a gRPC status
 /// (END_STREAM on a DATA frame with no trailers, or a RST_STREAM(NO_ERROR) that hyper turns
 /// into a clean end): UNKNOWN, "missing grpc-status trailer" after HTTP 200, or "grpc-status

@@ -7,6 +7,8 @@
 //!   `grpc.health.v1` and server reflection (v1 and v1alpha, so grpcurl 1.8 works).
 //! - [`reflection`] — server reflection over descriptor sets plus a [`reflection::ReflectionSource`]
 //!   asked at request time.
+//! - [`hosts`] — which `Host`s an HTTP port answers ([`hosts::AllowedHosts`]: the defence
+//!   against DNS rebinding).
 //! - [`http2`] — the HTTP/2 settings servers and data-path channels advertise, and
 //!   [`http2::endpoint`] to build such a channel.
 //! - [`authenticate`] — TLS on accepted connections and each request's caller
@@ -25,6 +27,7 @@ pub mod authenticate;
 pub mod backoff;
 pub mod deadline;
 pub mod errors;
+pub mod hosts;
 pub mod http2;
 pub mod limits;
 pub mod mux;
