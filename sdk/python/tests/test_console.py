@@ -359,6 +359,9 @@ def test_the_mesh_page_lists_every_instance(dev: ConsoleProcess, browser: webdri
     shown = wait_for(lambda: browser.find_elements(By.CSS_SELECTOR, "tr.instance"), "the instances")
     ids = {row.get_attribute("data-instance-id") for row in shown}
     assert expected <= ids, (expected, ids)
+    # The router alongside measured the instances the review tasks called (the classifier).
+    latencies = [cell.text for cell in browser.find_elements(By.CSS_SELECTOR, 'tr.instance td[data-label="latency"]')]
+    assert any(re.fullmatch(r"\d+(\.\d\d)?ms|\d+\.\ds", text) for text in latencies), latencies
     assert browser.find_elements(By.CSS_SELECTOR, "#capabilities tbody tr")
     shoot(browser, "mesh")
     # The review cancelled above ended FAILED (its on_cancel is a `fail` node): a dead letter
@@ -389,6 +392,9 @@ def test_reach_console_serves_any_endpoint(dev: ConsoleProcess, browser: webdriv
         wait_for(lambda: browser.find_elements(By.CSS_SELECTOR, '[data-task-id="console-review-4"]'), "the inbox")
         browser.get(match.group(1).replace("/inbox", "/mesh"))
         assert wait_for(lambda: browser.find_elements(By.CSS_SELECTOR, "tr.instance"), "the instances")
+        # No router runs in this process: the latency column says where latencies are not.
+        cell = browser.find_element(By.CSS_SELECTOR, 'tr.instance td[data-label="latency"]')
+        assert cell.text == "no router here", cell.text
     finally:
         process.terminate()
         assert process.wait(STOP_TIMEOUT) == 0

@@ -318,7 +318,7 @@ fn review_page(task: &Task, review: Review, status: StatusCode) -> Result<Respon
                 form.card method="post" action=(action) novalidate #review-form {
                     input type="hidden" name="node" value=(waiting.node_id);
                     (form.render(&review.posted, &review.errors))
-                    @if crate::auth::current().is_some() {
+                    @if crate::session::current().is_some() {
                         p.help { "Your decision is recorded with the identity of your token." }
                     } @else {
                         div class={ "field" @if review.reviewer_error.is_some() { " invalid" } } data-field="reviewer" {

@@ -67,7 +67,7 @@ fn shell(title: &str, nav: Nav, refresh_ms: u64, body: Markup) -> Html<String> {
                     @if refresh_ms > 0 {
                         span.live #live-stamp { "live" }
                     }
-                    @if crate::auth::current().is_some() {
+                    @if crate::session::current().is_some() {
                         form.logout method="post" action={ (BASE) "/logout" } {
                             button.small.secondary type="submit" #logout { "Log out" }
                         }

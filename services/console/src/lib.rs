@@ -20,6 +20,7 @@
 //! - [`render`]: small renderers shared by the pages (times, durations, JSON, statuses).
 //! - [`schema_form`]: a human node's JSON Schema as form fields, the posted form as JSON,
 //!   and the API's JSON pointers mapped back to fields.
+//! - [`session`]: the bearer token of the request being served, from the login cookie.
 //! - [`task`]: a task's status, node path, node inputs and outputs, and ledger timeline.
 
 pub mod auth;
@@ -32,6 +33,7 @@ pub mod layout;
 pub mod mesh;
 pub mod render;
 pub mod schema_form;
+pub mod session;
 pub mod task;
 
 use std::sync::Arc;
@@ -62,6 +64,37 @@ pub struct ConsoleChannels {
     pub orchestrator: Option<Channel>,
     /// The registry's gRPC channel.
     pub registry: Option<Channel>,
+    /// Each instance's latency as a router in this process measures it, by instance id
+    /// (the mesh page's latency column); `None` where no router runs alongside the console
+    /// (`reach console` against a remote mesh), and the column says so.
+    pub latency: Option<LatencySource>,
+}
+
+/// Each instance's latency by its id, as a router measures it (the decayed peak-EWMA
+/// estimate its p2c balancer weighs, after linkerd's); `None` for an instance it has not
+/// measured yet. Cheap to clone.
+#[derive(Clone)]
+pub struct LatencySource(Arc<LatencyOf>);
+
+/// The function behind a [`LatencySource`]: instance id → latency.
+type LatencyOf = dyn Fn(&str) -> Option<std::time::Duration> + Send + Sync;
+
+impl LatencySource {
+    /// The latencies `of` gives (instance id → latency).
+    pub fn new(of: impl Fn(&str) -> Option<std::time::Duration> + Send + Sync + 'static) -> Self {
+        Self(Arc::new(of))
+    }
+
+    /// The latency of instance `instance_id`, if measured.
+    pub fn of(&self, instance_id: &str) -> Option<std::time::Duration> {
+        (self.0)(instance_id)
+    }
+}
+
+impl std::fmt::Debug for LatencySource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("LatencySource")
+    }
 }
 
 /// The console's settings.
@@ -89,6 +122,7 @@ pub struct Console {
 struct Inner {
     orchestrator: Option<OrchestratorServiceClient<Channel>>,
     registry: Option<RegistryServiceClient<Channel>>,
+    latency: Option<LatencySource>,
     config: ConsoleConfig,
     guard: guard::Guard,
 }
@@ -108,6 +142,7 @@ impl Console {
                 registry: channels
                     .registry
                     .map(|c| RegistryServiceClient::new(c).max_decoding_message_size(16 << 20)),
+                latency: channels.latency,
                 config,
                 guard,
             }),
@@ -117,6 +152,11 @@ impl Console {
     /// The settings.
     pub fn config(&self) -> &ConsoleConfig {
         &self.inner.config
+    }
+
+    /// Where instance latencies come from, when a router runs alongside.
+    pub(crate) fn latency(&self) -> Option<&LatencySource> {
+        self.inner.latency.as_ref()
     }
 
     /// The orchestrator client.
@@ -190,11 +230,11 @@ impl Console {
 }
 
 /// A gRPC request carrying `message`, with the console's call deadline and the logged-in
-/// person's bearer token ([`auth::current`]) when there is one.
+/// person's bearer token ([`session::current`]) when there is one.
 pub(crate) fn request<T>(message: T) -> tonic::Request<T> {
     let mut request = tonic::Request::new(message);
     request.set_timeout(CALL_TIMEOUT);
-    if let Some(token) = auth::current()
+    if let Some(token) = session::current()
         && let Ok(value) = format!("Bearer {token}").parse()
     {
         request.metadata_mut().insert("authorization", value);

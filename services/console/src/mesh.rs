@@ -85,7 +85,7 @@ pub async fn page(State(console): State<Console>) -> Result<Html<String>, Consol
         @for (capability, list) in &by_capability {
             div.card.capability data-capability=(capability) {
                 h3 { code { (capability) } " " span.muted { "(" (list.len()) ")" } }
-                (instance_table(list))
+                (instance_table(list, console.latency()))
             }
         }
         h2 { "Capabilities" }
@@ -130,10 +130,12 @@ pub async fn page(State(console): State<Console>) -> Result<Html<String>, Consol
     ))
 }
 
-fn instance_table(list: &[&Instance]) -> Markup {
+/// The instances of one capability; latencies from `latency` (the router alongside), or
+/// "no router here" without one.
+fn instance_table(list: &[&Instance], latency: Option<&crate::LatencySource>) -> Markup {
     html! {
         div.scroll { table.wide.instances {
-            thead { tr { th { "Instance" } th { "Service" } th { "State" } th { "Load" } th { "Lease" } th { "Endpoint" } } }
+            thead { tr { th { "Instance" } th { "Service" } th { "State" } th { "Load" } th { "Latency" } th { "Lease" } th { "Endpoint" } } }
             tbody { @for i in list {
                 @let spec = i.spec.clone().unwrap_or_default();
                 tr.instance data-instance-id=(spec.instance_id) {
@@ -144,6 +146,13 @@ fn instance_table(list: &[&Instance]) -> Markup {
                     td data-label="load" { (i.in_flight) " / " (spec.max_concurrency) " in flight"
                         @if i.model_calls_in_flight > 0 || i.model_slots_free > 0 {
                             div.muted { (i.model_calls_in_flight) " model calls, " (i.model_slots_free) " slots free" } } }
+                    td data-label="latency" { @match latency {
+                        None => span.muted { "no router here" },
+                        Some(source) => @match source.of(&spec.instance_id) {
+                            Some(d) => (render::latency(d)),
+                            None => span.muted { "not measured yet" },
+                        },
+                    } }
                     td data-label="lease" { "age " (render::age(i.registered_at.as_ref()))
                         div.muted { "expires " (render::age(i.lease_expires_at.as_ref())) } }
                     td data-label="endpoint" { code { (spec.endpoint) } }

@@ -75,6 +75,16 @@ pub fn age(timestamp: Option<&prost_types::Timestamp>) -> String {
     }
 }
 
+/// A call latency: `0.42ms` below 10 ms (loopback hops take tenths of one), else as
+/// [`coarse`].
+pub fn latency(d: Duration) -> String {
+    if d < Duration::from_millis(10) {
+        format!("{:.2}ms", d.as_secs_f64() * 1000.0)
+    } else {
+        coarse(d)
+    }
+}
+
 /// `d` with at most two units (`850ms`, `12.3s`, `3m 4s`, `2h 5m`, `3d 4h`).
 pub fn coarse(d: Duration) -> String {
     let ms = d.as_millis();

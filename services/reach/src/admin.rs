@@ -123,6 +123,16 @@ pub fn console(plane: &crate::control_plane::ControlPlane) -> Option<reach_conso
         reach_console::ConsoleChannels {
             orchestrator: plane.orchestrator().is_some().then(|| channel.clone()),
             registry: plane.registry().is_some().then_some(channel),
+            latency: plane.router().map(|router| {
+                let table = router.table().clone();
+                reach_console::LatencySource::new(move |instance_id| {
+                    let estimate = table
+                        .endpoint(instance_id)?
+                        .load_tracker()
+                        .rtt_estimate_ns()?;
+                    Some(std::time::Duration::from_nanos(estimate as u64))
+                })
+            }),
         },
         reach_console::ConsoleConfig {
             refresh_ms: reach_console::DEFAULT_REFRESH_MS,

@@ -547,6 +547,8 @@ async fn serve_console(
     let channels = reach_console::ConsoleChannels {
         orchestrator: channel(orchestrator, "orchestrator")?,
         registry: channel(registry, "registry")?,
+        // A console of its own runs no router: latencies are measured by the mesh's routers.
+        latency: None,
     };
     let listener = TcpListener::bind(listen)
         .await
