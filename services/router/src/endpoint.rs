@@ -385,12 +385,11 @@ impl InstanceEndpoint {
     /// (`base_ejection × 2^(ejections-1)`, capped), logging `why` as the cause.
     fn eject(&self, now: Instant, why: &'static str) {
         let ejections = self.ejections.fetch_add(1, Ordering::Relaxed) + 1;
-        let factor = 1u32 << (ejections - 1).min(16);
-        let interval = self
-            .ejection
-            .base_ejection
-            .saturating_mul(factor)
-            .min(self.ejection.max_ejection);
+        let interval = reach_rpc::backoff::Exponential::doubling(
+            self.ejection.base_ejection,
+            self.ejection.max_ejection,
+        )
+        .delay(ejections);
         let until = self.nanos(now + interval);
         self.ejected_until_ns.store(until, Ordering::Relaxed);
         self.consecutive_failures.store(0, Ordering::Relaxed);
