@@ -95,7 +95,7 @@ def seconds(duration: str) -> float:
 #: How long a service's server lets calls and streams run after shutdown starts, unless
 #: [server] shutdown_grace says otherwise.
 SHUTDOWN_GRACE = rust_seconds(
-    "sdk/rust/reach-rpc/src/server.rs", r"DEFAULT_GRACE: Duration = Duration::from_secs\((\d+)\)"
+    "sdk/rust/reach-rpc/src/limits.rs", r"DEFAULT_GRACE: Duration = Duration::from_secs\((\d+)\)"
 )
 #: The longest an SDK agent drains by default, and what `reach example-agents` uses.
 SDK_MAX_DRAIN = rust_seconds(
