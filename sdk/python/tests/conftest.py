@@ -17,7 +17,7 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 from types import ModuleType
-from typing import Any, TypeVar
+from typing import Any, ClassVar, TypeVar
 
 import grpc
 import pytest
@@ -70,6 +70,15 @@ class ReachProcess:
     :attr:`endpoint` (``http://127.0.0.1:PORT``). With ``tls`` (a mesh serving TLS) the
     fixture's own calls (health, instances) go over TLS with those credentials."""
 
+    #: Banner lines to wait for besides ``grpc``: name → a pattern whose first group is the
+    #: value kept in :attr:`banner_values` (each ends past the port, so a line read in half
+    #: does not match). Subclasses for processes with more endpoints (edges, console) set it.
+    banner_lines: ClassVar[dict[str, bytes]] = {}
+    #: What the process printed up to its last awaited banner line.
+    banner: str
+    #: The values of :attr:`banner_lines`, by name.
+    banner_values: dict[str, str]
+
     def __init__(
         self,
         args: list[str],
@@ -108,15 +117,19 @@ class ReachProcess:
             chunk = self.process.stdout.read() or b""
             seen += chunk
             match = re.search(rb"grpc\s+(https?://127\.0\.0\.1:\d+)", seen)
-            if match:
+            found = {name: re.search(pattern, seen) for name, pattern in self.banner_lines.items()}
+            if match and all(found.values()):
+                self.banner = seen.decode(errors="replace")
+                self.banner_values = {name: m.group(1).decode() for name, m in found.items() if m}
                 return match.group(1).decode()
             if self.process.poll() is not None:
                 break
             time.sleep(0.01)
         self.stop()
+        wanted = ", ".join(["grpc", *self.banner_lines])
         pytest.fail(
-            f"reach {' '.join(self.args)} did not start serving: {seen.decode(errors='replace')}\n"
-            f"{self.log_path.read_text(errors='replace')}",
+            f"reach {' '.join(self.args)} did not print its banner lines ({wanted}): "
+            f"{seen.decode(errors='replace')}\n{self.log_path.read_text(errors='replace')}",
             pytrace=False,
         )
 

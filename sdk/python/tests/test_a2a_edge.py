@@ -128,35 +128,18 @@ class EdgeProcess(ReachProcess):
     line gives the edge's HTTP base URL (:attr:`a2a_url`, ``http://127.0.0.1:PORT``) and the
     address of its gRPC ``lf.a2a.v1.A2AService`` (:attr:`a2a_grpc`, ``127.0.0.1:PORT``)."""
 
-    a2a_url: str
-    a2a_grpc: str
-    banner: str
+    banner_lines = {
+        "a2a": rb"a2a\s+(https?://127\.0\.0\.1:\d+)/\.well-known/agent-card\.json",
+        "a2a_grpc": rb"gRPC lf\.a2a\.v1\.A2AService at (127\.0\.0\.1:\d+)\)",
+    }
 
-    def _read_endpoint(self) -> str:
-        assert self.process.stdout is not None
-        deadline = time.monotonic() + START_TIMEOUT
-        seen = b""
-        os.set_blocking(self.process.stdout.fileno(), False)
-        while time.monotonic() < deadline:
-            seen += self.process.stdout.read() or b""
-            # Each pattern ends past the port, so a line read in half does not match.
-            mesh = re.search(rb"grpc\s+(https?://127\.0\.0\.1:\d+)\s", seen)
-            card = re.search(rb"a2a\s+(https?://127\.0\.0\.1:\d+)/\.well-known/agent-card\.json", seen)
-            service = re.search(rb"gRPC lf\.a2a\.v1\.A2AService at (127\.0\.0\.1:\d+)\)", seen)
-            if mesh and card and service:
-                self.banner = seen.decode(errors="replace")
-                self.a2a_url = card.group(1).decode()
-                self.a2a_grpc = service.group(1).decode()
-                return mesh.group(1).decode()
-            if self.process.poll() is not None:
-                break
-            time.sleep(0.01)
-        self.stop()
-        pytest.fail(
-            f"reach {' '.join(self.args)} did not print its grpc and a2a banner lines: "
-            f"{seen.decode(errors='replace')}\n{self.log_path.read_text(errors='replace')}",
-            pytrace=False,
-        )
+    @property
+    def a2a_url(self) -> str:
+        return self.banner_values["a2a"]
+
+    @property
+    def a2a_grpc(self) -> str:
+        return self.banner_values["a2a_grpc"]
 
 
 def _wait_for_skills(edge: EdgeProcess) -> None:

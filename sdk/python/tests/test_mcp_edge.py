@@ -66,25 +66,11 @@ class McpProcess(ReachProcess):
     """``reach dev`` whose banner's ``mcp`` line gives the MCP endpoint (:attr:`mcp_url`,
     ``http://127.0.0.1:PORT/mcp``)."""
 
-    mcp_url: str
+    banner_lines = {"mcp": rb"mcp\s+(https?://127\.0\.0\.1:\d+/mcp)\s"}
 
-    def _read_endpoint(self) -> str:
-        assert self.process.stdout is not None
-        deadline = time.monotonic() + START_TIMEOUT
-        seen = b""
-        os.set_blocking(self.process.stdout.fileno(), False)
-        while time.monotonic() < deadline:
-            seen += self.process.stdout.read() or b""
-            mesh = re.search(rb"grpc\s+(https?://127\.0\.0\.1:\d+)\s", seen)
-            mcp = re.search(rb"mcp\s+(https?://127\.0\.0\.1:\d+/mcp)\s", seen)
-            if mesh and mcp:
-                self.mcp_url = mcp.group(1).decode()
-                return mesh.group(1).decode()
-            if self.process.poll() is not None:
-                break
-            time.sleep(0.01)
-        self.stop()
-        pytest.fail(f"reach dev printed no grpc and mcp lines: {seen.decode(errors='replace')}", pytrace=False)
+    @property
+    def mcp_url(self) -> str:
+        return self.banner_values["mcp"]
 
 
 async def _tool_names(url: str) -> set[str]:
