@@ -24,6 +24,11 @@ impl ConsoleError {
     pub fn status(&self) -> StatusCode {
         match self {
             ConsoleError::NoService(_) => StatusCode::SERVICE_UNAVAILABLE,
+            // The console's own call deadline ends a call as CANCELLED ("Timeout expired"):
+            // to the browser the service it called did not answer in time.
+            ConsoleError::Rpc(status) if status.code() == tonic::Code::Cancelled => {
+                StatusCode::GATEWAY_TIMEOUT
+            }
             ConsoleError::Rpc(status) => reach_rpc::errors::http_status(status.code()),
             ConsoleError::BadRequest(_) => StatusCode::BAD_REQUEST,
         }

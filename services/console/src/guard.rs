@@ -87,6 +87,29 @@ impl Guard {
         }
         Ok(())
     }
+
+    /// `router` with [`Guard::check`] in front of every request (a refusal is answered
+    /// instead): for other routes a browser must not reach from another site, such as the
+    /// admin port's operator routes when no trust authenticates their callers.
+    pub fn layer<S: Clone + Send + Sync + 'static>(
+        &self,
+        router: axum::Router<S>,
+    ) -> axum::Router<S> {
+        let guard = self.clone();
+        router.layer(axum::middleware::from_fn(
+            move |request: axum::extract::Request, next: axum::middleware::Next| {
+                let refused = guard
+                    .check(request.method(), request.uri(), request.headers())
+                    .err();
+                async move {
+                    match refused {
+                        Some(refusal) => refusal.into_response(),
+                        None => next.run(request).await,
+                    }
+                }
+            },
+        ))
+    }
 }
 
 /// The Content-Security-Policy of every console response: scripts, styles, forms and

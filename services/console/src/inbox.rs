@@ -403,6 +403,13 @@ async fn not_waiting(
                 }
                 div.card { div.muted { "their input" } (fields(input, 12)) }
             }
+            None if task.status == TaskStatus::WaitingHuman as i32 => {
+                div.notice.info role="alert" #already-resumed {
+                    "This task now waits at node " strong { (task.current_node) }
+                    ", not at the one this form was for: "
+                    a href={ (BASE) "/inbox/" (task.task_id) } { "open its review again" } "."
+                }
+            }
             None => {
                 div.notice.info role="alert" #already-resumed {
                     "This task does not wait for a person any more: it is "

@@ -32,7 +32,9 @@ pub enum Error {
         task_id: String,
     },
     /// The task id given to StartTask is not valid.
-    #[error("task id {task_id:?} is not valid: use 1 to 128 characters of A-Z a-z 0-9 . _ : -")]
+    #[error(
+        "task id {task_id:?} is not valid: use 1 to 128 characters of A-Z a-z 0-9 . _ : -, not dots alone"
+    )]
     InvalidTaskId {
         /// The id given.
         task_id: String,

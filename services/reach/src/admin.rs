@@ -60,12 +60,34 @@ pub fn routes(
     registry: Option<Registry>,
     trust: Arc<Trust>,
 ) -> Router {
-    reach_telemetry::admin_router(metrics).merge(
-        Router::new()
-            .route("/agents", get(agents))
-            .route("/agents/{service}", axum::routing::delete(drain_service))
-            .with_state(AgentsState { registry, trust }),
-    )
+    operator_routes(metrics, registry, trust, None)
+}
+
+/// [`routes`], plus `extra` operator routes (the orchestrator's). Without trust nothing
+/// authenticates an operator route's caller, so a page on another site could reach them
+/// through a browser on the same machine — by rebinding a name to the loopback address (and
+/// reading `/tasks/{id}`), or by posting a form (draining agents, retrying tasks): they are
+/// served only for the port's loopback names and same-origin changes
+/// ([`reach_console::guard::Guard`], as the console is). `/health` and `/metrics` stay open
+/// to probes and scrapers by any name.
+fn operator_routes(
+    metrics: reach_telemetry::metrics::PrometheusHandle,
+    registry: Option<Registry>,
+    trust: Arc<Trust>,
+    extra: Option<Router>,
+) -> Router {
+    let guarded = !trust.is_enabled();
+    let mut operator = Router::new()
+        .route("/agents", get(agents))
+        .route("/agents/{service}", axum::routing::delete(drain_service))
+        .with_state(AgentsState { registry, trust });
+    if let Some(extra) = extra {
+        operator = operator.merge(extra);
+    }
+    if guarded {
+        operator = reach_console::guard::Guard::new(&[]).layer(operator);
+    }
+    reach_telemetry::admin_router(metrics).merge(operator)
 }
 
 /// The admin routes of `plane`: [`routes`] over its registry, and its orchestrator's task
@@ -74,10 +96,12 @@ pub fn plane_routes(
     metrics: reach_telemetry::metrics::PrometheusHandle,
     plane: &crate::control_plane::ControlPlane,
 ) -> Router {
-    let mut routes = routes(metrics, plane.registry().cloned(), plane.trust().clone());
-    if let Some(orchestrator) = plane.orchestrator() {
-        routes = routes.merge(orchestrator.admin_router());
-    }
+    let mut routes = operator_routes(
+        metrics,
+        plane.registry().cloned(),
+        plane.trust().clone(),
+        plane.orchestrator().map(|o| o.admin_router()),
+    );
     if let Some(console) = console(plane) {
         routes = routes.merge(console.routes());
     }

@@ -560,10 +560,30 @@ async fn serve_console(
         );
         return Ok(ExitCode::from(EXIT_USAGE));
     }
+    if !addr.ip().is_loopback() {
+        if !config.login {
+            eprintln!(
+                "warning: the console serves {addr} without a login: anyone who can reach it can resume, cancel and retry tasks; pass --login against a mesh with trust on"
+            );
+        }
+        if config.allowed_hosts.is_empty() {
+            eprintln!(
+                "warning: browsers are answered only when they name the console by a loopback name; pass --allowed-host with the name they use to reach {addr}"
+            );
+        }
+    }
+    // The URL a browser can open: by the first allowed name when the address is not one.
+    let shown = match config.allowed_hosts.first() {
+        Some(host) if !addr.ip().is_loopback() => match reach_rpc::hosts::split_port(host) {
+            (_, Some(_)) => host.clone(),
+            (_, None) => format!("{host}:{}", addr.port()),
+        },
+        _ => addr.to_string(),
+    };
     let routes = reach_console::Console::new(channels, config).routes();
     writeln!(
         std::io::stdout(),
-        "console      http://{addr}{}/inbox",
+        "console      http://{shown}{}/inbox",
         reach_console::BASE
     )?;
     std::io::stdout().flush()?;

@@ -555,6 +555,38 @@ async fn dev_serves_every_service_on_one_port_for_grpcurl_and_reach_agents() {
         String::from_utf8_lossy(&agents_json.stdout).contains("coordinator-1"),
         "GET /agents lists the instances"
     );
+    // Without trust nothing authenticates the operator routes: a page on another site must
+    // not reach them through a browser here, by a rebound name or a cross-site form; probes
+    // and scrapers reach /health and /metrics by any name.
+    let status_of = |args: &[&str]| -> String {
+        let out = Command::new("curl")
+            .args(["-s", "-o", "/dev/null", "-w", "%{http_code}"])
+            .args(args)
+            .output()
+            .expect("curl runs");
+        String::from_utf8_lossy(&out.stdout).to_string()
+    };
+    let agents_url = format!("http://{admin}/agents");
+    assert_eq!(status_of(&["-H", "Host: evil.example", &agents_url]), "403");
+    assert_eq!(
+        status_of(&[
+            "-X",
+            "DELETE",
+            "-H",
+            "Origin: http://evil.example",
+            &format!("{agents_url}/ingest"),
+        ]),
+        "403",
+        "a cross-site form cannot drain an agent"
+    );
+    assert_eq!(
+        status_of(&[
+            "-H",
+            "Host: 10.1.2.3:7071",
+            &format!("http://{admin}/health")
+        ]),
+        "200"
+    );
 
     // Prometheus metrics on the admin port move with the calls made.
     let scrape = || {

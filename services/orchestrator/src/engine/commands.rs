@@ -292,12 +292,16 @@ impl Drop for HoldGate {
 }
 
 /// Whether `id` is 1 to 128 characters of `A-Z a-z 0-9 . _ : -`.
+/// Whether `id` can name a task: 1 to 128 of `A-Z a-z 0-9 . _ : -`, not dots alone (`.`
+/// and `..` are path segments a URL resolves away: the console's and the admin port's task
+/// pages could not be reached).
 fn valid_task_id(id: &str) -> bool {
     !id.is_empty()
         && id.len() <= 128
         && id
             .chars()
             .all(|c| c.is_ascii_alphanumeric() || "._:-".contains(c))
+        && !id.chars().all(|c| c == '.')
 }
 
 /// The events of resuming `state` at `node_id` (empty or `None`: wherever it waits) with
@@ -449,6 +453,17 @@ mod tests {
     use serde_json::json;
 
     use super::*;
+
+    #[test]
+    fn task_ids_are_url_safe_names() {
+        for ok in ["t1", "complaint-42", "a.b:c_d", "..x", "x.."] {
+            assert!(valid_task_id(ok), "{ok}");
+        }
+        let long = "x".repeat(129);
+        for bad in ["", ".", "..", "...", "a/b", "a b", "é", long.as_str()] {
+            assert!(!valid_task_id(bad), "{bad}");
+        }
+    }
     use crate::engine::testing::*;
 
     const FLOW: &str = "id: f\nversion: 1\ninitial: ask\nstates:\n  ask:\n    type: human\n    schema: {type: object, required: [approved], properties: {approved: {type: boolean}}}\n    on_cancel: withdrawn\n    next: done\n  withdrawn: {type: fail, error: withdrawn}\n  done: {type: succeed}\n";
