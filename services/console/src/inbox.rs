@@ -218,14 +218,8 @@ fn context(task: &Task, max: usize) -> Markup {
 
 /// The reviewer name in the request's cookie; empty when none.
 fn reviewer_cookie(headers: &HeaderMap) -> String {
-    headers
-        .get_all(header::COOKIE)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(';'))
-        .filter_map(|pair| pair.trim().split_once('='))
-        .find(|(k, _)| *k == REVIEWER_COOKIE)
-        .map(|(_, v)| reviewer_name(&v.replace('+', " ")))
+    crate::session::cookie(headers, REVIEWER_COOKIE)
+        .map(|v| reviewer_name(&v.replace('+', " ")))
         .unwrap_or_default()
 }
 

@@ -28,16 +28,21 @@ pub fn valid_token(token: &str) -> bool {
         && token.bytes().all(|b| b.is_ascii_graphic())
 }
 
-/// The token in the request's cookie, when it is a [`valid_token`].
-pub(crate) fn cookie_token(headers: &HeaderMap) -> Option<Arc<str>> {
+/// The value of cookie `name` in the request's `Cookie` headers, if any.
+pub(crate) fn cookie<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
     headers
         .get_all(header::COOKIE)
         .iter()
         .filter_map(|v| v.to_str().ok())
         .flat_map(|v| v.split(';'))
         .filter_map(|pair| pair.trim().split_once('='))
-        .find(|(k, _)| *k == TOKEN_COOKIE)
+        .find(|(k, _)| *k == name)
         .map(|(_, v)| v)
+}
+
+/// The token in the request's cookie, when it is a [`valid_token`].
+pub(crate) fn cookie_token(headers: &HeaderMap) -> Option<Arc<str>> {
+    cookie(headers, TOKEN_COOKIE)
         .filter(|v| valid_token(v))
         .map(Arc::from)
 }

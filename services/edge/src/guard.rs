@@ -127,19 +127,9 @@ impl HttpGuard {
         router: axum::Router<S>,
     ) -> axum::Router<S> {
         let guard = self.clone();
-        router.layer(axum::middleware::from_fn(
-            move |request: axum::extract::Request, next: axum::middleware::Next| {
-                let refused = guard
-                    .check(request.method(), request.uri(), request.headers())
-                    .err();
-                async move {
-                    match refused {
-                        Some(refusal) => refusal.into_response(),
-                        None => next.run(request).await,
-                    }
-                }
-            },
-        ))
+        reach_rpc::hosts::guarded(router, move |method, uri, headers| {
+            guard.check(method, uri, headers)
+        })
     }
 }
 

@@ -42,6 +42,33 @@ impl AllowedHosts {
     }
 }
 
+/// `router` with `check` in front of every request: a request it refuses is answered with
+/// its response instead of reaching a route (the Host and Origin guards of the HTTP ports).
+pub fn guarded<S, R>(
+    router: axum::Router<S>,
+    check: impl Fn(&http::Method, &http::Uri, &http::HeaderMap) -> Result<(), R>
+    + Clone
+    + Send
+    + Sync
+    + 'static,
+) -> axum::Router<S>
+where
+    S: Clone + Send + Sync + 'static,
+    R: axum::response::IntoResponse + Send + 'static,
+{
+    router.layer(axum::middleware::from_fn(
+        move |request: axum::extract::Request, next: axum::middleware::Next| {
+            let refused = check(request.method(), request.uri(), request.headers()).err();
+            async move {
+                match refused {
+                    Some(refusal) => refusal.into_response(),
+                    None => next.run(request).await,
+                }
+            }
+        },
+    ))
+}
+
 /// The host a request names: its `Host` header, else (HTTP/2) its URI's authority; empty
 /// when it names none.
 pub fn request_host<'a>(uri: &'a http::Uri, headers: &'a http::HeaderMap) -> &'a str {
