@@ -146,7 +146,11 @@ async fn watch_sends_a_snapshot_then_deltas_with_rising_revisions() {
         .await
         .unwrap()
         .into_inner();
-    let mut watch = registry.watch(WatchRequest {}).await.unwrap().into_inner();
+    let mut watch = registry
+        .watch(WatchRequest::default())
+        .await
+        .unwrap()
+        .into_inner();
 
     let first = watch.message().await.unwrap().unwrap();
     let Some(watch_response::Event::Snapshot(snapshot)) = first.event else {
@@ -444,7 +448,11 @@ async fn lease_ids_are_never_shown_to_others_and_reports_are_checked() {
         list.instances.iter().all(|i| i.lease_id.is_empty()),
         "ListInstances hides lease ids"
     );
-    let mut watch = registry.watch(WatchRequest {}).await.unwrap().into_inner();
+    let mut watch = registry
+        .watch(WatchRequest::default())
+        .await
+        .unwrap()
+        .into_inner();
     let Some(watch_response::Event::Snapshot(snapshot)) =
         watch.message().await.unwrap().unwrap().event
     else {

@@ -77,6 +77,18 @@ const SERVER_GRACE_AFTER_DRAIN_MS = 1000;
 /** The retry hint of a multiplexed call refused because its stream has too many calls open. */
 const OVERLOADED_RETRY_AFTER_MS = 50;
 /**
+ * The most an instance waits (a random share of it, at most a quarter of its heartbeat
+ * period) before registering again when the registry no longer knows its lease.
+ */
+const REREGISTER_SPREAD_MS = 250;
+/** The longest a failed heartbeat waits before it is retried (or the period, if shorter). */
+const HEARTBEAT_RETRY_MAX_MS = 1000;
+
+/** `ms` spread uniformly over [ms/2, 3ms/2]: retries of many instances come apart. */
+function jittered(ms: number): number {
+  return ms * (0.5 + Math.random());
+}
+/**
  * Reasons that tell a caller its message was not delivered, so it may be sent elsewhere or
  * again (`docs/errors.md`). A handler that lets a nested call's error with one of them escape
  * answers FAILED_PRECONDITION instead (see `Agent.#handlerFailure`).
@@ -330,8 +342,12 @@ export class Agent {
 
   /**
    * Registers, then heartbeats every third of the granted lease until the drain begins;
-   * registers again whenever the registry no longer knows the lease (NOT_FOUND). Registration
-   * is retried with back-off (20 ms doubling to 2 s) while the registry is unreachable, and
+   * registers again whenever the registry no longer knows the lease (NOT_FOUND, as after a
+   * registry restart), after a random share of up to 250 ms (at most a quarter of the period)
+   * so that a restarted registry's instances do not all register at once. Registration is
+   * retried with jittered back-off (20 ms doubling to 2 s, each delay drawn from [d/2, 3d/2])
+   * while the registry is unreachable, a failed heartbeat likewise (20 ms doubling up to the
+   * period or 1 s, so a registry back from an outage is found within about a second), and
    * given up when the registry refuses the spec itself (INVALID_ARGUMENT or
    * FAILED_PRECONDITION) or the right to register (PERMISSION_DENIED, UNAUTHENTICATED): no
    * retry can fix it; {@link Agent.refused} resolves. An operator's drain (`INSTANCE_DRAINED`, or DRAINING in a heartbeat's answer) ends the loop
@@ -366,12 +382,13 @@ export class Agent {
           this.#refuse(status);
           return;
         }
+        const retryInMs = jittered(backoffMs);
         logger.warn("registration failed; retrying", {
           code: status.codeName,
           error: status.statusMessage,
-          retry_in_ms: backoffMs,
+          retry_in_ms: retryInMs,
         });
-        await delay(backoffMs, stop);
+        await delay(retryInMs, stop);
         backoffMs = Math.min(backoffMs * 2, 2000);
         continue;
       }
@@ -380,8 +397,10 @@ export class Agent {
       const ttlMs = granted.leaseTtl === undefined ? leaseTtlMs : durationMs(granted.leaseTtl);
       const periodMs = Math.max(Math.floor(ttlMs / 3), 10);
       logger.info("registered", { instance: spec.instanceId, lease_ttl_ms: ttlMs });
+      let waitMs = periodMs;
+      let retryMs = 20;
       for (;;) {
-        await delay(periodMs, stop);
+        await delay(waitMs, stop);
         if (stop.aborted) {
           return;
         }
@@ -393,6 +412,8 @@ export class Agent {
             { instanceId: spec.instanceId, leaseId: granted.leaseId, state, inFlight },
             { timeoutMs: Math.max(periodMs, 1000), signal: stop },
           );
+          waitMs = periodMs;
+          retryMs = 20;
           if (answer.state === InstanceState.DRAINING) {
             logger.warn(
               "the registry drained this instance; no longer taking new work through it",
@@ -413,12 +434,21 @@ export class Agent {
             return;
           }
           if (status.code === Code.NOT_FOUND) {
+            const afterMs = Math.random() * Math.min(periodMs / 4, REREGISTER_SPREAD_MS);
             logger.warn("registry lost the lease; registering again", {
               instance: spec.instanceId,
+              after_ms: Math.round(afterMs),
             });
+            await delay(afterMs, stop);
             break;
           }
-          logger.warn("heartbeat failed", { code: status.codeName, error: status.statusMessage });
+          waitMs = Math.min(jittered(retryMs), periodMs);
+          retryMs = Math.min(retryMs * 2, HEARTBEAT_RETRY_MAX_MS, periodMs);
+          logger.warn("heartbeat failed", {
+            code: status.codeName,
+            error: status.statusMessage,
+            retry_in_ms: Math.round(waitMs),
+          });
         }
       }
     }

@@ -11,8 +11,11 @@
 //!   PostgreSQL).
 //! - [`mcp`] — `reach-bench mcp`: a tool call through the MCP edge next to the same call
 //!   through the router.
+//! - [`registry`] — `reach-bench registry`: registration, register → routable and Watch
+//!   fan-out at 10,000 instances and 100 watchers, and memory per instance.
 
 pub mod flows;
 pub mod mcp;
 mod mtls;
+pub mod registry;
 pub mod router;

@@ -4,6 +4,7 @@
 //! reach-bench router [--quick] [--no-nats] [--mtls] [--only MODES] [--payloads BYTES] [--concurrency N]
 //! reach-bench flows [--quick] [--postgres URL]
 //! reach-bench mcp [--quick]
+//! reach-bench registry [--quick]
 //! ```
 
 use std::process::ExitCode;
@@ -62,6 +63,14 @@ enum Bench {
         #[arg(long)]
         quick: bool,
     },
+    /// The registry at mesh scale: 10,000 instances over 1,000 capabilities registered while
+    /// 100 watchers follow; register → routable, Watch fan-out, memory per instance.
+    Registry {
+        /// A tenth of the scale (seconds); the same last line,
+        /// `registry_register_to_routable_p99_ms=<n> registry_fanout_p99_ms=<n> registry_bytes_per_instance=<n>`.
+        #[arg(long)]
+        quick: bool,
+    },
     /// Durable flow transitions per second on SQLite (and PostgreSQL with --postgres).
     Flows {
         /// A reduced run (under a minute); the last line is `sqlite_transitions_per_s=<n>`.
@@ -113,6 +122,10 @@ async fn main() -> ExitCode {
             .await
         }
         Bench::Mcp { quick } => reach_bench::mcp::run(quick).await,
+        Bench::Registry { quick } => {
+            use reach_bench::registry::{Scale, run};
+            run(if quick { Scale::QUICK } else { Scale::FULL }).await
+        }
         Bench::Flows { quick, postgres } => {
             reach_bench::flows::bench_flows(quick, postgres.as_deref(), &mut std::io::stdout())
                 .await

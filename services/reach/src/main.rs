@@ -237,6 +237,10 @@ enum Command {
         /// address, which must then not be a wildcard.
         #[arg(long, default_value = "")]
         advertise_host: String,
+        /// The lease TTL each agent asks the registry for (`10s`, `1m`); heartbeats go every
+        /// third of the TTL granted.
+        #[arg(long, default_value = "10s", value_parser = lease_ttl)]
+        lease_ttl: std::time::Duration,
         #[command(flatten)]
         model: ModelArgs,
     },
@@ -514,6 +518,15 @@ fn json_value(value: &str) -> Result<serde_json::Value, String> {
     serde_json::from_str(value).map_err(|e| {
         format!("not JSON ({e}); quote it for the shell, e.g. --json '{{\"key\": 1}}'")
     })
+}
+
+/// A lease TTL flag: a duration such as `10s`, above zero.
+fn lease_ttl(value: &str) -> Result<std::time::Duration, String> {
+    match humantime::parse_duration(value) {
+        Ok(ttl) if !ttl.is_zero() => Ok(ttl),
+        Ok(_) => Err("a lease TTL must be above zero (for example 10s)".into()),
+        Err(error) => Err(format!("{error}; give a duration such as 10s or 1m")),
+    }
 }
 
 fn grpc_endpoint(value: &str) -> Result<String, String> {
@@ -873,6 +886,7 @@ async fn run(command: Command) -> anyhow::Result<ExitCode> {
             router,
             listen_host,
             advertise_host,
+            lease_ttl,
             model,
         } => {
             let router = router.unwrap_or_else(|| registry.clone());
@@ -887,6 +901,7 @@ async fn run(command: Command) -> anyhow::Result<ExitCode> {
                 classifier,
                 listen_host,
                 advertise_host,
+                lease_ttl,
                 ..Default::default()
             };
             let fleet = reach_agents::fleet::Fleet::start(&registry, &router, &options).await?;

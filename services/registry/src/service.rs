@@ -18,7 +18,7 @@ use tracing::warn;
 
 use crate::error::RegistryError;
 use crate::probe::probe_until_ready;
-use crate::store::Registry;
+use crate::store::{Registry, WatchFrom};
 use crate::tokens::{Refused, UsedTokens};
 
 /// The gRPC face of a [`Registry`].
@@ -258,6 +258,9 @@ impl RegistryGrpc {
     }
 }
 
+/// The longest `epoch` a Watch request may carry (epochs are 32 hex digits).
+const MAX_EPOCH_BYTES: usize = 128;
+
 /// The largest in-flight (or model slot) count a heartbeat may report.
 const MAX_IN_FLIGHT: u32 = 1_000_000;
 
@@ -390,33 +393,52 @@ impl RegistryService for RegistryGrpc {
 
     async fn watch(
         &self,
-        _request: Request<WatchRequest>,
+        request: Request<WatchRequest>,
     ) -> Result<Response<Self::WatchStream>, Status> {
-        let (snapshot, mut events) = self.registry.watch();
+        let request = request.into_inner();
+        if request.epoch.len() > MAX_EPOCH_BYTES {
+            return Err(Status::invalid_argument(format!(
+                "epoch is {} bytes, over the limit of {MAX_EPOCH_BYTES} bytes; send back the epoch of the watch events you read, unchanged",
+                request.epoch.len()
+            )));
+        }
+        let from = if request.after_revision == 0 {
+            WatchFrom::Snapshot
+        } else {
+            WatchFrom::Resume {
+                epoch: &request.epoch,
+                after_revision: request.after_revision,
+            }
+        };
+        let (first, mut events) = self.registry.watch_from(from);
         let (tx, rx) = mpsc::channel(256);
         let registry = self.registry.clone();
         tokio::spawn(async move {
-            if tx.send(Ok(redact_event(snapshot))).await.is_err() {
-                return;
+            for event in first {
+                if tx.send(Ok(redact_event(event))).await.is_err() {
+                    return;
+                }
             }
             loop {
                 let received = tokio::select! {
                     () = registry.watches_closed() => return,
                     received = events.recv() => received,
                 };
-                let event = match received {
-                    Ok(event) => event,
+                let sent = match received {
+                    Ok(event) => vec![event],
                     Err(broadcast::error::RecvError::Lagged(missed)) => {
                         // The watcher fell behind the buffer: start it over from a snapshot.
                         warn!(missed, "watcher lagged; resending a snapshot");
-                        let (snapshot, fresh) = registry.watch();
+                        let (snapshot, fresh) = registry.watch_from(WatchFrom::Lagged);
                         events = fresh;
                         snapshot
                     }
                     Err(broadcast::error::RecvError::Closed) => return,
                 };
-                if tx.send(Ok(redact_event(event))).await.is_err() {
-                    return;
+                for event in sent {
+                    if tx.send(Ok(redact_event(event))).await.is_err() {
+                        return;
+                    }
                 }
             }
         });

@@ -1,12 +1,12 @@
 //! The instance table: leases, lifecycle states, revisions and watchers.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, SystemTime};
 
 use reach_proto::v1::{
     Capability, Instance, InstanceSpec, InstanceState, ListCapabilitiesResponse,
-    ListInstancesResponse, WatchResponse, WatchSnapshot, watch_response,
+    ListInstancesResponse, SnapshotCause, WatchResponse, WatchSnapshot, watch_response,
 };
 use tokio::sync::{Semaphore, broadcast};
 use tokio::time::Instant;
@@ -18,6 +18,9 @@ use crate::error::{InitError, RegistryError};
 /// How many watch events a slow watcher may lag before it is resent a snapshot. Events
 /// carry instances without capability descriptors, so the buffer holds small events.
 const WATCH_BUFFER: usize = 4096;
+/// How many of the latest events the registry keeps for watchers that resume after a
+/// reconnect ([`WatchFrom::Resume`]); one further back is sent a snapshot.
+pub const WATCH_HISTORY: usize = 4096;
 /// How many registrations' descriptors are checked (schemas compiled) at once, off the
 /// async workers: at most one core goes to schema checking.
 const CONCURRENT_CHECKS: usize = 1;
@@ -33,6 +36,9 @@ pub struct Registry {
 
 struct Inner {
     config: RegistryConfig,
+    /// This table's epoch: a random id drawn when the registry starts. Its revisions mean
+    /// something only within it; a watcher that sees another epoch knows the state was lost.
+    epoch: String,
     /// The protocol registry, loaded whenever `protocol_registry` is set: its descriptors
     /// are served by ListCapabilities, and strict mode checks registrations against it.
     protocols: Option<reach_protocol::ProtocolRegistry>,
@@ -54,6 +60,9 @@ struct Table {
     drained_leases: HashMap<String, Instant>,
     /// Increases by one with every change.
     revision: u64,
+    /// The latest [`WATCH_HISTORY`] events, oldest first, one per revision: what a resumed
+    /// watch replays.
+    history: VecDeque<WatchResponse>,
 }
 
 impl Table {
@@ -137,6 +146,22 @@ pub fn check_spec(spec: InstanceSpec) -> Result<CheckedSpec, RegistryError> {
     Ok(CheckedSpec(spec))
 }
 
+/// Where a watch starts ([`Registry::watch_from`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WatchFrom<'a> {
+    /// A snapshot of every instance ([`SnapshotCause::Start`]).
+    Snapshot,
+    /// A snapshot for a watcher that fell behind ([`SnapshotCause::Lagged`]).
+    Lagged,
+    /// The events after `after_revision` of `epoch`: what a reconnecting watcher missed.
+    Resume {
+        /// The epoch of the stream the watcher read before.
+        epoch: &'a str,
+        /// The revision of the last event it applied.
+        after_revision: u64,
+    },
+}
+
 /// An accepted registration.
 #[derive(Debug, Clone)]
 pub struct Registration {
@@ -163,6 +188,7 @@ impl Registry {
         let (events, _) = broadcast::channel(WATCH_BUFFER);
         Ok(Self {
             inner: Arc::new(Inner {
+                epoch: uuid::Uuid::new_v4().simple().to_string(),
                 protocols,
                 config,
                 table: Mutex::new(Table::default()),
@@ -182,6 +208,11 @@ impl Registry {
     /// Resolves when [`Registry::close_watches`] is called.
     pub async fn watches_closed(&self) {
         self.inner.closed.cancelled().await;
+    }
+
+    /// The registry's epoch (32 hex digits, drawn at start-up): every Watch event carries it.
+    pub fn epoch(&self) -> &str {
+        &self.inner.epoch
     }
 
     /// The registry's configuration.
@@ -333,7 +364,7 @@ impl Registry {
                 owner: owner.to_string(),
             },
         );
-        self.publish(&table, watch_response::Event::Upserted(shown));
+        self.publish(&mut table, watch_response::Event::Upserted(shown));
         Ok(Registration {
             lease_id,
             lease_ttl: ttl,
@@ -669,12 +700,68 @@ impl Registry {
     pub fn watch(&self) -> (WatchResponse, broadcast::Receiver<WatchResponse>) {
         let table = self.table();
         let receiver = self.inner.events.subscribe();
-        (snapshot_of(&table), receiver)
+        (self.snapshot_of(&table, SnapshotCause::Start), receiver)
     }
 
-    /// A fresh snapshot (for a watcher that lagged behind).
-    pub fn snapshot(&self) -> WatchResponse {
-        snapshot_of(&self.table())
+    /// Starts a watch `from` a snapshot or a resume point: the events to send first (a
+    /// snapshot, or on a resume exactly the events after the watcher's revision, possibly
+    /// none) and a receiver of every later change, with no gap and no overlap.
+    ///
+    /// A resume gets a snapshot instead when `epoch` is not this registry's
+    /// ([`SnapshotCause::EpochChanged`]) or the events after `after_revision` are no longer
+    /// held, or were never reached ([`SnapshotCause::Compacted`]).
+    pub fn watch_from(
+        &self,
+        from: WatchFrom<'_>,
+    ) -> (Vec<WatchResponse>, broadcast::Receiver<WatchResponse>) {
+        let table = self.table();
+        let receiver = self.inner.events.subscribe();
+        let snapshot = |cause| vec![self.snapshot_of(&table, cause)];
+        let first = match from {
+            WatchFrom::Snapshot => snapshot(SnapshotCause::Start),
+            WatchFrom::Lagged => snapshot(SnapshotCause::Lagged),
+            WatchFrom::Resume { epoch, .. } if epoch != self.inner.epoch => {
+                snapshot(SnapshotCause::EpochChanged)
+            }
+            WatchFrom::Resume { after_revision, .. } if after_revision == table.revision => {
+                Vec::new()
+            }
+            WatchFrom::Resume { after_revision, .. } => {
+                // The history is one event per revision: it covers `after_revision` when its
+                // oldest event is the one right after it (or earlier).
+                let covered = after_revision < table.revision
+                    && table
+                        .history
+                        .front()
+                        .is_some_and(|oldest| oldest.revision <= after_revision + 1);
+                if covered {
+                    table
+                        .history
+                        .iter()
+                        .filter(|event| event.revision > after_revision)
+                        .cloned()
+                        .collect()
+                } else {
+                    snapshot(SnapshotCause::Compacted)
+                }
+            }
+        };
+        (first, receiver)
+    }
+
+    fn snapshot_of(&self, table: &Table, cause: SnapshotCause) -> WatchResponse {
+        WatchResponse {
+            revision: table.revision,
+            epoch: self.inner.epoch.clone(),
+            event: Some(watch_response::Event::Snapshot(WatchSnapshot {
+                instances: table
+                    .instances
+                    .values()
+                    .map(|e| e.instance.clone())
+                    .collect(),
+                cause: cause as i32,
+            })),
+        }
     }
 
     fn remove(&self, table: &mut Table, id: &str) {
@@ -696,13 +783,19 @@ impl Registry {
         }
     }
 
-    fn publish(&self, table: &Table, event: watch_response::Event) {
+    fn publish(&self, table: &mut Table, event: watch_response::Event) {
         record_state_counts(table);
-        // No receivers is fine: nobody watches yet.
-        let _ = self.inner.events.send(WatchResponse {
+        let event = WatchResponse {
             revision: table.revision,
+            epoch: self.inner.epoch.clone(),
             event: Some(event),
-        });
+        };
+        if table.history.len() == WATCH_HISTORY {
+            table.history.pop_front();
+        }
+        table.history.push_back(event.clone());
+        // No receivers is fine: nobody watches yet.
+        let _ = self.inner.events.send(event);
     }
 }
 
@@ -745,19 +838,6 @@ pub fn state_label(state: InstanceState) -> &'static str {
         InstanceState::Busy => "busy",
         InstanceState::Draining => "draining",
         InstanceState::Offline => "offline",
-    }
-}
-
-fn snapshot_of(table: &Table) -> WatchResponse {
-    WatchResponse {
-        revision: table.revision,
-        event: Some(watch_response::Event::Snapshot(WatchSnapshot {
-            instances: table
-                .instances
-                .values()
-                .map(|e| e.instance.clone())
-                .collect(),
-        })),
     }
 }
 
@@ -1028,6 +1108,101 @@ mod tests {
         ));
         registry.deregister("a", &second).unwrap();
         assert_eq!(state_of(&registry, "a"), None);
+    }
+
+    /// The kind and revision of each event (`snapshot:<cause>` for a snapshot).
+    fn kinds(events: &[WatchResponse]) -> Vec<(String, u64)> {
+        events
+            .iter()
+            .map(|e| {
+                let kind = match e.event.as_ref().unwrap() {
+                    Event::Upserted(i) => format!("upserted {}", instance_id(i)),
+                    Event::Removed(i) => format!("removed {}", instance_id(i)),
+                    Event::Snapshot(s) => format!("snapshot {}", s.cause().as_str_name()),
+                };
+                (kind, e.revision)
+            })
+            .collect()
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_resumed_watch_gets_exactly_the_events_it_missed() {
+        let registry = registry(false);
+        let epoch = registry.epoch().to_string();
+        registry.register(spec("a"), None).unwrap();
+        let (snapshot, _) = registry.watch();
+        assert_eq!(snapshot.epoch, epoch);
+        // The watcher read up to revision 1, then lost its stream; three changes followed.
+        let b = registry.register(spec("b"), None).unwrap().lease_id;
+        registry.heartbeat("b", &b, S::Ready, 3).unwrap();
+        registry.deregister("b", &b).unwrap();
+        let resume = |after_revision| {
+            registry
+                .watch_from(WatchFrom::Resume {
+                    epoch: &epoch,
+                    after_revision,
+                })
+                .0
+        };
+        assert_eq!(
+            kinds(&resume(1)),
+            [
+                ("upserted b".to_string(), 2),
+                ("upserted b".to_string(), 3),
+                ("removed b".to_string(), 4)
+            ]
+        );
+        assert!(resume(1).iter().all(|e| e.epoch == epoch));
+        assert_eq!(kinds(&resume(3)), [("removed b".to_string(), 4)]);
+        // Up to date: nothing to replay; later changes come on the receiver.
+        let (first, mut events) = registry.watch_from(WatchFrom::Resume {
+            epoch: &epoch,
+            after_revision: 4,
+        });
+        assert!(first.is_empty());
+        registry.register(spec("c"), None).unwrap();
+        assert_eq!(events.try_recv().unwrap().revision, 5);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_watch_that_cannot_resume_gets_a_snapshot_saying_why() {
+        let registry = registry(false);
+        let epoch = registry.epoch().to_string();
+        for i in 0..WATCH_HISTORY + 2 {
+            registry.register(spec(&format!("i{i}")), None).unwrap();
+        }
+        let head = u64::try_from(WATCH_HISTORY + 2).unwrap();
+        let from = |epoch: &str, after_revision| {
+            kinds(
+                &registry
+                    .watch_from(WatchFrom::Resume {
+                        epoch,
+                        after_revision,
+                    })
+                    .0,
+            )
+        };
+        let snapshot = |cause: &str| vec![(format!("snapshot {cause}"), head)];
+        // Revision 1's successor was dropped from the history: a snapshot, compacted.
+        assert_eq!(from(&epoch, 1), snapshot("SNAPSHOT_CAUSE_COMPACTED"));
+        // The oldest event held is revision 3: resuming after 2 replays the whole history.
+        assert_eq!(from(&epoch, 2).len(), WATCH_HISTORY);
+        // A revision the registry never reached, and another registry's epoch.
+        assert_eq!(from(&epoch, head + 1), snapshot("SNAPSHOT_CAUSE_COMPACTED"));
+        assert_eq!(
+            from("another-registry", 2),
+            snapshot("SNAPSHOT_CAUSE_EPOCH_CHANGED")
+        );
+        assert_eq!(
+            kinds(&registry.watch_from(WatchFrom::Snapshot).0),
+            snapshot("SNAPSHOT_CAUSE_START")
+        );
+        assert_eq!(
+            kinds(&registry.watch_from(WatchFrom::Lagged).0),
+            snapshot("SNAPSHOT_CAUSE_LAGGED")
+        );
+        // Each registry draws its own epoch.
+        assert_ne!(self::registry(false).epoch(), epoch);
     }
 
     #[tokio::test(start_paused = true)]

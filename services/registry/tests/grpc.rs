@@ -1,5 +1,6 @@
 //! The registry over gRPC on 127.0.0.1:0: ListCapabilities pages, Watch and ListInstances
-//! carry no capability descriptors, and bad descriptors are refused before registering.
+//! carry no capability descriptors, bad descriptors are refused before registering, and a
+//! Watch resumes after a broken stream.
 
 use std::collections::BTreeSet;
 
@@ -118,7 +119,11 @@ async fn list_capabilities_pages_through_every_name_exactly_once() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn watch_and_list_instances_show_names_and_versions_only() {
     let (_registry, mut client) = serve().await;
-    let mut watch = client.watch(WatchRequest {}).await.unwrap().into_inner();
+    let mut watch = client
+        .watch(WatchRequest::default())
+        .await
+        .unwrap()
+        .into_inner();
     let snapshot = watch.message().await.unwrap().unwrap();
     assert!(matches!(
         snapshot.event,
@@ -196,4 +201,71 @@ async fn a_long_pattern_is_refused_with_its_pointer_and_a_short_status() {
     );
     assert!(status.message().len() + status.details().len() < 1500);
     assert!(registry.list("", "").instances.is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_watch_resumed_after_a_broken_stream_gets_the_missed_events_and_no_snapshot() {
+    let (registry, mut client) = serve().await;
+    register(&mut client, spec("a", [])).await;
+    let mut first = client
+        .watch(WatchRequest::default())
+        .await
+        .unwrap()
+        .into_inner();
+    let snapshot = first.message().await.unwrap().unwrap();
+    assert_eq!(snapshot.epoch, registry.epoch());
+    drop(first);
+    // Two changes while the watcher is away.
+    register(&mut client, spec("b", [])).await;
+    register(&mut client, spec("c", [])).await;
+    let mut resumed = client
+        .watch(WatchRequest {
+            after_revision: snapshot.revision,
+            epoch: snapshot.epoch.clone(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    for expected in ["b", "c"] {
+        let event = resumed.message().await.unwrap().unwrap();
+        match event.event {
+            Some(watch_response::Event::Upserted(instance)) => {
+                assert_eq!(instance.spec.unwrap().instance_id, expected);
+                // The lease id stays redacted in replayed events too.
+                assert!(instance.lease_id.is_empty());
+            }
+            other => panic!("expected the missed upsert of {expected}, got {other:?}"),
+        }
+    }
+    // Resuming from another registry's epoch: a snapshot that says so.
+    let mut other = client
+        .watch(WatchRequest {
+            after_revision: 1,
+            epoch: "an-earlier-registry".into(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    match other.message().await.unwrap().unwrap().event {
+        Some(watch_response::Event::Snapshot(snapshot)) => {
+            assert_eq!(
+                snapshot.cause(),
+                reach_proto::v1::SnapshotCause::EpochChanged
+            );
+            assert_eq!(snapshot.instances.len(), 3);
+        }
+        other => panic!("{other:?}"),
+    }
+    let too_long = client
+        .watch(WatchRequest {
+            after_revision: 1,
+            epoch: "e".repeat(200),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(too_long.code(), tonic::Code::InvalidArgument);
+    assert!(
+        too_long.message().contains("epoch is 200 bytes"),
+        "{too_long}"
+    );
 }

@@ -33,6 +33,12 @@ pub struct RouterConfig {
     /// How long connecting to an instance may take before the attempt counts as failed.
     #[serde(with = "humantime_serde")]
     pub connect_timeout: Duration,
+    /// How long the router keeps routing to the instances it knew when the registry comes
+    /// back without its state (a Watch snapshot of a new epoch: an in-memory registry
+    /// restarted), while they register again; one not listed routable by then leaves. Default
+    /// 20 s, two of the registry's default 10 s lease TTLs; 0 drops them at once.
+    #[serde(with = "humantime_serde")]
+    pub registry_restart_grace: Duration,
     /// How many more instances a unary call may try after the first attempt failed in a way
     /// that is safe to retry (see [`crate::retry`]).
     pub max_redeliveries: u32,
@@ -132,6 +138,7 @@ impl Default for RouterConfig {
             default_rtt: Duration::from_millis(5),
             rtt_decay: Duration::from_secs(10),
             connect_timeout: Duration::from_secs(1),
+            registry_restart_grace: Duration::from_secs(20),
             max_redeliveries: 2,
             balancing: BalancingConfig::default(),
             ejection: EjectionConfig::default(),

@@ -88,6 +88,8 @@ pub struct RoutingTable {
     random: Arc<dyn Random>,
     /// Certificates for the connections to instances, and the policy calls are held to.
     trust: Arc<reach_trust::Trust>,
+    /// Woken when a registry restart starts a grace ([`RoutingTable::run_unconfirmed_expiry`]).
+    unconfirmed_changed: tokio::sync::Notify,
 }
 
 #[derive(Default)]
@@ -97,6 +99,11 @@ struct State {
     unroutable: HashMap<String, Unroutable>,
     routes: HashMap<RouteKey, Arc<Route>>,
     revision: u64,
+    /// The epoch of the registry the revision belongs to ("" before the first snapshot).
+    epoch: String,
+    /// Members the registry no longer lists since it lost its state (a snapshot of a new
+    /// epoch), kept routable until the deadline while they register again.
+    unconfirmed: HashMap<String, Instant>,
 }
 
 /// An instance that is not routable (REGISTERED behind its health probe, DRAINING, or with
@@ -130,6 +137,9 @@ pub struct RoutableInstance {
     pub pending: usize,
     /// Whether it is ejected now.
     pub ejected: bool,
+    /// Whether it is kept from before a registry restart and has not registered again yet
+    /// (see [`RoutingTable::apply_snapshot`]).
+    pub unconfirmed: bool,
 }
 
 impl RoutingTable {
@@ -159,6 +169,7 @@ impl RoutingTable {
             random,
             state: RwLock::new(State::default()),
             synced: watch::Sender::new(false),
+            unconfirmed_changed: tokio::sync::Notify::new(),
             room: Arc::new(Room::default()),
             replies: reach_rpc::ReplyBudget::new(
                 config.max_buffered_reply_bytes_per_instance,
@@ -353,6 +364,7 @@ impl RoutingTable {
                 state: m.endpoint.state(),
                 pending: m.endpoint.load_tracker().pending(),
                 ejected: m.endpoint.is_ejected(now),
+                unconfirmed: state.unconfirmed.contains_key(id),
             })
             .collect();
         out.sort_by(|a, b| a.instance_id.cmp(&b.instance_id));
@@ -373,9 +385,24 @@ impl RoutingTable {
             .revision
     }
 
-    /// Replaces the whole view with a registry snapshot.
-    pub fn apply_snapshot(&self, revision: u64, instances: Vec<Instance>) {
+    /// The registry epoch and revision last applied: where a reconnecting watch resumes.
+    pub fn position(&self) -> (String, u64) {
+        let state = self.state.read().unwrap_or_else(|p| p.into_inner());
+        (state.epoch.clone(), state.revision)
+    }
+
+    /// Replaces the whole view with a registry snapshot of `epoch` at `revision`.
+    ///
+    /// A snapshot of the epoch the table follows is the whole truth: members it lacks leave.
+    /// A snapshot of a new epoch means the registry lost its state (an in-memory registry
+    /// restarted) and its instances are registering again, so members it lacks stay
+    /// routable, unconfirmed, for `registry_restart_grace` (0 drops them at once); each leaves
+    /// when that grace ends unless it registers again first ([`RoutingTable::expire_unconfirmed`]).
+    pub fn apply_snapshot(&self, revision: u64, epoch: &str, instances: Vec<Instance>) {
         let mut state = self.state.write().unwrap_or_else(|p| p.into_inner());
+        let grace = self.config.registry_restart_grace;
+        let restarted = !state.epoch.is_empty() && state.epoch != epoch && !grace.is_zero();
+        let deadline = Instant::now() + grace;
         let live: HashSet<String> = instances
             .iter()
             .filter_map(|i| i.spec.as_ref().map(|s| s.instance_id.clone()))
@@ -386,24 +413,89 @@ impl RoutingTable {
             .filter(|id| !live.contains(*id))
             .cloned()
             .collect();
+        if restarted {
+            // Every member is unconfirmed until the new registry lists it routable: the
+            // upserts below confirm the ones that registered again already.
+            let members: Vec<String> = state.members.keys().cloned().collect();
+            for id in members {
+                state.unconfirmed.entry(id).or_insert(deadline);
+            }
+        }
         let mut touched = HashSet::new();
+        let mut kept = 0;
         for id in gone {
-            remove_member(&mut state, &id, &mut touched);
+            if state.unconfirmed.contains_key(&id) {
+                // Within its grace: it is likely registering again.
+                kept += 1;
+            } else {
+                remove_member(&mut state, &id, &mut touched);
+            }
         }
         state.unroutable.retain(|id, _| live.contains(id));
         for instance in instances {
             self.upsert_locked(&mut state, instance, &mut touched);
         }
         self.rebuild(&mut state, touched);
+        let previous = std::mem::replace(&mut state.epoch, epoch.to_string());
         state.revision = revision;
         drop(state);
         self.room.release();
         self.synced.send_replace(true);
-        info!(
-            revision,
-            instances = live.len(),
-            "routing table synced from registry snapshot"
-        );
+        if restarted {
+            self.unconfirmed_changed.notify_one();
+            warn!(
+                revision,
+                from_epoch = %previous,
+                to_epoch = %epoch,
+                instances = live.len(),
+                kept,
+                grace = ?grace,
+                "the registry restarted without its state; routing on to the instances it no longer lists while they register again"
+            );
+        } else {
+            info!(
+                revision,
+                instances = live.len(),
+                "routing table synced from registry snapshot"
+            );
+        }
+    }
+
+    /// Removes the unconfirmed members whose grace ended by `now` (they did not register
+    /// again after a registry restart); returns when the next grace ends, if any is running.
+    pub fn expire_unconfirmed(&self, now: Instant) -> Option<Instant> {
+        let mut state = self.state.write().unwrap_or_else(|p| p.into_inner());
+        let expired: Vec<String> = state
+            .unconfirmed
+            .iter()
+            .filter(|(_, deadline)| **deadline <= now)
+            .map(|(id, _)| id.clone())
+            .collect();
+        let mut touched = HashSet::new();
+        for id in &expired {
+            state.unconfirmed.remove(id);
+            remove_member(&mut state, id, &mut touched);
+            warn!(instance = %id, "instance did not register again after the registry restarted; no longer routing to it");
+        }
+        self.rebuild(&mut state, touched);
+        state.unconfirmed.values().min().copied()
+    }
+
+    /// Runs [`RoutingTable::expire_unconfirmed`] whenever a grace ends, forever. Spawned by
+    /// the registry watch.
+    pub async fn run_unconfirmed_expiry(self: Arc<Self>) {
+        loop {
+            let next = self.expire_unconfirmed(Instant::now());
+            match next {
+                Some(at) => {
+                    tokio::select! {
+                        () = tokio::time::sleep_until(at) => {}
+                        () = self.unconfirmed_changed.notified() => {}
+                    }
+                }
+                None => self.unconfirmed_changed.notified().await,
+            }
+        }
     }
 
     /// Applies an added or changed instance.
@@ -424,6 +516,7 @@ impl RoutingTable {
         if let Some(spec) = &instance.spec {
             remove_member(&mut state, &spec.instance_id, &mut touched);
             state.unroutable.remove(&spec.instance_id);
+            state.unconfirmed.remove(&spec.instance_id);
         }
         self.rebuild(&mut state, touched);
         state.revision = revision;
@@ -440,6 +533,15 @@ impl RoutingTable {
         let routable = matches!(new_state, InstanceState::Ready | InstanceState::Busy);
         let id = spec.instance_id.clone();
         state.unroutable.remove(&id);
+        if state.unconfirmed.contains_key(&id) {
+            let same = state.members.get(&id).is_some_and(|m| m.spec == spec);
+            if same && new_state == InstanceState::Registered {
+                // Registering again after a registry restart, its health probe pending: it
+                // stays routable (and unconfirmed) until the probe passes or its grace ends.
+                return;
+            }
+            state.unconfirmed.remove(&id);
+        }
         if let Some(member) = state.members.get(&id) {
             if routable && member.spec == spec {
                 member.endpoint.set_state(new_state);
@@ -624,4 +726,121 @@ fn route_keys(spec: &InstanceSpec) -> Vec<RouteKey> {
         }
     }
     keys
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use reach_proto::v1::{Instance, InstanceSpec, InstanceState};
+    use tokio::time::Instant;
+
+    use super::RoutingTable;
+    use crate::config::RouterConfig;
+    use crate::key::RouteKey;
+
+    fn instance(id: &str, state: InstanceState) -> Instance {
+        Instance {
+            state: state as i32,
+            spec: Some(InstanceSpec {
+                service: "echo".into(),
+                instance_id: id.into(),
+                // Nothing listens there: the table connects lazily, calls are not made.
+                endpoint: "http://127.0.0.1:9".into(),
+                ..InstanceSpec::default()
+            }),
+            ..Instance::default()
+        }
+    }
+
+    /// The route's member ids, and which are unconfirmed.
+    fn members(table: &RoutingTable) -> (Vec<String>, Vec<String>) {
+        let routed = table
+            .route(&RouteKey::Service("echo".into()))
+            .map(|route| {
+                route
+                    .members
+                    .iter()
+                    .map(|m| m.info().instance_id.clone())
+                    .collect()
+            })
+            .unwrap_or_default();
+        let unconfirmed = table
+            .instances()
+            .into_iter()
+            .filter(|i| i.unconfirmed)
+            .map(|i| i.instance_id)
+            .collect();
+        (routed, unconfirmed)
+    }
+
+    fn ids(ids: &[&str]) -> Vec<String> {
+        ids.iter().map(ToString::to_string).collect()
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_registry_restart_keeps_known_instances_routable_until_they_register_again() {
+        let table = RoutingTable::new(RouterConfig::default());
+        let ready = InstanceState::Ready;
+        table.apply_snapshot(7, "first", vec![instance("a", ready), instance("b", ready)]);
+        assert_eq!(table.position(), ("first".to_string(), 7));
+        // The registry comes back empty, with another epoch: both stay routable, unconfirmed.
+        table.apply_snapshot(0, "second", vec![]);
+        assert_eq!(members(&table), (ids(&["a", "b"]), ids(&["a", "b"])));
+        // `a` registers again: while its probe is pending it keeps routing, then is confirmed.
+        table.apply_upsert(1, instance("a", InstanceState::Registered));
+        assert_eq!(members(&table), (ids(&["a", "b"]), ids(&["a", "b"])));
+        table.apply_upsert(2, instance("a", ready));
+        assert_eq!(members(&table), (ids(&["a", "b"]), ids(&["b"])));
+        // A snapshot of the new epoch (a watcher that lagged) does not cut `b`'s grace short.
+        table.apply_snapshot(2, "second", vec![instance("a", ready)]);
+        assert_eq!(members(&table), (ids(&["a", "b"]), ids(&["b"])));
+        // Two default lease TTLs later `b` has not come back: it leaves, `a` stays.
+        let grace = RouterConfig::default().registry_restart_grace;
+        assert_eq!(grace, Duration::from_secs(20));
+        let next = table.expire_unconfirmed(Instant::now());
+        assert!(next.is_some_and(|at| at <= Instant::now() + grace));
+        tokio::time::advance(grace - Duration::from_millis(1)).await;
+        assert!(table.expire_unconfirmed(Instant::now()).is_some());
+        assert_eq!(members(&table).0, ids(&["a", "b"]));
+        tokio::time::advance(Duration::from_millis(1)).await;
+        assert_eq!(table.expire_unconfirmed(Instant::now()), None);
+        assert_eq!(members(&table), (ids(&["a"]), ids(&[])));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_expiry_task_removes_what_was_not_confirmed_when_the_grace_ends() {
+        let table = RoutingTable::new(RouterConfig::default());
+        let expiry = tokio::spawn(table.clone().run_unconfirmed_expiry());
+        table.apply_snapshot(3, "first", vec![instance("a", InstanceState::Ready)]);
+        table.apply_snapshot(0, "second", vec![]);
+        tokio::time::sleep(Duration::from_secs(19)).await;
+        assert_eq!(members(&table).0, ids(&["a"]));
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        assert_eq!(members(&table).0, ids(&[]));
+        expiry.abort();
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_snapshot_of_the_same_epoch_or_with_no_grace_is_the_whole_truth() {
+        let ready = InstanceState::Ready;
+        let table = RoutingTable::new(RouterConfig::default());
+        table.apply_snapshot(1, "first", vec![instance("a", ready), instance("b", ready)]);
+        // The same registry, after a reconnect whose events it no longer held.
+        table.apply_snapshot(5, "first", vec![instance("a", ready)]);
+        assert_eq!(members(&table), (ids(&["a"]), ids(&[])));
+        // A re-registration that goes unroutable (drained) is not kept either.
+        table.apply_snapshot(0, "second", vec![]);
+        table.apply_upsert(1, instance("a", InstanceState::Draining));
+        assert_eq!(members(&table), (ids(&[]), ids(&[])));
+
+        let config = RouterConfig {
+            registry_restart_grace: Duration::ZERO,
+            ..RouterConfig::default()
+        };
+        let table = RoutingTable::new(config);
+        table.apply_snapshot(1, "first", vec![instance("a", ready)]);
+        table.apply_snapshot(0, "second", vec![]);
+        assert_eq!(members(&table), (ids(&[]), ids(&[])));
+    }
 }

@@ -1,5 +1,6 @@
 //! Following the registry: a `RegistryService.Watch` stream applied to the routing table,
-//! reconnected with capped exponential back-off when it breaks.
+//! reconnected with capped exponential back-off when it breaks, resuming from the last
+//! revision applied (the registry replays what was missed, or sends a snapshot).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -12,9 +13,16 @@ use tracing::{info, warn};
 use crate::table::RoutingTable;
 
 /// Watches the registry at `table.config().registry_endpoint` forever, applying every event.
-/// After a broken stream it reconnects (20 ms doubling to 2 s) and starts over from a
-/// snapshot, so the table converges to the registry after any outage.
+/// After a broken stream it reconnects (20 ms doubling to 2 s) and resumes after the last
+/// revision it applied: the registry replays the events missed, or sends a snapshot (of a new
+/// epoch when it lost its state, see [`RoutingTable::apply_snapshot`]), so the table converges
+/// to the registry after any outage. Also runs the expiry of instances kept unconfirmed
+/// through a registry restart.
 pub async fn follow_registry(table: Arc<RoutingTable>) {
+    // Ends with this task (the router's shutdown aborts the watch).
+    let _expiry = tokio_util::task::AbortOnDropHandle::new(tokio::spawn(
+        table.clone().run_unconfirmed_expiry(),
+    ));
     let endpoint = table.config().registry_endpoint.clone();
     let mut backoff = Backoff::doubling(Duration::from_millis(20), Duration::from_secs(2));
     loop {
@@ -40,16 +48,20 @@ async fn watch_once(
         None,
     )
     .await?;
+    let (epoch, after_revision) = table.position();
     let mut stream = RegistryServiceClient::new(channel)
         .max_decoding_message_size(64 << 20)
-        .watch(WatchRequest {})
+        .watch(WatchRequest {
+            after_revision,
+            epoch,
+        })
         .await?
         .into_inner();
-    info!(registry = %endpoint, "watching registry");
+    info!(registry = %endpoint, after_revision, "watching registry");
     while let Some(event) = stream.message().await? {
         match event.event {
             Some(watch_response::Event::Snapshot(snapshot)) => {
-                table.apply_snapshot(event.revision, snapshot.instances)
+                table.apply_snapshot(event.revision, &event.epoch, snapshot.instances)
             }
             Some(watch_response::Event::Upserted(instance)) => {
                 table.apply_upsert(event.revision, instance)

@@ -27,6 +27,7 @@ import asyncio
 import contextlib
 import inspect
 import logging
+import random
 import signal
 import time
 import uuid
@@ -97,6 +98,20 @@ _LINGER_AFTER_DEREGISTER: Final = 0.5
 #: The registration back-off: 20 ms, doubling, at most 2 s (``Backoff::doubling``).
 _BACKOFF_INITIAL: Final = 0.02
 _BACKOFF_MAX: Final = 2.0
+#: Retry delays are jittered: a nominal delay ``d`` becomes one drawn from ``[d/2, 3d/2]``.
+_BACKOFF_JITTER: Final = 0.5
+#: The longest a failed heartbeat waits before it is retried (or the heartbeat period, if
+#: shorter): an instance finds a registry back from an outage within about a second.
+_HEARTBEAT_RETRY_MAX: Final = 1.0
+#: The most an instance waits (a random share of it, at most a quarter of its heartbeat
+#: period) before registering again when the registry no longer knows its lease, so that the
+#: instances of a restarted registry do not all register at once.
+_REREGISTER_SPREAD: Final = 0.25
+
+
+def _jittered(delay: float) -> float:
+    """``delay`` spread uniformly over ``[delay/2, 3 delay/2]``."""
+    return delay * (1.0 + _BACKOFF_JITTER * random.uniform(-1.0, 1.0))
 #: Bytes remembering one outcome costs beyond its own size (id and bookkeeping).
 _DEDUPE_ENTRY_OVERHEAD: Final = 256
 #: The longest a Register, a draining Heartbeat or a Deregister call may take before it counts
@@ -476,8 +491,9 @@ class RunningAgent:
                     _log.error("the registry refused the registration; not retrying: %s", error)
                     self._refused.set_result(error)
                     return
-                _log.warning("registration failed; retrying in %.2fs: %s", backoff, error)
-                await asyncio.sleep(backoff)
+                delay = _jittered(backoff)
+                _log.warning("registration failed; retrying in %.2fs: %s", delay, error)
+                await asyncio.sleep(delay)
                 backoff = min(backoff * 2, _BACKOFF_MAX)
                 continue
             backoff = _BACKOFF_INITIAL
@@ -489,11 +505,15 @@ class RunningAgent:
 
     async def _heartbeat_until_lost(self, lease_id: str, granted: float) -> bool:
         """Heartbeats on ``lease_id``; returns ``True`` when the registry lost the lease
-        (register again), ``False`` when it drained the instance (stop)."""
+        (register again, after a random share of the spread), ``False`` when it drained the
+        instance (stop). A failed heartbeat is retried sooner than the period, with jittered
+        doubling back-off up to a second."""
         core = self._core
         period = max(granted / 3, 0.01)
+        wait = period
+        retry = _BACKOFF_INITIAL
         while True:
-            sleep = asyncio.ensure_future(asyncio.sleep(period))
+            sleep = asyncio.ensure_future(asyncio.sleep(wait))
             changed = asyncio.ensure_future(core.model_slots.changed())
             try:
                 await asyncio.wait((sleep, changed), return_when=asyncio.FIRST_COMPLETED)
@@ -519,10 +539,16 @@ class RunningAgent:
                     _log.warning("the registry drained this instance; no longer taking new work through it")
                     return False
                 if error.code == grpc.StatusCode.NOT_FOUND:
-                    _log.warning("registry lost the lease; registering again")
+                    delay = random.uniform(0.0, min(period / 4, _REREGISTER_SPREAD))
+                    _log.warning("registry lost the lease; registering again in %.3fs", delay)
+                    await asyncio.sleep(delay)
                     return True
-                _log.warning("heartbeat failed: %s", error)
+                wait = min(_jittered(retry), period)
+                retry = min(retry * 2, _HEARTBEAT_RETRY_MAX, period)
+                _log.warning("heartbeat failed; retrying in %.2fs: %s", wait, error)
                 continue
+            wait = period
+            retry = _BACKOFF_INITIAL
             if answer.state == registry_service_pb2.INSTANCE_STATE_DRAINING:
                 _log.warning("the registry drained this instance; no longer taking new work through it")
                 return False

@@ -89,6 +89,13 @@ impl Backoff {
         self.schedule.delay(self.failures)
     }
 
+    /// [`Backoff::next_delay`] with relative `jitter` drawn from `unit` (see
+    /// [`Exponential::delay_with_jitter`]): one more step along the schedule.
+    pub fn next_delay_with_jitter(&mut self, jitter: f64, unit: f64) -> Duration {
+        self.failures = self.failures.saturating_add(1);
+        self.schedule.delay_with_jitter(self.failures, jitter, unit)
+    }
+
     /// Starts the schedule over (call it after a success).
     pub fn reset(&mut self) {
         self.failures = 0;
@@ -98,6 +105,12 @@ impl Backoff {
     pub async fn wait(&mut self) {
         tokio::time::sleep(self.next_delay()).await;
     }
+}
+
+/// A uniform draw from `[-1, 1]` (the thread's generator, seeded by the OS): the `unit` of
+/// [`Exponential::delay_with_jitter`] for loops that need no reproducible jitter.
+pub fn uniform_unit() -> f64 {
+    rand::random_range(-1.0..=1.0)
 }
 
 #[cfg(test)]

@@ -376,8 +376,11 @@ impl AgentRuntime {
         let (refused_tx, refused) = watch::channel(None);
         let registration = keep_registered(
             RegistryServiceClient::new(registry.clone()),
-            spec,
-            config.lease_ttl,
+            Enrollment {
+                spec,
+                lease_ttl: config.lease_ttl,
+                join_token,
+            },
             {
                 let shared = shared.clone();
                 (
@@ -388,7 +391,7 @@ impl AgentRuntime {
             },
             lease.clone(),
             stop_heartbeats.clone(),
-            join_token,
+            reach_rpc::backoff::uniform_unit,
         );
         let heartbeats = tokio::spawn(
             async move {
@@ -547,8 +550,27 @@ const REGISTRY_CALL_TIMEOUT: Duration = Duration::from_secs(5);
 /// `max_drain`) finish before it closes their connections.
 const SERVER_GRACE_AFTER_DRAIN: Duration = Duration::from_secs(1);
 
+/// What an instance registers: its spec, the lease TTL it asks for, and the join token that
+/// proves its right to register (`authorization` metadata), if it uses one.
+struct Enrollment {
+    spec: InstanceSpec,
+    lease_ttl: Duration,
+    join_token: Option<tonic::metadata::MetadataValue<tonic::metadata::Ascii>>,
+}
+
+/// The relative jitter of registration and heartbeat retries: a nominal delay `d` becomes
+/// one drawn from `[d/2, 3d/2]`.
+const REGISTER_JITTER: f64 = 0.5;
+/// The most an instance waits (a random share of it, at most a quarter of its heartbeat
+/// period) before registering again when the registry no longer knows its lease.
+const REREGISTER_SPREAD: Duration = Duration::from_millis(250);
+
 /// Registers, then heartbeats every third of the granted lease until `stop`; registers
-/// again whenever the registry no longer knows the lease. Ends with `Err` (the registry's
+/// again (after a random share of [`REREGISTER_SPREAD`]) whenever the registry no longer
+/// knows the lease, as after a restart. A failed registration is retried with jittered
+/// doubling back-off (20 ms to 2 s), a failed heartbeat likewise (20 ms up to the period or
+/// 1 s), so a registry back from an outage is found within about a second. `unit` draws the
+/// jitter, uniform in `[-1, 1]` ([`reach_rpc::backoff::uniform_unit`]). Ends with `Err` (the registry's
 /// status, logged) when the registry refuses the registration with INVALID_ARGUMENT or
 /// FAILED_PRECONDITION: the spec itself is wrong, and retrying cannot help.
 ///
@@ -558,12 +580,11 @@ const SERVER_GRACE_AFTER_DRAIN: Duration = Duration::from_secs(1);
 /// is taken; a change into or out of that sends a heartbeat at once).
 async fn keep_registered<T>(
     mut registry: RegistryServiceClient<T>,
-    spec: InstanceSpec,
-    lease_ttl: Duration,
+    enrollment: Enrollment,
     (in_flight, max_concurrency, models): (impl Fn() -> u32, usize, ModelSlots),
     lease: Arc<tokio::sync::Mutex<Option<String>>>,
     stop: CancellationToken,
-    join_token: Option<tonic::metadata::MetadataValue<tonic::metadata::Ascii>>,
+    mut unit: impl FnMut() -> f64 + Send,
 ) -> Result<(), Status>
 where
     T: tonic::client::GrpcService<tonic::body::Body>,
@@ -571,6 +592,11 @@ where
     T::ResponseBody: http_body::Body<Data = tonic::codegen::Bytes> + Send + 'static,
     <T::ResponseBody as http_body::Body>::Error: Into<tonic::codegen::StdError> + Send,
 {
+    let Enrollment {
+        spec,
+        lease_ttl,
+        join_token,
+    } = enrollment;
     let mut backoff = Backoff::doubling(Duration::from_millis(20), Duration::from_secs(2));
     'register: loop {
         let mut request = tonic::Request::new(RegisterRequest {
@@ -604,9 +630,10 @@ where
             }
             Err(status) => {
                 warn!(error = %status.message(), code = ?status.code(), "registration failed; retrying");
+                let delay = backoff.next_delay_with_jitter(REGISTER_JITTER, unit());
                 tokio::select! {
                     _ = stop.cancelled() => return Ok(()),
-                    _ = backoff.wait() => {}
+                    _ = tokio::time::sleep(delay) => {}
                 }
                 continue;
             }
@@ -620,10 +647,17 @@ where
         *lease.lock().await = Some(response.lease_id.clone());
         info!(lease_ttl = ?granted_ttl, "registered");
         let period = (granted_ttl / 3).max(Duration::from_millis(10));
+        // A failed heartbeat is retried sooner than the next period, so that the instance
+        // finds a restarted registry (which answers LEASE_NOT_FOUND) within about a second.
+        let mut retry = Backoff::doubling(
+            Duration::from_millis(20),
+            period.min(Duration::from_secs(1)),
+        );
+        let mut wait = period;
         loop {
             tokio::select! {
                 _ = stop.cancelled() => return Ok(()),
-                _ = tokio::time::sleep(period) => {}
+                _ = tokio::time::sleep(wait) => {}
                 () = models.changed() => {}
             }
             let in_flight = in_flight();
@@ -650,7 +684,10 @@ where
                     );
                     return Ok(());
                 }
-                Ok(_) => {}
+                Ok(_) => {
+                    retry.reset();
+                    wait = period;
+                }
                 Err(status)
                     if reach_rpc::errors::reason_of(&status).as_deref()
                         == Some(reason::INSTANCE_DRAINED) =>
@@ -661,10 +698,23 @@ where
                     return Ok(());
                 }
                 Err(status) if status.code() == Code::NotFound => {
-                    warn!("registry lost the lease; registering again");
+                    // Every instance of a restarted registry learns this at about the same
+                    // time: a random share of the spread keeps them from registering at once.
+                    let spread = (period / 4).min(REREGISTER_SPREAD);
+                    let delay = spread.mul_f64((1.0 + unit().clamp(-1.0, 1.0)) / 2.0);
+                    warn!(after = ?delay, "registry lost the lease; registering again");
+                    tokio::select! {
+                        _ = stop.cancelled() => return Ok(()),
+                        _ = tokio::time::sleep(delay) => {}
+                    }
                     continue 'register;
                 }
-                Err(status) => warn!(error = %status.message(), "heartbeat failed"),
+                Err(status) => {
+                    wait = retry
+                        .next_delay_with_jitter(REGISTER_JITTER, unit())
+                        .min(period);
+                    warn!(error = %status.message(), retry_in = ?wait, "heartbeat failed");
+                }
             }
         }
     }
@@ -1401,12 +1451,15 @@ mod tests {
         let stop = CancellationToken::new();
         let task = tokio::spawn(keep_registered(
             RegistryServiceClient::new(RegistryServiceServer::new(registry.clone())),
-            spec,
-            Duration::from_secs(10),
+            Enrollment {
+                spec,
+                lease_ttl: Duration::from_secs(10),
+                join_token: None,
+            },
             (move || in_flight, 4, ModelSlots::default()),
             Arc::default(),
             stop.clone(),
-            None,
+            || 0.0,
         ));
         tokio::time::sleep(run_for).await;
         let ended = task.is_finished();
@@ -1453,12 +1506,15 @@ mod tests {
         let stop = CancellationToken::new();
         let task = tokio::spawn(keep_registered(
             RegistryServiceClient::new(RegistryServiceServer::new(registry.clone())),
-            spec,
-            Duration::from_secs(10),
+            Enrollment {
+                spec,
+                lease_ttl: Duration::from_secs(10),
+                join_token: None,
+            },
             (|| 1, 4, slots.clone()),
             Arc::default(),
             stop.clone(),
-            None,
+            || 0.0,
         ));
         tokio::time::sleep(Duration::from_millis(30)).await;
         // The only slot is taken at 30 ms: a heartbeat goes at once, not at 100 ms.
@@ -1506,12 +1562,15 @@ mod tests {
         };
         let ended = keep_registered(
             RegistryServiceClient::new(RegistryServiceServer::new(registry.clone())),
-            spec,
-            Duration::from_secs(10),
+            Enrollment {
+                spec,
+                lease_ttl: Duration::from_secs(10),
+                join_token: None,
+            },
             (|| 0, 4, ModelSlots::default()),
             Arc::default(),
             CancellationToken::new(),
-            None,
+            || 0.0,
         )
         .await;
         let refusal = ended.unwrap_err();
@@ -1526,30 +1585,39 @@ mod tests {
         use Answer::{LeaseLost, Ok, Unavailable};
         // Register fails once (20 ms back-off), then succeeds; the first beat finds the lease
         // lost; registering again succeeds at once.
+        // Registering again waits a draw from the spread (a quarter of the 100 ms period:
+        // the middle draw is 12.5 ms, which tokio's millisecond timer rounds up to 13), so that
+        // a restarted registry's instances come apart.
         let registry = FakeRegistry::new(&[Unavailable, Ok, LeaseLost]);
-        run_loop(&registry, 0, Duration::from_millis(230)).await;
+        run_loop(&registry, 0, Duration::from_millis(240)).await;
         assert_eq!(
             registry.seen(),
             [
                 Seen::Register(0),
                 Seen::Register(20),
                 Seen::Heartbeat(120, InstanceState::Ready, 0),
-                Seen::Register(120),
-                Seen::Heartbeat(220, InstanceState::Ready, 0),
+                Seen::Register(133),
+                Seen::Heartbeat(233, InstanceState::Ready, 0),
             ]
         );
     }
 
     #[tokio::test(start_paused = true)]
-    async fn a_heartbeat_that_fails_otherwise_keeps_the_lease_and_beats_on() {
-        let registry = FakeRegistry::new(&[Answer::Ok, Answer::Unavailable]);
-        run_loop(&registry, 0, Duration::from_millis(250)).await;
+    async fn a_heartbeat_that_fails_otherwise_keeps_the_lease_and_is_retried_sooner() {
+        use Answer::{Ok, Unavailable};
+        let registry = FakeRegistry::new(&[Ok, Ok, Unavailable, Unavailable, Unavailable]);
+        run_loop(&registry, 0, Duration::from_millis(400)).await;
+        // Failed beats are retried after 20, 40, then 80 ms (the registry may be back, and
+        // may have lost the lease), then the period resumes.
         assert_eq!(
             registry.seen(),
             [
                 Seen::Register(0),
                 Seen::Heartbeat(100, InstanceState::Ready, 0),
                 Seen::Heartbeat(200, InstanceState::Ready, 0),
+                Seen::Heartbeat(220, InstanceState::Ready, 0),
+                Seen::Heartbeat(260, InstanceState::Ready, 0),
+                Seen::Heartbeat(340, InstanceState::Ready, 0),
             ]
         );
     }

@@ -6,11 +6,14 @@
 //! |---|---|---|
 //! | overload | share of failed calls that ended correctly (own deadline, or OVERLOADED + RetryInfo within `max_wait`) | 100 % |
 //! | overload | most calls an agent with `max_concurrency` 4 ran at once | ≤ 4 |
-//! | router / agent host / orchestrator killed, restarted 1.5 s later | tasks lost, failed (that would have succeeded), nodes completed twice | 0, 0, 0 |
+//! | router / agent host / orchestrator / registry killed, restarted 1.5 s later | tasks lost, failed (that would have succeeded), nodes completed twice | 0, 0, 0 |
+//! | registry killed (in-memory: it comes back empty) | unary calls through the router, one after another, throughout: failed | 0 |
+//! | registry killed | time from its restart until every instance is READY in it again | measured, within the router's 20 s `registry_restart_grace` |
 //!
 //! Run it alone with `cargo test -p reach --test faults`. Its last line is
 //! `faults: N passed, M failed`.
 
+mod calls;
 mod mesh;
 mod overload;
 mod tasks;
@@ -101,7 +104,7 @@ async fn run() -> Vec<Check> {
         passed: report.max_concurrency <= overload::LIMIT,
     });
 
-    for crashed in ["router", "agents", "orchestrator"] {
+    for crashed in ["router", "agents", "orchestrator", "registry"] {
         checks.push(crash_and_restart(crashed).await);
     }
     checks
@@ -123,11 +126,19 @@ fn sample(samples: &[String]) -> String {
 }
 
 /// Starts [`TASKS`] complaint tasks; [`KILL_AT`] into it SIGKILLs `crashed` and starts it
-/// again [`DOWN_FOR`] later; then waits for every task to settle.
+/// again [`DOWN_FOR`] later; then waits for every task to settle. For the registry it also
+/// measures how long after its restart every instance is READY in it again.
 async fn crash_and_restart(crashed: &'static str) -> Check {
-    let mut mesh = Mesh::start().await;
+    // The registry's scenario gives the agents 30 s leases (a heartbeat every 10 s): the
+    // router then finds the restarted registry, empty, before most agents do, which is what
+    // its grace is for; with 10 s leases an agent often registers again first.
+    let mut mesh = Mesh::start(if crashed == "registry" { "30s" } else { "10s" }).await;
     let complaints = tasks::complaints(TASKS);
     let orchestrator_url = mesh.orchestrator_url.clone();
+    let registry_url = mesh.registry_url.clone();
+    let mut whole_again = None;
+    // Through a registry restart, calls must keep reaching the instances the router knew.
+    let steady = (crashed == "registry").then(|| calls::Steady::start(&mesh.router_url));
     let mut phase = 0;
     let ids = {
         let mesh = &mut mesh;
@@ -135,6 +146,7 @@ async fn crash_and_restart(crashed: &'static str) -> Check {
             let service = match crashed {
                 "router" => &mut mesh.router,
                 "agents" => &mut mesh.agents,
+                "registry" => &mut mesh.registry,
                 _ => &mut mesh.orchestrator,
             };
             if phase == 0 && elapsed >= KILL_AT {
@@ -143,6 +155,9 @@ async fn crash_and_restart(crashed: &'static str) -> Check {
             } else if phase == 1 && elapsed >= KILL_AT + DOWN_FOR {
                 service.start();
                 phase = 2;
+                if crashed == "registry" {
+                    whole_again = Some(tokio::spawn(time_to_whole(registry_url.clone())));
+                }
             }
         })
         .await
@@ -152,23 +167,75 @@ async fn crash_and_restart(crashed: &'static str) -> Check {
     let twice = nodes_completed_twice(&orchestrator_url, &ids).await;
     let failed = outcomes.count("FAILED");
     let lost = outcomes.unsettled.len();
+    let (calls, calls_ok) = match steady {
+        None => (String::new(), true),
+        Some(steady) => {
+            let tally = steady.stop().await;
+            (
+                format!(
+                    "; {} calls through the router: {} failed (goal 0){}",
+                    tally.ok + tally.failed.len(),
+                    tally.failed.len(),
+                    sample(&tally.failed)
+                ),
+                tally.failed.is_empty() && tally.ok > 0,
+            )
+        }
+    };
+    let (whole, whole_in_time) = match whole_again {
+        None => (String::new(), true),
+        Some(task) => match task.await.unwrap() {
+            Some(took) => (
+                format!(
+                    "; every instance READY again {} ms after the registry's restart",
+                    took.as_millis()
+                ),
+                took < REGISTRY_RESTART_GRACE,
+            ),
+            None => (
+                format!(
+                    "; the instances were not all READY again within {} s",
+                    REGISTRY_RESTART_GRACE.as_secs()
+                ),
+                false,
+            ),
+        },
+    };
     let check = Check {
         scenario: match crashed {
             "router" => "router killed",
             "agents" => "agent host killed",
+            "registry" => "registry killed",
             _ => "orchestrator killed",
         },
         figure: format!(
-            "{} tasks: {} succeeded, {} waiting for a person, {failed} failed, {lost} lost, {twice} nodes completed twice (goal 0, 0, 0){}",
+            "{} tasks: {} succeeded, {} waiting for a person, {failed} failed, {lost} lost, {twice} nodes completed twice (goal 0, 0, 0){calls}{whole}{}",
             outcomes.started,
             outcomes.count("SUCCEEDED"),
             outcomes.count("WAITING_HUMAN"),
             sample(&outcomes.failures),
         ),
-        passed: failed == 0 && lost == 0 && twice == 0,
+        passed: failed == 0 && lost == 0 && twice == 0 && calls_ok && whole_in_time,
     };
     drop(mesh);
     check
+}
+
+/// The router's default `registry_restart_grace`: instances must be READY in a restarted
+/// registry again within it, or routers stop routing to them.
+const REGISTRY_RESTART_GRACE: Duration = Duration::from_secs(20);
+
+/// How long after now every one of the mesh's instances is READY in the registry at
+/// `registry_url` again (polled every 10 ms); `None` after [`REGISTRY_RESTART_GRACE`].
+async fn time_to_whole(registry_url: String) -> Option<Duration> {
+    let restarted = tokio::time::Instant::now();
+    while restarted.elapsed() < REGISTRY_RESTART_GRACE {
+        if mesh::ready_instances(&registry_url).await >= mesh::INSTANCES {
+            return Some(restarted.elapsed());
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    None
 }
 
 /// How many (task, node) pairs of `ids` have more than one `node_completed` event.

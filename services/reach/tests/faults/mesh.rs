@@ -13,6 +13,9 @@ pub fn repo_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
 }
 
+/// How many instances `reach example-agents` registers.
+pub const INSTANCES: usize = 10;
+
 /// A free port on 127.0.0.1 (bound and released; a service takes it right after).
 fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
@@ -126,6 +129,8 @@ impl Drop for Service {
 pub struct Mesh {
     /// `http://127.0.0.1:PORT` of the registry.
     pub registry_url: String,
+    /// `http://127.0.0.1:PORT` of the router.
+    pub router_url: String,
     /// `http://127.0.0.1:PORT` of the orchestrator.
     pub orchestrator_url: String,
     /// `reach registry`.
@@ -141,8 +146,9 @@ pub struct Mesh {
 }
 
 impl Mesh {
-    /// Starts every process and waits until the example agents are routable.
-    pub async fn start() -> Self {
+    /// Starts every process and waits until the example agents, asking for leases of
+    /// `agent_lease_ttl` (e.g. `10s`), are routable.
+    pub async fn start(agent_lease_ttl: &str) -> Self {
         let dir = tempfile::Builder::new()
             .prefix("reach-faults-")
             .tempdir()
@@ -198,12 +204,15 @@ impl Mesh {
                 &url(registry_port),
                 "--router",
                 &url(router_port),
+                "--lease-ttl",
+                agent_lease_ttl,
             ]),
             logs,
             "registered with",
         );
         let mut mesh = Self {
             registry_url: url(registry_port),
+            router_url: url(router_port),
             orchestrator_url: url(orchestrator_port),
             registry,
             router,
@@ -215,7 +224,7 @@ impl Mesh {
         mesh.router.start();
         mesh.orchestrator.start();
         mesh.agents.start();
-        mesh.wait_ready_instances(10).await;
+        mesh.wait_ready_instances(INSTANCES).await;
         mesh
     }
 
@@ -223,20 +232,7 @@ impl Mesh {
     pub async fn wait_ready_instances(&self, count: usize) {
         let started = Instant::now();
         loop {
-            let ready = match RegistryServiceClient::connect(self.registry_url.clone()).await {
-                Ok(mut registry) => registry
-                    .list_instances(ListInstancesRequest::default())
-                    .await
-                    .map(|list| {
-                        list.into_inner()
-                            .instances
-                            .iter()
-                            .filter(|i| i.state() == reach_proto::v1::InstanceState::Ready)
-                            .count()
-                    })
-                    .unwrap_or(0),
-                Err(_) => 0,
-            };
+            let ready = ready_instances(&self.registry_url).await;
             if ready >= count {
                 return;
             }
@@ -246,5 +242,23 @@ impl Mesh {
             );
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
+    }
+}
+
+/// How many READY instances the registry at `registry_url` lists (0 when it does not answer).
+pub async fn ready_instances(registry_url: &str) -> usize {
+    match RegistryServiceClient::connect(registry_url.to_string()).await {
+        Ok(mut registry) => registry
+            .list_instances(ListInstancesRequest::default())
+            .await
+            .map(|list| {
+                list.into_inner()
+                    .instances
+                    .iter()
+                    .filter(|i| i.state() == reach_proto::v1::InstanceState::Ready)
+                    .count()
+            })
+            .unwrap_or(0),
+        Err(_) => 0,
     }
 }

@@ -20,6 +20,14 @@ class InstanceState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     INSTANCE_STATE_DRAINING: _ClassVar[InstanceState]
     INSTANCE_STATE_OFFLINE: _ClassVar[InstanceState]
 
+class SnapshotCause(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    SNAPSHOT_CAUSE_UNSPECIFIED: _ClassVar[SnapshotCause]
+    SNAPSHOT_CAUSE_START: _ClassVar[SnapshotCause]
+    SNAPSHOT_CAUSE_EPOCH_CHANGED: _ClassVar[SnapshotCause]
+    SNAPSHOT_CAUSE_COMPACTED: _ClassVar[SnapshotCause]
+    SNAPSHOT_CAUSE_LAGGED: _ClassVar[SnapshotCause]
+
 class DescriptorSource(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
     DESCRIPTOR_SOURCE_UNSPECIFIED: _ClassVar[DescriptorSource]
@@ -32,6 +40,11 @@ INSTANCE_STATE_READY: InstanceState
 INSTANCE_STATE_BUSY: InstanceState
 INSTANCE_STATE_DRAINING: InstanceState
 INSTANCE_STATE_OFFLINE: InstanceState
+SNAPSHOT_CAUSE_UNSPECIFIED: SnapshotCause
+SNAPSHOT_CAUSE_START: SnapshotCause
+SNAPSHOT_CAUSE_EPOCH_CHANGED: SnapshotCause
+SNAPSHOT_CAUSE_COMPACTED: SnapshotCause
+SNAPSHOT_CAUSE_LAGGED: SnapshotCause
 DESCRIPTOR_SOURCE_UNSPECIFIED: DescriptorSource
 DESCRIPTOR_SOURCE_PROTOCOL_REGISTRY: DescriptorSource
 DESCRIPTOR_SOURCE_REGISTRATION: DescriptorSource
@@ -177,26 +190,34 @@ class ListInstancesResponse(_message.Message):
     def __init__(self, instances: _Optional[_Iterable[_Union[Instance, _Mapping]]] = ..., revision: _Optional[int] = ...) -> None: ...
 
 class WatchRequest(_message.Message):
-    __slots__ = ()
-    def __init__(self) -> None: ...
+    __slots__ = ("after_revision", "epoch")
+    AFTER_REVISION_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    after_revision: int
+    epoch: str
+    def __init__(self, after_revision: _Optional[int] = ..., epoch: _Optional[str] = ...) -> None: ...
 
 class WatchResponse(_message.Message):
-    __slots__ = ("revision", "snapshot", "upserted", "removed")
+    __slots__ = ("revision", "snapshot", "upserted", "removed", "epoch")
     REVISION_FIELD_NUMBER: _ClassVar[int]
     SNAPSHOT_FIELD_NUMBER: _ClassVar[int]
     UPSERTED_FIELD_NUMBER: _ClassVar[int]
     REMOVED_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
     revision: int
     snapshot: WatchSnapshot
     upserted: Instance
     removed: Instance
-    def __init__(self, revision: _Optional[int] = ..., snapshot: _Optional[_Union[WatchSnapshot, _Mapping]] = ..., upserted: _Optional[_Union[Instance, _Mapping]] = ..., removed: _Optional[_Union[Instance, _Mapping]] = ...) -> None: ...
+    epoch: str
+    def __init__(self, revision: _Optional[int] = ..., snapshot: _Optional[_Union[WatchSnapshot, _Mapping]] = ..., upserted: _Optional[_Union[Instance, _Mapping]] = ..., removed: _Optional[_Union[Instance, _Mapping]] = ..., epoch: _Optional[str] = ...) -> None: ...
 
 class WatchSnapshot(_message.Message):
-    __slots__ = ("instances",)
+    __slots__ = ("instances", "cause")
     INSTANCES_FIELD_NUMBER: _ClassVar[int]
+    CAUSE_FIELD_NUMBER: _ClassVar[int]
     instances: _containers.RepeatedCompositeFieldContainer[Instance]
-    def __init__(self, instances: _Optional[_Iterable[_Union[Instance, _Mapping]]] = ...) -> None: ...
+    cause: SnapshotCause
+    def __init__(self, instances: _Optional[_Iterable[_Union[Instance, _Mapping]]] = ..., cause: _Optional[_Union[SnapshotCause, str]] = ...) -> None: ...
 
 class ListCapabilitiesRequest(_message.Message):
     __slots__ = ("name_prefix", "page_size", "page_token")

@@ -12,7 +12,7 @@ import type { Message } from "@bufbuild/protobuf";
  * Describes the file reach/v1/registry_service.proto.
  */
 export const file_reach_v1_registry_service: GenFile = /*@__PURE__*/
-  fileDesc("Ch9yZWFjaC92MS9yZWdpc3RyeV9zZXJ2aWNlLnByb3RvEghyZWFjaC52MSJtCgpDYXBhYmlsaXR5EgwKBG5hbWUYASABKAkSDwoHdmVyc2lvbhgCIAEoCRITCgtkZXNjcmlwdGlvbhgDIAEoCRIUCgxpbnB1dF9zY2hlbWEYBCABKAkSFQoNb3V0cHV0X3NjaGVtYRgFIAEoCSK/AgoMSW5zdGFuY2VTcGVjEg8KB3NlcnZpY2UYASABKAkSEwoLaW5zdGFuY2VfaWQYAiABKAkSEAoIZW5kcG9pbnQYAyABKAkSKgoMY2FwYWJpbGl0aWVzGAQgAygLMhQucmVhY2gudjEuQ2FwYWJpbGl0eRIYChBwcm90b2NvbF92ZXJzaW9uGAUgASgJEg4KBndlaWdodBgGIAEoDRIXCg9tYXhfY29uY3VycmVuY3kYByABKA0SDgoGdG9waWNzGAggAygJEjIKBmxhYmVscxgJIAMoCzIiLnJlYWNoLnYxLkluc3RhbmNlU3BlYy5MYWJlbHNFbnRyeRIVCg1ncnBjX3NlcnZpY2VzGAogAygJGi0KC0xhYmVsc0VudHJ5EgsKA2tleRgBIAEoCRINCgV2YWx1ZRgCIAEoCToCOAEizQIKCEluc3RhbmNlEiQKBHNwZWMYASABKAsyFi5yZWFjaC52MS5JbnN0YW5jZVNwZWMSJgoFc3RhdGUYAiABKA4yFy5yZWFjaC52MS5JbnN0YW5jZVN0YXRlEhEKCWluX2ZsaWdodBgDIAEoDRIQCghsZWFzZV9pZBgEIAEoCRI0ChBsZWFzZV9leHBpcmVzX2F0GAUgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIxCg1yZWdpc3RlcmVkX2F0GAYgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIQCghyZXZpc2lvbhgHIAEoBBIdChVtb2RlbF9jYWxsc19pbl9mbGlnaHQYCCABKA0SGAoQbW9kZWxfc2xvdHNfZnJlZRgJIAEoDRIaChJoZWFsdGhfcHJvYmVfZXJyb3IYCiABKAkiaQoPUmVnaXN0ZXJSZXF1ZXN0EigKCGluc3RhbmNlGAEgASgLMhYucmVhY2gudjEuSW5zdGFuY2VTcGVjEiwKCWxlYXNlX3R0bBgCIAEoCzIZLmdvb2dsZS5wcm90b2J1Zi5EdXJhdGlvbiJ4ChBSZWdpc3RlclJlc3BvbnNlEhAKCGxlYXNlX2lkGAEgASgJEiwKCWxlYXNlX3R0bBgCIAEoCzIZLmdvb2dsZS5wcm90b2J1Zi5EdXJhdGlvbhIkCghpbnN0YW5jZRgDIAEoCzISLnJlYWNoLnYxLkluc3RhbmNlIq0BChBIZWFydGJlYXRSZXF1ZXN0EhMKC2luc3RhbmNlX2lkGAEgASgJEhAKCGxlYXNlX2lkGAIgASgJEiYKBXN0YXRlGAMgASgOMhcucmVhY2gudjEuSW5zdGFuY2VTdGF0ZRIRCglpbl9mbGlnaHQYBCABKA0SHQoVbW9kZWxfY2FsbHNfaW5fZmxpZ2h0GAUgASgNEhgKEG1vZGVsX3Nsb3RzX2ZyZWUYBiABKA0icQoRSGVhcnRiZWF0UmVzcG9uc2USNAoQbGVhc2VfZXhwaXJlc19hdBgBIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASJgoFc3RhdGUYAiABKA4yFy5yZWFjaC52MS5JbnN0YW5jZVN0YXRlIjoKEURlcmVnaXN0ZXJSZXF1ZXN0EhMKC2luc3RhbmNlX2lkGAEgASgJEhAKCGxlYXNlX2lkGAIgASgJIhQKEkRlcmVnaXN0ZXJSZXNwb25zZSI7ChRMaXN0SW5zdGFuY2VzUmVxdWVzdBIPCgdzZXJ2aWNlGAEgASgJEhIKCmNhcGFiaWxpdHkYAiABKAkiUAoVTGlzdEluc3RhbmNlc1Jlc3BvbnNlEiUKCWluc3RhbmNlcxgBIAMoCzISLnJlYWNoLnYxLkluc3RhbmNlEhAKCHJldmlzaW9uGAIgASgEIg4KDFdhdGNoUmVxdWVzdCKmAQoNV2F0Y2hSZXNwb25zZRIQCghyZXZpc2lvbhgBIAEoBBIrCghzbmFwc2hvdBgCIAEoCzIXLnJlYWNoLnYxLldhdGNoU25hcHNob3RIABImCgh1cHNlcnRlZBgDIAEoCzISLnJlYWNoLnYxLkluc3RhbmNlSAASJQoHcmVtb3ZlZBgEIAEoCzISLnJlYWNoLnYxLkluc3RhbmNlSABCBwoFZXZlbnQiNgoNV2F0Y2hTbmFwc2hvdBIlCglpbnN0YW5jZXMYASADKAsyEi5yZWFjaC52MS5JbnN0YW5jZSJVChdMaXN0Q2FwYWJpbGl0aWVzUmVxdWVzdBITCgtuYW1lX3ByZWZpeBgBIAEoCRIRCglwYWdlX3NpemUYAiABKA0SEgoKcGFnZV90b2tlbhgDIAEoCSJ7ChhMaXN0Q2FwYWJpbGl0aWVzUmVzcG9uc2USNAoMY2FwYWJpbGl0aWVzGAEgAygLMh4ucmVhY2gudjEuQ2FwYWJpbGl0eURlc2NyaXB0b3ISEAoIcmV2aXNpb24YAiABKAQSFwoPbmV4dF9wYWdlX3Rva2VuGAMgASgJIucBChRDYXBhYmlsaXR5RGVzY3JpcHRvchIMCgRuYW1lGAEgASgJEhMKC2Rlc2NyaXB0aW9uGAIgASgJEhAKCHZlcnNpb25zGAMgAygJEhQKDGlucHV0X3NjaGVtYRgEIAEoCRIVCg1vdXRwdXRfc2NoZW1hGAUgASgJEhIKCmlkZW1wb3RlbnQYBiABKAgSGgoScm91dGFibGVfaW5zdGFuY2VzGAcgASgNEhEKCWluc3RhbmNlcxgIIAEoDRIqCgZzb3VyY2UYCSABKA4yGi5yZWFjaC52MS5EZXNjcmlwdG9yU291cmNlKroBCg1JbnN0YW5jZVN0YXRlEh4KGklOU1RBTkNFX1NUQVRFX1VOU1BFQ0lGSUVEEAASHQoZSU5TVEFOQ0VfU1RBVEVfUkVHSVNURVJFRBABEhgKFElOU1RBTkNFX1NUQVRFX1JFQURZEAISFwoTSU5TVEFOQ0VfU1RBVEVfQlVTWRADEhsKF0lOU1RBTkNFX1NUQVRFX0RSQUlOSU5HEAQSGgoWSU5TVEFOQ0VfU1RBVEVfT0ZGTElORRAFKp4BChBEZXNjcmlwdG9yU291cmNlEiEKHURFU0NSSVBUT1JfU09VUkNFX1VOU1BFQ0lGSUVEEAASJwojREVTQ1JJUFRPUl9TT1VSQ0VfUFJPVE9DT0xfUkVHSVNUUlkQARIiCh5ERVNDUklQVE9SX1NPVVJDRV9SRUdJU1RSQVRJT04QAhIaChZERVNDUklQVE9SX1NPVVJDRV9OT05FEAMy2wMKD1JlZ2lzdHJ5U2VydmljZRJBCghSZWdpc3RlchIZLnJlYWNoLnYxLlJlZ2lzdGVyUmVxdWVzdBoaLnJlYWNoLnYxLlJlZ2lzdGVyUmVzcG9uc2USRAoJSGVhcnRiZWF0EhoucmVhY2gudjEuSGVhcnRiZWF0UmVxdWVzdBobLnJlYWNoLnYxLkhlYXJ0YmVhdFJlc3BvbnNlEkcKCkRlcmVnaXN0ZXISGy5yZWFjaC52MS5EZXJlZ2lzdGVyUmVxdWVzdBocLnJlYWNoLnYxLkRlcmVnaXN0ZXJSZXNwb25zZRJVCg1MaXN0SW5zdGFuY2VzEh4ucmVhY2gudjEuTGlzdEluc3RhbmNlc1JlcXVlc3QaHy5yZWFjaC52MS5MaXN0SW5zdGFuY2VzUmVzcG9uc2UiA5ACARI/CgVXYXRjaBIWLnJlYWNoLnYxLldhdGNoUmVxdWVzdBoXLnJlYWNoLnYxLldhdGNoUmVzcG9uc2UiA5ACATABEl4KEExpc3RDYXBhYmlsaXRpZXMSIS5yZWFjaC52MS5MaXN0Q2FwYWJpbGl0aWVzUmVxdWVzdBoiLnJlYWNoLnYxLkxpc3RDYXBhYmlsaXRpZXNSZXNwb25zZSIDkAIBYgZwcm90bzM", [file_google_protobuf_duration, file_google_protobuf_timestamp]);
+  fileDesc("Ch9yZWFjaC92MS9yZWdpc3RyeV9zZXJ2aWNlLnByb3RvEghyZWFjaC52MSJtCgpDYXBhYmlsaXR5EgwKBG5hbWUYASABKAkSDwoHdmVyc2lvbhgCIAEoCRITCgtkZXNjcmlwdGlvbhgDIAEoCRIUCgxpbnB1dF9zY2hlbWEYBCABKAkSFQoNb3V0cHV0X3NjaGVtYRgFIAEoCSK/AgoMSW5zdGFuY2VTcGVjEg8KB3NlcnZpY2UYASABKAkSEwoLaW5zdGFuY2VfaWQYAiABKAkSEAoIZW5kcG9pbnQYAyABKAkSKgoMY2FwYWJpbGl0aWVzGAQgAygLMhQucmVhY2gudjEuQ2FwYWJpbGl0eRIYChBwcm90b2NvbF92ZXJzaW9uGAUgASgJEg4KBndlaWdodBgGIAEoDRIXCg9tYXhfY29uY3VycmVuY3kYByABKA0SDgoGdG9waWNzGAggAygJEjIKBmxhYmVscxgJIAMoCzIiLnJlYWNoLnYxLkluc3RhbmNlU3BlYy5MYWJlbHNFbnRyeRIVCg1ncnBjX3NlcnZpY2VzGAogAygJGi0KC0xhYmVsc0VudHJ5EgsKA2tleRgBIAEoCRINCgV2YWx1ZRgCIAEoCToCOAEizQIKCEluc3RhbmNlEiQKBHNwZWMYASABKAsyFi5yZWFjaC52MS5JbnN0YW5jZVNwZWMSJgoFc3RhdGUYAiABKA4yFy5yZWFjaC52MS5JbnN0YW5jZVN0YXRlEhEKCWluX2ZsaWdodBgDIAEoDRIQCghsZWFzZV9pZBgEIAEoCRI0ChBsZWFzZV9leHBpcmVzX2F0GAUgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIxCg1yZWdpc3RlcmVkX2F0GAYgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIQCghyZXZpc2lvbhgHIAEoBBIdChVtb2RlbF9jYWxsc19pbl9mbGlnaHQYCCABKA0SGAoQbW9kZWxfc2xvdHNfZnJlZRgJIAEoDRIaChJoZWFsdGhfcHJvYmVfZXJyb3IYCiABKAkiaQoPUmVnaXN0ZXJSZXF1ZXN0EigKCGluc3RhbmNlGAEgASgLMhYucmVhY2gudjEuSW5zdGFuY2VTcGVjEiwKCWxlYXNlX3R0bBgCIAEoCzIZLmdvb2dsZS5wcm90b2J1Zi5EdXJhdGlvbiJ4ChBSZWdpc3RlclJlc3BvbnNlEhAKCGxlYXNlX2lkGAEgASgJEiwKCWxlYXNlX3R0bBgCIAEoCzIZLmdvb2dsZS5wcm90b2J1Zi5EdXJhdGlvbhIkCghpbnN0YW5jZRgDIAEoCzISLnJlYWNoLnYxLkluc3RhbmNlIq0BChBIZWFydGJlYXRSZXF1ZXN0EhMKC2luc3RhbmNlX2lkGAEgASgJEhAKCGxlYXNlX2lkGAIgASgJEiYKBXN0YXRlGAMgASgOMhcucmVhY2gudjEuSW5zdGFuY2VTdGF0ZRIRCglpbl9mbGlnaHQYBCABKA0SHQoVbW9kZWxfY2FsbHNfaW5fZmxpZ2h0GAUgASgNEhgKEG1vZGVsX3Nsb3RzX2ZyZWUYBiABKA0icQoRSGVhcnRiZWF0UmVzcG9uc2USNAoQbGVhc2VfZXhwaXJlc19hdBgBIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASJgoFc3RhdGUYAiABKA4yFy5yZWFjaC52MS5JbnN0YW5jZVN0YXRlIjoKEURlcmVnaXN0ZXJSZXF1ZXN0EhMKC2luc3RhbmNlX2lkGAEgASgJEhAKCGxlYXNlX2lkGAIgASgJIhQKEkRlcmVnaXN0ZXJSZXNwb25zZSI7ChRMaXN0SW5zdGFuY2VzUmVxdWVzdBIPCgdzZXJ2aWNlGAEgASgJEhIKCmNhcGFiaWxpdHkYAiABKAkiUAoVTGlzdEluc3RhbmNlc1Jlc3BvbnNlEiUKCWluc3RhbmNlcxgBIAMoCzISLnJlYWNoLnYxLkluc3RhbmNlEhAKCHJldmlzaW9uGAIgASgEIjUKDFdhdGNoUmVxdWVzdBIWCg5hZnRlcl9yZXZpc2lvbhgBIAEoBBINCgVlcG9jaBgCIAEoCSK1AQoNV2F0Y2hSZXNwb25zZRIQCghyZXZpc2lvbhgBIAEoBBIrCghzbmFwc2hvdBgCIAEoCzIXLnJlYWNoLnYxLldhdGNoU25hcHNob3RIABImCgh1cHNlcnRlZBgDIAEoCzISLnJlYWNoLnYxLkluc3RhbmNlSAASJQoHcmVtb3ZlZBgEIAEoCzISLnJlYWNoLnYxLkluc3RhbmNlSAASDQoFZXBvY2gYBSABKAlCBwoFZXZlbnQiXgoNV2F0Y2hTbmFwc2hvdBIlCglpbnN0YW5jZXMYASADKAsyEi5yZWFjaC52MS5JbnN0YW5jZRImCgVjYXVzZRgCIAEoDjIXLnJlYWNoLnYxLlNuYXBzaG90Q2F1c2UiVQoXTGlzdENhcGFiaWxpdGllc1JlcXVlc3QSEwoLbmFtZV9wcmVmaXgYASABKAkSEQoJcGFnZV9zaXplGAIgASgNEhIKCnBhZ2VfdG9rZW4YAyABKAkiewoYTGlzdENhcGFiaWxpdGllc1Jlc3BvbnNlEjQKDGNhcGFiaWxpdGllcxgBIAMoCzIeLnJlYWNoLnYxLkNhcGFiaWxpdHlEZXNjcmlwdG9yEhAKCHJldmlzaW9uGAIgASgEEhcKD25leHRfcGFnZV90b2tlbhgDIAEoCSLnAQoUQ2FwYWJpbGl0eURlc2NyaXB0b3ISDAoEbmFtZRgBIAEoCRITCgtkZXNjcmlwdGlvbhgCIAEoCRIQCgh2ZXJzaW9ucxgDIAMoCRIUCgxpbnB1dF9zY2hlbWEYBCABKAkSFQoNb3V0cHV0X3NjaGVtYRgFIAEoCRISCgppZGVtcG90ZW50GAYgASgIEhoKEnJvdXRhYmxlX2luc3RhbmNlcxgHIAEoDRIRCglpbnN0YW5jZXMYCCABKA0SKgoGc291cmNlGAkgASgOMhoucmVhY2gudjEuRGVzY3JpcHRvclNvdXJjZSq6AQoNSW5zdGFuY2VTdGF0ZRIeChpJTlNUQU5DRV9TVEFURV9VTlNQRUNJRklFRBAAEh0KGUlOU1RBTkNFX1NUQVRFX1JFR0lTVEVSRUQQARIYChRJTlNUQU5DRV9TVEFURV9SRUFEWRACEhcKE0lOU1RBTkNFX1NUQVRFX0JVU1kQAxIbChdJTlNUQU5DRV9TVEFURV9EUkFJTklORxAEEhoKFklOU1RBTkNFX1NUQVRFX09GRkxJTkUQBSqkAQoNU25hcHNob3RDYXVzZRIeChpTTkFQU0hPVF9DQVVTRV9VTlNQRUNJRklFRBAAEhgKFFNOQVBTSE9UX0NBVVNFX1NUQVJUEAESIAocU05BUFNIT1RfQ0FVU0VfRVBPQ0hfQ0hBTkdFRBACEhwKGFNOQVBTSE9UX0NBVVNFX0NPTVBBQ1RFRBADEhkKFVNOQVBTSE9UX0NBVVNFX0xBR0dFRBAEKp4BChBEZXNjcmlwdG9yU291cmNlEiEKHURFU0NSSVBUT1JfU09VUkNFX1VOU1BFQ0lGSUVEEAASJwojREVTQ1JJUFRPUl9TT1VSQ0VfUFJPVE9DT0xfUkVHSVNUUlkQARIiCh5ERVNDUklQVE9SX1NPVVJDRV9SRUdJU1RSQVRJT04QAhIaChZERVNDUklQVE9SX1NPVVJDRV9OT05FEAMy2wMKD1JlZ2lzdHJ5U2VydmljZRJBCghSZWdpc3RlchIZLnJlYWNoLnYxLlJlZ2lzdGVyUmVxdWVzdBoaLnJlYWNoLnYxLlJlZ2lzdGVyUmVzcG9uc2USRAoJSGVhcnRiZWF0EhoucmVhY2gudjEuSGVhcnRiZWF0UmVxdWVzdBobLnJlYWNoLnYxLkhlYXJ0YmVhdFJlc3BvbnNlEkcKCkRlcmVnaXN0ZXISGy5yZWFjaC52MS5EZXJlZ2lzdGVyUmVxdWVzdBocLnJlYWNoLnYxLkRlcmVnaXN0ZXJSZXNwb25zZRJVCg1MaXN0SW5zdGFuY2VzEh4ucmVhY2gudjEuTGlzdEluc3RhbmNlc1JlcXVlc3QaHy5yZWFjaC52MS5MaXN0SW5zdGFuY2VzUmVzcG9uc2UiA5ACARI/CgVXYXRjaBIWLnJlYWNoLnYxLldhdGNoUmVxdWVzdBoXLnJlYWNoLnYxLldhdGNoUmVzcG9uc2UiA5ACATABEl4KEExpc3RDYXBhYmlsaXRpZXMSIS5yZWFjaC52MS5MaXN0Q2FwYWJpbGl0aWVzUmVxdWVzdBoiLnJlYWNoLnYxLkxpc3RDYXBhYmlsaXRpZXNSZXNwb25zZSIDkAIBYgZwcm90bzM", [file_google_protobuf_duration, file_google_protobuf_timestamp]);
 
 /**
  * Capability is something an instance can do, addressed by name.
@@ -508,11 +508,29 @@ export const ListInstancesResponseSchema: GenMessage<ListInstancesResponse> = /*
   messageDesc(file_reach_v1_registry_service, 10);
 
 /**
- * WatchRequest starts a watch.
+ * WatchRequest starts a watch, from a snapshot or, after a reconnect, from where the
+ * watcher left off.
  *
  * @generated from message reach.v1.WatchRequest
  */
 export type WatchRequest = Message<"reach.v1.WatchRequest"> & {
+  /**
+   * Resume: the `revision` of the last event the watcher applied. When the registry is still
+   * at `epoch` and holds every event after this revision, the stream starts with exactly
+   * those events and sends no snapshot; otherwise it starts with a snapshot whose `cause`
+   * says why. 0 starts with a snapshot.
+   *
+   * @generated from field: uint64 after_revision = 1;
+   */
+  afterRevision: bigint;
+
+  /**
+   * The `epoch` of the stream `after_revision` was read from (at most 128 bytes). Empty with
+   * `after_revision` 0.
+   *
+   * @generated from field: string epoch = 2;
+   */
+  epoch: string;
 };
 
 /**
@@ -567,6 +585,18 @@ export type WatchResponse = Message<"reach.v1.WatchResponse"> & {
     value: Instance;
     case: "removed";
   } | { case: undefined; value?: undefined };
+
+  /**
+   * The registry's epoch: one value for as long as the registry's state lives (an in-memory
+   * registry process's lifetime; an etcd-backed registry's etcd cluster, shared by all its
+   * replicas). Revisions are comparable only within one epoch. A snapshot of a new epoch
+   * means the registry lost its state (an in-memory registry restarted): its instances are
+   * registering again, not gone, and a router keeps routing to the ones it knew for a grace
+   * period while they do.
+   *
+   * @generated from field: string epoch = 5;
+   */
+  epoch: string;
 };
 
 /**
@@ -588,6 +618,13 @@ export type WatchSnapshot = Message<"reach.v1.WatchSnapshot"> & {
    * @generated from field: repeated reach.v1.Instance instances = 1;
    */
   instances: Instance[];
+
+  /**
+   * Why the stream sent a snapshot.
+   *
+   * @generated from field: reach.v1.SnapshotCause cause = 2;
+   */
+  cause: SnapshotCause;
 };
 
 /**
@@ -812,6 +849,58 @@ export const InstanceStateSchema: GenEnum<InstanceState> = /*@__PURE__*/
   enumDesc(file_reach_v1_registry_service, 0);
 
 /**
+ * SnapshotCause says why a watch stream sent a snapshot rather than events.
+ *
+ * @generated from enum reach.v1.SnapshotCause
+ */
+export enum SnapshotCause {
+  /**
+   * Not said (a registry older than this field).
+   *
+   * @generated from enum value: SNAPSHOT_CAUSE_UNSPECIFIED = 0;
+   */
+  UNSPECIFIED = 0,
+
+  /**
+   * The watch asked for no resume (`after_revision` 0).
+   *
+   * @generated from enum value: SNAPSHOT_CAUSE_START = 1;
+   */
+  START = 1,
+
+  /**
+   * The watch asked to resume from another epoch: the registry lost its state since (an
+   * in-memory registry restarted). Instances the watcher knew and the snapshot lacks are
+   * likely registering again.
+   *
+   * @generated from enum value: SNAPSHOT_CAUSE_EPOCH_CHANGED = 2;
+   */
+  EPOCH_CHANGED = 2,
+
+  /**
+   * The registry no longer holds the events after `after_revision` (compacted away, or a
+   * revision it never reached): the snapshot is the whole truth at its revision.
+   *
+   * @generated from enum value: SNAPSHOT_CAUSE_COMPACTED = 3;
+   */
+  COMPACTED = 3,
+
+  /**
+   * The watcher read events more slowly than they happened and fell behind the registry's
+   * buffer: it is sent the whole set again.
+   *
+   * @generated from enum value: SNAPSHOT_CAUSE_LAGGED = 4;
+   */
+  LAGGED = 4,
+}
+
+/**
+ * Describes the enum reach.v1.SnapshotCause.
+ */
+export const SnapshotCauseSchema: GenEnum<SnapshotCause> = /*@__PURE__*/
+  enumDesc(file_reach_v1_registry_service, 1);
+
+/**
  * DescriptorSource says where a capability descriptor's description and schemas came from.
  *
  * @generated from enum reach.v1.DescriptorSource
@@ -853,7 +942,7 @@ export enum DescriptorSource {
  * Describes the enum reach.v1.DescriptorSource.
  */
 export const DescriptorSourceSchema: GenEnum<DescriptorSource> = /*@__PURE__*/
-  enumDesc(file_reach_v1_registry_service, 1);
+  enumDesc(file_reach_v1_registry_service, 2);
 
 /**
  * RegistryService keeps the live set of agent instances and their capabilities. Instances
