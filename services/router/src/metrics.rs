@@ -23,6 +23,11 @@ pub fn request(capability: &str, code: tonic::Code, elapsed: Duration) {
     ::metrics::histogram!(names::ROUTER_REQUEST_DURATION, &labels).record(elapsed.as_secs_f64());
 }
 
+/// Sets how many instances are kept routable, unconfirmed, through a registry restart.
+pub fn unconfirmed_instances(count: usize) {
+    ::metrics::gauge!(names::ROUTER_UNCONFIRMED_INSTANCES).set(count as f64);
+}
+
 /// Counts a call in flight until the guard drops.
 pub fn in_flight(capability: &str) -> GaugeGuard {
     GaugeGuard::raise(

@@ -438,6 +438,7 @@ impl RoutingTable {
         self.rebuild(&mut state, touched);
         let previous = std::mem::replace(&mut state.epoch, epoch.to_string());
         state.revision = revision;
+        metrics::unconfirmed_instances(state.unconfirmed.len());
         drop(state);
         self.room.release();
         self.synced.send_replace(true);
@@ -478,6 +479,7 @@ impl RoutingTable {
             warn!(instance = %id, "instance did not register again after the registry restarted; no longer routing to it");
         }
         self.rebuild(&mut state, touched);
+        metrics::unconfirmed_instances(state.unconfirmed.len());
         state.unconfirmed.values().min().copied()
     }
 
@@ -505,6 +507,7 @@ impl RoutingTable {
         self.upsert_locked(&mut state, instance, &mut touched);
         self.rebuild(&mut state, touched);
         state.revision = revision;
+        metrics::unconfirmed_instances(state.unconfirmed.len());
         drop(state);
         self.room.release();
     }
@@ -520,6 +523,7 @@ impl RoutingTable {
         }
         self.rebuild(&mut state, touched);
         state.revision = revision;
+        metrics::unconfirmed_instances(state.unconfirmed.len());
     }
 
     fn upsert_locked(

@@ -56,6 +56,9 @@ pub mod names {
     pub const ROUTER_SHED: &str = "reach_router_shed_total";
     /// Counter `{service, instance}`: instances ejected from balancing after failures.
     pub const ROUTER_EJECTIONS: &str = "reach_router_ejections_total";
+    /// Gauge: instances the router still routes to after the registry came back without its
+    /// state, not yet registered again (`router.registry_restart_grace`).
+    pub const ROUTER_UNCONFIRMED_INSTANCES: &str = "reach_router_unconfirmed_instances";
     /// Counter `{message_type, reason}`: failed calls by message type; `reason` is the
     /// ErrorInfo reason, else the gRPC code name.
     pub const ROUTER_MESSAGE_FAILURES: &str = "reach_router_message_failures_total";
@@ -189,6 +192,10 @@ fn describe() {
     describe_counter!(ROUTER_RETRIES, "retried attempts");
     describe_counter!(ROUTER_SHED, "calls refused because of overload");
     describe_counter!(ROUTER_EJECTIONS, "instances ejected from balancing");
+    describe_gauge!(
+        ROUTER_UNCONFIRMED_INSTANCES,
+        "instances kept routable through a registry restart, not registered again yet"
+    );
     describe_counter!(
         ROUTER_MESSAGE_FAILURES,
         "failed calls by message type and reason"
