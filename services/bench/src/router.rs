@@ -716,12 +716,7 @@ fn render_proxy_goal(cells: &[Cell]) -> String {
         let list = |figure: &dyn Fn(&str) -> Option<f64>, unit: &dyn Fn(f64) -> String| {
             COMPARED
                 .iter()
-                .map(|mode| {
-                    format!(
-                        "{mode} {}",
-                        figure(mode).map_or("n/a".to_string(), |v| unit(v))
-                    )
-                })
+                .map(|mode| format!("{mode} {}", figure(mode).map_or("n/a".to_string(), unit)))
                 .collect::<Vec<_>>()
                 .join(", ")
         };
