@@ -137,7 +137,9 @@ pub struct Cell {
 /// Runs the benchmark and prints its report to stdout.
 ///
 /// # Errors
-/// When the in-process mesh or nats-server cannot start, or stdout cannot be written.
+/// When the in-process mesh or a child process (nats-server, nginx, HAProxy: the error names
+/// the package to install and the flag that skips it) cannot start, or stdout cannot be
+/// written.
 pub async fn run(options: &BenchOptions) -> anyhow::Result<()> {
     // A signal ends the run here, so that the child processes (nats-server, nginx, HAProxy)
     // are stopped on the way out rather than left behind.
