@@ -3,8 +3,9 @@
 //! and ends with one tracking line (`docs/benchmarks.md` has the latest figures).
 //!
 //! # Layout
-//! - [`router`] — `reach-bench router`: a routed call's cost next to a direct call and NATS
-//!   request-reply, unary and multiplexed, at several payload sizes and concurrencies.
+//! - [`router`] — `reach-bench router`: a routed call's cost next to a direct call, the same
+//!   unary call through nginx and HAProxy, and NATS request-reply, unary and multiplexed, at
+//!   several payload sizes and concurrencies.
 //! - [`mtls`](mod@mtls) — the router bench's mutual-TLS mesh (`--mtls`): certificates made at start, and
 //!   the table of plaintext and mTLS cells side by side.
 //! - [`flows`] — `reach-bench flows`: durable node transitions per second on SQLite (and

@@ -1,7 +1,7 @@
 //! `reach-bench`: runs one of Reach's benchmarks and prints its report to stdout.
 //!
 //! ```text
-//! reach-bench router [--quick] [--no-nats] [--mtls] [--only MODES] [--payloads BYTES] [--concurrency N]
+//! reach-bench router [--quick] [--no-nats] [--no-proxies] [--mtls] [--only MODES] [--payloads BYTES] [--concurrency N]
 //! reach-bench flows [--quick] [--postgres URL]
 //! reach-bench mcp [--quick]
 //! reach-bench registry [--quick]
@@ -25,17 +25,22 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Bench {
-    /// Request-reply direct to an agent, through the router (unary and multiplexed) and through
-    /// NATS, with the same client and responder work on each; the whole SDK stack; a stream's
-    /// message rate.
+    /// Request-reply direct to an agent, through the router (unary and multiplexed), through
+    /// nginx and HAProxy (unary gRPC proxies) and through NATS, with the same client and
+    /// responder work on each; the whole SDK stack; a stream's message rate.
     Router {
         /// The reduced matrix (under a minute); the last line is
-        /// `router_overhead_p50_us=<n> router_vs_direct_rps=<ratio> router_vs_nats_rps=<ratio>`.
+        /// `router_overhead_p50_us=<n> router_vs_direct_rps=<ratio> router_vs_nats_rps=<ratio>
+        /// router_vs_nginx_rps=<ratio> router_vs_haproxy_rps=<ratio>`.
         #[arg(long)]
         quick: bool,
         /// Skip the NATS comparison (when nats-server is not installed).
         #[arg(long)]
         no_nats: bool,
+        /// Skip the nginx and HAProxy comparison (when nginx-light or haproxy is not
+        /// installed).
+        #[arg(long)]
+        no_proxies: bool,
         /// Measure only these modes (comma-separated), for profiling one path.
         #[arg(
             long,
@@ -51,7 +56,7 @@ enum Bench {
         /// matrix's.
         #[arg(long, value_delimiter = ',', value_parser = clap::value_parser!(u16).range(1..=4096))]
         concurrency: Vec<u16>,
-        /// Also measure the same modes (but NATS) on a mesh whose every hop is mutual TLS,
+        /// Also measure the same modes (but NATS and the proxies) on a mesh whose every hop is mutual TLS,
         /// printed side by side with the plaintext cells.
         #[arg(long)]
         mtls: bool,
@@ -106,6 +111,7 @@ async fn main() -> ExitCode {
         Bench::Router {
             quick,
             no_nats,
+            no_proxies,
             only,
             payloads,
             concurrency,
@@ -114,6 +120,7 @@ async fn main() -> ExitCode {
             reach_bench::router::run(&reach_bench::router::BenchOptions {
                 quick,
                 no_nats,
+                no_proxies,
                 only,
                 payloads: payloads.into_iter().map(|b| b as usize).collect(),
                 concurrencies: concurrency.into_iter().map(usize::from).collect(),

@@ -1,31 +1,38 @@
 //! `reach-bench router`: the router's cost, measured side by side in one run.
 //!
 //! One process hosts a registry, a router, two agents and the load generator (tonic
-//! clients); `nats-server` runs as a child process with an in-process async-nats responder.
-//! The broker comparison keeps both ends identical and changes only the path between them:
-//! every client is a bare one (a generated tonic client, a bare [`MuxLink`], an async-nats
-//! client) and every responder does the same work ([`echo_reply`]: take the decoded
-//! `ReachMessage`, answer with a reply envelope). For each payload size and concurrency it
-//! drives closed-loop request-reply for a fixed time:
+//! clients); `nats-server`, nginx and HAProxy run as child processes ([`ChildProcess`]), with
+//! an in-process async-nats responder for NATS. The comparison keeps both ends identical and
+//! changes only the path between them: every client is a bare one (a generated tonic client,
+//! a bare [`MuxLink`], an async-nats client) and every responder does the same work
+//! ([`echo_reply`]: take the decoded `ReachMessage`, answer with a reply envelope). For each
+//! payload size and concurrency it drives closed-loop request-reply for a fixed time:
 //! - `direct`:     `AgentService.Handle` (unary) on the echo agent's own port;
 //! - `direct-mux`: `AgentService.HandleMux`, calls multiplexed on one stream to the echo agent;
 //! - `router`:     `RouterService.Call` (unary, as a generated client or grpcurl calls it),
 //!   routed by capability to the same echo agent (the router → agent hop is multiplexed);
 //! - `router-mux`: `RouterService.CallMux` then `HandleMux`: the same echo agent, calls
 //!   multiplexed on both hops;
+//! - `nginx`:      `AgentService.Handle` (unary, the `direct` client) through nginx
+//!   (`grpc_pass`, h2c on both sides, upstream keepalive) to the same echo agent;
+//! - `haproxy`:    the same through HAProxy (`mode http`, `proto h2` on both sides);
 //! - `nats`:       NATS request-reply through nats-server to a responder doing [`echo_reply`];
 //! - `sdk`:        the whole Reach stack, not part of the comparison: the SDK's `MeshClient`
 //!   (a span and `traceparent` per call) through the router to an SDK `AgentRuntime` agent (a
 //!   span, a dedupe slot and in-flight accounting per message).
 //!
 //! It prints throughput, p50/p99 latency (HDR histograms), CPU time per request (user +
-//! system time of this process, plus nats-server's for NATS, read from `/proc` — the same
-//! counters `getrusage` reports), the ratios router/direct and router/NATS, and a
+//! system time of this process, plus the child's for `nats`, `nginx` and `haproxy`, read from
+//! `/proc` — the same counters `getrusage` reports), the ratios router/direct, router/NATS,
+//! router/nginx and router/HAProxy, one line per payload comparing the unary hop of the
+//! router with nginx's and HAProxy's (p50 over `direct` at c=1, req/s at c=8 and c=64), and a
 //! bidirectional stream's message rate through the router vs direct. The last line is
-//! `router_overhead_p50_us=<n> router_vs_direct_rps=<ratio> router_vs_nats_rps=<ratio>` at
-//! concurrency 64 with 4 KiB payloads for the multiplexed path (`router-mux` against
-//! `direct-mux` and `nats`), for tracking from run to run. The bidirectional stream goes to
-//! the SDK agent.
+//! `router_overhead_p50_us=<n> router_vs_direct_rps=<ratio> router_vs_nats_rps=<ratio>
+//! router_vs_nginx_rps=<ratio> router_vs_haproxy_rps=<ratio>` at concurrency 64 with 4 KiB
+//! payloads: the first three for the multiplexed path (`router-mux` against `direct-mux` and
+//! `nats`), the proxies' for the unary one (`router` against `nginx` and `haproxy`, both
+//! unary), `n/a` when a mode was skipped; for tracking from run to run. The bidirectional
+//! stream goes to the SDK agent.
 
 use std::future::Future;
 use std::io::Write as _;
@@ -69,10 +76,12 @@ const SUBJECT: &str = "bench.echo";
 /// What to run.
 #[derive(Debug, Clone)]
 pub struct BenchOptions {
-    /// The reduced matrix (under a minute): concurrency 1 and 64 at 4 KiB, short cells.
+    /// The reduced matrix (under a minute): concurrency 1, 8 and 64 at 4 KiB, short cells.
     pub quick: bool,
     /// Skip NATS (when nats-server is not installed).
     pub no_nats: bool,
+    /// Skip the `nginx` and `haproxy` modes (when nginx-light or haproxy is not installed).
+    pub no_proxies: bool,
     /// Measure only these modes (empty: all).
     pub only: Vec<String>,
     /// Measure only these payload sizes, bytes (empty: the matrix's).
@@ -85,13 +94,22 @@ pub struct BenchOptions {
 }
 
 /// The modes, in the order they run.
-pub const MODES: [&str; 6] = [
+pub const MODES: [&str; 8] = [
     "direct",
     "direct-mux",
     "router-mux",
     "router",
+    "nginx",
+    "haproxy",
     "nats",
     "sdk",
+];
+
+/// The modes that need a child process, with the flag that skips them.
+const CHILD_MODES: [(&str, &str); 3] = [
+    ("nats", "--no-nats"),
+    ("nginx", "--no-proxies"),
+    ("haproxy", "--no-proxies"),
 ];
 
 /// One measured cell.
@@ -109,7 +127,8 @@ pub struct Cell {
     pub p50_us: f64,
     /// 99th percentile latency, µs.
     pub p99_us: f64,
-    /// CPU time per request, µs (this process, plus nats-server for NATS).
+    /// CPU time per request, µs (this process, plus the child process — nats-server, nginx,
+    /// HAProxy — for the modes that go through one).
     pub cpu_us: f64,
     /// Failed requests.
     pub errors: u64,
@@ -118,13 +137,17 @@ pub struct Cell {
 /// Runs the benchmark and prints its report to stdout.
 ///
 /// # Errors
-/// When the in-process mesh or nats-server cannot start, or stdout cannot be written.
+/// When the in-process mesh or a child process (nats-server, nginx, HAProxy: the error names
+/// the package to install and the flag that skips it) cannot start, or stdout cannot be
+/// written.
 pub async fn run(options: &BenchOptions) -> anyhow::Result<()> {
-    // A signal ends the run here, so that nats-server (a child process) is stopped on the way
-    // out rather than left behind.
+    // A signal ends the run here, so that the child processes (nats-server, nginx, HAProxy)
+    // are stopped on the way out rather than left behind.
     tokio::select! {
         result = run_until_done(options) => result,
-        () = reach_sdk::signal::terminate() => bail!("interrupted; nats-server was stopped"),
+        () = reach_sdk::signal::terminate() => {
+            bail!("interrupted; the child processes (nats-server, nginx, haproxy) were stopped")
+        }
     }
 }
 
@@ -136,8 +159,28 @@ async fn run_until_done(options: &BenchOptions) -> anyhow::Result<()> {
         );
     }
     let wanted = |mode: &str| options.only.is_empty() || options.only.iter().any(|m| m == mode);
-    if options.no_nats && !options.only.is_empty() && options.only.iter().all(|m| m == "nats") {
-        bail!("--only nats with --no-nats leaves nothing to measure; drop one of them");
+    let skipped = |flag: &str| match flag {
+        "--no-nats" => options.no_nats,
+        _ => options.no_proxies,
+    };
+    if !options.only.is_empty()
+        && options.only.iter().all(|m| {
+            CHILD_MODES
+                .iter()
+                .any(|(mode, flag)| m == mode && skipped(flag))
+        })
+    {
+        bail!(
+            "--only {} with {} leaves nothing to measure; drop one of them",
+            options.only.join(","),
+            if options.no_nats && options.no_proxies {
+                "--no-nats --no-proxies"
+            } else if options.no_nats {
+                "--no-nats"
+            } else {
+                "--no-proxies"
+            }
+        );
     }
     // The Prometheus recorder, as `reach router` and `reach dev` install it: without it every
     // metric update would be a no-op and the router would be measured without its metrics.
@@ -148,17 +191,35 @@ async fn run_until_done(options: &BenchOptions) -> anyhow::Result<()> {
     } else {
         Some(Nats::start().await?)
     };
+    let proxy = |kind: ProxyKind| {
+        let run = !options.no_proxies && wanted(kind.mode());
+        let upstream = mesh.echo_addr;
+        async move {
+            if run {
+                Proxy::start(kind, upstream).await.map(Some)
+            } else {
+                Ok(None)
+            }
+        }
+    };
+    let nginx = proxy(ProxyKind::Nginx).await?;
+    let haproxy = proxy(ProxyKind::Haproxy).await?;
+    let peers = Peers {
+        nats: nats.as_ref(),
+        nginx: nginx.as_ref(),
+        haproxy: haproxy.as_ref(),
+    };
     let (payloads, concurrencies, warmup, duration): (&[usize], &[usize], _, _) = if options.quick {
         (
             &[4096],
-            &[1, 64],
+            &[1, 8, 64],
             Duration::from_millis(300),
             Duration::from_millis(1500),
         )
     } else {
         (
             &[128, 4096, 65536],
-            &[1, 16, 64],
+            &[1, 8, 16, 64],
             Duration::from_millis(500),
             Duration::from_secs(2),
         )
@@ -196,7 +257,7 @@ async fn run_until_done(options: &BenchOptions) -> anyhow::Result<()> {
                 plain.extend(
                     measure_all(
                         &mesh,
-                        nats.as_ref(),
+                        peers,
                         &wanted,
                         &shape.0,
                         &shape.1,
@@ -207,8 +268,8 @@ async fn run_until_done(options: &BenchOptions) -> anyhow::Result<()> {
                 tls.extend(
                     measure_all(
                         &secured,
-                        None,
-                        &|mode: &str| wanted(mode) && mode != "nats",
+                        Peers::default(),
+                        &|mode: &str| wanted(mode) && !CHILD_MODES.iter().any(|(m, _)| *m == mode),
                         &shape.0,
                         &shape.1,
                         (warmup, duration),
@@ -223,7 +284,7 @@ async fn run_until_done(options: &BenchOptions) -> anyhow::Result<()> {
     } else {
         measure_all(
             &mesh,
-            nats.as_ref(),
+            peers,
             &wanted,
             payloads,
             concurrencies,
@@ -248,16 +309,23 @@ async fn run_until_done(options: &BenchOptions) -> anyhow::Result<()> {
     };
     let (direct, router) = (find("direct-mux"), find("router-mux"));
     let nats_cell = find("nats");
+    // The proxies are unary: they are compared with the unary router path.
+    let versus_unary = |proxy: &str| match (find("router"), find(proxy)) {
+        (Some(router), Some(proxy)) => format!("{:.2}", router.rps / proxy.rps),
+        _ => "n/a".to_string(),
+    };
     let tracking = match (direct, router) {
         (Some(direct), Some(router)) => Some(format!(
-            "router_overhead_p50_us={:.0} router_vs_direct_rps={:.2} router_vs_nats_rps={}",
+            "router_overhead_p50_us={:.0} router_vs_direct_rps={:.2} router_vs_nats_rps={} router_vs_nginx_rps={} router_vs_haproxy_rps={}",
             router.p50_us - direct.p50_us,
             router.rps / direct.rps,
             nats_cell.map_or("n/a".to_string(), |n| format!("{:.2}", router.rps / n.rps)),
+            versus_unary("nginx"),
+            versus_unary("haproxy"),
         )),
         _ => None,
     };
-    drop(nats);
+    drop((nats, nginx, haproxy));
     mesh.stop().await;
     // Last, after the mesh's shutdown logs.
     match tracking {
@@ -556,6 +624,10 @@ fn render(cells: &[Cell], (stream_direct, stream_router): (f64, f64)) -> String 
         "router − direct p50 µs",
         "router/direct req/s",
         "router/nats req/s",
+        "nginx − direct p50 µs",
+        "router/nginx req/s",
+        "haproxy − direct p50 µs",
+        "router/haproxy req/s",
     ]);
     let mut keys: Vec<(usize, usize)> = cells.iter().map(|c| (c.payload, c.concurrency)).collect();
     keys.dedup();
@@ -572,14 +644,25 @@ fn render(cells: &[Cell], (stream_direct, stream_router): (f64, f64)) -> String 
             let (Some(direct), Some(router)) = (get(direct), get(router)) else {
                 continue;
             };
-            ratios.add_row(vec![
+            let mut row = vec![
                 size_label(payload),
                 concurrency.to_string(),
                 path.to_string(),
                 format!("{:+.1}", router.p50_us - direct.p50_us),
                 format!("{:.2}", router.rps / direct.rps),
                 get("nats").map_or("n/a".into(), |n| format!("{:.2}", router.rps / n.rps)),
-            ]);
+            ];
+            // The proxies are unary: compared on the unary row only.
+            for proxy in ["nginx", "haproxy"] {
+                match get(proxy) {
+                    Some(proxy) if path == "unary" => row.extend([
+                        format!("{:+.1}", proxy.p50_us - direct.p50_us),
+                        format!("{:.2}", router.rps / proxy.rps),
+                    ]),
+                    _ => row.extend(["n/a".to_string(), "n/a".to_string()]),
+                }
+            }
+            ratios.add_row(row);
         }
     }
     if ratios.row_count() > 0 {
@@ -590,6 +673,7 @@ fn render(cells: &[Cell], (stream_direct, stream_router): (f64, f64)) -> String 
             "(no ratios: they compare router with direct, or router-mux with direct-mux)"
         );
     }
+    let _ = write!(out, "{}", render_proxy_goal(cells));
     if stream_direct > 0.0 {
         let _ = writeln!(
             out,
@@ -598,6 +682,86 @@ fn render(cells: &[Cell], (stream_direct, stream_router): (f64, f64)) -> String 
         );
     } else {
         let _ = writeln!(out, "bidi stream: not measured (--only)");
+    }
+    out
+}
+
+/// One line per payload comparing the unary hop of the router with nginx's and HAProxy's:
+/// p50 over `direct` at c=1, req/s at c=8 and c=64, and whether the router is at least as good
+/// as each proxy on all three (the goal: its c=1 p50 hop no more than either proxy's, its
+/// req/s at least theirs at c=8 and c=64). Empty without a proxy's cells.
+fn render_proxy_goal(cells: &[Cell]) -> String {
+    use std::fmt::Write as _;
+    const COMPARED: [&str; 3] = ["router", "nginx", "haproxy"];
+    let mut out = String::new();
+    let mut payloads: Vec<usize> = cells.iter().map(|c| c.payload).collect();
+    payloads.dedup();
+    for payload in payloads {
+        let get = |mode: &str, concurrency: usize| {
+            cells
+                .iter()
+                .find(|c| c.mode == mode && c.payload == payload && c.concurrency == concurrency)
+        };
+        if !["nginx", "haproxy"].iter().any(|proxy| {
+            cells
+                .iter()
+                .any(|c| c.mode == *proxy && c.payload == payload)
+        }) {
+            continue;
+        }
+        let hop = |mode: &str| match (get(mode, 1), get("direct", 1)) {
+            (Some(cell), Some(direct)) => Some(cell.p50_us - direct.p50_us),
+            _ => None,
+        };
+        let rps = |mode: &str, concurrency: usize| get(mode, concurrency).map(|c| c.rps);
+        let mut line = format!("unary hop vs proxies, {}:", size_label(payload));
+        let list = |figure: &dyn Fn(&str) -> Option<f64>, unit: &dyn Fn(f64) -> String| {
+            COMPARED
+                .iter()
+                .map(|mode| format!("{mode} {}", figure(mode).map_or("n/a".to_string(), unit)))
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        let _ = write!(
+            line,
+            " p50 over direct at c=1: {};",
+            list(&hop, &|v| format!("{v:+.0} µs"))
+        );
+        for concurrency in [8, 64] {
+            let _ = write!(
+                line,
+                " req/s at c={concurrency}: {};",
+                list(&|mode| rps(mode, concurrency), &|v| format!("{v:.0}"))
+            );
+        }
+        // The goal, per proxy: a comparison whose cells are missing is neither met nor missed.
+        let mut verdicts = Vec::new();
+        for proxy in ["nginx", "haproxy"] {
+            let mut missed = Vec::new();
+            let mut unknown = false;
+            match (hop("router"), hop(proxy)) {
+                (Some(router), Some(other)) if router > other => missed.push("c=1 p50".to_string()),
+                (Some(_), Some(_)) => {}
+                _ => unknown = true,
+            }
+            for concurrency in [8, 64] {
+                match (rps("router", concurrency), rps(proxy, concurrency)) {
+                    (Some(router), Some(other)) if router < other => {
+                        missed.push(format!("c={concurrency} req/s"));
+                    }
+                    (Some(_), Some(_)) => {}
+                    _ => unknown = true,
+                }
+            }
+            verdicts.push(if !missed.is_empty() {
+                format!("vs {proxy} not met ({})", missed.join(", "))
+            } else if unknown {
+                format!("vs {proxy} not measured in full")
+            } else {
+                format!("vs {proxy} met")
+            });
+        }
+        let _ = writeln!(out, "{line} goal: {}", verdicts.join("; "));
     }
     out
 }
@@ -614,6 +778,8 @@ fn size_label(bytes: usize) -> String {
 struct Mesh {
     /// The echo agent's unary `Handle`.
     direct: AgentServiceClient<tonic::transport::Channel>,
+    /// The echo agent's plaintext listener, the upstream of the `nginx` and `haproxy` modes.
+    echo_addr: std::net::SocketAddr,
     /// The echo agent's `HandleMux`.
     direct_mux: Arc<MuxLink<HandleMuxResponse>>,
     router: RouterServiceClient<tonic::transport::Channel>,
@@ -684,7 +850,8 @@ impl Mesh {
 
         // The echo agent: a bare AgentService, registered with a renewed lease.
         let echo_listener = TcpListener::bind("127.0.0.1:0").await?;
-        let echo_url = format!("http://{}", echo_listener.local_addr()?);
+        let echo_addr = echo_listener.local_addr()?;
+        let echo_url = format!("http://{echo_addr}");
         let echo_closing = CancellationToken::new();
         let token = stop.clone();
         tokio::spawn(
@@ -794,6 +961,7 @@ impl Mesh {
             .max_encoding_message_size(MAX_FRAME_BYTES);
         Ok(Self {
             direct,
+            echo_addr,
             direct_mux,
             router,
             router_mux,
@@ -918,40 +1086,35 @@ impl AgentService for EchoAgent {
     }
 }
 
+// === impl Nats ===
+
 /// nats-server as a child process plus an in-process responder.
 struct Nats {
-    _child: KillOnDrop,
-    pid: u32,
+    /// nats-server, killed when this is dropped.
+    process: ChildProcess,
     client: async_nats::Client,
     _responder: tokio::task::JoinHandle<()>,
 }
 
 impl Nats {
     async fn start() -> anyhow::Result<Self> {
-        let port = {
-            let probe = std::net::TcpListener::bind("127.0.0.1:0")?;
-            probe.local_addr()?.port()
-        };
-        let child = std::process::Command::new("nats-server")
-            .args(["-a", "127.0.0.1", "-p", &port.to_string()])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .context("cannot start nats-server (apt-get install nats-server, or pass --no-nats)")?;
-        let pid = child.id();
-        let child = KillOnDrop(child);
+        let dir = scratch_dir("nats")?;
+        let port = free_port()?;
+        let mut command = std::process::Command::new(find_program("nats-server"));
+        command.args(["-a", "127.0.0.1", "-p", &port.to_string()]);
+        let mut process = ChildProcess::spawn(
+            "nats-server",
+            "apt-get install nats-server",
+            "--no-nats",
+            command,
+            dir,
+            &[],
+        )?;
+        process.wait_for_port(port).await?;
         let url = format!("nats://127.0.0.1:{port}");
-        let mut attempt = 0;
-        let client = loop {
-            match async_nats::connect(&url).await {
-                Ok(client) => break client,
-                Err(_) if attempt < 100 => {
-                    attempt += 1;
-                    tokio::time::sleep(Duration::from_millis(20)).await;
-                }
-                Err(e) => bail!("nats-server did not accept connections at {url}: {e}"),
-            }
-        };
+        let client = async_nats::connect(&url)
+            .await
+            .with_context(|| format!("cannot connect to nats-server at {url}"))?;
         let responder_client = async_nats::connect(&url).await?;
         let mut subscription = responder_client.subscribe(SUBJECT).await?;
         responder_client.flush().await?;
@@ -969,27 +1132,374 @@ impl Nats {
             }
         });
         Ok(Self {
-            _child: child,
-            pid,
+            process,
             client,
             _responder: responder,
         })
     }
 }
 
-/// Stops the child process (nats-server) when dropped, also on an early error return.
-struct KillOnDrop(std::process::Child);
+// === impl Proxy ===
 
-impl Drop for KillOnDrop {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
+/// The gRPC reverse proxies the unary router hop is compared with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum ProxyKind {
+    /// nginx (Debian `nginx-light`): `grpc_pass` with an upstream keepalive pool.
+    Nginx,
+    /// HAProxy (Debian `haproxy`): `mode http`, HTTP/2 on both sides.
+    Haproxy,
+}
+
+impl ProxyKind {
+    /// The bench mode measured through this proxy.
+    fn mode(self) -> &'static str {
+        match self {
+            Self::Nginx => "nginx",
+            Self::Haproxy => "haproxy",
+        }
+    }
+
+    /// How to install it, for the error when its binary is missing.
+    fn install(self) -> &'static str {
+        match self {
+            Self::Nginx => "DEBIAN_FRONTEND=noninteractive apt-get install -y nginx-light",
+            Self::Haproxy => "DEBIAN_FRONTEND=noninteractive apt-get install -y haproxy",
+        }
     }
 }
-/// Measures every wanted mode on `mesh` (and `nats`) for each payload and concurrency.
+
+/// A gRPC reverse proxy (nginx or HAProxy) in front of the echo agent, as a child process,
+/// with the bare tonic client of the `direct` mode pointed at it.
+struct Proxy {
+    kind: ProxyKind,
+    /// The proxy: one process holding all of its work (nginx with `master_process off`,
+    /// HAProxy with `-db`), so that its `/proc/<pid>/stat` counts all of its CPU time.
+    process: ChildProcess,
+    /// `AgentService` through the proxy, built as `direct`'s client is.
+    client: AgentServiceClient<tonic::transport::Channel>,
+}
+
+impl Proxy {
+    /// Starts `kind` on a free 127.0.0.1 port, forwarding to the echo agent at `upstream`,
+    /// and connects a client once the port accepts connections.
+    ///
+    /// # Errors
+    /// When the binary is missing (the error names the package), the proxy exits or does not
+    /// listen within 10 s (the error carries its log), or the client cannot connect.
+    async fn start(kind: ProxyKind, upstream: std::net::SocketAddr) -> anyhow::Result<Self> {
+        let dir = scratch_dir(kind.mode())?;
+        let port = free_port()?;
+        let (command, logs) = match kind {
+            ProxyKind::Nginx => {
+                let conf = dir.path().join("nginx.conf");
+                let error_log = dir.path().join("error.log");
+                std::fs::write(
+                    &conf,
+                    nginx_config(dir.path(), port, upstream, running_as_root()),
+                )
+                .with_context(|| format!("cannot write {}", conf.display()))?;
+                let mut command = std::process::Command::new(find_program("nginx"));
+                // `-e`: the log nginx writes before it has read the configuration (the
+                // package's default is not writable without root).
+                command
+                    .arg("-p")
+                    .arg(dir.path())
+                    .arg("-c")
+                    .arg(&conf)
+                    .arg("-e")
+                    .arg(&error_log)
+                    .args(["-g", "daemon off;"]);
+                (command, vec![error_log])
+            }
+            ProxyKind::Haproxy => {
+                let conf = dir.path().join("haproxy.cfg");
+                std::fs::write(&conf, haproxy_config(port, upstream))
+                    .with_context(|| format!("cannot write {}", conf.display()))?;
+                let mut command = std::process::Command::new(find_program("haproxy"));
+                // `-db`: foreground, no master process: one process, `nbthread` threads.
+                command.arg("-db").arg("-f").arg(&conf);
+                (command, Vec::new())
+            }
+        };
+        let mut process = ChildProcess::spawn(
+            kind.mode(),
+            kind.install(),
+            "--no-proxies",
+            command,
+            dir,
+            &logs,
+        )?;
+        process.wait_for_port(port).await?;
+        let channel = reach_rpc::http2::channel(
+            &reach_rpc::http2::endpoint(format!("http://127.0.0.1:{port}"))?,
+            None,
+            None,
+        )
+        .await
+        .with_context(|| format!("cannot connect to {} on 127.0.0.1:{port}", kind.mode()))?;
+        let client = AgentServiceClient::new(channel)
+            .max_decoding_message_size(MAX_FRAME_BYTES)
+            .max_encoding_message_size(MAX_FRAME_BYTES);
+        Ok(Self {
+            kind,
+            process,
+            client,
+        })
+    }
+}
+
+/// nginx's configuration: an h2c (prior knowledge) listener on 127.0.0.1:`port` passing every
+/// call to `upstream` with `grpc_pass` over a keepalive pool; every path inside `dir`.
+fn nginx_config(
+    dir: &std::path::Path,
+    port: u16,
+    upstream: std::net::SocketAddr,
+    as_root: bool,
+) -> String {
+    let dir = dir.display();
+    // As root the `user` directive (default `nobody`) would own the temp paths; keep them
+    // the bench's. Without root nginx cannot switch users, and the directive only warns.
+    let user = if as_root { "user root;\n" } else { "" };
+    format!(
+        r#"# Generated by reach-bench router for the `nginx` mode.
+# One process, one event loop: the client opens one HTTP/2 connection (as in every mode), and
+# nginx serves a connection's streams on the worker that accepted it, so a second worker would
+# sit idle while the two cores are shared with the load generator and the echo agent (as the
+# router shares them). `master_process off` keeps that worker in the one process the bench
+# starts, kills and reads the CPU time of.
+master_process off;
+worker_processes 1;
+{user}pid "{dir}/nginx.pid";
+error_log "{dir}/error.log" warn;
+events {{
+    worker_connections 4096;
+}}
+http {{
+    access_log off;
+    client_body_temp_path "{dir}/client_body";
+    proxy_temp_path "{dir}/proxy";
+    fastcgi_temp_path "{dir}/fastcgi";
+    uwsgi_temp_path "{dir}/uwsgi";
+    scgi_temp_path "{dir}/scgi";
+    client_max_body_size 0;
+    # The bench's one client connection stays open for the whole run (the default closes it
+    # after 1000 requests).
+    keepalive_requests 1000000000;
+    keepalive_timeout 600s;
+    http2_max_concurrent_streams 1024;
+    upstream echo {{
+        server {upstream};
+        # nginx sends one call per upstream connection: keep enough of them open for the
+        # highest concurrency, and never close them for their request count or idleness.
+        keepalive 1024;
+        keepalive_requests 1000000000;
+        keepalive_timeout 600s;
+    }}
+    server {{
+        listen 127.0.0.1:{port} http2;
+        location / {{
+            grpc_pass grpc://echo;
+        }}
+    }}
+}}
+"#
+    )
+}
+
+/// HAProxy's configuration: an h2c frontend on 127.0.0.1:`port` and one h2c server,
+/// `upstream`, whose connections are shared by concurrent calls.
+fn haproxy_config(port: u16, upstream: std::net::SocketAddr) -> String {
+    format!(
+        r#"# Generated by reach-bench router for the `haproxy` mode.
+global
+    # One thread, as nginx has one worker: the client's one connection is served by the
+    # thread that accepted it.
+    nbthread 1
+    tune.h2.max-concurrent-streams 1024
+defaults
+    mode http
+    timeout connect 5s
+    timeout client 600s
+    timeout server 600s
+frontend grpc
+    bind 127.0.0.1:{port} proto h2
+    default_backend echo
+backend echo
+    http-reuse always
+    server echo {upstream} proto h2
+"#
+    )
+}
+
+// === impl ChildProcess ===
+
+/// A child process of the bench (nats-server, nginx, HAProxy) with its scratch directory
+/// (configuration, logs, pid and temp files). Dropping it — also on an early error return or
+/// a signal — kills the process, reaps it and removes the directory.
+struct ChildProcess {
+    child: std::process::Child,
+    /// For errors: what the process is.
+    name: &'static str,
+    /// The logs quoted when it fails to start: its stderr, plus any it writes itself.
+    logs: Vec<std::path::PathBuf>,
+    /// Removed after the process is killed (fields drop after [`Drop::drop`]).
+    _dir: tempfile::TempDir,
+}
+
+impl ChildProcess {
+    /// Spawns `command` with stdout discarded and stderr into `dir`'s `stderr.log`.
+    ///
+    /// # Errors
+    /// When the binary is not installed (the error says `install` and `skip`, the flag that
+    /// skips its modes) or cannot be started.
+    fn spawn(
+        name: &'static str,
+        install: &str,
+        skip: &str,
+        mut command: std::process::Command,
+        dir: tempfile::TempDir,
+        logs: &[std::path::PathBuf],
+    ) -> anyhow::Result<Self> {
+        let stderr_path = dir.path().join("stderr.log");
+        let stderr = std::fs::File::create(&stderr_path)
+            .with_context(|| format!("cannot create {}", stderr_path.display()))?;
+        let child = command
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(stderr)
+            .spawn()
+            .map_err(|e| {
+                let program = command.get_program().to_string_lossy().into_owned();
+                if e.kind() == std::io::ErrorKind::NotFound {
+                    anyhow::anyhow!(
+                        "{name} is not installed ({program} not found): {install}, or pass {skip}"
+                    )
+                } else {
+                    anyhow::Error::new(e).context(format!("cannot start {name} ({program})"))
+                }
+            })?;
+        let mut all_logs = vec![stderr_path];
+        all_logs.extend_from_slice(logs);
+        Ok(Self {
+            child,
+            name,
+            logs: all_logs,
+            _dir: dir,
+        })
+    }
+
+    /// The process id, for its CPU time.
+    fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Waits, at most 10 s, until 127.0.0.1:`port` accepts connections.
+    ///
+    /// # Errors
+    /// When the process exits first or the port is still closed after 10 s; the error quotes
+    /// the process's logs.
+    async fn wait_for_port(&mut self, port: u16) -> anyhow::Result<()> {
+        const PATIENCE: Duration = Duration::from_secs(10);
+        let deadline = Instant::now() + PATIENCE;
+        loop {
+            if let Some(status) = self.child.try_wait()? {
+                bail!(
+                    "{} exited ({status}) before it accepted connections on 127.0.0.1:{port}{}",
+                    self.name,
+                    self.log_text()
+                );
+            }
+            if tokio::net::TcpStream::connect(("127.0.0.1", port))
+                .await
+                .is_ok()
+            {
+                return Ok(());
+            }
+            if Instant::now() >= deadline {
+                bail!(
+                    "{} did not accept connections on 127.0.0.1:{port} within {}{}",
+                    self.name,
+                    humantime::format_duration(PATIENCE),
+                    self.log_text()
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// The non-empty logs, each under its path, for an error message.
+    fn log_text(&self) -> String {
+        use std::fmt::Write as _;
+        let mut out = String::new();
+        for path in &self.logs {
+            let text = std::fs::read_to_string(path).unwrap_or_default();
+            if !text.trim().is_empty() {
+                let _ = write!(out, "\n{}:\n{}", path.display(), text.trim_end());
+            }
+        }
+        out
+    }
+}
+
+impl Drop for ChildProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A fresh scratch directory for a child process (`reach-bench-<name>-…` in the temp dir).
+fn scratch_dir(name: &str) -> anyhow::Result<tempfile::TempDir> {
+    tempfile::Builder::new()
+        .prefix(&format!("reach-bench-{name}-"))
+        .tempdir()
+        .with_context(|| format!("cannot create a scratch directory for {name}"))
+}
+
+/// A 127.0.0.1 port free a moment ago, for a child process to listen on.
+fn free_port() -> anyhow::Result<u16> {
+    let probe = std::net::TcpListener::bind("127.0.0.1:0")?;
+    Ok(probe.local_addr()?.port())
+}
+
+/// `name` on `PATH`, else in the sbin directories a non-root `PATH` leaves out (Debian
+/// installs nginx and HAProxy in `/usr/sbin`); `name` itself when nowhere, so that spawning
+/// it reports it missing.
+fn find_program(name: &str) -> std::path::PathBuf {
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    std::env::split_paths(&path)
+        .chain(["/usr/local/sbin", "/usr/sbin", "/sbin"].map(std::path::PathBuf::from))
+        .map(|dir| dir.join(name))
+        .find(|candidate| candidate.is_file())
+        .unwrap_or_else(|| name.into())
+}
+
+/// Whether this process runs with effective user id 0 (the `Uid:` line of
+/// `/proc/self/status`: real, effective, saved, filesystem).
+fn running_as_root() -> bool {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|status| {
+            status
+                .lines()
+                .find_map(|line| line.strip_prefix("Uid:"))
+                .and_then(|ids| ids.split_whitespace().nth(1).map(|euid| euid == "0"))
+        })
+        .unwrap_or(false)
+}
+
+/// The child processes a run compares the mesh with; `None` for those not started.
+#[derive(Clone, Copy, Default)]
+struct Peers<'a> {
+    nats: Option<&'a Nats>,
+    nginx: Option<&'a Proxy>,
+    haproxy: Option<&'a Proxy>,
+}
+
+/// Measures every wanted mode on `mesh` (and `peers`) for each payload and concurrency.
 async fn measure_all(
     mesh: &Mesh,
-    nats: Option<&Nats>,
+    peers: Peers<'_>,
     wanted: &dyn Fn(&str) -> bool,
     payloads: &[usize],
     concurrencies: &[usize],
@@ -1005,20 +1515,7 @@ async fn measure_all(
                 duration,
             };
             if wanted("direct") {
-                let direct = mesh.direct.clone();
-                cells.push(
-                    measure("direct", shape, None, move |m| {
-                        let mut client = direct.clone();
-                        async move {
-                            let reply = client
-                                .handle(HandleRequest { message: Some(m) })
-                                .await
-                                .map_err(|s| s.to_string())?;
-                            echoed(reply.into_inner().message, payload)
-                        }
-                    })
-                    .await,
-                );
+                cells.push(measure_handle("direct", shape, None, &mesh.direct).await);
             }
             if wanted("direct-mux") {
                 let link = mesh.direct_mux.clone();
@@ -1056,10 +1553,14 @@ async fn measure_all(
                     .await,
                 );
             }
-            if let Some(nats) = nats {
+            for proxy in [peers.nginx, peers.haproxy].into_iter().flatten() {
+                let (mode, pid) = (proxy.kind.mode(), proxy.process.pid());
+                cells.push(measure_handle(mode, shape, Some(pid), &proxy.client).await);
+            }
+            if let Some(nats) = peers.nats {
                 let client = nats.client.clone();
                 cells.push(
-                    measure("nats", shape, Some(nats.pid), move |m| {
+                    measure("nats", shape, Some(nats.process.pid()), move |m| {
                         let client = client.clone();
                         async move {
                             let reply = client
@@ -1093,6 +1594,29 @@ async fn measure_all(
         }
     }
     cells
+}
+
+/// Measures unary `AgentService.Handle` calls on `client` (to the echo agent, directly or
+/// through a proxy whose CPU time `proxy_pid` adds to the cell's).
+async fn measure_handle(
+    mode: &'static str,
+    shape: Shape,
+    proxy_pid: Option<u32>,
+    client: &AgentServiceClient<tonic::transport::Channel>,
+) -> Cell {
+    let client = client.clone();
+    let payload = shape.payload;
+    measure(mode, shape, proxy_pid, move |m| {
+        let mut client = client.clone();
+        async move {
+            let reply = client
+                .handle(HandleRequest { message: Some(m) })
+                .await
+                .map_err(|s| s.to_string())?;
+            echoed(reply.into_inner().message, payload)
+        }
+    })
+    .await
 }
 
 /// The mTLS cells next to the plaintext ones of the same mode, payload and concurrency, with
@@ -1149,4 +1673,96 @@ fn render_mtls(plaintext: &[Cell], mtls: &[Cell]) -> String {
         );
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cell(mode: &'static str, concurrency: usize, rps: f64, p50_us: f64) -> Cell {
+        Cell {
+            mode,
+            payload: 4096,
+            concurrency,
+            rps,
+            p50_us,
+            p99_us: p50_us * 2.0,
+            cpu_us: 10.0,
+            errors: 0,
+        }
+    }
+
+    #[test]
+    fn nginx_config_listens_h2c_and_names_a_user_only_as_root() {
+        let upstream: std::net::SocketAddr = "127.0.0.1:4321".parse().unwrap();
+        let dir = std::path::Path::new("/tmp/scratch");
+        let conf = nginx_config(dir, 1234, upstream, true);
+        assert!(conf.contains("listen 127.0.0.1:1234 http2;"), "{conf}");
+        assert!(conf.contains("server 127.0.0.1:4321;"), "{conf}");
+        assert!(conf.contains("grpc_pass grpc://echo;"), "{conf}");
+        assert!(conf.contains("\nuser root;\n"), "{conf}");
+        assert!(conf.contains("pid \"/tmp/scratch/nginx.pid\";"), "{conf}");
+        let conf = nginx_config(dir, 1234, upstream, false);
+        assert!(!conf.contains("user "), "{conf}");
+    }
+
+    #[test]
+    fn haproxy_config_speaks_h2_on_both_sides() {
+        let upstream: std::net::SocketAddr = "127.0.0.1:4321".parse().unwrap();
+        let conf = haproxy_config(1234, upstream);
+        assert!(conf.contains("bind 127.0.0.1:1234 proto h2"), "{conf}");
+        assert!(
+            conf.contains("server echo 127.0.0.1:4321 proto h2"),
+            "{conf}"
+        );
+        assert!(conf.contains("mode http"), "{conf}");
+    }
+
+    #[test]
+    fn the_proxy_goal_line_names_what_is_missed() {
+        let cells = [
+            cell("direct", 1, 10_000.0, 100.0),
+            cell("router", 1, 5_000.0, 200.0),
+            cell("nginx", 1, 6_000.0, 150.0),
+            cell("haproxy", 1, 4_000.0, 250.0),
+            cell("router", 8, 9_000.0, 0.0),
+            cell("nginx", 8, 8_000.0, 0.0),
+            cell("haproxy", 8, 7_000.0, 0.0),
+            cell("router", 64, 9_000.0, 0.0),
+            cell("nginx", 64, 9_500.0, 0.0),
+            cell("haproxy", 64, 7_000.0, 0.0),
+        ];
+        let line = render_proxy_goal(&cells);
+        assert!(
+            line.contains("p50 over direct at c=1: router +100 µs, nginx +50 µs, haproxy +150 µs"),
+            "{line}"
+        );
+        assert!(
+            line.contains("vs nginx not met (c=1 p50, c=64 req/s)"),
+            "{line}"
+        );
+        assert!(line.contains("vs haproxy met"), "{line}");
+        assert!(render_proxy_goal(&cells[..2]).is_empty());
+    }
+
+    #[test]
+    fn a_missing_proxy_binary_names_its_package() {
+        let dir = scratch_dir("missing").unwrap();
+        let command = std::process::Command::new("/nonexistent/reach-bench-no-such-proxy");
+        let error = ChildProcess::spawn(
+            "nginx",
+            ProxyKind::Nginx.install(),
+            "--no-proxies",
+            command,
+            dir,
+            &[],
+        )
+        .err()
+        .expect("a missing binary fails to spawn")
+        .to_string();
+        assert!(
+            error.contains("nginx-light") && error.contains("--no-proxies"),
+            "{error}"
+        );
+    }
 }
