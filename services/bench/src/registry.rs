@@ -5,7 +5,9 @@
 //! Watch streams, each on its own connection as routers hold them, connected before anything
 //! registers; then `N` instances over `C` capabilities (instance `i` declares capability
 //! `i mod C`, with a description and a small input schema, as agents do) registered by 64
-//! concurrent callers. It prints:
+//! concurrent callers, twice, each on a fresh registry: as a burst (every instance at once, as
+//! when a whole fleet starts) and paced at a steady 1,000 registrations a second (churn). It
+//! prints, for each, side by side:
 //! - Register latency (call to answer), p50 / p99 / max;
 //! - register → routable: from sending Register to each watcher receiving the instance's
 //!   READY upsert (a router applies it to its routing table on receipt), p50 / p99 / max over
@@ -16,7 +18,8 @@
 //!   its watch history and the watchers' buffers; `/proc/self/statm`).
 //!
 //! The last line is `registry_register_to_routable_p99_ms=<n> registry_fanout_p99_ms=<n>
-//! registry_bytes_per_instance=<n>` for tracking from run to run.
+//! registry_bytes_per_instance=<n>` (the paced phase's latencies, the burst's memory) for
+//! tracking from run to run.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -36,8 +39,10 @@ use tokio::net::TcpListener;
 use tokio::time::Instant;
 use tonic::transport::Channel;
 
-/// How many Register calls are in flight at once.
+/// How many Register calls are in flight at once (at most).
 const REGISTRARS: usize = 64;
+/// The paced phase's registrations per second.
+const PACED_PER_SECOND: u32 = 1_000;
 
 /// The scale to measure at.
 #[derive(Debug, Clone, Copy)]
@@ -65,6 +70,17 @@ impl Scale {
     };
 }
 
+/// One phase's figures.
+struct Phase {
+    registered_in: Duration,
+    register: Histogram<u64>,
+    routable: Histogram<u64>,
+    fanout: Histogram<u64>,
+    snapshot_bytes: usize,
+    snapshot_took: Duration,
+    bytes_per_instance: u64,
+}
+
 /// Runs the benchmark at `scale` and prints the report to stdout.
 ///
 /// # Errors
@@ -73,6 +89,66 @@ pub async fn run(scale: Scale) -> anyhow::Result<()> {
     if scale.instances == 0 || scale.capabilities == 0 || scale.watchers == 0 {
         bail!("instances, capabilities and watchers must each be at least 1");
     }
+    let burst = phase(scale, None).await?;
+    let paced = phase(scale, Some(PACED_PER_SECOND)).await?;
+    let phases = [("burst", &burst), ("paced", &paced)];
+
+    let ms = |h: &Histogram<u64>, q: f64| h.value_at_quantile(q) as f64 / 1000.0;
+    println!(
+        "registry (in-memory): {} instances over {} capabilities, {} watchers, up to {REGISTRARS} registrations in flight",
+        scale.instances, scale.capabilities, scale.watchers
+    );
+    for (name, phase) in phases {
+        println!(
+            "{name}: registered in {:.2} s ({:.0} registrations/s)",
+            phase.registered_in.as_secs_f64(),
+            scale.instances as f64 / phase.registered_in.as_secs_f64()
+        );
+    }
+    println!(
+        "{:<34} {:>27} {:>27}",
+        "ms: p50 / p99 / max", "burst", "paced (1,000/s)"
+    );
+    let cell = |h: &Histogram<u64>| {
+        format!(
+            "{:.2} / {:.2} / {:.2}",
+            ms(h, 0.5),
+            ms(h, 0.99),
+            h.max() as f64 / 1000.0
+        )
+    };
+    let row = |name: &str, of: fn(&Phase) -> &Histogram<u64>| {
+        println!(
+            "{name:<34} {:>27} {:>27}",
+            cell(of(&burst)),
+            cell(of(&paced))
+        );
+    };
+    row("register (call to answer)", |p| &p.register);
+    row("register -> routable (per watcher)", |p| &p.routable);
+    row("watch fan-out (first to last)", |p| &p.fanout);
+    println!(
+        "snapshot for a new watcher: {} instances, {} KiB, {:.1} ms",
+        scale.instances,
+        burst.snapshot_bytes / 1024,
+        burst.snapshot_took.as_secs_f64() * 1000.0
+    );
+    println!(
+        "resident memory: {} bytes per instance (table, watch history, watchers' buffers)",
+        burst.bytes_per_instance
+    );
+    println!(
+        "registry_register_to_routable_p99_ms={:.1} registry_fanout_p99_ms={:.1} registry_bytes_per_instance={}",
+        ms(&paced.routable, 0.99),
+        ms(&paced.fanout, 0.99),
+        burst.bytes_per_instance
+    );
+    Ok(())
+}
+
+/// One phase on a fresh registry: registrations as fast as [`REGISTRARS`] callers go, or
+/// `paced` a second.
+async fn phase(scale: Scale, paced: Option<u32>) -> anyhow::Result<Phase> {
     let rss_before = resident_bytes()?;
     let registry = Registry::new(RegistryConfig {
         health_probe: false,
@@ -150,6 +226,10 @@ pub async fn run(scale: Scale) -> anyhow::Result<()> {
                     instance: Some(spec(index, scale.capabilities)),
                     lease_ttl: None,
                 };
+                if let Some(per_second) = paced {
+                    let due = Duration::from_secs(1) * u32::try_from(index)? / per_second;
+                    tokio::time::sleep_until(started + due).await;
+                }
                 sent[index].store(nanos_since(epoch), Ordering::Relaxed);
                 let call = Instant::now();
                 client
@@ -198,44 +278,15 @@ pub async fn run(scale: Scale) -> anyhow::Result<()> {
     shutdown.cancel();
     let _ = serving.await;
 
-    let ms = |h: &Histogram<u64>, q: f64| h.value_at_quantile(q) as f64 / 1000.0;
-    let row = |name: &str, h: &Histogram<u64>| {
-        println!(
-            "{name:<34} {:>9.2} {:>9.2} {:>9.2}",
-            ms(h, 0.5),
-            ms(h, 0.99),
-            h.max() as f64 / 1000.0
-        );
-    };
-    println!(
-        "registry (in-memory): {} instances over {} capabilities, {} watchers, {REGISTRARS} registrars",
-        scale.instances, scale.capabilities, scale.watchers
-    );
-    println!(
-        "registered in {:.2} s ({:.0} registrations/s)",
-        registered_in.as_secs_f64(),
-        scale.instances as f64 / registered_in.as_secs_f64()
-    );
-    println!("{:<34} {:>9} {:>9} {:>9}", "ms", "p50", "p99", "max");
-    row("register (call to answer)", &register);
-    row("register -> routable (per watcher)", &routable);
-    row("watch fan-out (first to last)", &fanout);
-    println!(
-        "snapshot for a new watcher: {} instances, {} KiB, {:.1} ms",
-        scale.instances,
-        snapshot_bytes / 1024,
-        snapshot_took.as_secs_f64() * 1000.0
-    );
-    println!(
-        "resident memory: +{} MiB, {per_instance} bytes per instance (table, watch history, watchers' buffers)",
-        rss_after.saturating_sub(rss_before) >> 20
-    );
-    println!(
-        "registry_register_to_routable_p99_ms={:.1} registry_fanout_p99_ms={:.1} registry_bytes_per_instance={per_instance}",
-        ms(&routable, 0.99),
-        ms(&fanout, 0.99)
-    );
-    Ok(())
+    Ok(Phase {
+        registered_in,
+        register,
+        routable,
+        fanout,
+        snapshot_bytes,
+        snapshot_took,
+        bytes_per_instance: per_instance,
+    })
 }
 
 /// Instance `index`'s registration: service `bench-<index mod 100>`, one capability.

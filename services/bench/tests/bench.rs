@@ -1,5 +1,6 @@
-//! The benchmarks run end to end: each path reaches its agent and the report holds its rows
-//! and its tracking line. Not a performance check: a debug build's figures mean nothing.
+//! The benchmarks run end to end: each path reaches its agent (each watcher every instance)
+//! and the report holds its rows and its tracking line. Not a performance check: a debug
+//! build's figures mean nothing.
 
 use std::process::Command;
 
@@ -52,6 +53,33 @@ fn bench_router_quick_measures_every_requested_path_without_errors() {
             && tracking.contains(" router_vs_direct_rps=")
             && tracking.contains(" router_vs_nats_rps=n/a ")
             && tracking.ends_with("router_vs_nginx_rps=n/a router_vs_haproxy_rps=n/a"),
+        "the last line is the tracking line: {tracking}"
+    );
+}
+
+#[test]
+fn bench_registry_quick_sees_every_instance_at_every_watcher() {
+    // The bench fails unless every watcher receives every instance's READY upsert.
+    let output = Command::new(env!("CARGO_BIN_EXE_reach-bench"))
+        .args(["registry", "--quick"])
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert!(
+        stdout.contains("1000 instances over 100 capabilities, 10 watchers")
+            && stdout.contains("snapshot for a new watcher: 1000 instances"),
+        "{stdout}"
+    );
+    let tracking = stdout.lines().last().unwrap_or_default();
+    assert!(
+        tracking.starts_with("registry_register_to_routable_p99_ms=")
+            && tracking.contains(" registry_fanout_p99_ms=")
+            && tracking.contains(" registry_bytes_per_instance="),
         "the last line is the tracking line: {tracking}"
     );
 }
