@@ -129,6 +129,10 @@ export class RpcChannel {
     this.#client = new grpc.Client(parsed.target, credentials, {
       "grpc.max_receive_message_length": maxMessageBytes,
       "grpc.max_send_message_length": maxMessageBytes,
+      // Reconnects back off from 20 ms to at most 1 s (grpc-js defaults to 1 s growing to
+      // 120 s): a registry or router back from an outage is reached within a second.
+      "grpc.initial_reconnect_backoff_ms": 20,
+      "grpc.max_reconnect_backoff_ms": 1000,
       ...channelOptions(security.tls),
     });
     const token = security.token?.trim();

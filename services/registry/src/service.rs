@@ -27,6 +27,8 @@ pub struct RegistryGrpc {
     registry: Registry,
     trust: Arc<Trust>,
     used_tokens: Arc<UsedTokens>,
+    /// Permits for open Watch streams ([`MAX_WATCHES`]).
+    watches: Arc<tokio::sync::Semaphore>,
 }
 
 impl RegistryGrpc {
@@ -36,6 +38,7 @@ impl RegistryGrpc {
             registry,
             trust: Trust::disabled(),
             used_tokens: Arc::default(),
+            watches: Arc::new(tokio::sync::Semaphore::new(MAX_WATCHES)),
         }
     }
 
@@ -258,6 +261,11 @@ impl RegistryGrpc {
     }
 }
 
+/// The most Watch streams a registry serves at once (routers hold one each).
+pub const MAX_WATCHES: usize = 1024;
+/// How many events wait, copied, for one watcher to take them.
+const WATCH_SEND_BUFFER: usize = 16;
+
 /// The longest `epoch` a Watch request may carry (epochs are 32 hex digits).
 const MAX_EPOCH_BYTES: usize = 128;
 
@@ -280,8 +288,10 @@ fn redact(instance: &mut reach_proto::v1::Instance) {
 }
 
 /// Redacts every instance an event carries.
-fn redact_event(mut event: WatchResponse) -> WatchResponse {
+/// A shared event as one watcher is sent it: copied, with every lease id redacted.
+fn redact_event(event: &WatchResponse) -> WatchResponse {
     use reach_proto::v1::watch_response::Event;
+    let mut event = event.clone();
     match event.event.as_mut() {
         Some(Event::Snapshot(snapshot)) => snapshot.instances.iter_mut().for_each(redact),
         Some(Event::Upserted(instance) | Event::Removed(instance)) => redact(instance),
@@ -410,12 +420,20 @@ impl RegistryService for RegistryGrpc {
                 after_revision: request.after_revision,
             }
         };
+        let Ok(slot) = Arc::clone(&self.watches).try_acquire_owned() else {
+            return Err(Status::resource_exhausted(format!(
+                "the registry serves {MAX_WATCHES} Watch streams already; close unused watches (each router needs one), or spread watchers over more registry replicas"
+            )));
+        };
         let (first, mut events) = self.registry.watch_from(from);
-        let (tx, rx) = mpsc::channel(256);
+        // Events are copied (redacted) as the watcher takes them: one that reads slowly holds
+        // at most this many copies, the shared history and buffer hold the rest.
+        let (tx, rx) = mpsc::channel(WATCH_SEND_BUFFER);
         let registry = self.registry.clone();
         tokio::spawn(async move {
+            let _slot = slot;
             for event in first {
-                if tx.send(Ok(redact_event(event))).await.is_err() {
+                if tx.send(Ok(redact_event(&event))).await.is_err() {
                     return;
                 }
             }
@@ -436,7 +454,7 @@ impl RegistryService for RegistryGrpc {
                     Err(broadcast::error::RecvError::Closed) => return,
                 };
                 for event in sent {
-                    if tx.send(Ok(redact_event(event))).await.is_err() {
+                    if tx.send(Ok(redact_event(&event))).await.is_err() {
                         return;
                     }
                 }

@@ -21,6 +21,8 @@ const WATCH_BUFFER: usize = 4096;
 /// How many of the latest events the registry keeps for watchers that resume after a
 /// reconnect ([`WatchFrom::Resume`]); one further back is sent a snapshot.
 pub const WATCH_HISTORY: usize = 4096;
+/// The most the kept events may hold together, in bytes (encoded): large events keep fewer.
+pub const WATCH_HISTORY_BYTES: usize = 16 * 1024 * 1024;
 /// How many registrations' descriptors are checked (schemas compiled) at once, off the
 /// async workers: at most one core goes to schema checking.
 const CONCURRENT_CHECKS: usize = 1;
@@ -47,7 +49,7 @@ struct Inner {
     closed: tokio_util::sync::CancellationToken,
     /// Every change, in revision order. Sent while the table lock is held, so a watcher that
     /// subscribes under the lock sees exactly the changes after its snapshot.
-    events: broadcast::Sender<WatchResponse>,
+    events: broadcast::Sender<Arc<WatchResponse>>,
     /// Permits to check descriptors on the blocking pool ([`CONCURRENT_CHECKS`]).
     checks: Arc<Semaphore>,
 }
@@ -60,9 +62,12 @@ struct Table {
     drained_leases: HashMap<String, Instant>,
     /// Increases by one with every change.
     revision: u64,
-    /// The latest [`WATCH_HISTORY`] events, oldest first, one per revision: what a resumed
-    /// watch replays.
-    history: VecDeque<WatchResponse>,
+    /// The latest events (at most [`WATCH_HISTORY`], [`WATCH_HISTORY_BYTES`] together),
+    /// oldest first, one per revision, each with its encoded size: what a resumed watch
+    /// replays. Shared with the broadcast: a replay copies no event.
+    history: VecDeque<(Arc<WatchResponse>, usize)>,
+    /// The encoded bytes `history` holds.
+    history_bytes: usize,
 }
 
 impl Table {
@@ -697,7 +702,7 @@ impl Registry {
 
     /// Starts a watch: the snapshot at the current revision and a receiver of every later
     /// change, with no gap and no overlap between the two.
-    pub fn watch(&self) -> (WatchResponse, broadcast::Receiver<WatchResponse>) {
+    pub fn watch(&self) -> (WatchResponse, broadcast::Receiver<Arc<WatchResponse>>) {
         let table = self.table();
         let receiver = self.inner.events.subscribe();
         (self.snapshot_of(&table, SnapshotCause::Start), receiver)
@@ -713,10 +718,13 @@ impl Registry {
     pub fn watch_from(
         &self,
         from: WatchFrom<'_>,
-    ) -> (Vec<WatchResponse>, broadcast::Receiver<WatchResponse>) {
+    ) -> (
+        Vec<Arc<WatchResponse>>,
+        broadcast::Receiver<Arc<WatchResponse>>,
+    ) {
         let table = self.table();
         let receiver = self.inner.events.subscribe();
-        let snapshot = |cause| vec![self.snapshot_of(&table, cause)];
+        let snapshot = |cause| vec![Arc::new(self.snapshot_of(&table, cause))];
         let first = match from {
             WatchFrom::Snapshot => snapshot(SnapshotCause::Start),
             WatchFrom::Lagged => snapshot(SnapshotCause::Lagged),
@@ -733,13 +741,13 @@ impl Registry {
                     && table
                         .history
                         .front()
-                        .is_some_and(|oldest| oldest.revision <= after_revision + 1);
+                        .is_some_and(|(oldest, _)| oldest.revision <= after_revision + 1);
                 if covered {
                     table
                         .history
                         .iter()
-                        .filter(|event| event.revision > after_revision)
-                        .cloned()
+                        .filter(|(event, _)| event.revision > after_revision)
+                        .map(|(event, _)| Arc::clone(event))
                         .collect()
                 } else {
                     snapshot(SnapshotCause::Compacted)
@@ -790,10 +798,17 @@ impl Registry {
             epoch: self.inner.epoch.clone(),
             event: Some(event),
         };
-        if table.history.len() == WATCH_HISTORY {
-            table.history.pop_front();
+        let event = Arc::new(event);
+        let bytes = prost::Message::encoded_len(&*event);
+        table.history.push_back((Arc::clone(&event), bytes));
+        table.history_bytes += bytes;
+        while table.history.len() > WATCH_HISTORY
+            || (table.history_bytes > WATCH_HISTORY_BYTES && table.history.len() > 1)
+        {
+            if let Some((_, dropped)) = table.history.pop_front() {
+                table.history_bytes -= dropped;
+            }
         }
-        table.history.push_back(event.clone());
         // No receivers is fine: nobody watches yet.
         let _ = self.inner.events.send(event);
     }
@@ -1111,7 +1126,7 @@ mod tests {
     }
 
     /// The kind and revision of each event (`snapshot:<cause>` for a snapshot).
-    fn kinds(events: &[WatchResponse]) -> Vec<(String, u64)> {
+    fn kinds(events: &[Arc<WatchResponse>]) -> Vec<(String, u64)> {
         events
             .iter()
             .map(|e| {
@@ -1206,6 +1221,47 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
+    async fn the_watch_history_is_bounded_in_bytes_as_well_as_in_events() {
+        let registry = registry(false);
+        let epoch = registry.epoch().to_string();
+        // Events of about 16 KiB each (labels at their limit): 16 MiB holds about a thousand.
+        let big = |id: &str| InstanceSpec {
+            labels: [("note".to_string(), "x".repeat(16 * 1024 - 8))].into(),
+            ..spec(id)
+        };
+        for i in 0..1200 {
+            registry.register(big(&format!("i{i}")), None).unwrap();
+        }
+        let table = registry.table();
+        assert!(
+            table.history.len() < 1100,
+            "{} events kept",
+            table.history.len()
+        );
+        assert!(table.history_bytes <= WATCH_HISTORY_BYTES);
+        let oldest = table.history.front().unwrap().0.revision;
+        drop(table);
+        let resume = |after_revision| {
+            kinds(
+                &registry
+                    .watch_from(WatchFrom::Resume {
+                        epoch: &epoch,
+                        after_revision,
+                    })
+                    .0,
+            )
+        };
+        assert_eq!(
+            resume(oldest - 2),
+            [("snapshot SNAPSHOT_CAUSE_COMPACTED".to_string(), 1200)]
+        );
+        assert_eq!(
+            resume(oldest - 1).len(),
+            usize::try_from(1201 - oldest).unwrap()
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
     async fn every_change_is_one_revision_and_watchers_see_it_after_their_snapshot() {
         let registry = registry(true);
         let lease = registry.register(spec("a"), None).unwrap().lease_id;
@@ -1219,6 +1275,7 @@ mod tests {
 
         let mut seen = Vec::new();
         while let Ok(event) = events.try_recv() {
+            let event = Arc::unwrap_or_clone(event);
             let (kind, instance) = match event.event.unwrap() {
                 Event::Upserted(i) => ("upserted", i),
                 Event::Removed(i) => ("removed", i),
@@ -1377,7 +1434,7 @@ mod tests {
         };
         shown.extend(snapshot.instances);
         while let Ok(event) = events.try_recv() {
-            match event.event.unwrap() {
+            match Arc::unwrap_or_clone(event).event.unwrap() {
                 Event::Upserted(i) | Event::Removed(i) => shown.push(i),
                 Event::Snapshot(_) => unreachable!(),
             }

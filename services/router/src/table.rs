@@ -545,6 +545,9 @@ impl RoutingTable {
                 return;
             }
             state.unconfirmed.remove(&id);
+            if state.unconfirmed.is_empty() {
+                info!("every instance kept through the registry restart is registered again");
+            }
         }
         if let Some(member) = state.members.get(&id) {
             if routable && member.spec == spec {

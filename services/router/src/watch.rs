@@ -13,7 +13,8 @@ use tracing::{info, warn};
 use crate::table::RoutingTable;
 
 /// Watches the registry at `table.config().registry_endpoint` forever, applying every event.
-/// After a broken stream it reconnects (20 ms doubling to 2 s) and resumes after the last
+/// After a broken stream it reconnects (20 ms doubling to 2 s, jittered ±50 %, starting over
+/// after every stream that delivered events) and resumes after the last
 /// revision it applied: the registry replays the events missed, or sends a snapshot (of a new
 /// epoch when it lost its state, see [`RoutingTable::apply_snapshot`]), so the table converges
 /// to the registry after any outage. Also runs the expiry of instances kept unconfirmed
@@ -26,19 +27,34 @@ pub async fn follow_registry(table: Arc<RoutingTable>) {
     let endpoint = table.config().registry_endpoint.clone();
     let mut backoff = Backoff::doubling(Duration::from_millis(20), Duration::from_secs(2));
     loop {
-        match watch_once(&table, &endpoint).await {
-            Ok(()) => warn!(registry = %endpoint, "registry watch ended; reconnecting"),
-            Err(error) => {
-                warn!(registry = %endpoint, %error, "registry watch failed; reconnecting")
-            }
+        let mut received = false;
+        let ended = watch_once(&table, &endpoint, &mut received).await;
+        // A stream that delivered something was a success: the next break starts over at
+        // 20 ms. Jitter keeps a fleet of routers from reconnecting in step.
+        if received {
+            backoff.reset();
         }
-        backoff.wait().await;
+        let delay = backoff.next_delay_with_jitter(0.5, reach_rpc::backoff::uniform_unit());
+        match ended {
+            Ok(()) => {
+                warn!(registry = %endpoint, retry_in = ?delay, "registry watch ended; reconnecting")
+            }
+            Err(error) => warn!(
+                registry = %endpoint,
+                retry_in = ?delay,
+                error = %reach_rpc::errors::chain(&*error),
+                "registry watch failed; reconnecting"
+            ),
+        }
+        tokio::time::sleep(delay).await;
     }
 }
 
+/// One watch stream, applied until it ends; sets `received` once an event arrived.
 async fn watch_once(
     table: &RoutingTable,
     endpoint: &str,
+    received: &mut bool,
 ) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
     let channel = reach_rpc::http2::channel(
         &tonic::transport::Endpoint::from_shared(endpoint.to_string())?
@@ -59,6 +75,7 @@ async fn watch_once(
         .into_inner();
     info!(registry = %endpoint, after_revision, "watching registry");
     while let Some(event) = stream.message().await? {
+        *received = true;
         match event.event {
             Some(watch_response::Event::Snapshot(snapshot)) => {
                 table.apply_snapshot(event.revision, &event.epoch, snapshot.instances)

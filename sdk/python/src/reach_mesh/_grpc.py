@@ -70,8 +70,15 @@ def channel(
     """
     target, secure = target_of(endpoint)
     # One channel per client: a separate subchannel pool keeps clients in one process from
-    # sharing (and closing) each other's connections.
-    merged = [("grpc.use_local_subchannel_pool", 1), *options]
+    # sharing (and closing) each other's connections. Reconnects back off from 20 ms to at
+    # most 1 s (grpcio's default grows to 120 s): a registry or router back from an outage is
+    # reached within a second, so an agent registers again well within the routers' grace.
+    merged = [
+        ("grpc.use_local_subchannel_pool", 1),
+        ("grpc.initial_reconnect_backoff_ms", 20),
+        ("grpc.max_reconnect_backoff_ms", 1000),
+        *options,
+    ]
     credentials: grpc.ChannelCredentials | None = None
     if tls is not None:
         credentials = tls.channel_credentials()
