@@ -4,27 +4,33 @@
 
 use std::process::Command;
 
-#[test]
-fn bench_router_quick_measures_every_requested_path_without_errors() {
-    // Not a performance check: the figures of a debug build on a shared machine mean
-    // nothing. It checks that each path really reaches its agent and that the report holds.
+/// Runs `reach-bench ARGS`, asserts that it succeeded and returns its stdout.
+fn bench(args: &[&str]) -> String {
     let output = Command::new(env!("CARGO_BIN_EXE_reach-bench"))
-        .args([
-            "router",
-            "--quick",
-            "--no-nats",
-            "--no-proxies",
-            "--only",
-            "direct-mux,router-mux,router,sdk",
-        ])
+        .args(args)
         .output()
         .unwrap();
-    let stdout = String::from_utf8_lossy(&output.stdout);
+    let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
     assert!(
         output.status.success(),
         "{stdout}\n{}",
         String::from_utf8_lossy(&output.stderr)
     );
+    stdout
+}
+
+#[test]
+fn bench_router_quick_measures_every_requested_path_without_errors() {
+    // Not a performance check: the figures of a debug build on a shared machine mean
+    // nothing. It checks that each path really reaches its agent and that the report holds.
+    let stdout = bench(&[
+        "router",
+        "--quick",
+        "--no-nats",
+        "--no-proxies",
+        "--only",
+        "direct-mux,router-mux,router,sdk",
+    ]);
     let rows: Vec<Vec<&str>> = stdout
         .lines()
         .filter(|l| l.starts_with("| 4 KiB"))
@@ -60,16 +66,7 @@ fn bench_router_quick_measures_every_requested_path_without_errors() {
 #[test]
 fn bench_registry_quick_sees_every_instance_at_every_watcher() {
     // The bench fails unless every watcher receives every instance's READY upsert.
-    let output = Command::new(env!("CARGO_BIN_EXE_reach-bench"))
-        .args(["registry", "--quick"])
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    assert!(
-        output.status.success(),
-        "{stdout}\n{}",
-        String::from_utf8_lossy(&output.stderr)
-    );
+    let stdout = bench(&["registry", "--quick"]);
     assert!(
         stdout.contains("1000 instances over 100 capabilities, 10 watchers")
             && stdout.contains("snapshot for a new watcher: 1000 instances"),
