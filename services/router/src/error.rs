@@ -103,6 +103,17 @@ pub enum RouteError {
         readable(*.0)
     )]
     DeadlineExceeded(Duration),
+    /// The router has not applied a registry snapshot yet (it is starting, or cannot reach
+    /// the registry): it does not know whether anything serves the target. Nothing was sent.
+    #[error(
+        "the router has not synced with the registry at {registry} yet (it is starting, or cannot reach it), so it cannot tell who serves {key}; nothing was sent: retry shortly"
+    )]
+    NotSynced {
+        /// What the message addressed.
+        key: RouteKey,
+        /// The registry the router watches.
+        registry: String,
+    },
     /// The route had instances, but none became ready in time.
     #[error("no instance of {key} became ready within {waited:?}: {detail}; try again")]
     NoReadyInstance {
@@ -376,6 +387,13 @@ impl From<RouteError> for Status {
             RouteError::NoReadyInstance { .. } => {
                 status_with_reason(Code::Unavailable, message, reason::INSTANCE_UNAVAILABLE, [])
             }
+            // Not delivered, and likely to succeed soon: the reason callers already retry.
+            RouteError::NotSynced { registry, .. } => status_with_reason(
+                Code::Unavailable,
+                message,
+                reason::INSTANCE_UNAVAILABLE,
+                [("registry".to_string(), registry)],
+            ),
             RouteError::Overloaded { key, retry_after } => status_with_retry(
                 Code::Unavailable,
                 message,

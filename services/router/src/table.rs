@@ -308,6 +308,12 @@ impl RoutingTable {
     }
 
     fn not_found(&self, key: &RouteKey) -> RouteError {
+        if !*self.synced.borrow() {
+            return RouteError::NotSynced {
+                key: key.clone(),
+                registry: self.config.registry_endpoint.clone(),
+            };
+        }
         let (capabilities, services) = self.summary();
         let mut unroutable: Vec<(String, &'static str, String)> = {
             let state = self.state.read().unwrap_or_else(|p| p.into_inner());

@@ -696,3 +696,49 @@ async fn a_refused_payload_names_the_nested_property_and_the_keyword() {
         .expect("a valid payload goes through");
     assert_eq!(runs.load(Ordering::SeqCst), 1);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_router_that_has_not_synced_with_its_registry_says_so_and_that_nothing_was_sent() {
+    use reach_proto::v1::router_service_client::RouterServiceClient;
+    use reach_proto::v1::{CallRequest, Header, header};
+
+    // The registry is not there (yet): the router cannot know who serves anything.
+    let (registry, _) = dead_endpoint().await;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let router = reach_router::Router::new(RouterConfig {
+        registry_endpoint: registry.clone(),
+        ..RouterConfig::default()
+    })
+    .unwrap();
+    let watch = router.spawn_registry_watch();
+    let stop = tokio_util::sync::CancellationToken::new();
+    let server = router.add_to(reach_rpc::GrpcServer::new());
+    tokio::spawn(server.serve(listener, stop.clone().cancelled_owned()));
+    let mut client = RouterServiceClient::connect(url).await.unwrap();
+    let refused = client
+        .call(CallRequest {
+            message: Some(ReachMessage {
+                header: Some(Header {
+                    target: Some(header::Target::Capability("echo.say".into())),
+                    ..Default::default()
+                }),
+                payload: Some(Payload::text("echo.request", "hi")),
+            }),
+        })
+        .await
+        .unwrap_err();
+    // UNAVAILABLE with the not-delivered reason: callers retry it, unlike ROUTE_NOT_FOUND.
+    assert_eq!(refused.code(), Code::Unavailable, "{refused:?}");
+    assert_eq!(reason(&refused), "INSTANCE_UNAVAILABLE");
+    assert!(
+        refused
+            .message()
+            .contains("has not synced with the registry")
+            && refused.message().contains(&registry),
+        "{}",
+        refused.message()
+    );
+    stop.cancel();
+    watch.abort();
+}
