@@ -4,7 +4,7 @@
 #
 #   1. bases: the Dockerfile's public bases cannot be pulled, so local stand-ins are made from
 #      Debian's archive with debootstrap --variant=minbase bookworm (what debian:bookworm-slim
-#      is) and imported: a runtime base, and a builder base that adds gcc, libc6-dev and CA
+#      is) and imported: a runtime base, and a builder base that adds gcc, libc6-dev, protoc and CA
 #      certificates plus this machine's Rust toolchain (Debian's rustc is older than the
 #      workspace's rust-version). The toolchain is copied from `rustc --print sysroot` (a
 #      rustup toolchain is self-contained: rustc finds its libraries relative to its own
@@ -46,7 +46,7 @@ image="${REACH_IMAGE:-localhost/reach:ci}"
 mirror="${DEBIAN_MIRROR:-http://deb.debian.org/debian}"
 suite=bookworm
 # Raise it when the way a base is made changes, so existing bases are not reused.
-recipe=1
+recipe=2
 
 rebuild_bases=false
 case "${1:-}" in
@@ -161,8 +161,8 @@ fi
 if has_image "$builder_base"; then
     echo "== image: builder base $builder_base (kept)"
 else
-    step "builder base: minbase + gcc, libc6-dev, ca-certificates + rust $rust_version"
-    bootstrap builder "gcc,libc6-dev,ca-certificates"
+    step "builder base: minbase + gcc, libc6-dev, ca-certificates, protobuf-compiler + rust $rust_version"
+    bootstrap builder "gcc,libc6-dev,ca-certificates,protobuf-compiler"
     install -d "$work/builder/usr/local/rust" "$work/builder/usr/local/cargo"
     # This machine's trust store, so cargo reaches crates.io wherever the host does (through
     # a TLS-inspecting egress proxy, for one, whose CA the host trusts and Debian does not).

@@ -4,7 +4,7 @@
 # protobuf contracts and that the generated Python and TypeScript code is up to date, runs
 # every Rust test — unit tests and cross-service tests against real servers on 127.0.0.1
 # ephemeral ports (and a throwaway PostgreSQL on 127.0.0.1:5433 for the orchestrator's store
-# tests) — then the Python and TypeScript SDKs' tests against the `reach` binary it built,
+# tests, and etcd servers the registry's etcd tests start) — then the Python and TypeScript SDKs' tests against the `reach` binary it built,
 # and the helm chart's checks (lint, render, kubernetes-validate, invariants).
 set -euo pipefail
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -21,8 +21,10 @@ echo "== generated code (buf.gen.yaml: Python, TypeScript)"
 scripts/check-generated.sh
 echo "== postgresql (orchestrator store tests)"
 eval "$(scripts/start-postgres.sh)"
+echo "== etcd and protoc (the registry's etcd backend: built, and tested against real etcd)"
+eval "$(scripts/etcd-env.sh)"
 echo "== cargo test"
-cargo test --workspace --locked "$@"
+cargo test --workspace --locked --features reach/etcd,reach-registry/etcd "$@"
 # `cargo test` built target/debug/reach; the SDK suites run it as real processes.
 export REACH_BIN="$repo/target/debug/reach"
 scripts/test-python.sh

@@ -129,10 +129,12 @@ def scheme(values) -> str:
 def trust_external(values, manifests) -> set[tuple[str, str]]:
     """The Secrets and ConfigMaps of the trust values that exist outside the chart: the
     certificate Secrets (named, or written by the chart's cert-manager Certificates), the token
-    keys, an existing policy ConfigMap."""
+    keys, an existing policy ConfigMap, the registry's etcd client Secret."""
     trust = values.get("trust", {})
     found = {("Secret", trust.get("jwt", {}).get("secretName"))}
     found.add(("ConfigMap", trust.get("policy", {}).get("existingConfigMap")))
+    # The registry's client certificate for etcd is the etcd operator's to issue.
+    found.add(("Secret", values.get("registry", {}).get("etcd", {}).get("tlsSecret")))
     for workload in of_kind(manifests, "Deployment"):
         for volume in workload["spec"]["template"]["spec"].get("volumes", []):
             if volume["name"] == "tls":
@@ -456,6 +458,37 @@ def test_orchestrator_replicas_and_store_agree(case):
     else:
         assert "--store" not in container["args"]
         assert "secretKeyRef" in env["REACH_ORCHESTRATOR__STORE_URL"]["valueFrom"]
+
+
+def test_registry_replicas_and_backend_agree(case):
+    """Several registry replicas only on etcd, whose endpoints, prefix and TLS files reach the
+    registry as its settings; in memory, one replica and no etcd setting."""
+    values, manifests = case
+    registry = deployment(manifests, "registry")
+    spec = registry["spec"]["template"]["spec"]
+    (container,) = spec["containers"]
+    env = {e["name"]: e.get("value") for e in container.get("env", [])}
+    etcd = values.get("registry", {}).get("etcd", {})
+    if not etcd.get("endpoints"):
+        assert registry["spec"]["replicas"] == 1
+        assert not [name for name in env if name.startswith("REACH_REGISTRY__ETCD")]
+        assert "REACH_REGISTRY__BACKEND" not in env
+        return
+    assert registry["spec"]["replicas"] == values["registry"].get("replicas", 1)
+    assert env["REACH_REGISTRY__BACKEND"] == "etcd"
+    assert json.loads(env["REACH_REGISTRY__ETCD__ENDPOINTS"]) == etcd["endpoints"]
+    assert env["REACH_REGISTRY__ETCD__PREFIX"] == etcd.get("prefix", "/reach/registry/")
+    secret = etcd.get("tlsSecret")
+    volumes = {v["name"]: v for v in spec["volumes"]}
+    mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
+    if not secret:
+        assert "etcd-tls" not in volumes and "REACH_REGISTRY__ETCD__TLS__CA" not in env
+        return
+    assert volumes["etcd-tls"]["secret"]["secretName"] == secret
+    assert env["REACH_REGISTRY__ETCD__TLS__CA"] == f"{mounts['etcd-tls']}/ca.crt"
+    if etcd.get("tlsClientCert", True):
+        assert env["REACH_REGISTRY__ETCD__TLS__CERT"] == f"{mounts['etcd-tls']}/tls.crt"
+        assert env["REACH_REGISTRY__ETCD__TLS__KEY"] == f"{mounts['etcd-tls']}/tls.key"
 
 
 @pytest.mark.parametrize("file", BAD, ids=lambda f: f.name)

@@ -242,6 +242,7 @@ async fn a_draining_instance_finishes_its_call_and_receives_no_new_ones() {
         .plane
         .registry()
         .unwrap()
+        .view()
         .list("worker", "")
         .instances
         .into_iter()
@@ -303,7 +304,7 @@ async fn a_draining_instance_finishes_its_call_and_receives_no_new_ones() {
         "the in-flight call completed on the draining instance"
     );
     drain.await.unwrap().unwrap();
-    let registered = sandbox.plane.registry().unwrap().list("worker", "");
+    let registered = sandbox.plane.registry().unwrap().view().list("worker", "");
     assert_eq!(
         registered.instances.len(),
         1,
@@ -447,7 +448,7 @@ async fn an_instance_reports_each_running_message_once_in_its_load() {
         "one message in flight, counted once"
     );
     // The heartbeat (every third of the 1 s lease) reports the same load to the registry.
-    let registry = sandbox.plane.registry().unwrap().clone();
+    let registry = sandbox.plane.registry().unwrap().view().clone();
     eventually(Duration::from_secs(3), || {
         let registry = registry.clone();
         async move {

@@ -6,8 +6,10 @@
 //! registers; then `N` instances over `C` capabilities (instance `i` declares capability
 //! `i mod C`, with a description and a small input schema, as agents do) registered by 64
 //! concurrent callers, twice, each on a fresh registry: as a burst (every instance at once, as
-//! when a whole fleet starts) and paced at a steady 1,000 registrations a second (churn). It
-//! prints, for each, side by side:
+//! when a whole fleet starts) and paced at a steady 1,000 registrations a second (churn). Both
+//! phases run on each backend: in-memory, and etcd (an etcd the bench starts as a child process,
+//! a fresh key prefix per phase; skipped, saying so, when `etcd` is not installed or the bench
+//! was built without `--features etcd`). It prints, for each, side by side:
 //! - Register latency (call to answer), p50 / p99 / max;
 //! - register → routable: from sending Register to each watcher receiving the instance's
 //!   READY upsert (a router applies it to its routing table on receipt), p50 / p99 / max over
@@ -15,11 +17,14 @@
 //! - Watch fan-out: per event, from the first watcher's receipt to the last's, p50 / p99 / max;
 //! - the snapshot a new watcher gets with `N` instances: its bytes and how long it takes;
 //! - memory: the process's resident set growth per registered instance (the registry's table,
-//!   its watch history and the watchers' buffers; `/proc/self/statm`).
+//!   its watch history and the watchers' buffers; `/proc/self/statm`), and on etcd also etcd's
+//!   own growth (`/proc/<etcd>/statm`).
 //!
 //! The last line is `registry_register_to_routable_p99_ms=<n> registry_fanout_p99_ms=<n>
-//! registry_bytes_per_instance=<n>` (the paced phase's latencies, the burst's memory) for
-//! tracking from run to run.
+//! registry_bytes_per_instance=<n>` (in-memory: the paced phase's latencies, the burst's
+//! memory), followed by `registry_etcd_register_to_routable_p99_ms=<n>
+//! registry_etcd_fanout_p99_ms=<n> registry_etcd_etcd_bytes_per_instance=<n>` (etcd's own
+//! memory) when etcd ran, for tracking from run to run.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -33,7 +38,7 @@ use reach_proto::v1::registry_service_client::RegistryServiceClient;
 use reach_proto::v1::{
     Capability, InstanceSpec, InstanceState, RegisterRequest, WatchRequest, watch_response,
 };
-use reach_registry::{Registry, RegistryConfig, RegistryGrpc};
+use reach_registry::{Backend, RegistryConfig, RegistryGrpc};
 use reach_rpc::GrpcServer;
 use tokio::net::TcpListener;
 use tokio::time::Instant;
@@ -79,6 +84,51 @@ struct Phase {
     snapshot_bytes: usize,
     snapshot_took: Duration,
     bytes_per_instance: u64,
+    /// etcd's own resident growth per instance (etcd phases only).
+    etcd_bytes_per_instance: Option<u64>,
+}
+
+/// An etcd for the etcd phases: a child process on ephemeral ports.
+struct Etcd {
+    process: crate::router::ChildProcess,
+    url: String,
+}
+
+impl Etcd {
+    async fn start() -> anyhow::Result<Self> {
+        let dir = crate::router::scratch_dir("etcd")?;
+        let (client, peer) = (crate::router::free_port()?, crate::router::free_port()?);
+        let url = format!("http://127.0.0.1:{client}");
+        let peer_url = format!("http://127.0.0.1:{peer}");
+        let mut command = std::process::Command::new("etcd");
+        command
+            .arg("--data-dir")
+            .arg(dir.path().join("data"))
+            .args(["--name", "bench", "--quota-backend-bytes", "4294967296"])
+            .args([
+                "--listen-client-urls",
+                &url,
+                "--advertise-client-urls",
+                &url,
+            ])
+            .args(["--listen-peer-urls", &peer_url])
+            .args(["--initial-advertise-peer-urls", &peer_url])
+            .args(["--initial-cluster", &format!("bench={peer_url}")]);
+        let mut process = crate::router::ChildProcess::spawn(
+            "etcd",
+            "apt-get install etcd-server",
+            "nothing (the etcd columns are skipped when etcd is missing)",
+            command,
+            dir,
+            &[],
+        )?;
+        process.wait_for_port(client).await?;
+        Ok(Self { process, url })
+    }
+
+    fn resident_bytes(&self) -> anyhow::Result<u64> {
+        statm_resident(&format!("/proc/{}/statm", self.process.pid()))
+    }
 }
 
 /// Runs the benchmark at `scale` and prints the report to stdout.
@@ -89,27 +139,55 @@ pub async fn run(scale: Scale) -> anyhow::Result<()> {
     if scale.instances == 0 || scale.capabilities == 0 || scale.watchers == 0 {
         bail!("instances, capabilities and watchers must each be at least 1");
     }
-    let burst = phase(scale, None).await?;
-    let paced = phase(scale, Some(PACED_PER_SECOND)).await?;
-    let phases = [("burst", &burst), ("paced", &paced)];
+    let mut phases = vec![
+        ("memory, burst", phase(scale, None, None).await?),
+        (
+            "memory, paced",
+            phase(scale, Some(PACED_PER_SECOND), None).await?,
+        ),
+    ];
+    let etcd = match Etcd::start().await {
+        Ok(etcd) => Some(etcd),
+        Err(error) => {
+            println!("etcd columns skipped: {error:#}");
+            None
+        }
+    };
+    if let Some(etcd) = &etcd {
+        match phase(scale, None, Some(etcd)).await {
+            Ok(burst) => {
+                phases.push(("etcd, burst", burst));
+                phases.push((
+                    "etcd, paced",
+                    phase(scale, Some(PACED_PER_SECOND), Some(etcd)).await?,
+                ));
+            }
+            Err(error) if format!("{error:#}").contains("--features etcd") => {
+                println!("etcd columns skipped: {error:#}");
+            }
+            Err(error) => return Err(error),
+        }
+    }
+    drop(etcd);
 
     let ms = |h: &Histogram<u64>, q: f64| h.value_at_quantile(q) as f64 / 1000.0;
     println!(
-        "registry (in-memory): {} instances over {} capabilities, {} watchers, up to {REGISTRARS} registrations in flight",
+        "registry: {} instances over {} capabilities, {} watchers, up to {REGISTRARS} registrations in flight; paced: {PACED_PER_SECOND}/s",
         scale.instances, scale.capabilities, scale.watchers
     );
-    for (name, phase) in phases {
-        println!(
-            "{name}: registered in {:.2} s ({:.0} registrations/s)",
-            phase.registered_in.as_secs_f64(),
-            scale.instances as f64 / phase.registered_in.as_secs_f64()
-        );
-    }
-    println!(
-        "{:<34} {:>27} {:>27}",
-        "ms: p50 / p99 / max", "burst", "paced (1,000/s)"
-    );
-    let cell = |h: &Histogram<u64>| {
+    let header: Vec<String> = phases
+        .iter()
+        .map(|(name, _)| format!("{name:>24}"))
+        .collect();
+    println!("{:<36}{}", "", header.join(""));
+    let line = |name: &str, cell: &dyn Fn(&Phase) -> String| {
+        let cells: Vec<String> = phases
+            .iter()
+            .map(|(_, phase)| format!("{:>24}", cell(phase)))
+            .collect();
+        println!("{name:<36}{}", cells.join(""));
+    };
+    let quantiles = |h: &Histogram<u64>| {
         format!(
             "{:.2} / {:.2} / {:.2}",
             ms(h, 0.5),
@@ -117,48 +195,96 @@ pub async fn run(scale: Scale) -> anyhow::Result<()> {
             h.max() as f64 / 1000.0
         )
     };
-    let row = |name: &str, of: fn(&Phase) -> &Histogram<u64>| {
-        println!(
-            "{name:<34} {:>27} {:>27}",
-            cell(of(&burst)),
-            cell(of(&paced))
-        );
-    };
-    row("register (call to answer)", |p| &p.register);
-    row("register -> routable (per watcher)", |p| &p.routable);
-    row("watch fan-out (first to last)", |p| &p.fanout);
-    println!(
-        "snapshot for a new watcher: {} instances, {} KiB, {:.1} ms",
-        scale.instances,
-        burst.snapshot_bytes / 1024,
-        burst.snapshot_took.as_secs_f64() * 1000.0
+    line("registrations/s", &|p| {
+        format!(
+            "{:.0}",
+            scale.instances as f64 / p.registered_in.as_secs_f64()
+        )
+    });
+    line("register, ms p50 / p99 / max", &|p| quantiles(&p.register));
+    line("register -> routable, ms", &|p| quantiles(&p.routable));
+    line("watch fan-out (first to last), ms", &|p| {
+        quantiles(&p.fanout)
+    });
+    line(
+        &format!("snapshot for a new watcher ({})", scale.instances),
+        &|p| {
+            format!(
+                "{} KiB, {:.1} ms",
+                p.snapshot_bytes / 1024,
+                p.snapshot_took.as_secs_f64() * 1000.0
+            )
+        },
     );
+    // Only the first phase's growth is the table's: later phases reuse what the allocator kept
+    // from the earlier ones (an etcd mirror holds the same table as the in-memory registry).
+    let first = phases.first().map(|(name, _)| *name);
+    let cells: Vec<String> = phases
+        .iter()
+        .map(|(name, p)| {
+            let cell = if Some(*name) == first {
+                p.bytes_per_instance.to_string()
+            } else {
+                "(reused)".to_string()
+            };
+            format!("{cell:>24}")
+        })
+        .collect();
     println!(
-        "resident memory: {} bytes per instance (table, watch history, watchers' buffers)",
-        burst.bytes_per_instance
+        "{:<36}{}",
+        "registry memory, bytes/instance",
+        cells.join("")
     );
-    println!(
-        "registry_register_to_routable_p99_ms={:.1} registry_fanout_p99_ms={:.1} registry_bytes_per_instance={}",
-        ms(&paced.routable, 0.99),
-        ms(&paced.fanout, 0.99),
-        burst.bytes_per_instance
-    );
+    line("etcd memory, bytes/instance", &|p| {
+        p.etcd_bytes_per_instance
+            .map_or_else(|| "-".to_string(), |b| b.to_string())
+    });
+    let find = |name: &str| phases.iter().find(|(n, _)| *n == name).map(|(_, p)| p);
+    let mut last = String::new();
+    for (prefix, backend) in [("registry", "memory"), ("registry_etcd", "etcd")] {
+        if let (Some(burst), Some(paced)) = (
+            find(&format!("{backend}, burst")),
+            find(&format!("{backend}, paced")),
+        ) {
+            // The table's memory is the in-memory registry's; on etcd, etcd's own.
+            let (memory, bytes) = match burst.etcd_bytes_per_instance {
+                Some(etcd) => ("etcd_bytes_per_instance", etcd),
+                None => ("bytes_per_instance", burst.bytes_per_instance),
+            };
+            last.push_str(&format!(
+                "{prefix}_register_to_routable_p99_ms={:.1} {prefix}_fanout_p99_ms={:.1} {prefix}_{memory}={bytes} ",
+                ms(&paced.routable, 0.99),
+                ms(&paced.fanout, 0.99),
+            ));
+        }
+    }
+    println!("{}", last.trim_end());
     Ok(())
 }
 
-/// One phase on a fresh registry: registrations as fast as [`REGISTRARS`] callers go, or
-/// `paced` a second.
-async fn phase(scale: Scale, paced: Option<u32>) -> anyhow::Result<Phase> {
+/// One phase on a fresh registry (in memory, or on `etcd` under a fresh prefix):
+/// registrations as fast as [`REGISTRARS`] callers go, or `paced` a second.
+async fn phase(scale: Scale, paced: Option<u32>, etcd: Option<&Etcd>) -> anyhow::Result<Phase> {
     let rss_before = resident_bytes()?;
-    let registry = Registry::new(RegistryConfig {
+    let etcd_before = etcd.map(Etcd::resident_bytes).transpose()?;
+    let mut config = RegistryConfig {
         health_probe: false,
         // Leases outlive the run: nothing expires while it measures.
         default_lease_ttl: Duration::from_secs(300),
         ..RegistryConfig::default()
-    })?;
+    };
+    if let Some(etcd) = etcd {
+        config.backend = reach_registry::config::Backend::Etcd;
+        config.etcd.endpoints = vec![etcd.url.clone()];
+        config.etcd.prefix = format!("/reach/bench/{}/", uuid::Uuid::new_v4().simple());
+    }
+    let backend = Backend::start(config, None)
+        .await
+        .context("starting the registry")?;
     let listener = TcpListener::bind("127.0.0.1:0").await?;
     let url = format!("http://{}", listener.local_addr()?);
-    let server = GrpcServer::new().add_service(RegistryGrpc::new(registry.clone()).into_server());
+    let server =
+        GrpcServer::new().add_service(RegistryGrpc::with_backend(backend.clone()).into_server());
     let shutdown = tokio_util::sync::CancellationToken::new();
     let serving = tokio::spawn(server.serve(listener, shutdown.clone().cancelled_owned()));
 
@@ -275,8 +401,15 @@ async fn phase(scale: Scale, paced: Option<u32>) -> anyhow::Result<Phase> {
 
     let rss_after = resident_bytes()?;
     let per_instance = rss_after.saturating_sub(rss_before) / scale.instances as u64;
+    let etcd_bytes_per_instance = match (etcd, etcd_before) {
+        (Some(etcd), Some(before)) => {
+            Some(etcd.resident_bytes()?.saturating_sub(before) / scale.instances as u64)
+        }
+        _ => None,
+    };
     shutdown.cancel();
     let _ = serving.await;
+    backend.close().await;
 
     Ok(Phase {
         registered_in,
@@ -286,6 +419,7 @@ async fn phase(scale: Scale, paced: Option<u32>) -> anyhow::Result<Phase> {
         snapshot_bytes,
         snapshot_took,
         bytes_per_instance: per_instance,
+        etcd_bytes_per_instance,
     })
 }
 
@@ -335,11 +469,16 @@ fn histogram() -> Histogram<u64> {
 
 /// This process's resident set size in bytes (`/proc/self/statm`, field 2, in pages).
 fn resident_bytes() -> anyhow::Result<u64> {
-    let statm = std::fs::read_to_string("/proc/self/statm").context("reading /proc/self/statm")?;
+    statm_resident("/proc/self/statm")
+}
+
+/// The resident set size in bytes a `statm` file gives (field 2, in pages).
+fn statm_resident(path: &str) -> anyhow::Result<u64> {
+    let statm = std::fs::read_to_string(path).with_context(|| format!("reading {path}"))?;
     let pages: u64 = statm
         .split_whitespace()
         .nth(1)
         .and_then(|p| p.parse().ok())
-        .context("/proc/self/statm has no resident field")?;
+        .with_context(|| format!("{path} has no resident field"))?;
     Ok(pages * 4096)
 }

@@ -1336,7 +1336,7 @@ backend echo
 /// A child process of the bench (nats-server, nginx, HAProxy) with its scratch directory
 /// (configuration, logs, pid and temp files). Dropping it — also on an early error return or
 /// a signal — kills the process, reaps it and removes the directory.
-struct ChildProcess {
+pub(crate) struct ChildProcess {
     child: std::process::Child,
     /// For errors: what the process is.
     name: &'static str,
@@ -1352,7 +1352,7 @@ impl ChildProcess {
     /// # Errors
     /// When the binary is not installed (the error says `install` and `skip`, the flag that
     /// skips its modes) or cannot be started.
-    fn spawn(
+    pub(crate) fn spawn(
         name: &'static str,
         install: &str,
         skip: &str,
@@ -1389,7 +1389,7 @@ impl ChildProcess {
     }
 
     /// The process id, for its CPU time.
-    fn pid(&self) -> u32 {
+    pub(crate) fn pid(&self) -> u32 {
         self.child.id()
     }
 
@@ -1398,7 +1398,7 @@ impl ChildProcess {
     /// # Errors
     /// When the process exits first or the port is still closed after 10 s; the error quotes
     /// the process's logs.
-    async fn wait_for_port(&mut self, port: u16) -> anyhow::Result<()> {
+    pub(crate) async fn wait_for_port(&mut self, port: u16) -> anyhow::Result<()> {
         const PATIENCE: Duration = Duration::from_secs(10);
         let deadline = Instant::now() + PATIENCE;
         loop {
@@ -1449,7 +1449,7 @@ impl Drop for ChildProcess {
 }
 
 /// A fresh scratch directory for a child process (`reach-bench-<name>-…` in the temp dir).
-fn scratch_dir(name: &str) -> anyhow::Result<tempfile::TempDir> {
+pub(crate) fn scratch_dir(name: &str) -> anyhow::Result<tempfile::TempDir> {
     tempfile::Builder::new()
         .prefix(&format!("reach-bench-{name}-"))
         .tempdir()
@@ -1457,7 +1457,7 @@ fn scratch_dir(name: &str) -> anyhow::Result<tempfile::TempDir> {
 }
 
 /// A 127.0.0.1 port free a moment ago, for a child process to listen on.
-fn free_port() -> anyhow::Result<u16> {
+pub(crate) fn free_port() -> anyhow::Result<u16> {
     let probe = std::net::TcpListener::bind("127.0.0.1:0")?;
     Ok(probe.local_addr()?.port())
 }

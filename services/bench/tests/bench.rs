@@ -69,7 +69,7 @@ fn bench_registry_quick_sees_every_instance_at_every_watcher() {
     let stdout = bench(&["registry", "--quick"]);
     assert!(
         stdout.contains("1000 instances over 100 capabilities, 10 watchers")
-            && stdout.contains("snapshot for a new watcher: 1000 instances"),
+            && stdout.contains("snapshot for a new watcher (1000)"),
         "{stdout}"
     );
     let tracking = stdout.lines().last().unwrap_or_default();
@@ -79,4 +79,18 @@ fn bench_registry_quick_sees_every_instance_at_every_watcher() {
             && tracking.contains(" registry_bytes_per_instance="),
         "the last line is the tracking line: {tracking}"
     );
+    // On etcd too, side by side, unless etcd (or the etcd build) is missing, which CI has.
+    let etcd_ran = !stdout.contains("etcd columns skipped");
+    assert!(
+        etcd_ran || std::env::var("CI").is_err(),
+        "CI runs the etcd columns: {stdout}"
+    );
+    if etcd_ran {
+        assert!(
+            stdout.contains("etcd, burst")
+                && tracking.contains(" registry_etcd_register_to_routable_p99_ms=")
+                && tracking.contains(" registry_etcd_etcd_bytes_per_instance="),
+            "{stdout}"
+        );
+    }
 }

@@ -14,14 +14,14 @@ use axum::http::StatusCode;
 use axum::response::IntoResponse;
 use axum::routing::get;
 use axum::{Json, Router};
-use reach_registry::Registry;
+use reach_registry::Backend;
 use reach_trust::{Caller, Trust};
 
 /// What the `/agents` routes serve from: the local registry, if any, and the trust that
 /// authorizes their callers.
 #[derive(Clone)]
 struct AgentsState {
-    registry: Option<Registry>,
+    registry: Option<Backend>,
     trust: Arc<Trust>,
 }
 
@@ -57,7 +57,7 @@ pub fn paths(registry: bool, orchestrator: bool) -> Vec<&'static str> {
 /// optional local registry, for operators only once `trust` is on.
 pub fn routes(
     metrics: reach_telemetry::metrics::PrometheusHandle,
-    registry: Option<Registry>,
+    registry: Option<Backend>,
     trust: Arc<Trust>,
 ) -> Router {
     operator_routes(metrics, registry, trust, None)
@@ -72,7 +72,7 @@ pub fn routes(
 /// to probes and scrapers by any name.
 fn operator_routes(
     metrics: reach_telemetry::metrics::PrometheusHandle,
-    registry: Option<Registry>,
+    registry: Option<Backend>,
     trust: Arc<Trust>,
     extra: Option<Router>,
 ) -> Router {
@@ -209,7 +209,7 @@ async fn agents(
         )
             .into_response();
     };
-    let list = registry.list("", "");
+    let list = registry.view().list("", "");
     let instances: Vec<serde_json::Value> = list
         .instances
         .iter()
@@ -258,7 +258,7 @@ async fn drain_service(
         )
             .into_response();
     };
-    let drained = registry.drain_service(&service, DRAIN_GRACE);
+    let drained = registry.drain_service(&service, DRAIN_GRACE).await;
     if drained.is_empty() {
         return (
             StatusCode::NOT_FOUND,

@@ -3,7 +3,7 @@
 
 use std::net::SocketAddr;
 
-use reach_registry::{Registry, RegistryGrpc};
+use reach_registry::{Backend, RegistryGrpc};
 use reach_router::Router;
 use reach_rpc::GrpcServer;
 use tokio::net::TcpListener;
@@ -47,8 +47,8 @@ impl Services {
 /// Why the control plane could not start.
 #[derive(Debug, thiserror::Error)]
 pub enum StartError {
-    /// The registry could not be made from its settings.
-    #[error("invalid configuration: {0}")]
+    /// The registry could not be made from its settings, or its etcd could not be used.
+    #[error("{}", registry_message(.0))]
     Registry(#[from] reach_registry::InitError),
     /// The router could not be made from its settings.
     #[error("invalid configuration: {0}")]
@@ -64,10 +64,19 @@ pub enum StartError {
     Trust(#[from] reach_trust::TrustError),
 }
 
+/// An [`InitError`](reach_registry::InitError) as `reach` prints it: a bad setting is an
+/// invalid configuration; an etcd that cannot be used says so itself.
+fn registry_message(error: &reach_registry::InitError) -> String {
+    match error {
+        reach_registry::InitError::Etcd(_) => format!("registry: {error}"),
+        _ => format!("invalid configuration: {error}"),
+    }
+}
+
 /// A running control plane.
 pub struct ControlPlane {
     addr: SocketAddr,
-    registry: Option<Registry>,
+    registry: Option<Backend>,
     router: Option<Router>,
     orchestrator: Option<(
         reach_orchestrator::Orchestrator,
@@ -115,13 +124,19 @@ impl ControlPlane {
             .with_trust(trust.clone());
         let mut background = Vec::new();
         let registry = if services.registry {
-            let registry = Registry::new(config.registry.clone())?;
-            background.push(tokio::spawn(registry.clone().run_sweeper()));
-            server = server.add_service(reach_telemetry::traced(
-                RegistryGrpc::new(registry.clone())
-                    .with_trust(trust.clone())
-                    .into_server(),
-            ));
+            let registry = Backend::start(config.registry.clone(), trust.tls().cloned()).await?;
+            background.push(tokio::spawn(registry.view().clone().run_sweeper()));
+            server = server
+                .add_service(reach_telemetry::traced(
+                    RegistryGrpc::with_backend(registry.clone())
+                        .with_trust(trust.clone())
+                        .into_server(),
+                ))
+                // With etcd: NOT_SERVING while etcd does not answer (routers keep their view).
+                .serving_while(
+                    reach_proto::v1::registry_service_server::SERVICE_NAME,
+                    registry.serving(),
+                );
             Some(registry)
         } else {
             None
@@ -235,7 +250,7 @@ impl ControlPlane {
     }
 
     /// The registry, when this control plane runs one.
-    pub fn registry(&self) -> Option<&Registry> {
+    pub fn registry(&self) -> Option<&Backend> {
         self.registry.as_ref()
     }
 
@@ -288,7 +303,7 @@ impl ControlPlane {
                 task.abort();
             }
             if let Some(registry) = registry {
-                registry.close_watches();
+                registry.close().await;
             }
             if let Some(router) = router {
                 router.close_streams();
@@ -317,7 +332,7 @@ impl ControlPlane {
         }
         self.shutdown.cancel();
         if let Some(registry) = &self.registry {
-            registry.close_watches();
+            registry.close().await;
         }
         if let Some(router) = &self.router {
             router.close_streams();

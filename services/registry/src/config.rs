@@ -34,6 +34,82 @@ pub struct RegistryConfig {
     /// Strict mode: refuse a registration whose capability (or capability version) is not
     /// declared in `protocol_registry`. Needs `protocol_registry`.
     pub strict: bool,
+    /// Where the instance table lives: `memory` (this process; the default, as `reach dev`
+    /// runs it) or `etcd` (an etcd v3 cluster, shared by every registry replica).
+    pub backend: Backend,
+    /// The etcd cluster, when `backend = "etcd"`.
+    pub etcd: EtcdConfig,
+}
+
+/// Where the registry keeps its instance table.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Backend {
+    /// In this process's memory: lost when it stops; one replica.
+    #[default]
+    Memory,
+    /// In etcd v3: instances are keys bound to etcd leases; any number of replicas.
+    Etcd,
+}
+
+/// How the registry reaches etcd (`[registry.etcd]`).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct EtcdConfig {
+    /// The etcd members' client URLs, e.g. `["http://127.0.0.1:2379"]` (`https://` with
+    /// `tls`).
+    pub endpoints: Vec<String>,
+    /// The key prefix everything is kept under; registries that share it share one mesh.
+    /// Must end with `/`.
+    pub prefix: String,
+    /// How long connecting to etcd may take (at start-up, the registry fails after it).
+    #[serde(with = "humantime_serde")]
+    pub dial_timeout: Duration,
+    /// How long one etcd request may take.
+    #[serde(with = "humantime_serde")]
+    pub request_timeout: Duration,
+    /// How often the HTTP/2 connection to etcd is pinged.
+    #[serde(with = "humantime_serde")]
+    pub keep_alive_interval: Duration,
+    /// How long a ping may go unanswered before the connection is deemed dead.
+    #[serde(with = "humantime_serde")]
+    pub keep_alive_timeout: Duration,
+    /// The TTL of a replica's liveness key: when a replica dies, the others take over its
+    /// share of health probing within this (whole seconds, at least 2 s).
+    #[serde(with = "humantime_serde")]
+    pub replica_ttl: Duration,
+    /// TLS to etcd: a CA to verify its members and, for client-certificate auth, a
+    /// certificate and key.
+    pub tls: Option<EtcdTls>,
+}
+
+/// TLS to etcd (`[registry.etcd.tls]`): PEM files.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EtcdTls {
+    /// The CA certificate(s) that sign the etcd members' certificates.
+    pub ca: std::path::PathBuf,
+    /// The client certificate (with `key`), for etcd's `--client-cert-auth`.
+    pub cert: Option<std::path::PathBuf>,
+    /// The client certificate's private key.
+    pub key: Option<std::path::PathBuf>,
+    /// The name the members' certificates carry, when it differs from the endpoints' host.
+    pub domain: Option<String>,
+}
+
+impl Default for EtcdConfig {
+    fn default() -> Self {
+        Self {
+            endpoints: vec!["http://127.0.0.1:2379".into()],
+            prefix: "/reach/registry/".into(),
+            dial_timeout: Duration::from_secs(5),
+            request_timeout: Duration::from_secs(5),
+            keep_alive_interval: Duration::from_secs(10),
+            keep_alive_timeout: Duration::from_secs(5),
+            replica_ttl: Duration::from_secs(3),
+            tls: None,
+        }
+    }
 }
 
 impl Default for RegistryConfig {
@@ -47,6 +123,8 @@ impl Default for RegistryConfig {
             probe_timeout: Duration::from_secs(1),
             protocol_registry: None,
             strict: false,
+            backend: Backend::Memory,
+            etcd: EtcdConfig::default(),
         }
     }
 }
@@ -84,6 +162,9 @@ impl RegistryConfig {
         if self.probe_timeout.is_zero() {
             return Err(ConfigError::ZeroProbeTimeout);
         }
+        if self.backend == Backend::Etcd {
+            self.etcd.validate()?;
+        }
         Ok(())
     }
 
@@ -93,6 +174,61 @@ impl RegistryConfig {
             .filter(|d| !d.is_zero())
             .unwrap_or(self.default_lease_ttl)
             .clamp(self.min_lease_ttl, self.max_lease_ttl)
+    }
+}
+
+impl EtcdConfig {
+    /// Checks the etcd settings.
+    ///
+    /// # Errors
+    /// A [`ConfigError`] naming the setting to fix.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        if self.endpoints.is_empty() {
+            return Err(ConfigError::Etcd(
+                "registry.etcd.endpoints is empty; list the etcd members' client URLs, e.g. [\"http://127.0.0.1:2379\"]".into(),
+            ));
+        }
+        for endpoint in &self.endpoints {
+            let scheme_ok = endpoint.starts_with("http://") || endpoint.starts_with("https://");
+            if !scheme_ok || endpoint.parse::<http::Uri>().is_err() {
+                return Err(ConfigError::Etcd(format!(
+                    "registry.etcd.endpoints has {endpoint:?}; each must be an http(s) URL such as \"http://127.0.0.1:2379\""
+                )));
+            }
+        }
+        if !self.prefix.starts_with('/') || !self.prefix.ends_with('/') || self.prefix.len() > 256 {
+            return Err(ConfigError::Etcd(format!(
+                "registry.etcd.prefix {:?} must start and end with '/' (e.g. \"/reach/registry/\") and be at most 256 bytes",
+                self.prefix
+            )));
+        }
+        for (key, value) in [
+            ("dial_timeout", self.dial_timeout),
+            ("request_timeout", self.request_timeout),
+            ("keep_alive_interval", self.keep_alive_interval),
+            ("keep_alive_timeout", self.keep_alive_timeout),
+        ] {
+            if value.is_zero() {
+                return Err(ConfigError::Etcd(format!(
+                    "registry.etcd.{key} must be above zero (for example \"5s\")"
+                )));
+            }
+        }
+        if self.replica_ttl < Duration::from_secs(2) {
+            return Err(ConfigError::Etcd(format!(
+                "registry.etcd.replica_ttl is {:?}; etcd leases are whole seconds, so it must be at least 2s",
+                self.replica_ttl
+            )));
+        }
+        if let Some(tls) = &self.tls
+            && tls.cert.is_some() != tls.key.is_some()
+        {
+            return Err(ConfigError::Etcd(
+                "registry.etcd.tls needs both cert and key for a client certificate, or neither"
+                    .into(),
+            ));
+        }
+        Ok(())
     }
 }
 
@@ -133,4 +269,7 @@ pub enum ConfigError {
     /// `probe_timeout` is zero: every health probe would fail.
     #[error("registry.probe_timeout must be above zero (for example \"1s\")")]
     ZeroProbeTimeout,
+    /// An etcd setting is out of range; the message names it and the fix.
+    #[error("{0}")]
+    Etcd(String),
 }

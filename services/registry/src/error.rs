@@ -13,6 +13,15 @@ pub enum InitError {
     /// file).
     #[error(transparent)]
     ProtocolRegistry(#[from] reach_protocol::LoadError),
+    /// The etcd backend could not start: etcd is unreachable or refused us (the message
+    /// names the endpoints and the fix).
+    #[error("{0}")]
+    Etcd(String),
+    /// `backend = "etcd"` in a `reach` built without the `etcd` feature.
+    #[error(
+        "registry.backend = \"etcd\" needs a reach built with etcd support: `cargo build --release -p reach --features etcd` (needs protoc), or the container image"
+    )]
+    EtcdNotBuilt,
 }
 
 /// Why a registry operation was refused.
@@ -54,6 +63,10 @@ pub enum RegistryError {
         "the registry is busy checking other registrations' schemas and could not check this one within {0:?}; retry with backoff"
     )]
     CheckerBusy(std::time::Duration),
+    /// The store behind the registry (etcd) did not answer or refused the write; nothing was
+    /// changed: UNAVAILABLE, retry with backoff (another registry replica may answer).
+    #[error("the registry's store did not take the change: {0}; retry with backoff")]
+    StoreUnavailable(String),
     /// A registry bug (a check panicked): INTERNAL.
     #[error("internal registry error: {0}")]
     Internal(String),
@@ -110,7 +123,9 @@ impl From<RegistryError> for Status {
                 .unwrap_or_else(|| Status::permission_denied(err.to_string())),
             RegistryError::Denied(denied) => denied.to_status(),
             RegistryError::InvalidRegistration(_) => Status::invalid_argument(err.to_string()),
-            RegistryError::CheckerBusy(_) => Status::unavailable(err.to_string()),
+            RegistryError::CheckerBusy(_) | RegistryError::StoreUnavailable(_) => {
+                Status::unavailable(err.to_string())
+            }
             RegistryError::Internal(_) => Status::internal(err.to_string()),
             RegistryError::InvalidCapability {
                 index,

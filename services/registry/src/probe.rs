@@ -16,8 +16,6 @@ use tonic_health::pb::health_check_response::ServingStatus;
 use tonic_health::pb::{HealthCheckRequest, health_client::HealthClient};
 use tracing::{debug, info};
 
-use crate::store::Registry;
-
 /// The gRPC service every agent serves; its health status is what the probe checks.
 const AGENT_SERVICE: &str = "reach.v1.AgentService";
 
@@ -25,29 +23,51 @@ const AGENT_SERVICE: &str = "reach.v1.AgentService";
 /// (`spiffe://<td>/agent/<service>`; `None` checks only that it is of the trust domain).
 pub type ProbeTls = (Arc<TlsSource>, Option<Identity>);
 
-/// Probes `endpoint` until it answers SERVING or the lease is gone, backing off from 5 ms to
+/// What a first health probe reports to: the registry backend that holds the instance.
+pub trait ProbeTarget: Send + Sync + 'static {
+    /// How long one probe attempt may take.
+    fn probe_timeout(&self) -> Duration;
+    /// Whether the probe of `lease_id` should go on (the lease lives, the probe has not
+    /// passed, and this replica still probes the instance).
+    fn should_probe(&self, instance_id: &str, lease_id: &str) -> bool;
+    /// Records that the probe passed: REGISTERED becomes READY.
+    fn probe_passed(&self, instance_id: &str, lease_id: &str) -> impl Future<Output = ()> + Send;
+    /// Records why the probe failed; resolves to whether the reason changed.
+    fn probe_failed(
+        &self,
+        instance_id: &str,
+        lease_id: &str,
+        reason: &str,
+    ) -> impl Future<Output = bool> + Send;
+}
+
+/// Probes `endpoint` until it answers SERVING or the lease is gone (for etcd: or another
+/// replica took over probing it), backing off from 5 ms to
 /// 500 ms between attempts, then marks the probe passed. With `tls`, probes connect over TLS
 /// presenting the registry's certificate and expecting the instance's identity.
 pub async fn probe_until_ready(
-    registry: Registry,
+    registry: impl ProbeTarget,
     instance_id: String,
     lease_id: String,
     endpoint: String,
     tls: Option<ProbeTls>,
 ) {
-    let timeout = registry.config().probe_timeout;
+    let timeout = registry.probe_timeout();
     let mut backoff = Backoff::doubling(Duration::from_millis(5), Duration::from_millis(500));
     loop {
-        if !registry.holds_lease(&instance_id, &lease_id) {
+        if !registry.should_probe(&instance_id, &lease_id) {
             return;
         }
         match check(&endpoint, timeout, tls.as_ref()).await {
             Ok(()) => {
-                registry.probe_passed(&instance_id, &lease_id);
+                registry.probe_passed(&instance_id, &lease_id).await;
                 return;
             }
             Err(reason) => {
-                if registry.probe_failed(&instance_id, &lease_id, &reason) {
+                if registry
+                    .probe_failed(&instance_id, &lease_id, &reason)
+                    .await
+                {
                     info!(instance = %instance_id, "instance stays REGISTERED: {reason}");
                 } else {
                     debug!(instance = %instance_id, "{reason}");

@@ -1,4 +1,5 @@
-//! `reach.v1.RegistryService` over a [`Registry`].
+//! `reach.v1.RegistryService` over a [`Backend`]: writes go to the backend, reads come from
+//! its [`Backend::view`].
 
 use std::pin::Pin;
 use std::sync::Arc;
@@ -16,15 +17,16 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status};
 use tracing::warn;
 
+use crate::backend::Backend;
 use crate::error::RegistryError;
 use crate::probe::probe_until_ready;
 use crate::store::{Registry, WatchFrom};
 use crate::tokens::{Refused, UsedTokens};
 
-/// The gRPC face of a [`Registry`].
+/// The gRPC face of a registry [`Backend`].
 #[derive(Clone)]
 pub struct RegistryGrpc {
-    registry: Registry,
+    backend: Backend,
     trust: Arc<Trust>,
     used_tokens: Arc<UsedTokens>,
     /// Permits for open Watch streams ([`MAX_WATCHES`]).
@@ -32,10 +34,16 @@ pub struct RegistryGrpc {
 }
 
 impl RegistryGrpc {
-    /// Serves `registry` over gRPC, with trust off (see [`RegistryGrpc::with_trust`]).
+    /// Serves the in-memory `registry` over gRPC, with trust off (see
+    /// [`RegistryGrpc::with_trust`]).
     pub fn new(registry: Registry) -> Self {
+        Self::with_backend(Backend::Memory(registry))
+    }
+
+    /// Serves `backend` over gRPC, with trust off (see [`RegistryGrpc::with_trust`]).
+    pub fn with_backend(backend: Backend) -> Self {
         Self {
-            registry,
+            backend,
             trust: Trust::disabled(),
             used_tokens: Arc::default(),
             watches: Arc::new(tokio::sync::Semaphore::new(MAX_WATCHES)),
@@ -56,7 +64,7 @@ impl RegistryGrpc {
     /// With trust on: `caller` must own `instance_id` (registered it) or be an operator to
     /// `action` it. An unknown instance or lease passes here (the store answers
     /// LEASE_NOT_FOUND).
-    fn check_owner(
+    async fn check_owner(
         &self,
         caller: &Caller,
         action: &str,
@@ -66,7 +74,7 @@ impl RegistryGrpc {
         if !self.trust.is_enabled() {
             return Ok(());
         }
-        let Some(owner) = self.registry.owner_of(instance_id, lease_id) else {
+        let Some(owner) = self.backend.owner_of(instance_id, lease_id).await else {
             return Ok(());
         };
         if owner == caller.name() || self.trust.is_operator(caller) {
@@ -171,13 +179,15 @@ impl RegistryGrpc {
         }
         // Checking descriptors compiles schemas: off the async workers, one at a time.
         let checked = self
-            .registry
+            .backend
+            .view()
             .check_off_worker(deadline, move || crate::store::check_spec(spec))
             .await??;
         let join_token = self.claim_join_token(&caller, &service)?;
         let registration = match self
-            .registry
-            .register_owned(checked, requested, caller.name())
+            .backend
+            .register(checked, requested, caller.name())
+            .await
         {
             Ok(registration) => registration,
             Err(error) => {
@@ -190,13 +200,13 @@ impl RegistryGrpc {
                 return Err(error.into());
             }
         };
-        if self.registry.config().health_probe {
+        if self.backend.probes_at_registration() && self.backend.view().config().health_probe {
             let tls = self.trust.tls().cloned().map(|tls| {
                 let expected = reach_trust::Identity::agent(tls.trust_domain(), &service).ok();
                 (tls, expected)
             });
             tokio::spawn(probe_until_ready(
-                self.registry.clone(),
+                self.backend.view().clone(),
                 crate::store::instance_id(&registration.instance).to_string(),
                 registration.lease_id.clone(),
                 endpoint,
@@ -210,12 +220,13 @@ impl RegistryGrpc {
         })
     }
 
-    fn heartbeat_request(
+    async fn heartbeat_request(
         &self,
         caller: &Caller,
         request: HeartbeatRequest,
     ) -> Result<HeartbeatResponse, Status> {
-        self.check_owner(caller, "heartbeat", &request.instance_id, &request.lease_id)?;
+        self.check_owner(caller, "heartbeat", &request.instance_id, &request.lease_id)
+            .await?;
         let reported = InstanceState::try_from(request.state)
             .ok()
             .filter(|s| {
@@ -244,16 +255,19 @@ impl RegistryGrpc {
                 )));
             }
         }
-        let (expires, state) = self.registry.heartbeat_load(
-            &request.instance_id,
-            &request.lease_id,
-            reported,
-            crate::store::Load {
-                in_flight: request.in_flight,
-                model_calls_in_flight: request.model_calls_in_flight,
-                model_slots_free: request.model_slots_free,
-            },
-        )?;
+        let (expires, state) = self
+            .backend
+            .heartbeat(
+                &request.instance_id,
+                &request.lease_id,
+                reported,
+                crate::store::Load {
+                    in_flight: request.in_flight,
+                    model_calls_in_flight: request.model_calls_in_flight,
+                    model_slots_free: request.model_slots_free,
+                },
+            )
+            .await?;
         Ok(HeartbeatResponse {
             lease_expires_at: Some(reach_rpc::time::timestamp(expires)),
             state: state as i32,
@@ -265,6 +279,9 @@ impl RegistryGrpc {
 pub const MAX_WATCHES: usize = 1024;
 /// How many events wait, copied, for one watcher to take them.
 const WATCH_SEND_BUFFER: usize = 16;
+
+/// How long a resumed Watch waits for this replica's mirror to reach the watcher's revision.
+const RESUME_CATCH_UP: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// The longest `epoch` a Watch request may carry (epochs are 32 hex digits).
 const MAX_EPOCH_BYTES: usize = 128;
@@ -325,7 +342,7 @@ impl RegistryService for RegistryGrpc {
         let caller = Caller::of(request.extensions());
         observed(
             "heartbeat",
-            self.heartbeat_request(&caller, request.into_inner()),
+            self.heartbeat_request(&caller, request.into_inner()).await,
         )
     }
 
@@ -335,19 +352,23 @@ impl RegistryService for RegistryGrpc {
     ) -> Result<Response<DeregisterResponse>, Status> {
         let caller = Caller::of(request.extensions());
         let request = request.into_inner();
-        let result = self
+        let result = match self
             .check_owner(
                 &caller,
                 "deregister",
                 &request.instance_id,
                 &request.lease_id,
             )
-            .and_then(|()| {
-                self.registry
-                    .deregister(&request.instance_id, &request.lease_id)
-                    .map_err(Status::from)
-            })
-            .map(|()| DeregisterResponse {});
+            .await
+        {
+            Ok(()) => self
+                .backend
+                .deregister(&request.instance_id, &request.lease_id)
+                .await
+                .map_err(Status::from)
+                .map(|()| DeregisterResponse {}),
+            Err(denied) => Err(denied),
+        };
         observed("deregister", result)
     }
 
@@ -356,7 +377,10 @@ impl RegistryService for RegistryGrpc {
         request: Request<ListInstancesRequest>,
     ) -> Result<Response<ListInstancesResponse>, Status> {
         let request = request.into_inner();
-        let mut list = self.registry.list(&request.service, &request.capability);
+        let mut list = self
+            .backend
+            .view()
+            .list(&request.service, &request.capability);
         list.instances.iter_mut().for_each(redact);
         Ok(Response::new(list))
     }
@@ -391,7 +415,7 @@ impl RegistryService for RegistryGrpc {
         // The token is the last name of the previous page: names sort after it.
         observed(
             "list_capabilities",
-            Ok(self.registry.list_capabilities_page(
+            Ok(self.backend.view().list_capabilities_page(
                 &request.name_prefix,
                 &request.page_token,
                 page_size,
@@ -425,11 +449,27 @@ impl RegistryService for RegistryGrpc {
                 "the registry serves {MAX_WATCHES} Watch streams already; close unused watches (each router needs one), or spread watchers over more registry replicas"
             )));
         };
-        let (first, mut events) = self.registry.watch_from(from);
+        if let WatchFrom::Resume {
+            epoch,
+            after_revision,
+        } = from
+            && self.backend.is_shared()
+            && epoch == self.backend.view().epoch()
+            && after_revision > self.backend.view().revision()
+        {
+            // A watcher that read another replica of the same store further than this one's
+            // mirror has got: wait (briefly) for it to catch up rather than send it a snapshot
+            // older than what it has.
+            self.backend
+                .view()
+                .applied(after_revision, RESUME_CATCH_UP)
+                .await;
+        }
+        let (first, mut events) = self.backend.view().watch_from(from);
         // Events are copied (redacted) as the watcher takes them: one that reads slowly holds
         // at most this many copies, the shared history and buffer hold the rest.
         let (tx, rx) = mpsc::channel(WATCH_SEND_BUFFER);
-        let registry = self.registry.clone();
+        let registry = self.backend.view().clone();
         tokio::spawn(async move {
             let _slot = slot;
             for event in first {

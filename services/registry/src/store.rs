@@ -52,6 +52,11 @@ struct Inner {
     events: broadcast::Sender<Arc<WatchResponse>>,
     /// Permits to check descriptors on the blocking pool ([`CONCURRENT_CHECKS`]).
     checks: Arc<Semaphore>,
+    /// Whether this table mirrors a store that owns the state ([`Registry::mirror`]): its
+    /// changes arrive through the `apply_*` methods, and leases expire in the store.
+    mirror: bool,
+    /// The latest revision the table holds: what [`Registry::applied`] waits on.
+    applied: tokio::sync::watch::Sender<u64>,
 }
 
 #[derive(Default)]
@@ -68,6 +73,10 @@ struct Table {
     history: VecDeque<(Arc<WatchResponse>, usize)>,
     /// The encoded bytes `history` holds.
     history_bytes: usize,
+    /// Every event with a revision above this one is in `history`: a watcher that applied
+    /// `history_floor` or later can resume. Revisions of a mirrored store are sparse, so
+    /// coverage is kept as a floor rather than inferred from the oldest event's revision.
+    history_floor: u64,
 }
 
 impl Table {
@@ -98,6 +107,32 @@ struct Entry {
     /// The identity that registered it ([`reach_trust::Caller::name`]; `anonymous` when
     /// trust is off): while its lease lives, no other identity may register the same id.
     owner: String,
+}
+
+impl Entry {
+    /// The entry of `instance` as registered (descriptors included): shown without its
+    /// descriptors, its lease renewed from now.
+    fn of(
+        instance: &Instance,
+        owner: String,
+        lease_ttl: Duration,
+        probed: bool,
+        registered: u64,
+    ) -> Self {
+        Self {
+            instance: without_descriptors(instance),
+            capabilities: instance
+                .spec
+                .as_ref()
+                .map(|s| s.capabilities.clone())
+                .unwrap_or_default(),
+            lease_deadline: Instant::now() + lease_ttl,
+            lease_ttl,
+            probed,
+            registered,
+            owner,
+        }
+    }
 }
 
 /// The load an instance reports with a heartbeat.
@@ -185,6 +220,21 @@ impl Registry {
     /// [`InitError::Config`] for a setting out of range, [`InitError::ProtocolRegistry`]
     /// when the configured protocol registry cannot be loaded.
     pub fn new(config: RegistryConfig) -> Result<Self, InitError> {
+        Self::build(config, uuid::Uuid::new_v4().simple().to_string(), false)
+    }
+
+    /// An empty table that mirrors a store owning the state (the etcd backend): its epoch is
+    /// the store's, its revisions are the store's, and changes arrive through
+    /// [`Registry::apply_put`], [`Registry::apply_delete`] and [`Registry::apply_reset`].
+    /// Leases expire in the store, not here.
+    ///
+    /// # Errors
+    /// As [`Registry::new`].
+    pub fn mirror(config: RegistryConfig, epoch: String) -> Result<Self, InitError> {
+        Self::build(config, epoch, true)
+    }
+
+    fn build(config: RegistryConfig, epoch: String, mirror: bool) -> Result<Self, InitError> {
         config.validate()?;
         let protocols = match &config.protocol_registry {
             Some(path) => Some(reach_protocol::ProtocolRegistry::load(path)?),
@@ -193,13 +243,15 @@ impl Registry {
         let (events, _) = broadcast::channel(WATCH_BUFFER);
         Ok(Self {
             inner: Arc::new(Inner {
-                epoch: uuid::Uuid::new_v4().simple().to_string(),
+                epoch,
                 protocols,
                 config,
                 table: Mutex::new(Table::default()),
                 closed: tokio_util::sync::CancellationToken::new(),
                 events,
                 checks: Arc::new(Semaphore::new(CONCURRENT_CHECKS)),
+                mirror,
+                applied: tokio::sync::watch::Sender::new(0),
             }),
         })
     }
@@ -304,18 +356,7 @@ impl Registry {
         owner: &str,
     ) -> Result<Registration, RegistryError> {
         let CheckedSpec(spec) = spec;
-        if let Some(protocols) = self
-            .inner
-            .protocols
-            .as_ref()
-            .filter(|_| self.inner.config.strict)
-        {
-            for capability in &spec.capabilities {
-                protocols
-                    .check_declared(&capability.name, &capability.version)
-                    .map_err(RegistryError::CapabilityNotDeclared)?;
-            }
-        }
+        self.check_declared(&spec)?;
         let ttl = self.inner.config.grant(requested_ttl);
         let lease_id = uuid::Uuid::new_v4().simple().to_string();
         let probed = !self.inner.config.health_probe;
@@ -351,30 +392,36 @@ impl Registry {
         let id = instance_id(&instance).to_string();
         let revision = table.revision;
         info!(instance = %id, service = %service_of(&instance), lease_ttl = ?ttl, "instance registered");
-        let capabilities = instance
-            .spec
-            .as_ref()
-            .map(|s| s.capabilities.clone())
-            .unwrap_or_default();
-        let shown = without_descriptors(&instance);
-        table.instances.insert(
-            id,
-            Entry {
-                instance: shown.clone(),
-                capabilities,
-                lease_deadline: Instant::now() + ttl,
-                lease_ttl: ttl,
-                probed,
-                registered: revision,
-                owner: owner.to_string(),
-            },
-        );
+        let entry = Entry::of(&instance, owner.to_string(), ttl, probed, revision);
+        let shown = entry.instance.clone();
+        table.instances.insert(id, entry);
         self.publish(&mut table, watch_response::Event::Upserted(shown));
         Ok(Registration {
             lease_id,
             lease_ttl: ttl,
             instance,
         })
+    }
+
+    /// In strict mode, checks that every capability of `spec` is declared in the protocol
+    /// registry.
+    ///
+    /// # Errors
+    /// [`RegistryError::CapabilityNotDeclared`] naming the first undeclared capability.
+    pub fn check_declared(&self, spec: &InstanceSpec) -> Result<(), RegistryError> {
+        if let Some(protocols) = self
+            .inner
+            .protocols
+            .as_ref()
+            .filter(|_| self.inner.config.strict)
+        {
+            for capability in &spec.capabilities {
+                protocols
+                    .check_declared(&capability.name, &capability.version)
+                    .map_err(RegistryError::CapabilityNotDeclared)?;
+            }
+        }
+        Ok(())
     }
 
     /// Marks the first health probe of `lease_id` as passed: REGISTERED becomes READY.
@@ -468,12 +515,6 @@ impl Registry {
         reported: InstanceState,
         load: Load,
     ) -> Result<(SystemTime, InstanceState), RegistryError> {
-        let reported = if reported == InstanceState::Ready && load.model_bound() {
-            InstanceState::Busy
-        } else {
-            reported
-        };
-        let in_flight = load.in_flight;
         let mut table = self.table();
         if table.drained_leases.contains_key(lease_id) {
             return Err(RegistryError::Drained(instance_id.to_string()));
@@ -490,20 +531,8 @@ impl Registry {
         entry.lease_deadline = Instant::now() + ttl;
         let expires = SystemTime::now() + ttl;
         entry.instance.lease_expires_at = Some(reach_rpc::time::timestamp(expires));
-        let current = entry.instance.state();
-        let next = next_state(current, reported, entry.probed);
-        let changed = next != current
-            || entry.instance.in_flight != in_flight
-            || entry.instance.model_calls_in_flight != load.model_calls_in_flight
-            || entry.instance.model_slots_free != load.model_slots_free;
-        entry.instance.state = next as i32;
-        entry.instance.in_flight = in_flight;
-        entry.instance.model_calls_in_flight = load.model_calls_in_flight;
-        entry.instance.model_slots_free = load.model_slots_free;
+        let (next, changed) = apply_report(&mut entry.instance, entry.probed, reported, load);
         if changed {
-            if next != current {
-                info!(instance = %instance_id, from = ?current, to = ?next, "instance state changed");
-            }
             self.touch_and_publish(&mut table, instance_id);
         }
         Ok((expires, next))
@@ -600,8 +629,12 @@ impl Registry {
         ids.len()
     }
 
-    /// Expires every lease whose deadline has passed; returns the expired instance ids.
+    /// Expires every lease whose deadline has passed; returns the expired instance ids. A
+    /// mirror expires nothing (its store does).
     pub fn expire_leases(&self) -> Vec<String> {
+        if self.inner.mirror {
+            return Vec::new();
+        }
         let now = Instant::now();
         let mut table = self.table();
         let expired: Vec<String> = table
@@ -735,13 +768,8 @@ impl Registry {
                 Vec::new()
             }
             WatchFrom::Resume { after_revision, .. } => {
-                // The history is one event per revision: it covers `after_revision` when its
-                // oldest event is the one right after it (or earlier).
-                let covered = after_revision < table.revision
-                    && table
-                        .history
-                        .front()
-                        .is_some_and(|(oldest, _)| oldest.revision <= after_revision + 1);
+                let covered =
+                    table.history_floor <= after_revision && after_revision < table.revision;
                 if covered {
                     table
                         .history
@@ -805,13 +833,166 @@ impl Registry {
         while table.history.len() > WATCH_HISTORY
             || (table.history_bytes > WATCH_HISTORY_BYTES && table.history.len() > 1)
         {
-            if let Some((_, dropped)) = table.history.pop_front() {
-                table.history_bytes -= dropped;
+            if let Some((dropped, bytes)) = table.history.pop_front() {
+                table.history_bytes -= bytes;
+                table.history_floor = dropped.revision;
             }
         }
         // No receivers is fine: nobody watches yet.
         let _ = self.inner.events.send(event);
+        self.inner.applied.send_replace(table.revision);
     }
+
+    /// The instance `instance_id` as its store holds it (descriptors included), with the
+    /// revision it was last changed at; `None` when it is not in the table.
+    pub fn held(&self, instance_id: &str) -> Option<(Held, u64)> {
+        let table = self.table();
+        let entry = table.instances.get(instance_id)?;
+        let mut instance = entry.instance.clone();
+        if let Some(spec) = instance.spec.as_mut() {
+            spec.capabilities.clone_from(&entry.capabilities);
+        }
+        let held = Held {
+            instance,
+            owner: entry.owner.clone(),
+            lease_ttl: entry.lease_ttl,
+            probed: entry.probed,
+        };
+        Some((held, entry.instance.revision))
+    }
+
+    /// The instances (descriptors included) a mirror holds, with their revisions: what the
+    /// etcd backend's prober scans.
+    pub fn held_all(&self) -> Vec<(Held, u64)> {
+        let ids: Vec<String> = self.table().instances.keys().cloned().collect();
+        ids.iter().filter_map(|id| self.held(id)).collect()
+    }
+
+    /// Mirrors a store's write of `held` at `revision`: the instance is added or replaced and
+    /// watchers are sent it.
+    pub fn apply_put(&self, held: Held, revision: u64) {
+        let Held {
+            mut instance,
+            owner,
+            lease_ttl,
+            probed,
+        } = held;
+        instance.revision = revision;
+        let id = instance_id(&instance).to_string();
+        let mut table = self.table();
+        let registered = table
+            .instances
+            .get(&id)
+            .filter(|e| e.instance.lease_id == instance.lease_id)
+            .map_or(revision, |e| e.registered);
+        let entry = Entry::of(&instance, owner, lease_ttl, probed, registered);
+        let shown = entry.instance.clone();
+        table.instances.insert(id, entry);
+        table.revision = table.revision.max(revision);
+        self.publish(&mut table, watch_response::Event::Upserted(shown));
+    }
+
+    /// Mirrors a store's removal of `instance_id` at `revision` (deregistered, drained or its
+    /// lease expired): watchers are sent it OFFLINE.
+    pub fn apply_delete(&self, instance_id: &str, revision: u64) {
+        let mut table = self.table();
+        if let Some(mut entry) = table.instances.remove(instance_id) {
+            table.revision = table.revision.max(revision);
+            entry.instance.state = InstanceState::Offline as i32;
+            entry.instance.revision = table.revision;
+            self.publish(&mut table, watch_response::Event::Removed(entry.instance));
+        } else {
+            table.revision = table.revision.max(revision);
+            self.inner.applied.send_replace(table.revision);
+        }
+    }
+
+    /// Records that the store reached `revision` with no change to the table (a write to
+    /// another key): [`Registry::applied`] waiters of it wake.
+    pub fn apply_progress(&self, revision: u64) {
+        let mut table = self.table();
+        table.revision = table.revision.max(revision);
+        self.inner.applied.send_replace(table.revision);
+    }
+
+    /// Replaces the whole table with `instances`, the store's state at `revision` (the first
+    /// read, or a re-read after the store compacted the revisions a watch needed). The
+    /// history restarts there, and the drained leases are forgotten (the caller applies the
+    /// store's again); open watches are sent a snapshot with `cause`.
+    pub fn apply_reset(&self, instances: Vec<Held>, revision: u64, cause: SnapshotCause) {
+        let mut table = self.table();
+        table.instances.clear();
+        table.drained_leases.clear();
+        table.history.clear();
+        table.history_bytes = 0;
+        table.revision = revision;
+        table.history_floor = revision;
+        for held in instances {
+            let mut instance = held.instance;
+            if instance.revision == 0 {
+                instance.revision = revision;
+            }
+            let id = instance_id(&instance).to_string();
+            let registered = instance.revision;
+            let entry = Entry::of(
+                &instance,
+                held.owner,
+                held.lease_ttl,
+                held.probed,
+                registered,
+            );
+            table.instances.insert(id, entry);
+        }
+        record_state_counts(&table);
+        let snapshot = Arc::new(self.snapshot_of(&table, cause));
+        let _ = self.inner.events.send(snapshot);
+        self.inner.applied.send_replace(table.revision);
+    }
+
+    /// Marks `lease_id` drained by an operator (or no longer, with `drained` false) in a
+    /// mirror: heartbeats with it are answered INSTANCE_DRAINED.
+    pub fn apply_drained(&self, lease_id: &str, drained: bool) {
+        let mut table = self.table();
+        if drained {
+            table
+                .drained_leases
+                .insert(lease_id.to_string(), Instant::now());
+        } else {
+            table.drained_leases.remove(lease_id);
+        }
+    }
+
+    /// Whether an operator drained `lease_id` (within the last 10 minutes).
+    pub fn is_drained(&self, lease_id: &str) -> bool {
+        self.table().drained_leases.contains_key(lease_id)
+    }
+
+    /// Waits until the table holds `revision` (a mirror: the store's write came back through
+    /// its watch) or `timeout` passes; returns whether it does.
+    pub async fn applied(&self, revision: u64, timeout: Duration) -> bool {
+        let mut applied = self.inner.applied.subscribe();
+        tokio::time::timeout(timeout, applied.wait_for(|held| *held >= revision))
+            .await
+            .is_ok_and(|waited| waited.is_ok())
+    }
+
+    /// The current revision.
+    pub fn revision(&self) -> u64 {
+        self.table().revision
+    }
+}
+
+/// An instance as a store holds it: what a mirror's `apply_*` methods take.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Held {
+    /// The instance, capability descriptors included, lease id set.
+    pub instance: Instance,
+    /// The identity that registered it.
+    pub owner: String,
+    /// The granted lease TTL.
+    pub lease_ttl: Duration,
+    /// Whether its first health probe passed (or probing is off).
+    pub probed: bool,
 }
 
 /// `instance` with its capabilities' descriptors cleared: what Watch and ListInstances
@@ -854,6 +1035,36 @@ pub fn state_label(state: InstanceState) -> &'static str {
         InstanceState::Draining => "draining",
         InstanceState::Offline => "offline",
     }
+}
+
+/// Records a heartbeat's `reported` state and `load` on `instance` (its first probe `probed`
+/// or not): a READY report of a model-bound instance counts as BUSY, and DRAINING is final.
+/// Returns the state now and whether anything watchers see changed.
+pub(crate) fn apply_report(
+    instance: &mut Instance,
+    probed: bool,
+    reported: InstanceState,
+    load: Load,
+) -> (InstanceState, bool) {
+    let reported = if reported == InstanceState::Ready && load.model_bound() {
+        InstanceState::Busy
+    } else {
+        reported
+    };
+    let current = instance.state();
+    let next = next_state(current, reported, probed);
+    let changed = next != current
+        || instance.in_flight != load.in_flight
+        || instance.model_calls_in_flight != load.model_calls_in_flight
+        || instance.model_slots_free != load.model_slots_free;
+    instance.state = next as i32;
+    instance.in_flight = load.in_flight;
+    instance.model_calls_in_flight = load.model_calls_in_flight;
+    instance.model_slots_free = load.model_slots_free;
+    if next != current {
+        info!(instance = %instance_id(instance), from = ?current, to = ?next, "instance state changed");
+    }
+    (next, changed)
 }
 
 fn next_state(current: InstanceState, reported: InstanceState, probed: bool) -> InstanceState {

@@ -378,6 +378,10 @@ Checks that values.schema.json cannot express; each failure says what to change.
 {{- if and $o.enabled (eq $o.store.type "postgres") (not $o.store.postgres.existingSecret) (not $o.store.postgres.url) -}}
 {{- fail "orchestrator.store.type is postgres, but neither orchestrator.store.postgres.existingSecret nor orchestrator.store.postgres.url is set: name the Secret (and its key, orchestrator.store.postgres.secretKey) holding the postgres://USER:PASSWORD@HOST:PORT/DB URL" -}}
 {{- end -}}
+{{- $r := .Values.registry -}}
+{{- if and (gt (int $r.replicas) 1) (not $r.etcd.endpoints) -}}
+{{- fail (printf "registry.replicas is %d, but registry.etcd.endpoints is empty: in-memory leases belong to one process. Run one replica, or set registry.etcd.endpoints (the etcd members' client URLs) to run several" (int $r.replicas)) -}}
+{{- end -}}
 {{- if and .Values.protocolRegistry.strict (not (include "reach.protocolRegistry.enabled" .)) -}}
 {{- fail "protocolRegistry.strict needs a protocol registry to check registrations against: set protocolRegistry.content, or protocolRegistry.example=true" -}}
 {{- end -}}

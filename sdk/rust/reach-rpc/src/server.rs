@@ -55,6 +55,8 @@ pub struct GrpcServer {
     /// Services reported NOT_SERVING until their future resolves (see
     /// [`GrpcServer::ready_when`]).
     readiness: Vec<(&'static str, futures::future::BoxFuture<'static, ()>)>,
+    /// Services whose status follows a flag ([`GrpcServer::serving_while`]).
+    conditions: Vec<(&'static str, tokio::sync::watch::Receiver<bool>)>,
     trust: std::sync::Arc<reach_trust::Trust>,
 }
 
@@ -89,6 +91,7 @@ impl GrpcServer {
             fallback: None,
             reflection_source: None,
             readiness: Vec::new(),
+            conditions: Vec::new(),
             trust: reach_trust::Trust::disabled(),
         }
     }
@@ -113,6 +116,18 @@ impl GrpcServer {
         ready: impl Future<Output = ()> + Send + 'static,
     ) -> Self {
         self.readiness.push((name, Box::pin(ready)));
+        self
+    }
+
+    /// Reports the added service `name` SERVING while `serving` holds true and NOT_SERVING
+    /// while it holds false (until shutdown, which sets NOT_SERVING): for a service whose
+    /// ability to do its job comes and goes, such as a registry whose store stops answering.
+    pub fn serving_while(
+        mut self,
+        name: &'static str,
+        serving: tokio::sync::watch::Receiver<bool>,
+    ) -> Self {
+        self.conditions.push((name, serving));
         self
     }
 
@@ -262,7 +277,11 @@ impl GrpcServer {
         let v1alpha = reflection.v1alpha();
         let stopping = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
         for name in &self.service_names {
-            let gated = self.readiness.iter().any(|(gated, _)| gated == name);
+            let gated = self.readiness.iter().any(|(gated, _)| gated == name)
+                || self
+                    .conditions
+                    .iter()
+                    .any(|(gated, serving)| gated == name && !*serving.borrow());
             let status = if gated {
                 ServingStatus::NotServing
             } else {
@@ -283,6 +302,32 @@ impl GrpcServer {
                         health
                             .set_service_status(name, ServingStatus::NotServing)
                             .await;
+                    }
+                }
+            });
+        }
+        for (name, mut serving) in self.conditions {
+            let (health, stopping) = (self.health.clone(), stopping.clone());
+            tokio::spawn(async move {
+                loop {
+                    let status = if *serving.borrow_and_update() {
+                        ServingStatus::Serving
+                    } else {
+                        ServingStatus::NotServing
+                    };
+                    if stopping.load(std::sync::atomic::Ordering::SeqCst) {
+                        return;
+                    }
+                    health.set_service_status(name, status).await;
+                    // Shutdown may have begun meanwhile, its NOT_SERVING already set.
+                    if stopping.load(std::sync::atomic::Ordering::SeqCst) {
+                        health
+                            .set_service_status(name, ServingStatus::NotServing)
+                            .await;
+                        return;
+                    }
+                    if serving.changed().await.is_err() {
+                        return;
                     }
                 }
             });

@@ -9,6 +9,7 @@
 //! | router / agent host / orchestrator / registry killed, restarted 1.5 s later | tasks lost, failed (that would have succeeded), nodes completed twice | 0, 0, 0 |
 //! | registry killed (in-memory: it comes back empty) | unary calls through the router, one after another, throughout: failed | 0 |
 //! | registry killed | time from its restart until every instance is READY in it again | measured, within the router's 20 s `registry_restart_grace` |
+//! | registry replica killed (two on etcd behind one address; needs `--features etcd` and etcd) | unary calls through the router, throughout: failed; instances READY on the survivor | 0; all |
 //!
 //! Run it alone with `cargo test -p reach --test faults`. Its last line is
 //! `faults: N passed, M failed`.
@@ -16,6 +17,7 @@
 mod calls;
 mod mesh;
 mod overload;
+mod replicas;
 mod tasks;
 
 use std::collections::HashMap;
@@ -106,6 +108,34 @@ async fn run() -> Vec<Check> {
 
     for crashed in ["router", "agents", "orchestrator", "registry"] {
         checks.push(crash_and_restart(crashed).await);
+    }
+    if cfg!(feature = "etcd") && replicas::etcd_installed() {
+        let report = replicas::run(logs.path()).await;
+        let tally = &report.calls;
+        checks.push(Check {
+            scenario: "registry replica killed",
+            figure: format!(
+                "one of two registry replicas on etcd SIGKILLed: {} calls through the router, {} failed (goal 0){}; {} of {} instances READY on the survivor",
+                tally.ok + tally.failed.len(),
+                tally.failed.len(),
+                sample(&tally.failed),
+                report.ready_after,
+                mesh::INSTANCES
+            ),
+            passed: tally.failed.is_empty() && tally.ok > 0 && report.ready_after >= mesh::INSTANCES,
+        });
+    } else if std::env::var("CI").is_ok() {
+        checks.push(Check {
+            scenario: "registry replica killed",
+            figure:
+                "not run: build with --features reach/etcd and install etcd (scripts/etcd-env.sh)"
+                    .into(),
+            passed: false,
+        });
+    } else {
+        eprintln!(
+            "\n!!!!! SKIPPING the etcd replica scenario: needs --features reach/etcd and etcd (scripts/etcd-env.sh) !!!!!\n"
+        );
     }
     checks
 }

@@ -1,0 +1,848 @@
+//! The registry on a real etcd (started by each test on 127.0.0.1 ephemeral ports): several
+//! replicas share one table, leases expire in etcd, watches resume across replicas, a
+//! compacted revision yields a snapshot that says so, an unreachable etcd turns the health
+//! check NOT_SERVING, and a dead replica's share of health probing moves to the survivors.
+
+use std::net::SocketAddr;
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::Duration;
+
+use reach_proto::v1::registry_service_client::RegistryServiceClient;
+use reach_proto::v1::{
+    DeregisterRequest, HeartbeatRequest, InstanceSpec, InstanceState, ListInstancesRequest,
+    RegisterRequest, RegisterResponse, SnapshotCause, WatchRequest, WatchResponse, watch_response,
+};
+use reach_registry::config::{Backend as BackendKind, EtcdConfig};
+use reach_registry::{Backend, RegistryConfig, RegistryGrpc};
+use tokio::net::TcpListener;
+use tokio::task::JoinHandle;
+use tonic::transport::Channel;
+use tonic_health::pb::health_check_response::ServingStatus;
+use tonic_health::pb::health_client::HealthClient;
+
+/// An etcd server of its own, killed (SIGKILL) when dropped.
+struct Etcd {
+    child: Child,
+    url: String,
+    _dir: tempfile::TempDir,
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+impl Etcd {
+    /// Starts etcd, or returns `None` (skipping the test loudly) when it is not installed and
+    /// this is not CI.
+    async fn start() -> Option<Etcd> {
+        Self::start_with(None).await
+    }
+
+    /// [`Etcd::start`] serving TLS with `tls` (directory of `ca.pem`, `server.pem`,
+    /// `server-key.pem`) and requiring client certificates signed by that CA.
+    async fn start_with(tls: Option<&std::path::Path>) -> Option<Etcd> {
+        let binary = std::env::var("REACH_TEST_ETCD").unwrap_or_else(|_| "etcd".into());
+        if Command::new(&binary).arg("--version").output().is_err() {
+            assert!(
+                std::env::var("CI").is_err(),
+                "etcd is not installed but CI is set: scripts/test.sh installs etcd-server"
+            );
+            eprintln!(
+                "\n!!!!! SKIPPING etcd test: no `{binary}` binary (apt-get install etcd-server, or set REACH_TEST_ETCD) !!!!!\n"
+            );
+            return None;
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let (client, peer) = (free_port(), free_port());
+        let scheme = if tls.is_some() { "https" } else { "http" };
+        let url = format!("{scheme}://127.0.0.1:{client}");
+        let peer_url = format!("http://127.0.0.1:{peer}");
+        let mut command = Command::new(&binary);
+        if let Some(dir) = tls {
+            let file = |name: &str| dir.join(name).to_str().unwrap().to_string();
+            command
+                .args(["--cert-file", &file("server.pem")])
+                .args(["--key-file", &file("server-key.pem")])
+                .args(["--trusted-ca-file", &file("ca.pem")])
+                .arg("--client-cert-auth");
+        }
+        let child = command
+            .args(["--data-dir", dir.path().to_str().unwrap()])
+            .args(["--name", "test"])
+            .args([
+                "--listen-client-urls",
+                &url,
+                "--advertise-client-urls",
+                &url,
+            ])
+            .args(["--listen-peer-urls", &peer_url])
+            .args(["--initial-advertise-peer-urls", &peer_url])
+            .args(["--initial-cluster", &format!("test={peer_url}")])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start etcd");
+        let etcd = Etcd {
+            child,
+            url,
+            _dir: dir,
+        };
+        // Healthy in about 0.1 s; bounded. Over TLS, listening is enough: the registry's
+        // own start-up then checks the handshake.
+        for _ in 0..200 {
+            if tls.is_some() {
+                if tokio::net::TcpStream::connect(("127.0.0.1", client))
+                    .await
+                    .is_ok()
+                {
+                    return Some(etcd);
+                }
+            } else if let Ok(mut client) = etcd_client::Client::connect([&etcd.url], None).await
+                && client.status().await.is_ok()
+            {
+                return Some(etcd);
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        panic!("etcd did not become healthy within 10 s at {}", etcd.url);
+    }
+
+    async fn client(&self) -> etcd_client::Client {
+        etcd_client::Client::connect([&self.url], None)
+            .await
+            .unwrap()
+    }
+}
+
+impl Drop for Etcd {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A TCP proxy in front of etcd that a test can cut (every connection dropped, new ones
+/// refused at once) and restore: etcd becomes unreachable for one replica only.
+struct Proxy {
+    url: String,
+    cut: Arc<std::sync::atomic::AtomicBool>,
+    connections: Arc<std::sync::Mutex<Vec<JoinHandle<()>>>>,
+    _accept: JoinHandle<()>,
+}
+
+impl Proxy {
+    async fn to(target: &str) -> Proxy {
+        let target: SocketAddr = target.trim_start_matches("http://").parse().unwrap();
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        let cut = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let connections: Arc<std::sync::Mutex<Vec<JoinHandle<()>>>> = Arc::default();
+        let (is_cut, held) = (Arc::clone(&cut), Arc::clone(&connections));
+        let accept = tokio::spawn(async move {
+            loop {
+                let Ok((mut inbound, _)) = listener.accept().await else {
+                    return;
+                };
+                if is_cut.load(std::sync::atomic::Ordering::SeqCst) {
+                    continue; // dropped: the client sees the connection reset
+                }
+                held.lock().unwrap().push(tokio::spawn(async move {
+                    if let Ok(mut outbound) = tokio::net::TcpStream::connect(target).await {
+                        let _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound).await;
+                    }
+                }));
+            }
+        });
+        Proxy {
+            url,
+            cut,
+            connections,
+            _accept: accept,
+        }
+    }
+
+    fn cut(&self) {
+        self.cut.store(true, std::sync::atomic::Ordering::SeqCst);
+        for connection in self.connections.lock().unwrap().drain(..) {
+            connection.abort();
+        }
+    }
+
+    fn restore(&self) {
+        self.cut.store(false, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+/// A registry replica on etcd, served over gRPC on 127.0.0.1:0.
+struct Replica {
+    backend: Backend,
+    url: String,
+    stop: tokio_util::sync::CancellationToken,
+}
+
+fn etcd_config(etcd_url: &str) -> EtcdConfig {
+    EtcdConfig {
+        endpoints: vec![etcd_url.to_string()],
+        dial_timeout: Duration::from_secs(2),
+        request_timeout: Duration::from_secs(2),
+        keep_alive_interval: Duration::from_secs(1),
+        keep_alive_timeout: Duration::from_secs(1),
+        replica_ttl: Duration::from_secs(2),
+        ..EtcdConfig::default()
+    }
+}
+
+impl Replica {
+    async fn start(etcd_url: &str, health_probe: bool) -> Replica {
+        Self::start_with(etcd_config(etcd_url), health_probe).await
+    }
+
+    async fn start_with(etcd: EtcdConfig, health_probe: bool) -> Replica {
+        let config = RegistryConfig {
+            backend: BackendKind::Etcd,
+            health_probe,
+            etcd,
+            ..RegistryConfig::default()
+        };
+        let backend = Backend::start(config, None)
+            .await
+            .expect("registry on etcd");
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        let server = reach_rpc::GrpcServer::new()
+            .add_service(RegistryGrpc::with_backend(backend.clone()).into_server())
+            .serving_while(
+                reach_proto::v1::registry_service_server::SERVICE_NAME,
+                backend.serving(),
+            );
+        let stop = tokio_util::sync::CancellationToken::new();
+        let stopped = stop.clone();
+        tokio::spawn(server.serve(listener, async move { stopped.cancelled().await }));
+        Replica { backend, url, stop }
+    }
+
+    async fn client(&self) -> RegistryServiceClient<Channel> {
+        RegistryServiceClient::connect(self.url.clone())
+            .await
+            .unwrap()
+    }
+
+    async fn health(&self) -> ServingStatus {
+        let channel = tonic::transport::Endpoint::from_shared(self.url.clone())
+            .unwrap()
+            .connect()
+            .await
+            .unwrap();
+        let mut health = HealthClient::new(channel);
+        health
+            .check(tonic_health::pb::HealthCheckRequest {
+                service: reach_proto::v1::registry_service_server::SERVICE_NAME.into(),
+            })
+            .await
+            .unwrap()
+            .into_inner()
+            .status()
+    }
+}
+
+impl Drop for Replica {
+    fn drop(&mut self) {
+        self.stop.cancel();
+    }
+}
+
+fn spec(id: &str, endpoint: &str) -> InstanceSpec {
+    InstanceSpec {
+        service: "svc.etcd".into(),
+        instance_id: id.into(),
+        endpoint: endpoint.into(),
+        ..Default::default()
+    }
+}
+
+async fn register(
+    client: &mut RegistryServiceClient<Channel>,
+    spec: InstanceSpec,
+    ttl: Duration,
+) -> RegisterResponse {
+    client
+        .register(RegisterRequest {
+            instance: Some(spec),
+            lease_ttl: Some(reach_rpc::time::proto_duration(ttl)),
+        })
+        .await
+        .unwrap()
+        .into_inner()
+}
+
+async fn watch(
+    client: &mut RegistryServiceClient<Channel>,
+    request: WatchRequest,
+) -> tonic::Streaming<WatchResponse> {
+    client.watch(request).await.unwrap().into_inner()
+}
+
+async fn next(stream: &mut tonic::Streaming<WatchResponse>) -> WatchResponse {
+    tokio::time::timeout(Duration::from_secs(10), stream.message())
+        .await
+        .expect("a watch event within 10 s")
+        .unwrap()
+        .expect("the watch stream stays open")
+}
+
+/// The instance id and state an upsert or removal carries (panics on a snapshot).
+fn change(event: &WatchResponse) -> (&'static str, String, InstanceState) {
+    match event.event.as_ref() {
+        Some(watch_response::Event::Upserted(i)) => {
+            ("upserted", i.spec.clone().unwrap().instance_id, i.state())
+        }
+        Some(watch_response::Event::Removed(i)) => {
+            ("removed", i.spec.clone().unwrap().instance_id, i.state())
+        }
+        other => panic!("expected an upsert or removal, got {other:?}"),
+    }
+}
+
+fn snapshot(event: &WatchResponse) -> (SnapshotCause, Vec<String>) {
+    match event.event.as_ref() {
+        Some(watch_response::Event::Snapshot(s)) => (
+            s.cause(),
+            s.instances
+                .iter()
+                .map(|i| i.spec.clone().unwrap().instance_id)
+                .collect(),
+        ),
+        other => panic!("expected a snapshot, got {other:?}"),
+    }
+}
+
+/// Polls `check` every 20 ms until it holds, for at most `limit`; returns how long it took.
+async fn eventually<F, Fut>(what: &str, limit: Duration, mut check: F) -> Duration
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let start = tokio::time::Instant::now();
+    while start.elapsed() < limit {
+        if check().await {
+            return start.elapsed();
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    panic!("{what}: not within {limit:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_instance_registered_through_one_replica_is_listed_watched_renewed_and_removed_through_another()
+ {
+    let Some(etcd) = Etcd::start().await else {
+        return;
+    };
+    let (a, b) = (
+        Replica::start(&etcd.url, false).await,
+        Replica::start(&etcd.url, false).await,
+    );
+    let (mut client_a, mut client_b) = (a.client().await, b.client().await);
+    let mut watch_b = watch(&mut client_b, WatchRequest::default()).await;
+    let start = next(&mut watch_b).await;
+    assert_eq!(snapshot(&start), (SnapshotCause::Start, vec![]));
+    assert_eq!(
+        start.epoch,
+        a.backend.view().epoch(),
+        "replicas on one etcd prefix share an epoch"
+    );
+
+    let registered = register(
+        &mut client_a,
+        spec("one", "http://127.0.0.1:9"),
+        Duration::from_secs(10),
+    )
+    .await;
+    assert_eq!(registered.lease_ttl.unwrap().seconds, 10);
+    let upsert = next(&mut watch_b).await;
+    assert_eq!(
+        change(&upsert),
+        ("upserted", "one".into(), InstanceState::Ready)
+    );
+    assert_eq!(
+        upsert.revision,
+        registered.instance.as_ref().unwrap().revision,
+        "the Watch revision is the etcd revision of the write"
+    );
+    let listed = client_b
+        .list_instances(ListInstancesRequest::default())
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(listed.instances.len(), 1);
+    assert!(
+        listed.instances[0].lease_id.is_empty(),
+        "lease ids stay redacted"
+    );
+
+    // A heartbeat through B renews the lease A granted and records the load.
+    let beat = client_b
+        .heartbeat(HeartbeatRequest {
+            instance_id: "one".into(),
+            lease_id: registered.lease_id.clone(),
+            state: InstanceState::Busy as i32,
+            in_flight: 3,
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(beat.state(), InstanceState::Busy);
+    let busy = next(&mut watch_b).await;
+    assert_eq!(
+        change(&busy),
+        ("upserted", "one".into(), InstanceState::Busy)
+    );
+    let on_a = a.backend.view().list("", "");
+    assert_eq!(on_a.instances[0].in_flight, 3, "A sees B's write");
+
+    // A wrong lease id is refused on either replica; another identity cannot take the id.
+    let wrong = client_a
+        .heartbeat(HeartbeatRequest {
+            instance_id: "one".into(),
+            lease_id: "0000000000000001.forged".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(wrong.code(), tonic::Code::NotFound, "{wrong}");
+
+    client_b
+        .deregister(DeregisterRequest {
+            instance_id: "one".into(),
+            lease_id: registered.lease_id.clone(),
+        })
+        .await
+        .unwrap();
+    let removed = next(&mut watch_b).await;
+    assert_eq!(
+        change(&removed),
+        ("removed", "one".into(), InstanceState::Offline)
+    );
+    assert!(a.backend.view().list("", "").instances.is_empty());
+    let gone = client_a
+        .heartbeat(HeartbeatRequest {
+            instance_id: "one".into(),
+            lease_id: registered.lease_id,
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(gone.code(), tonic::Code::NotFound, "{gone}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lease_expiry_in_etcd_makes_the_instance_offline_on_every_replica() {
+    let Some(etcd) = Etcd::start().await else {
+        return;
+    };
+    let (a, b) = (
+        Replica::start(&etcd.url, false).await,
+        Replica::start(&etcd.url, false).await,
+    );
+    let (mut client_a, mut client_b) = (a.client().await, b.client().await);
+    let mut watch_a = watch(&mut client_a, WatchRequest::default()).await;
+    let mut watch_b = watch(&mut client_b, WatchRequest::default()).await;
+    next(&mut watch_a).await;
+    next(&mut watch_b).await;
+    // etcd leases are whole seconds, at least etcd's minimum (1.5 s rounded up).
+    let registered = register(
+        &mut client_a,
+        spec("short", "http://127.0.0.1:9"),
+        Duration::from_millis(1500),
+    )
+    .await;
+    let granted = registered.lease_ttl.unwrap().seconds;
+    assert!((2..=3).contains(&granted), "granted {granted} s");
+    for stream in [&mut watch_a, &mut watch_b] {
+        assert_eq!(change(&next(stream).await).0, "upserted");
+    }
+    // No heartbeats: etcd expires the lease and deletes the key; both replicas say OFFLINE.
+    for stream in [&mut watch_a, &mut watch_b] {
+        let removed = next(stream).await;
+        assert_eq!(
+            change(&removed),
+            ("removed", "short".into(), InstanceState::Offline)
+        );
+    }
+    assert!(b.backend.view().list("", "").instances.is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_watch_resumed_on_another_replica_gets_exactly_the_missed_events() {
+    let Some(etcd) = Etcd::start().await else {
+        return;
+    };
+    let (a, b) = (
+        Replica::start(&etcd.url, false).await,
+        Replica::start(&etcd.url, false).await,
+    );
+    let (mut client_a, mut client_b) = (a.client().await, b.client().await);
+    let ttl = Duration::from_secs(30);
+    let x = register(&mut client_a, spec("x", "http://127.0.0.1:9"), ttl).await;
+    let mut first = watch(&mut client_a, WatchRequest::default()).await;
+    let seen = next(&mut first).await;
+    assert_eq!(snapshot(&seen).1, vec!["x".to_string()]);
+    drop(first);
+
+    // Three changes while the watcher is away.
+    let y = register(&mut client_a, spec("y", "http://127.0.0.1:9"), ttl).await;
+    client_a
+        .heartbeat(HeartbeatRequest {
+            instance_id: "x".into(),
+            lease_id: x.lease_id.clone(),
+            state: InstanceState::Ready as i32,
+            in_flight: 1,
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    client_a
+        .deregister(DeregisterRequest {
+            instance_id: "y".into(),
+            lease_id: y.lease_id,
+        })
+        .await
+        .unwrap();
+    eventually(
+        "B mirrors the three changes",
+        Duration::from_secs(5),
+        || {
+            let view = b.backend.view().clone();
+            async move { view.list("", "").instances.len() == 1 }
+        },
+    )
+    .await;
+
+    // Resumed on B: exactly the three missed events, in order, no snapshot.
+    let mut resumed = watch(
+        &mut client_b,
+        WatchRequest {
+            after_revision: seen.revision,
+            epoch: seen.epoch.clone(),
+        },
+    )
+    .await;
+    let mut missed = Vec::new();
+    for _ in 0..3 {
+        let event = next(&mut resumed).await;
+        assert_eq!(event.epoch, seen.epoch);
+        missed.push(change(&event));
+    }
+    assert_eq!(
+        missed,
+        vec![
+            ("upserted", "y".into(), InstanceState::Ready),
+            ("upserted", "x".into(), InstanceState::Ready),
+            ("removed", "y".into(), InstanceState::Offline),
+        ]
+    );
+    // Nothing more is pending: the next event is a new change.
+    register(&mut client_b, spec("z", "http://127.0.0.1:9"), ttl).await;
+    assert_eq!(change(&next(&mut resumed).await).1, "z");
+
+    // A replica started after that revision does not hold the events: a snapshot, COMPACTED.
+    let c = Replica::start(&etcd.url, false).await;
+    let mut late = watch(
+        &mut c.client().await,
+        WatchRequest {
+            after_revision: seen.revision,
+            epoch: seen.epoch.clone(),
+        },
+    )
+    .await;
+    let (cause, mut ids) = snapshot(&next(&mut late).await);
+    ids.sort();
+    assert_eq!(cause, SnapshotCause::Compacted);
+    assert_eq!(ids, vec!["x".to_string(), "z".to_string()]);
+
+    // The table wiped (etcd recreated, or the prefix deleted): a new epoch, so a watcher
+    // resuming from the old one is sent a snapshot that says so, not a gap.
+    etcd.client()
+        .await
+        .delete(
+            "/reach/registry/",
+            Some(etcd_client::DeleteOptions::new().with_prefix()),
+        )
+        .await
+        .unwrap();
+    let d = Replica::start(&etcd.url, false).await;
+    assert_ne!(d.backend.view().epoch(), seen.epoch);
+    let mut wiped = watch(
+        &mut d.client().await,
+        WatchRequest {
+            after_revision: seen.revision,
+            epoch: seen.epoch,
+        },
+    )
+    .await;
+    assert_eq!(
+        snapshot(&next(&mut wiped).await),
+        (SnapshotCause::EpochChanged, vec![])
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn etcd_unreachable_turns_health_not_serving_and_a_compacted_revision_yields_a_snapshot() {
+    let Some(etcd) = Etcd::start().await else {
+        return;
+    };
+    let proxy = Proxy::to(&etcd.url).await;
+    let a = Replica::start(&proxy.url, false).await;
+    let mut client_a = a.client().await;
+    let ttl = Duration::from_secs(30);
+    register(&mut client_a, spec("kept", "http://127.0.0.1:9"), ttl).await;
+    let mut watcher = watch(&mut client_a, WatchRequest::default()).await;
+    assert_eq!(
+        snapshot(&next(&mut watcher).await).1,
+        vec!["kept".to_string()]
+    );
+    assert_eq!(a.health().await, ServingStatus::Serving);
+
+    // etcd unreachable from A: NOT_SERVING, while A keeps serving its last view.
+    proxy.cut();
+    let took = eventually("A reports NOT_SERVING", Duration::from_secs(10), || async {
+        a.health().await == ServingStatus::NotServing
+    })
+    .await;
+    eprintln!(
+        "NOT_SERVING {} ms after etcd became unreachable",
+        took.as_millis()
+    );
+    assert_eq!(a.backend.view().list("", "").instances.len(), 1);
+    let refused = tokio::time::timeout(Duration::from_secs(10), async {
+        client_a
+            .register(RegisterRequest {
+                instance: Some(spec("lost", "http://127.0.0.1:9")),
+                lease_ttl: None,
+            })
+            .await
+    })
+    .await
+    .expect("a register answers within the request timeout")
+    .unwrap_err();
+    assert_eq!(refused.code(), tonic::Code::Unavailable, "{refused}");
+
+    // Meanwhile another writer changes the table and etcd compacts those revisions.
+    let mut direct = etcd.client().await;
+    let b = Replica::start(&etcd.url, false).await;
+    register(
+        &mut b.client().await,
+        spec("new", "http://127.0.0.1:9"),
+        ttl,
+    )
+    .await;
+    let revision = direct.status().await.unwrap().header().unwrap().revision();
+    direct.compact(revision, None).await.unwrap();
+
+    // Reachable again: A reads the table afresh and says why in the open stream.
+    proxy.restore();
+    let event = next(&mut watcher).await;
+    let (cause, mut ids) = snapshot(&event);
+    ids.sort();
+    assert_eq!(cause, SnapshotCause::Compacted);
+    assert_eq!(ids, vec!["kept".to_string(), "new".to_string()]);
+    eventually(
+        "A reports SERVING again",
+        Duration::from_secs(10),
+        || async { a.health().await == ServingStatus::Serving },
+    )
+    .await;
+}
+
+/// A `grpc.health.v1` server for the probed instances, NOT_SERVING until `serve()`.
+async fn agent_health() -> (String, tonic_health::server::HealthReporter) {
+    let (reporter, service) = tonic_health::server::health_reporter();
+    reporter
+        .set_service_status(
+            "reach.v1.AgentService",
+            tonic_health::ServingStatus::NotServing,
+        )
+        .await;
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(
+        tonic::transport::Server::builder()
+            .add_service(service)
+            .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener)),
+    );
+    (url, reporter)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn probing_is_split_between_replicas_and_a_dead_replicas_share_moves_to_the_survivor() {
+    let Some(etcd) = Etcd::start().await else {
+        return;
+    };
+    let (endpoint, health) = agent_health().await;
+    let a = Replica::start(&etcd.url, true).await;
+    let b = Replica::start(&etcd.url, true).await;
+    let (id_a, id_b) = match (&a.backend, &b.backend) {
+        (Backend::Etcd(a), Backend::Etcd(b)) => {
+            (a.replica_id().to_string(), b.replica_id().to_string())
+        }
+        _ => unreachable!("etcd replicas"),
+    };
+    eventually(
+        "each replica sees the other",
+        Duration::from_secs(5),
+        || {
+            let (a, b) = (a.backend.clone(), b.backend.clone());
+            async move {
+                match (&a, &b) {
+                    (Backend::Etcd(a), Backend::Etcd(b)) => {
+                        a.replicas().len() == 2 && b.replicas().len() == 2
+                    }
+                    _ => false,
+                }
+            }
+        },
+    )
+    .await;
+    let ids: Vec<String> = (0..16).map(|i| format!("probed-{i}")).collect();
+    let share_a = ids
+        .iter()
+        .filter(|id| {
+            reach_registry::etcd::prober_of([id_a.as_str(), id_b.as_str()], id)
+                == Some(id_a.as_str())
+        })
+        .count();
+    assert!(
+        (1..16).contains(&share_a),
+        "16 instances split between two replicas, {share_a} to A"
+    );
+    let mut client_b = b.client().await;
+    for id in &ids {
+        register(&mut client_b, spec(id, &endpoint), LEASE_TTL).await;
+    }
+    // Both replicas probe their share: every instance records why it is not READY yet.
+    eventually(
+        "every instance records its failed probe",
+        Duration::from_secs(10),
+        || {
+            let view = b.backend.view().clone();
+            async move {
+                let listed = view.list("", "").instances;
+                listed.len() == 16
+                    && listed.iter().all(|i| {
+                        i.state() == InstanceState::Registered
+                            && i.health_probe_error.contains("NOT_SERVING")
+                    })
+            }
+        },
+    )
+    .await;
+
+    // A dies without revoking anything (as SIGKILL would leave it): its replica key expires
+    // after replica_ttl (2 s), and B takes over A's share.
+    match &a.backend {
+        Backend::Etcd(a) => a.abandon(),
+        _ => unreachable!(),
+    }
+    drop(a);
+    health
+        .set_service_status(
+            "reach.v1.AgentService",
+            tonic_health::ServingStatus::Serving,
+        )
+        .await;
+    // Within one instance lease TTL, as a router would notice an instance gone.
+    let took = eventually(
+        "every instance READY, A's share probed by B",
+        LEASE_TTL,
+        || {
+            let view = b.backend.view().clone();
+            async move {
+                view.list("", "")
+                    .instances
+                    .iter()
+                    .all(|i| i.state() == InstanceState::Ready)
+            }
+        },
+    )
+    .await;
+    eprintln!(
+        "all 16 READY {} ms after A died (replica TTL 2 s)",
+        took.as_millis()
+    );
+}
+
+/// The instance lease TTL of the probing test: a dead replica's share moves within it.
+const LEASE_TTL: Duration = Duration::from_secs(10);
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tls_to_etcd_works_with_a_client_certificate_and_is_refused_at_start_up_without_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let ca =
+        reach_trust::issue::CertificateAuthority::generate("etcd.test", Duration::from_secs(3600))
+            .unwrap();
+    let write = |name: &str, text: &str| std::fs::write(dir.path().join(name), text).unwrap();
+    write("ca.pem", ca.cert_pem());
+    for (who, path) in [("server", "/etcd"), ("client", "/registry")] {
+        let identity = reach_trust::Identity::parse(&format!("spiffe://etcd.test{path}")).unwrap();
+        let issued = ca.issue(&identity, &[], Duration::from_secs(3600)).unwrap();
+        write(&format!("{who}.pem"), &issued.cert_pem);
+        write(&format!("{who}-key.pem"), &issued.key_pem);
+    }
+    let Some(etcd) = Etcd::start_with(Some(dir.path())).await else {
+        return;
+    };
+    let file = |name: &str| dir.path().join(name);
+    let tls = |client_cert: bool| reach_registry::config::EtcdTls {
+        ca: file("ca.pem"),
+        cert: client_cert.then(|| file("client.pem")),
+        key: client_cert.then(|| file("client-key.pem")),
+        domain: None,
+    };
+
+    let replica = Replica::start_with(
+        EtcdConfig {
+            tls: Some(tls(true)),
+            ..etcd_config(&etcd.url)
+        },
+        false,
+    )
+    .await;
+    let mut client = replica.client().await;
+    register(
+        &mut client,
+        spec("over-tls", "http://127.0.0.1:9"),
+        Duration::from_secs(10),
+    )
+    .await;
+    assert_eq!(replica.backend.view().list("", "").instances.len(), 1);
+    assert_eq!(replica.health().await, ServingStatus::Serving);
+
+    // etcd asks for a client certificate: without one, the registry does not start, and
+    // says where it tried and what to check.
+    let refused = Backend::start(
+        RegistryConfig {
+            backend: BackendKind::Etcd,
+            etcd: EtcdConfig {
+                tls: Some(tls(false)),
+                ..etcd_config(&etcd.url)
+            },
+            ..RegistryConfig::default()
+        },
+        None,
+    )
+    .await
+    .err()
+    .expect("refused without a client certificate")
+    .to_string();
+    assert!(
+        refused.contains(&format!("cannot use etcd at {}", etcd.url))
+            && refused.contains("registry.etcd.tls"),
+        "{refused}"
+    );
+}
