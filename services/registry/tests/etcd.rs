@@ -403,6 +403,13 @@ async fn an_instance_registered_through_one_replica_is_listed_watched_renewed_an
         change(&busy),
         ("upserted", "one".into(), InstanceState::Busy)
     );
+    // A's own mirror applies the write through its etcd watch (a moment after B's).
+    assert!(
+        a.backend
+            .view()
+            .applied(busy.revision, Duration::from_secs(5))
+            .await
+    );
     let on_a = a.backend.view().list("", "");
     assert_eq!(on_a.instances[0].in_flight, 3, "A sees B's write");
 
@@ -428,6 +435,12 @@ async fn an_instance_registered_through_one_replica_is_listed_watched_renewed_an
     assert_eq!(
         change(&removed),
         ("removed", "one".into(), InstanceState::Offline)
+    );
+    assert!(
+        a.backend
+            .view()
+            .applied(removed.revision, Duration::from_secs(5))
+            .await
     );
     assert!(a.backend.view().list("", "").instances.is_empty());
     let gone = client_a
