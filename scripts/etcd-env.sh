@@ -7,6 +7,8 @@ set -euo pipefail
 need=()
 command -v etcd >/dev/null || need+=(etcd-server)
 command -v protoc >/dev/null || need+=(protobuf-compiler)
+# etcd's protos import protobuf's well-known types (google/protobuf/*.proto).
+[[ -f /usr/include/google/protobuf/descriptor.proto ]] || need+=(libprotobuf-dev)
 if ((${#need[@]})); then
     echo "installing ${need[*]} (apt-get)" >&2
     DEBIAN_FRONTEND=noninteractive apt-get update -qq >&2

@@ -46,7 +46,7 @@ image="${REACH_IMAGE:-localhost/reach:ci}"
 mirror="${DEBIAN_MIRROR:-http://deb.debian.org/debian}"
 suite=bookworm
 # Raise it when the way a base is made changes, so existing bases are not reused.
-recipe=2
+recipe=3
 
 rebuild_bases=false
 case "${1:-}" in
@@ -162,7 +162,7 @@ if has_image "$builder_base"; then
     echo "== image: builder base $builder_base (kept)"
 else
     step "builder base: minbase + gcc, libc6-dev, ca-certificates, protobuf-compiler + rust $rust_version"
-    bootstrap builder "gcc,libc6-dev,ca-certificates,protobuf-compiler"
+    bootstrap builder "gcc,libc6-dev,ca-certificates,protobuf-compiler,libprotobuf-dev"
     install -d "$work/builder/usr/local/rust" "$work/builder/usr/local/cargo"
     # This machine's trust store, so cargo reaches crates.io wherever the host does (through
     # a TLS-inspecting egress proxy, for one, whose CA the host trusts and Debian does not).
