@@ -842,7 +842,7 @@ impl EtcdRegistry {
             let _ = client.lease_revoke(old).await;
         }
         self.settle(revision).await;
-        info!(instance = %spec_id(&registration.instance), lease_ttl = ?granted, "instance registered (etcd)");
+        info!(instance = %instance_id(&registration.instance), lease_ttl = ?granted, "instance registered (etcd)");
         Ok(registration)
     }
 
@@ -1193,18 +1193,12 @@ async fn first_status(
 ) -> Result<(Client, etcd_client::StatusResponse), String> {
     match tokio::time::timeout(etcd.dial_timeout, client.status()).await {
         Ok(Ok(status)) => Ok((client, status)),
-        Ok(Err(error)) => Err(error_chain(&error)),
+        Ok(Err(error)) => Err(reach_rpc::errors::chain(&error)),
         Err(_) => Err(format!(
             "no answer within registry.etcd.dial_timeout ({:?})",
             etcd.dial_timeout
         )),
     }
-}
-
-/// An etcd client error with its sources (a TLS handshake failure is a source of a
-/// transport error).
-fn error_chain(error: &etcd_client::Error) -> String {
-    reach_rpc::errors::chain(error)
 }
 
 /// How a mirror's watch ended.
@@ -1231,11 +1225,6 @@ fn got(responses: &[TxnOpResponse]) -> Option<(Held, i64)> {
         }),
         _ => None,
     })
-}
-
-/// The instance id of a registered instance.
-fn spec_id(instance: &Instance) -> &str {
-    instance_id(instance)
 }
 
 #[cfg(test)]
