@@ -1066,6 +1066,27 @@ async def test_push_notifications_reach_a_webhook_that_was_down_in_order_once(ed
         late.close()
 
 
+@BINDINGS
+@pytest.mark.timeout(60)
+async def test_a_push_config_to_an_internal_address_is_invalid_params(edge: EdgeProcess, binding: str) -> None:
+    """A push notification URL is the caller's input: one that points the orchestrator at a
+    cloud metadata endpoint or a private network is refused (server-side request forgery),
+    saying which setting would allow it. ``reach dev`` allows loopback only."""
+    async with connect(await fetch_card(edge), binding, streaming=False) as client:
+        task = await start_task(client, VAGUE)
+        for url in ["http://169.254.169.254/latest/meta-data/", "http://10.0.0.1:8080/hook", "http://[fd00::1]/hook"]:
+            with pytest.raises(InvalidParamsError) as refused:
+                await client.create_task_push_notification_config(
+                    TaskPushNotificationConfig(task_id=task.id, id="internal", url=url)
+                )
+            assert "webhooks may not reach" in refused.value.message, refused.value
+            assert "orchestrator.webhook_allowed_networks" in refused.value.message, refused.value
+        listed = await client.list_task_push_notification_configs(
+            ListTaskPushNotificationConfigsRequest(task_id=task.id)
+        )
+        assert list(listed.configs) == [], listed
+
+
 @pytest.mark.timeout(60)
 async def test_a_callers_traceparent_is_the_trace_of_its_call_and_its_task(edge: EdgeProcess) -> None:
     """A caller that is part of a trace (W3C ``traceparent``) has the capability call and the

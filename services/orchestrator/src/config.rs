@@ -75,6 +75,32 @@ pub struct OrchestratorConfig {
     /// The longest wait between webhook retries. Default 5m.
     #[serde(with = "humantime_serde")]
     pub webhook_backoff_max: Duration,
+    /// Networks (CIDR, such as `10.1.0.0/16` or `fd00:1::/64`) task webhooks may reach
+    /// besides public addresses. Without one that holds it, a webhook to a loopback,
+    /// private, link-local (cloud metadata), multicast or other special-purpose address is
+    /// refused (see [`crate::egress`]); `["0.0.0.0/0", "::/0"]` allows every address.
+    /// Default none (`reach dev`: loopback, `127.0.0.0/8` and `::1/128`). A bare address
+    /// (`10.1.2.3`) means that address alone.
+    #[serde(deserialize_with = "networks")]
+    pub webhook_allowed_networks: Vec<ipnet::IpNet>,
+}
+
+/// CIDR networks, or bare addresses as one-address networks.
+fn networks<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<ipnet::IpNet>, D::Error> {
+    Vec::<String>::deserialize(d)?
+        .iter()
+        .map(|s| {
+            let s = s.trim();
+            s.parse::<ipnet::IpNet>()
+                .or_else(|_| s.parse::<std::net::IpAddr>().map(ipnet::IpNet::from))
+                .map_err(|_| {
+                    serde::de::Error::custom(format!(
+                        "{s:?} is not a network; write one in CIDR form, such as \"10.1.0.0/16\" \
+                         or \"fd00:1::/64\", or an address, such as \"10.1.2.3\""
+                    ))
+                })
+        })
+        .collect()
 }
 
 impl Default for OrchestratorConfig {
@@ -100,6 +126,7 @@ impl Default for OrchestratorConfig {
             webhook_interval: Duration::from_millis(250),
             webhook_backoff: Duration::from_secs(1),
             webhook_backoff_max: Duration::from_secs(300),
+            webhook_allowed_networks: Vec::new(),
         }
     }
 }
@@ -272,6 +299,30 @@ pub enum ConfigError {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn allowed_networks_are_cidr_or_bare_addresses() {
+        let config: OrchestratorConfig = serde_json::from_value(serde_json::json!({
+            "webhook_allowed_networks": ["10.1.0.0/16", "10.2.3.4", "::1"]
+        }))
+        .unwrap();
+        let shown: Vec<String> = config
+            .webhook_allowed_networks
+            .iter()
+            .map(ToString::to_string)
+            .collect();
+        assert_eq!(shown, ["10.1.0.0/16", "10.2.3.4/32", "::1/128"]);
+        let e = serde_json::from_value::<OrchestratorConfig>(serde_json::json!({
+            "webhook_allowed_networks": ["10.0.0.0/33"]
+        }))
+        .unwrap_err();
+        assert!(
+            e.to_string().starts_with(
+                "\"10.0.0.0/33\" is not a network; write one in CIDR form, such as \"10.1.0.0/16\""
+            ),
+            "{e}"
+        );
+    }
 
     #[test]
     fn validate_names_the_field() {

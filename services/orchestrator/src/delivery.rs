@@ -52,9 +52,13 @@ pub fn spawn(
     api: OrchestratorApi,
     settings: WebhookSettings,
 ) -> Result<tokio::task::JoinHandle<()>, Error> {
+    // Every connection goes to an address the egress policy allows: names through its
+    // resolver, IP literals checked before each POST; no redirect or proxy goes elsewhere.
     let client = reqwest::Client::builder()
         .timeout(POST_TIMEOUT)
         .redirect(reqwest::redirect::Policy::none())
+        .no_proxy()
+        .dns_resolver(api.egress().resolver())
         .user_agent(concat!("reach-orchestrator/", env!("CARGO_PKG_VERSION")))
         .build()
         .map_err(|e| crate::config::ConfigError::WebhookClient {
@@ -341,6 +345,13 @@ impl Delivery {
 
     /// POSTs one notification; `Err` says why it was not accepted.
     async fn post(&self, hook: &WebhookRow, body: &serde_json::Value) -> Result<(), String> {
+        // Checked again: the policy may have changed since the webhook was made.
+        if let Ok(url) = reqwest::Url::parse(&hook.url) {
+            self.api
+                .egress()
+                .check_url(&url)
+                .map_err(|refused| format!("cannot reach the webhook: {refused}"))?;
+        }
         let mut request = self.client.post(&hook.url).json(body);
         if !hook.token.is_empty() {
             request = request.header("X-A2A-Notification-Token", &hook.token);

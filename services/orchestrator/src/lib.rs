@@ -37,6 +37,7 @@
 
 pub mod config;
 pub mod delivery;
+pub mod egress;
 pub mod engine;
 pub mod error;
 pub mod event;
@@ -179,7 +180,11 @@ impl Orchestrator {
             trust.tls(),
         )?;
         let masker = config.masker()?;
-        let api = OrchestratorApi::new(engine.clone(), masker).with_trust(trust);
+        let api = OrchestratorApi::new(engine.clone(), masker)
+            .with_trust(trust)
+            .with_egress(egress::EgressPolicy::new(
+                config.webhook_allowed_networks.clone(),
+            ));
         Ok(Self {
             config,
             engine,

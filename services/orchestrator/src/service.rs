@@ -11,6 +11,7 @@ use reach_proto::v1::orchestrator_service_server::OrchestratorService;
 use reach_trust::{Caller, TaskAction, Trust};
 use tonic::{Request, Response, Status};
 
+use crate::egress::EgressPolicy;
 use crate::engine::{Engine, StartOptions};
 use crate::error::Error;
 use crate::event::{Event, NodeOutcome, StoredEvent, TaskState, TaskStatus, TimerPurpose};
@@ -29,6 +30,8 @@ pub struct OrchestratorApi {
     trust: Arc<Trust>,
     /// The webhook formats CreateTaskWebhook accepts and the delivery loop renders.
     renderers: Arc<Renderers>,
+    /// The addresses webhooks may reach.
+    egress: Arc<EgressPolicy>,
 }
 
 impl OrchestratorApi {
@@ -40,7 +43,20 @@ impl OrchestratorApi {
             ledger_dropped: Arc::default(),
             trust: Trust::disabled(),
             renderers: Arc::default(),
+            egress: Arc::new(EgressPolicy::new(Vec::new())),
         }
+    }
+
+    /// Lets webhooks reach what `egress` allows (by default public addresses only).
+    #[must_use]
+    pub fn with_egress(mut self, egress: EgressPolicy) -> Self {
+        self.egress = Arc::new(egress);
+        self
+    }
+
+    /// The addresses webhooks may reach.
+    pub fn egress(&self) -> &Arc<EgressPolicy> {
+        &self.egress
     }
 
     /// Adds a webhook format (see [`crate::Orchestrator::with_webhook_renderer`]).
@@ -830,7 +846,12 @@ impl OrchestratorService for OrchestratorApi {
         let r = request.into_inner();
         self.authorized(&caller, TaskAction::Cancel, &r.task_id)
             .await?;
-        let row = crate::webhooks::validate(&r, &self.renderers, self.engine.clock().now_ms())?;
+        let row = crate::webhooks::validate(
+            &r,
+            &self.renderers,
+            &self.egress,
+            self.engine.clock().now_ms(),
+        )?;
         match self
             .engine
             .store()

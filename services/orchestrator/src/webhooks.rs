@@ -24,6 +24,7 @@ use std::time::Duration;
 
 use reach_proto::v1 as pb;
 
+use crate::egress::EgressPolicy;
 use crate::error::Error;
 use crate::store::{WEBHOOK_PARKED_MS, WebhookRow};
 
@@ -145,10 +146,12 @@ fn header_safe(s: &str) -> bool {
 /// [`Error::InvalidWebhook`] naming the field: an id that is not 1 to 128 characters of
 /// `A-Z a-z 0-9 . _ : -`; a URL that does not parse, is not `http`/`https`, has no host or
 /// is longer than [`MAX_URL_BYTES`]; a token or credentials longer than [`MAX_SECRET_BYTES`]
-/// or not header-safe; credentials without a scheme; a format `renderers` does not know.
+/// or not header-safe; credentials without a scheme; a format `renderers` does not know; an
+/// IP-literal host that `egress` refuses (a name is checked on each delivery instead).
 pub fn validate(
     r: &pb::CreateTaskWebhookRequest,
     renderers: &Renderers,
+    egress: &EgressPolicy,
     now_ms: i64,
 ) -> Result<WebhookRow, Error> {
     let webhook_id = if r.webhook_id.is_empty() {
@@ -189,6 +192,9 @@ pub fn validate(
             "it has no host; use http://HOST/PATH or https://HOST/PATH",
         ));
     }
+    egress
+        .check_url(&url)
+        .map_err(|refused| invalid("url", refused.to_string()))?;
     for (field, value) in [
         ("token", &r.token),
         ("auth_credentials", &r.auth_credentials),
@@ -308,7 +314,8 @@ mod tests {
     #[test]
     fn validation_names_the_field() {
         let r = Renderers::default();
-        let ok = validate(&request("https://example.com/hook"), &r, 5).unwrap();
+        let egress = EgressPolicy::new(Vec::new());
+        let ok = validate(&request("https://example.com/hook"), &r, &egress, 5).unwrap();
         assert_eq!(ok.format, "reach");
         assert_eq!(ok.created_ms, 5);
         assert_eq!(
@@ -359,9 +366,11 @@ mod tests {
                 },
                 "format",
             ),
+            (request("http://169.254.169.254/latest/meta-data/"), "url"),
+            (request("http://[::1]:8080/hook"), "url"),
         ] {
             assert_eq!(
-                field_of(validate(&req, &r, 0).unwrap_err()),
+                field_of(validate(&req, &r, &egress, 0).unwrap_err()),
                 field,
                 "{req:?}"
             );
@@ -372,6 +381,7 @@ mod tests {
                 ..request("http://e.com")
             },
             &r,
+            &egress,
             0,
         )
         .unwrap_err();
@@ -405,6 +415,7 @@ mod tests {
                 ..request("http://e.com")
             },
             &r,
+            &EgressPolicy::new(Vec::new()),
             0,
         )
         .unwrap();

@@ -114,20 +114,32 @@ struct Orch {
 }
 
 impl Orch {
-    async fn start(
-        store_url: &str,
-        router_url: &str,
-        renderer: Option<Arc<dyn WebhookRenderer>>,
-    ) -> Self {
-        let config = OrchestratorConfig {
+    /// Fast polls and back-off; webhooks may reach loopback (where the receivers are).
+    fn config(store_url: &str, router_url: &str) -> OrchestratorConfig {
+        OrchestratorConfig {
             store_url: store_url.to_string(),
             router_endpoint: router_url.to_string(),
             poll_interval: Duration::from_millis(50),
             webhook_interval: Duration::from_millis(20),
             webhook_backoff: Duration::from_millis(10),
             webhook_backoff_max: Duration::from_millis(40),
+            webhook_allowed_networks: vec!["127.0.0.0/8".parse().unwrap()],
             ..Default::default()
-        };
+        }
+    }
+
+    async fn start(
+        store_url: &str,
+        router_url: &str,
+        renderer: Option<Arc<dyn WebhookRenderer>>,
+    ) -> Self {
+        Self::start_with(Self::config(store_url, router_url), renderer).await
+    }
+
+    async fn start_with(
+        config: OrchestratorConfig,
+        renderer: Option<Arc<dyn WebhookRenderer>>,
+    ) -> Self {
         let mut orch = Orchestrator::new(config).await.unwrap();
         if let Some(r) = renderer {
             orch = orch.with_webhook_renderer(r);
@@ -552,6 +564,79 @@ async fn a_registered_renderer_makes_the_bodies() {
 
 /// Bad URLs, unknown formats, unknown tasks and a 17th webhook are refused with their
 /// reasons; replacing by id keeps the count and the progress; lists page; delete removes.
+/// Webhooks reach public addresses only, unless the operator allows a network: an IP-literal
+/// loopback or cloud-metadata URL is refused when it is created, and a name that resolves to
+/// loopback is refused on each delivery (the receiver gets nothing; GetTaskWebhook says why).
+/// Nothing is lost: once loopback is allowed, the same webhook gets every event.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn webhooks_reach_internal_addresses_only_where_allowed() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("sqlite://{}/o.db", dir.path().display());
+    let (_router, router_url, _router_stop) = router().await;
+    let receiver = Receiver::start().await;
+    let public_only = OrchestratorConfig {
+        webhook_allowed_networks: Vec::new(),
+        ..Orch::config(&url, &router_url)
+    };
+    let orch = Orch::start_with(public_only, None).await;
+    let mut c = orch.client.clone();
+    let id = start_review(&mut c).await;
+    let request = |url: &str| pb::CreateTaskWebhookRequest {
+        task_id: id.clone(),
+        webhook_id: "hook".into(),
+        url: url.into(),
+        ..Default::default()
+    };
+    for (literal, range) in [
+        (receiver.url.as_str(), "loopback"),
+        ("http://169.254.169.254/latest/meta-data/", "link-local"),
+        ("http://[::ffff:10.0.0.1]:8080/hook", "private"),
+    ] {
+        let e = c.create_task_webhook(request(literal)).await.unwrap_err();
+        assert_eq!(e.code(), tonic::Code::InvalidArgument, "{literal}");
+        assert_eq!(reason_of(&e).as_deref(), Some(reason::INVALID_WEBHOOK));
+        assert!(
+            e.message().starts_with("webhook url is not valid: ")
+                && e.message().contains(&format!("is a {range} ("))
+                && e.message()
+                    .contains("orchestrator.webhook_allowed_networks"),
+            "{literal}: {}",
+            e.message()
+        );
+    }
+
+    let by_name = receiver.url.replace("127.0.0.1", "localhost");
+    create(&mut c, request(&by_name)).await;
+    let refused = eventually("a refused delivery recorded", LIMIT, || {
+        let c = c.clone();
+        let id = id.clone();
+        async move {
+            let w = get_webhook(&c, &id, "hook").await?;
+            (w.failed_attempts > 0).then_some(w)
+        }
+    })
+    .await;
+    assert!(
+        refused.last_error.contains("localhost: ")
+            && refused
+                .last_error
+                .contains("is a loopback (RFC 1122) address"),
+        "{}",
+        refused.last_error
+    );
+    assert_eq!(refused.delivered_sequence, 0);
+    assert_eq!(receiver.state.requests.load(Ordering::SeqCst), 0);
+    orch.stop().await;
+
+    let orch = Orch::start(&url, &router_url, None).await;
+    let mut c = orch.client.clone();
+    resume(&mut c, &id).await;
+    let task = wait_status(&c, &id, pb::TaskStatus::Succeeded).await;
+    wait_delivered(&c, &id, "hook", task.last_sequence).await;
+    assert_eq!(receiver.sequences(), one_to(task.last_sequence));
+    orch.stop().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn webhook_requests_are_validated() {
     let dir = tempfile::tempdir().unwrap();

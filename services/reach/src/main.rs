@@ -724,6 +724,11 @@ async fn run(command: Command) -> anyhow::Result<ExitCode> {
             // The example fleet's protocol registry describes its capabilities
             // (`reach capabilities`), unless the file, the environment or a flag names another.
             let mut defaults = ReachConfig::default();
+            // One machine, one developer: webhooks may reach receivers on loopback.
+            defaults.orchestrator.webhook_allowed_networks = ["127.0.0.0/8", "::1/128"]
+                .iter()
+                .map(|network| network.parse().expect("loopback networks parse"))
+                .collect();
             let protocols = PathBuf::from("examples/protocol-registry.yaml");
             if protocols.is_file() {
                 defaults.registry.protocol_registry = Some(protocols);

@@ -1405,6 +1405,9 @@ export type CreateTaskWebhookRequest = Message<"reach.v1.CreateTaskWebhookReques
 
   /**
    * The URL to POST notifications to: `http` or `https` with a host, at most 2048 bytes.
+   * The orchestrator connects only to public addresses unless its
+   * `webhook_allowed_networks` holds the address: an internal IP-address host (loopback,
+   * private, link-local, ...) is refused here, a name resolving to one fails each delivery.
    *
    * @generated from field: string url = 3;
    */
