@@ -9,6 +9,7 @@ use reach_sdk::runtime::RunningAgent;
 use reach_sdk::{AgentConfig, AgentError, AgentRuntime, HandlerContext, MeshClient};
 use tokio::net::TcpListener;
 
+use crate::catalog::described;
 use crate::classifier::Category;
 use crate::coordinator::{DEFAULT_REVIEW_THRESHOLD, classify_handler, triage_handler};
 use crate::decision::ComplaintClassifier;
@@ -141,9 +142,8 @@ impl Fleet {
         for category in Category::ALL {
             let service = format!("executor.{}", category.name());
             for index in 1..=options.executors_per_category {
-                let runtime = AgentRuntime::new(config(&service, index)?).handle(
-                    category.capability(),
-                    "1.0.0",
+                let runtime = AgentRuntime::new(config(&service, index)?).handle_described(
+                    described(category.capability(), "1.0.0"),
                     move |ctx: HandlerContext, message: ReachMessage| {
                         crate::executor::handle(category, ctx, message)
                     },
@@ -160,21 +160,24 @@ impl Fleet {
                 options.classifier.clone(),
             );
             let runtime = AgentRuntime::new(config("coordinator", index)?)
-                .handle(TRIAGE_CAPABILITY, "1.0.0", move |ctx, message| {
-                    triage_handler(mesh.clone(), triage.clone(), threshold, ctx, message)
-                })
-                .handle("complaint.classify", "1.0.0", move |ctx, message| {
-                    classify_handler(classify.clone(), ctx, message)
-                })
+                .handle_described(
+                    described(TRIAGE_CAPABILITY, "1.0.0"),
+                    move |ctx, message| {
+                        triage_handler(mesh.clone(), triage.clone(), threshold, ctx, message)
+                    },
+                )
+                .handle_described(
+                    described("complaint.classify", "1.0.0"),
+                    move |ctx, message| classify_handler(classify.clone(), ctx, message),
+                )
                 .handle_stream("complaint.classify", "1.0.0", move |ctx, first, rest| {
                     crate::coordinator::classify_stream(stream.clone(), ctx, first, rest)
                 });
             members.push(start(runtime, "coordinator", options.listen_host).await?);
         }
         let mesh = MeshClient::new(router_for("ingest")?, "ingest.1");
-        let runtime = AgentRuntime::new(config("ingest", 1)?).handle(
-            INGEST_CAPABILITY,
-            "1.0.0",
+        let runtime = AgentRuntime::new(config("ingest", 1)?).handle_described(
+            described(INGEST_CAPABILITY, "1.0.0"),
             move |ctx, message| ingest_handler(mesh.clone(), ctx, message),
         );
         members.push(start(runtime, "ingest", options.listen_host).await?);

@@ -7,6 +7,8 @@
 //! suggestion.
 //!
 //! # Layout
+//! - [`catalog`] — what the fleet declares of its capabilities at registration (descriptions
+//!   and schemas of `examples/protocol-registry.yaml`, compiled in).
 //! - [`complaint`] — the CSV record and its loader.
 //! - [`classifier`] — the deterministic weighted-term classifier and the `Issue` → category
 //!   mapping used to score it.
@@ -27,6 +29,7 @@
 //! - [`typed`] — the triage agent's own typed gRPC API (`examples.complaints.v1.TriageService`),
 //!   reached through the router by typed pass-through.
 
+pub mod catalog;
 pub mod classifier;
 pub mod complaint;
 pub mod coordinator;

@@ -373,6 +373,11 @@ struct Dev {
 /// `reach dev ARGS` with a data directory of its own (not the user's `./.reach`), once it
 /// printed its `try:` line.
 async fn start_dev(args: &[&str]) -> Dev {
+    start_dev_in(&repo_root(), args).await
+}
+
+/// [`start_dev`] with `cwd` as the working directory.
+async fn start_dev_in(cwd: &std::path::Path, args: &[&str]) -> Dev {
     let data_dir = tempfile::tempdir().unwrap();
     let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_reach"))
         .arg("dev")
@@ -381,7 +386,7 @@ async fn start_dev(args: &[&str]) -> Dev {
         .args(["--edge-listen", "127.0.0.1:0"])
         .arg("--data-dir")
         .arg(data_dir.path())
-        .current_dir(repo_root())
+        .current_dir(cwd)
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
         .kill_on_drop(true)
@@ -1321,6 +1326,68 @@ async fn capabilities_lists_the_merged_descriptors_as_a_table_and_json() {
             "output_schema": null,
         }])
     );
+}
+
+/// Outside a checkout (no `examples/protocol-registry.yaml` to load), `reach dev`'s example
+/// agents still describe their capabilities when they register, so ListCapabilities (and
+/// with it the MCP edge's tools and the A2A edge's skills) has their descriptions and schemas.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_example_agents_describe_their_capabilities_outside_a_checkout() {
+    let elsewhere = tempfile::tempdir().unwrap();
+    let dev = start_dev_in(
+        elsewhere.path(),
+        &["--listen", "127.0.0.1:0", "--admin-listen", ""],
+    )
+    .await;
+    let endpoint = format!("http://{}", dev.grpc);
+    let listed = eventually_described(&endpoint, "complaint.classify").await;
+    assert_eq!(listed["source"], "registration", "{listed}");
+    assert_eq!(
+        listed["description"],
+        "classify a complaint narrative into a servicing category"
+    );
+    assert_eq!(
+        listed["input_schema"]["required"],
+        serde_json::json!(["complaint_id"])
+    );
+    for served in [
+        "complaint.triage",
+        "complaint.ingest",
+        "complaint.servicing",
+    ] {
+        let listed = eventually_described(&endpoint, served).await;
+        assert!(listed["input_schema"].is_object(), "{listed}");
+    }
+}
+
+/// `reach capabilities --json`'s entry for `name` once an instance serving it registered.
+async fn eventually_described(endpoint: &str, name: &str) -> serde_json::Value {
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let listed: serde_json::Value = serde_json::from_str(
+            &run_reach(vec![
+                "capabilities".into(),
+                "--endpoint".into(),
+                endpoint.into(),
+                "--json".into(),
+            ])
+            .await,
+        )
+        .unwrap();
+        let entry = listed
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|c| c["name"] == name && c["instances"].as_u64() > Some(0))
+            .cloned();
+        match entry {
+            Some(entry) => return entry,
+            None if std::time::Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            None => panic!("no instance of {name} registered in 30s: {listed}"),
+        }
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
