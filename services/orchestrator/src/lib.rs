@@ -22,6 +22,8 @@
 //! - [`webhooks`]: task webhooks — the [`webhooks::WebhookRenderer`]s of their formats,
 //!   validation and views.
 //! - [`delivery`]: the loop that delivers each task's events to its webhooks from the log.
+//! - [`egress`]: which addresses webhooks may reach (public ones, plus the allowed networks),
+//!   checked when a webhook is made and after DNS on every connection.
 //! - [`error`]: [`Error`] and its mapping to gRPC statuses with ErrorInfo reasons.
 //! - [`config`]: the configuration, [`OrchestratorConfig`], and [`config::ConfigError`].
 //!
