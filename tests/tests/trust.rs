@@ -90,6 +90,8 @@ impl Mesh {
         config.registry.default_lease_ttl = Duration::from_secs(30);
         config.orchestrator.store_url =
             format!("sqlite://{}", dir.path().join("orchestrator.db").display());
+        // The webhooks made here point at 127.0.0.1.
+        config.orchestrator.webhook_allowed_networks = vec!["127.0.0.0/8".parse().unwrap()];
         config.trust = TrustConfig {
             trust_domain: TD.into(),
             policy: Some(dir.path().join("policy.yaml")),
