@@ -478,8 +478,10 @@ impl RegistryService for RegistryGrpc {
                 }
             }
             loop {
+                // A watcher that went away frees its slot at once, not at the next change.
                 let received = tokio::select! {
                     () = registry.watches_closed() => return,
+                    () = tx.closed() => return,
                     received = events.recv() => received,
                 };
                 let sent = match received {

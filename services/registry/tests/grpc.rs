@@ -13,6 +13,12 @@ use reach_registry::{Registry, RegistryConfig, RegistryGrpc};
 use tonic::transport::Channel;
 
 async fn serve() -> (Registry, RegistryServiceClient<Channel>) {
+    let (registry, client, _) = serve_at().await;
+    (registry, client)
+}
+
+/// [`serve`], and the registry's URL.
+async fn serve_at() -> (Registry, RegistryServiceClient<Channel>, String) {
     let registry = Registry::new(RegistryConfig {
         health_probe: false,
         ..RegistryConfig::default()
@@ -23,8 +29,8 @@ async fn serve() -> (Registry, RegistryServiceClient<Channel>) {
     let server =
         reach_rpc::GrpcServer::new().add_service(RegistryGrpc::new(registry.clone()).into_server());
     tokio::spawn(server.serve(listener, futures::future::pending()));
-    let client = RegistryServiceClient::connect(url).await.unwrap();
-    (registry, client)
+    let client = RegistryServiceClient::connect(url.clone()).await.unwrap();
+    (registry, client, url)
 }
 
 fn spec(id: &str, capabilities: impl IntoIterator<Item = String>) -> InstanceSpec {
@@ -268,4 +274,60 @@ async fn a_watch_resumed_after_a_broken_stream_gets_the_missed_events_and_no_sna
         too_long.message().contains("epoch is 200 bytes"),
         "{too_long}"
     );
+}
+
+/// The registry serves at most [`reach_registry::service::MAX_WATCHES`] Watch streams; one
+/// more is RESOURCE_EXHAUSTED saying so, and a watcher that goes away frees its slot at once —
+/// also in a quiet mesh, where no change would wake its stream (else closed watches could
+/// lock every router out).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn closed_watches_free_their_slots_without_a_registry_change() {
+    use reach_registry::service::MAX_WATCHES;
+    let (_registry, client, url) = serve_at().await;
+    let mut watches = Vec::with_capacity(MAX_WATCHES);
+    let mut clients = Vec::new();
+    for i in 0..MAX_WATCHES {
+        // A connection carries a bounded number of streams: 64 watches per connection.
+        if i % 64 == 0 {
+            clients.push(RegistryServiceClient::connect(url.clone()).await.unwrap());
+        }
+        let mut stream = clients
+            .last_mut()
+            .unwrap()
+            .watch(WatchRequest::default())
+            .await
+            .unwrap()
+            .into_inner();
+        stream.message().await.unwrap().unwrap();
+        watches.push(stream);
+    }
+    let refused = client
+        .clone()
+        .watch(WatchRequest::default())
+        .await
+        .unwrap_err();
+    assert_eq!(refused.code(), tonic::Code::ResourceExhausted);
+    assert!(
+        refused.message().starts_with(&format!(
+            "the registry serves {MAX_WATCHES} Watch streams already"
+        )),
+        "{}",
+        refused.message()
+    );
+    drop(watches);
+    drop(clients);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        match client.clone().watch(WatchRequest::default()).await {
+            Ok(_) => break,
+            Err(status) if status.code() == tonic::Code::ResourceExhausted => {
+                assert!(
+                    std::time::Instant::now() < deadline,
+                    "the closed watches' slots were not freed within 10 s"
+                );
+                tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+            }
+            Err(status) => panic!("{status}"),
+        }
+    }
 }
