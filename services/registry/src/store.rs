@@ -1097,6 +1097,12 @@ pub fn service_of(instance: &Instance) -> &str {
 pub const MAX_LIST: usize = 256;
 /// The most bytes of label keys and values one instance may declare.
 const MAX_LABEL_BYTES: usize = 16 * 1024;
+/// The most bytes an instance's encoded spec may take besides its capabilities'
+/// descriptions and schemas (which Watch and ListInstances leave out): what every watcher
+/// receives of it, so a registrant cannot grow the routers' snapshot without bound.
+pub const MAX_SPEC_BYTES: usize = 64 * 1024;
+/// The longest `protocol_version`.
+const MAX_PROTOCOL_VERSION_BYTES: usize = 64;
 
 fn validate_spec(spec: &InstanceSpec) -> Result<(), RegistryError> {
     use crate::capabilities::{MAX_DESCRIPTOR_BYTES_PER_INSTANCE, clip, descriptor_bytes};
@@ -1134,12 +1140,33 @@ fn validate_spec(spec: &InstanceSpec) -> Result<(), RegistryError> {
     if spec.capabilities.len() > MAX_LIST
         || spec.topics.len() > MAX_LIST
         || spec.labels.len() > MAX_LIST
+        || spec.grpc_services.len() > MAX_LIST
     {
         return bad(format!(
-            "an instance may declare at most {MAX_LIST} capabilities, topics and labels each"
+            "an instance may declare at most {MAX_LIST} capabilities, topics, labels and grpc_services each"
         ));
     }
+    if spec.protocol_version.len() > MAX_PROTOCOL_VERSION_BYTES {
+        return bad(format!(
+            "instance.protocol_version is {} bytes; the limit is {MAX_PROTOCOL_VERSION_BYTES} (a version such as \"1.0\")",
+            spec.protocol_version.len()
+        ));
+    }
+    for (i, service) in spec.grpc_services.iter().enumerate() {
+        if service.len() > 256 || !is_name(service) {
+            return bad(format!(
+                "instance.grpc_services[{i}] {:?} must be a fully qualified gRPC service name of at most 256 bytes (e.g. \"examples.complaints.v1.TriageService\")",
+                clip(service)
+            ));
+        }
+    }
     let described = descriptor_bytes(&spec.capabilities);
+    let shown = prost::Message::encoded_len(spec).saturating_sub(described);
+    if shown > MAX_SPEC_BYTES {
+        return bad(format!(
+            "instance spec takes {shown} bytes besides its descriptions and schemas, over the limit of {MAX_SPEC_BYTES}; every watcher receives it, so keep names, labels and lists short"
+        ));
+    }
     if described > MAX_DESCRIPTOR_BYTES_PER_INSTANCE {
         return bad(format!(
             "instance.capabilities declare {described} bytes of descriptions and schemas in total, over the limit of {MAX_DESCRIPTOR_BYTES_PER_INSTANCE} bytes per instance; shorten the schemas or move capabilities to the protocol registry"
@@ -1209,6 +1236,45 @@ mod tests {
             ..RegistryConfig::default()
         })
         .unwrap()
+    }
+
+    #[test]
+    fn what_every_watcher_receives_of_a_spec_is_bounded() {
+        let refused = |spec: InstanceSpec| match validate_spec(&spec) {
+            Err(RegistryError::InvalidRegistration(message)) => message,
+            other => panic!("accepted: {other:?}"),
+        };
+        let many = refused(InstanceSpec {
+            grpc_services: vec!["x".repeat(1000); 1000],
+            ..spec("a")
+        });
+        assert!(many.contains("grpc_services"), "{many}");
+        let long = refused(InstanceSpec {
+            grpc_services: vec!["x".repeat(1000)],
+            ..spec("a")
+        });
+        assert!(long.starts_with("instance.grpc_services[0]"), "{long}");
+        let version = refused(InstanceSpec {
+            protocol_version: "1".repeat(1 << 20),
+            ..spec("a")
+        });
+        assert!(
+            version.starts_with("instance.protocol_version is 1048576 bytes"),
+            "{version}"
+        );
+        let topics = refused(InstanceSpec {
+            topics: vec![format!("t.{}", "x".repeat(1000)); 200],
+            ..spec("a")
+        });
+        assert!(topics.starts_with("instance spec takes "), "{topics}");
+        assert!(
+            validate_spec(&InstanceSpec {
+                grpc_services: vec!["examples.complaints.v1.TriageService".into()],
+                protocol_version: "1.0".into(),
+                ..spec("a")
+            })
+            .is_ok()
+        );
     }
 
     fn spec(id: &str) -> InstanceSpec {
