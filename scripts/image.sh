@@ -15,8 +15,8 @@
 #   3. checks: the image's entrypoint, user and lack of HEALTHCHECK; `reach --version`;
 #      `reach demo` (the whole mesh in one process, on the examples the image carries); then
 #      the image's default command, `reach dev`, with its ports published, probed from the
-#      host: grpc.health.v1 for the server and each service, the admin port's /health and
-#      /metrics, the example agents registered and a call routed through them; then SIGTERM
+#      host: grpc.health.v1 for the server and each service, the admin port's /health, /ready
+#      and /metrics, the example agents registered and a call routed through them; then SIGTERM
 #      and a clean exit.
 #
 # The container runs under `podman run`, with the constraints the helm chart sets (read-only
@@ -299,9 +299,12 @@ echo "   grpc.health.v1: SERVING (\"\", registry, router, orchestrator)"
 
 health="$(curl -fsS --max-time 5 "http://127.0.0.1:$admin_port/health")" || fail "admin /health"
 [[ "$health" == *'"ok"'* ]] || fail "admin /health: $health"
+# Every service said SERVING above, so /ready (the same health as one answer) is 200.
+ready="$(curl -fsS --max-time 5 "http://127.0.0.1:$admin_port/ready")" || fail "admin /ready"
+[[ "$ready" == *'"serving"'* ]] || fail "admin /ready: $ready"
 curl -fsS --max-time 5 "http://127.0.0.1:$admin_port/metrics" | grep -q '^reach_' ||
     fail "admin /metrics has no reach_ series"
-echo "   admin: /health $health, /metrics"
+echo "   admin: /health $health, /ready $ready, /metrics"
 
 # The example agents register (ready once the registry's probe passes), and a call is routed.
 routed=false

@@ -697,10 +697,11 @@ def test_tls_on_services_serve_and_probe_over_https(case):
         assert env["REACH_TRUST__TLS__KEY"] == f"{TLS_DIR}/tls.key"
         assert env["REACH_TRUST__TLS__CA"] == f"{TLS_DIR}/ca.crt"
         assert env["REACH_TRUST__TLS__CLIENT_AUTH"] in ("required", "optional")
-        for kind in ("startupProbe", "livenessProbe", "readinessProbe"):
+        # Readiness follows the service's gRPC health (/ready); the others, the process (/health).
+        for kind, path in (("startupProbe", "/health"), ("livenessProbe", "/health"), ("readinessProbe", "/ready")):
             probe = container[kind]
             assert "grpc" not in probe, f"{comp}: {kind} is a gRPC probe, which cannot speak TLS"
-            assert probe["httpGet"] == {"path": "/health", "port": admin, "scheme": "HTTPS"}, comp
+            assert probe["httpGet"] == {"path": path, "port": admin, "scheme": "HTTPS"}, (comp, kind)
         (mount,) = [m for m in container["volumeMounts"] if m["name"] == "tls"]
         assert mount["mountPath"] == TLS_DIR and "subPath" not in mount and mount.get("readOnly")
         (volume,) = [v for v in spec["volumes"] if v["name"] == "tls"]
@@ -896,7 +897,7 @@ def test_edge_probes_check_the_a2a_service(case):
         return
     _, container, _ = edge_parts(manifests)
     if tls_on(values):
-        assert container["readinessProbe"]["httpGet"]["path"] == "/health"
+        assert container["readinessProbe"]["httpGet"]["path"] == "/ready"
         return
     grpc = values.get("ports", {}).get("grpc", 7070)
     assert container["readinessProbe"]["grpc"] == {"port": grpc, "service": "lf.a2a.v1.A2AService"}

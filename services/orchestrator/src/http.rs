@@ -1,6 +1,6 @@
 //! HTTP admin routes as an `axum::Router`: `GET /tasks/{id}` (the task with its node history,
 //! masked, as JSON) and `POST /tasks/{id}/retry`. The `reach` binary merges them with its own
-//! `/health`, `/metrics` and `/agents` routes.
+//! `/health`, `/ready`, `/metrics` and `/agents` routes.
 //!
 //! With trust on, both need an operator ([`reach_trust::Trust::check_operator`]): a refusal
 //! is 403 with the message as JSON.

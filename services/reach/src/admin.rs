@@ -1,9 +1,10 @@
-//! The HTTP admin port: `GET /metrics` (Prometheus) and `GET /health` from reach-telemetry,
+//! The HTTP admin port: `GET /metrics` (Prometheus), `GET /health` (liveness) and `GET /ready`
+//! (readiness: 503 while the process's gRPC health says NOT_SERVING) from reach-telemetry,
 //! `GET /agents` (JSON) and `DELETE /agents/{service}` (drain, then remove), as users of the
 //! original gateway expect; `reach dev` adds the orchestrator's `GET /tasks/{id}` and
 //! `POST /tasks/{id}/retry`, and the web console under `/console` (`docs/console.md`).
 //!
-//! With trust on (see [`serve`]), `/health` and `/metrics` stay open to anyone and every
+//! With trust on (see [`serve`]), `/health`, `/ready` and `/metrics` stay open to anyone and every
 //! other route needs an operator ([`reach_trust::Trust::check_operator`]); a refusal is 403
 //! with `{"error": "<message>", "reason": "NOT_AUTHORIZED"}`.
 
@@ -53,14 +54,16 @@ pub fn paths(registry: bool, orchestrator: bool) -> Vec<&'static str> {
     paths
 }
 
-/// The admin routes: `/metrics` and `/health` (from `metrics`), and `/agents` over an
+/// The admin routes: `/metrics` (from `metrics`), `/health`, `/ready` (following `ready`, the
+/// gRPC server's [`readiness`](reach_rpc::GrpcServer::readiness)), and `/agents` over an
 /// optional local registry, for operators only once `trust` is on.
 pub fn routes(
     metrics: reach_telemetry::metrics::PrometheusHandle,
+    ready: tokio::sync::watch::Receiver<bool>,
     registry: Option<Backend>,
     trust: Arc<Trust>,
 ) -> Router {
-    operator_routes(metrics, registry, trust, None)
+    operator_routes(metrics, ready, registry, trust, None)
 }
 
 /// [`routes`], plus `extra` operator routes (the orchestrator's). Without trust nothing
@@ -68,10 +71,11 @@ pub fn routes(
 /// through a browser on the same machine — by rebinding a name to the loopback address (and
 /// reading `/tasks/{id}`), or by posting a form (draining agents, retrying tasks): they are
 /// served only for the port's loopback names and same-origin changes
-/// ([`reach_console::guard::Guard`], as the console is). `/health` and `/metrics` stay open
-/// to probes and scrapers by any name.
+/// ([`reach_console::guard::Guard`], as the console is). `/health`, `/ready` and `/metrics`
+/// stay open to probes and scrapers by any name.
 fn operator_routes(
     metrics: reach_telemetry::metrics::PrometheusHandle,
+    ready: tokio::sync::watch::Receiver<bool>,
     registry: Option<Backend>,
     trust: Arc<Trust>,
     extra: Option<Router>,
@@ -87,17 +91,18 @@ fn operator_routes(
     if guarded {
         operator = reach_console::guard::Guard::new(&[]).layer(operator);
     }
-    reach_telemetry::admin_router(metrics).merge(operator)
+    reach_telemetry::admin_router(metrics, ready).merge(operator)
 }
 
-/// The admin routes of `plane`: [`routes`] over its registry, and its orchestrator's task
-/// routes when it runs one, authorized with its trust.
+/// The admin routes of `plane`: [`routes`] over its registry and its gRPC server's readiness,
+/// and its orchestrator's task routes when it runs one, authorized with its trust.
 pub fn plane_routes(
     metrics: reach_telemetry::metrics::PrometheusHandle,
     plane: &crate::control_plane::ControlPlane,
 ) -> Router {
     let mut routes = operator_routes(
         metrics,
+        plane.readiness(),
         plane.registry().cloned(),
         plane.trust().clone(),
         plane.orchestrator().map(|o| o.admin_router()),

@@ -67,9 +67,37 @@ pub enum StartError {
 /// An [`InitError`](reach_registry::InitError) as `reach` prints it: a bad setting is an
 /// invalid configuration; an etcd that cannot be used says so itself.
 fn registry_message(error: &reach_registry::InitError) -> String {
+    if registry_misconfigured(error) {
+        format!("invalid configuration: {error}")
+    } else {
+        format!("registry: {error}")
+    }
+}
+
+/// Whether the registry could not start for its settings (exit 64) rather than for an etcd
+/// that does not answer or refuses it (exit 1).
+fn registry_misconfigured(error: &reach_registry::InitError) -> bool {
+    use reach_registry::InitError;
     match error {
-        reach_registry::InitError::Etcd(_) => format!("registry: {error}"),
-        _ => format!("invalid configuration: {error}"),
+        // A setting out of range, or a file it names (the etcd TLS files) unusable.
+        InitError::Config(_) | InitError::ProtocolRegistry(_) => true,
+        // `backend = "etcd"` in a build without it: the setting cannot work here.
+        InitError::EtcdNotBuilt => true,
+        InitError::Etcd(_) => false,
+    }
+}
+
+impl StartError {
+    /// Whether the settings are at fault (what `reach` exits 64, EX_USAGE, for), not the
+    /// world: a registry or router setting that cannot work, or a file a setting names that
+    /// cannot be used. An etcd that does not answer, an orchestrator store, a listener or the
+    /// trust files are not (exit 1).
+    pub fn is_configuration(&self) -> bool {
+        match self {
+            Self::Registry(error) => registry_misconfigured(error),
+            Self::Router(_) => true,
+            Self::Orchestrator(_) | Self::Io(_) | Self::Trust(_) => false,
+        }
     }
 }
 
@@ -86,6 +114,9 @@ pub struct ControlPlane {
     mcp_edge: Option<reach_edge::mcp::McpEdge>,
     shutdown: CancellationToken,
     serve: JoinHandle<Result<(), reach_rpc::server::ServeError>>,
+    /// The gRPC server's health as one flag ([`GrpcServer::readiness`]), for the admin
+    /// port's `/ready`.
+    readiness: tokio::sync::watch::Receiver<bool>,
     background: Vec<JoinHandle<()>>,
     trust: std::sync::Arc<reach_trust::Trust>,
 }
@@ -200,6 +231,7 @@ impl ControlPlane {
         };
         let shutdown = CancellationToken::new();
         let stop = shutdown.clone();
+        let readiness = server.readiness();
         let serve = tokio::spawn(server.serve(listener, async move { stop.cancelled().await }));
         info!(
             %addr,
@@ -217,6 +249,7 @@ impl ControlPlane {
             mcp_edge,
             shutdown,
             serve,
+            readiness,
             background,
             trust,
         })
@@ -247,6 +280,13 @@ impl ControlPlane {
     /// The gRPC endpoint URL (`http://127.0.0.1:7070`).
     pub fn endpoint(&self) -> String {
         format!("http://{}", self.addr)
+    }
+
+    /// True while the gRPC health says SERVING for the server and each of its services (see
+    /// [`GrpcServer::readiness`]): false while the registry's etcd does not answer, before
+    /// the router's first registry snapshot, and once shutdown begins.
+    pub fn readiness(&self) -> tokio::sync::watch::Receiver<bool> {
+        self.readiness.clone()
     }
 
     /// The registry, when this control plane runs one.
@@ -470,5 +510,39 @@ impl reach_orchestrator::WebhookRenderer for A2aPushRenderer {
             .into_iter()
             .map(|(sequence, body)| reach_orchestrator::Rendered { sequence, body })
             .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use reach_registry::{ConfigError, InitError};
+
+    use super::StartError;
+
+    #[test]
+    fn a_registry_that_cannot_start_for_its_settings_is_a_configuration_error() {
+        let bad_file = StartError::Registry(InitError::Config(ConfigError::Etcd(
+            "registry.etcd.tls.ca: cannot use /etc/etcd/ca.pem: I/O error".into(),
+        )));
+        assert!(bad_file.is_configuration());
+        assert!(
+            bad_file
+                .to_string()
+                .starts_with("invalid configuration: registry.etcd.tls.ca"),
+            "{bad_file}"
+        );
+        assert!(StartError::Registry(InitError::EtcdNotBuilt).is_configuration());
+        let unreachable = StartError::Registry(InitError::Etcd(
+            "cannot use etcd at http://127.0.0.1:2379: connection refused".into(),
+        ));
+        assert!(
+            !unreachable.is_configuration(),
+            "etcd down is not a setting"
+        );
+        assert!(
+            unreachable
+                .to_string()
+                .starts_with("registry: cannot use etcd")
+        );
     }
 }

@@ -7,9 +7,9 @@
 //!   environment variables and flags (figment).
 //! - [`control_plane`] — registry and router (and, later, orchestrator) served together on
 //!   one gRPC listener.
-//! - [`admin`] — the HTTP admin port: reach-telemetry's `/metrics` and `/health`, plus
-//!   `/agents` and `DELETE /agents/{service}` (the orchestrator adds its `/tasks` routes), and
-//!   the list of paths the startup banner prints.
+//! - [`admin`] — the HTTP admin port: reach-telemetry's `/metrics`, `/health` and `/ready`,
+//!   plus `/agents` and `DELETE /agents/{service}` (the orchestrator adds its `/tasks` routes),
+//!   and the list of paths the startup banner prints.
 //! - [`demo`] — `reach demo`, the main job: the example fleet triaging the CFPB complaints.
 //! - [`demo_report`] — `reach demo report`: an LLM agent with mesh and local tools writes a
 //!   complaint report from the CSV.

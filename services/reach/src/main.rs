@@ -1107,7 +1107,16 @@ async fn serve(
     } else {
         None
     };
-    let plane = ControlPlane::start(listener, &config, services).await?;
+    let plane = match ControlPlane::start(listener, &config, services).await {
+        Ok(plane) => plane,
+        // A setting that cannot work (an etcd TLS file that cannot be read, say) is a usage
+        // error, as the settings validated at load are.
+        Err(error) if error.is_configuration() => {
+            eprintln!("error: {}", reach_rpc::errors::chain(&error));
+            return Ok(ExitCode::from(EXIT_USAGE));
+        }
+        Err(error) => return Err(error.into()),
+    };
     let endpoint = plane.endpoint();
     let shutdown = plane.shutdown_token();
     let edge_http = match (edge_listener, plane.a2a_edge()) {

@@ -225,6 +225,33 @@ fn a_bad_config_exits_64_naming_the_key() {
     }
 }
 
+/// A registry setting found unusable only as the registry starts (an etcd TLS file that cannot
+/// be read) is a configuration error too: exit 64, naming the setting and the file.
+#[test]
+fn an_unusable_etcd_tls_file_exits_64_naming_the_setting_and_the_file() {
+    let output = reach()
+        .args(["registry", "--listen", "127.0.0.1:0", "--admin-listen", ""])
+        .env("REACH_REGISTRY__BACKEND", "etcd")
+        .env(
+            "REACH_REGISTRY__ETCD__ENDPOINTS",
+            r#"["https://127.0.0.1:1"]"#,
+        )
+        .env("REACH_REGISTRY__ETCD__TLS__CA", "/nonexistent/etcd-ca.pem")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(64), "{stderr}");
+    if cfg!(feature = "etcd") {
+        assert!(
+            stderr.contains("registry.etcd.tls.ca") && stderr.contains("/nonexistent/etcd-ca.pem"),
+            "{stderr}"
+        );
+    } else {
+        // Without the etcd backend built in, the setting cannot work at all.
+        assert!(stderr.contains("--features etcd"), "{stderr}");
+    }
+}
+
 /// A reader that goes away early (`reach ... | head -1`) ends `reach` quietly, whatever the
 /// command: exit status 0 and no "Broken pipe" error or panic on stderr.
 #[test]
@@ -459,6 +486,7 @@ async fn dev_serves_every_service_on_one_port_for_grpcurl_and_reach_agents() {
         admin_paths,
         [
             "/health",
+            "/ready",
             "/metrics",
             "/agents",
             "DELETE /agents/{service}",
@@ -562,7 +590,7 @@ async fn dev_serves_every_service_on_one_port_for_grpcurl_and_reach_agents() {
     );
     // Without trust nothing authenticates the operator routes: a page on another site must
     // not reach them through a browser here, by a rebound name or a cross-site form; probes
-    // and scrapers reach /health and /metrics by any name.
+    // and scrapers reach /health, /ready and /metrics by any name.
     let status_of = |args: &[&str]| -> String {
         let out = Command::new("curl")
             .args(["-s", "-o", "/dev/null", "-w", "%{http_code}"])
@@ -589,6 +617,15 @@ async fn dev_serves_every_service_on_one_port_for_grpcurl_and_reach_agents() {
             "-H",
             "Host: 10.1.2.3:7071",
             &format!("http://{admin}/health")
+        ]),
+        "200"
+    );
+    // Ready: every service's gRPC health says SERVING (the router has its registry view).
+    assert_eq!(
+        status_of(&[
+            "-H",
+            "Host: 10.1.2.3:7071",
+            &format!("http://{admin}/ready")
         ]),
         "200"
     );

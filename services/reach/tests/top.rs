@@ -97,7 +97,7 @@ async fn top_reads_a_live_registry_and_admin_port() {
     let admin_addr = admin.local_addr().unwrap().to_string();
     tokio::spawn(reach_telemetry::serve_admin(
         admin,
-        reach_telemetry::admin_router(handle),
+        reach_telemetry::admin_router(handle, tokio::sync::watch::channel(true).1),
         std::future::pending(),
         reach_rpc::server::DEFAULT_GRACE,
     ));

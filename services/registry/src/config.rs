@@ -68,7 +68,8 @@ pub struct EtcdConfig {
     /// How long one etcd request may take.
     #[serde(with = "humantime_serde")]
     pub request_timeout: Duration,
-    /// How often the HTTP/2 connection to etcd is pinged.
+    /// How often the HTTP/2 connection to etcd is pinged; at least
+    /// [`MIN_KEEP_ALIVE_INTERVAL`], since etcd answers more frequent pings with GOAWAY.
     #[serde(with = "humantime_serde")]
     pub keep_alive_interval: Duration,
     /// How long a ping may go unanswered before the connection is deemed dead.
@@ -95,6 +96,21 @@ pub struct EtcdTls {
     pub key: Option<std::path::PathBuf>,
     /// The name the members' certificates carry, when it differs from the endpoints' host.
     pub domain: Option<String>,
+}
+
+/// The shortest `registry.etcd.keep_alive_interval`: etcd's default
+/// `--grpc-keepalive-min-time`. A client that pings more often is sent GOAWAY
+/// (`too_many_pings`), which breaks the connection and the mirror's watch with it.
+pub const MIN_KEEP_ALIVE_INTERVAL: Duration = Duration::from_secs(5);
+
+/// The shortest `registry.etcd.replica_ttl` (etcd raises shorter leases to its floor, 2 s with
+/// its default election timeout).
+pub const MIN_REPLICA_TTL: Duration = Duration::from_secs(2);
+
+/// `duration` as people write it (`2s`, `500ms`, `1m 30s`), to the millisecond.
+pub(crate) fn readable(duration: Duration) -> String {
+    let millis = u64::try_from(duration.as_millis()).unwrap_or(u64::MAX);
+    humantime::format_duration(Duration::from_millis(millis)).to_string()
 }
 
 impl Default for EtcdConfig {
@@ -163,6 +179,16 @@ impl RegistryConfig {
             return Err(ConfigError::ZeroProbeTimeout);
         }
         if self.backend == Backend::Etcd {
+            // The granted TTLs (the default, and the longest) become etcd leases as they are;
+            // shorter requests are raised to etcd's own floor anyway.
+            for (key, value) in [
+                ("registry.default_lease_ttl", self.default_lease_ttl),
+                ("registry.max_lease_ttl", self.max_lease_ttl),
+            ] {
+                if value.subsec_nanos() != 0 {
+                    return Err(ConfigError::NotWholeSeconds { key, value });
+                }
+            }
             self.etcd.validate()?;
         }
         Ok(())
@@ -190,9 +216,22 @@ impl EtcdConfig {
         }
         for endpoint in &self.endpoints {
             let scheme_ok = endpoint.starts_with("http://") || endpoint.starts_with("https://");
-            if !scheme_ok || endpoint.parse::<http::Uri>().is_err() {
+            let uri = endpoint.parse::<http::Uri>().ok().filter(|_| scheme_ok);
+            let Some(uri) = uri.filter(|uri| uri.host().is_some_and(|h| !h.is_empty())) else {
                 return Err(ConfigError::Etcd(format!(
                     "registry.etcd.endpoints has {endpoint:?}; each must be an http(s) URL such as \"http://127.0.0.1:2379\""
+                )));
+            };
+            if let Some(port) = port_of(&uri)
+                && !port.parse::<u16>().is_ok_and(|port| port != 0)
+            {
+                return Err(ConfigError::Etcd(format!(
+                    "registry.etcd.endpoints has {endpoint:?}, whose port {port:?} is not a port (1 to 65535); etcd's client port is usually 2379"
+                )));
+            }
+            if endpoint.starts_with("https://") && self.tls.is_none() {
+                return Err(ConfigError::Etcd(format!(
+                    "registry.etcd.endpoints has {endpoint:?}, but registry.etcd.tls is not set: https endpoints need registry.etcd.tls (ca, and cert/key for client certificates), or use http://"
                 )));
             }
         }
@@ -214,10 +253,18 @@ impl EtcdConfig {
                 )));
             }
         }
-        if self.replica_ttl < Duration::from_secs(2) {
+        if self.keep_alive_interval < MIN_KEEP_ALIVE_INTERVAL {
             return Err(ConfigError::Etcd(format!(
-                "registry.etcd.replica_ttl is {:?}; etcd leases are whole seconds, so it must be at least 2s",
-                self.replica_ttl
+                "registry.etcd.keep_alive_interval is {}; etcd refuses pings more frequent than its --grpc-keepalive-min-time (5s by default) with GOAWAY too_many_pings, which breaks the watch: give at least {}",
+                readable(self.keep_alive_interval),
+                readable(MIN_KEEP_ALIVE_INTERVAL)
+            )));
+        }
+        if self.replica_ttl < MIN_REPLICA_TTL || self.replica_ttl.subsec_nanos() != 0 {
+            return Err(ConfigError::Etcd(format!(
+                "registry.etcd.replica_ttl is {}; etcd leases are whole seconds, so give whole seconds, at least {} (e.g. \"3s\")",
+                readable(self.replica_ttl),
+                readable(MIN_REPLICA_TTL)
             )));
         }
         if let Some(tls) = &self.tls
@@ -232,6 +279,20 @@ impl EtcdConfig {
     }
 }
 
+/// The port an endpoint URL writes after its host (`None` without one), as written: `http`'s
+/// parser takes any digits there, and only says `None` for a port that does not fit.
+fn port_of(uri: &http::Uri) -> Option<&str> {
+    let authority = uri.authority()?.as_str();
+    let host_port = authority
+        .rsplit_once('@')
+        .map_or(authority, |(_, rest)| rest);
+    // After an IPv6 literal's `]`, or the whole name.
+    let after_host = host_port
+        .rsplit_once(']')
+        .map_or(host_port, |(_, rest)| rest);
+    after_host.split_once(':').map(|(_, port)| port)
+}
+
 /// A registry setting that is out of range; each message names the key and the fix.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum ConfigError {
@@ -239,7 +300,11 @@ pub enum ConfigError {
     #[error("registry.min_lease_ttl must be above zero")]
     ZeroMinLeaseTtl,
     /// The lease bounds are the wrong way round.
-    #[error("registry.min_lease_ttl ({min:?}) must not exceed registry.max_lease_ttl ({max:?})")]
+    #[error(
+        "registry.min_lease_ttl ({}) must not exceed registry.max_lease_ttl ({})",
+        readable(*min),
+        readable(*max)
+    )]
     LeaseBoundsCrossed {
         /// `min_lease_ttl`.
         min: Duration,
@@ -248,7 +313,10 @@ pub enum ConfigError {
     },
     /// `default_lease_ttl` lies outside the bounds.
     #[error(
-        "registry.default_lease_ttl ({default:?}) must lie between registry.min_lease_ttl ({min:?}) and registry.max_lease_ttl ({max:?})"
+        "registry.default_lease_ttl ({}) must lie between registry.min_lease_ttl ({}) and registry.max_lease_ttl ({})",
+        readable(*default),
+        readable(*min),
+        readable(*max)
     )]
     DefaultLeaseOutOfBounds {
         /// `default_lease_ttl`.
@@ -269,7 +337,186 @@ pub enum ConfigError {
     /// `probe_timeout` is zero: every health probe would fail.
     #[error("registry.probe_timeout must be above zero (for example \"1s\")")]
     ZeroProbeTimeout,
-    /// An etcd setting is out of range; the message names it and the fix.
+    /// On etcd, a lease TTL that etcd would round: its leases are whole seconds.
+    #[error(
+        "{key} is {}; with registry.backend = \"etcd\" it becomes an etcd lease, and etcd leases are whole seconds: give whole seconds (e.g. \"10s\")",
+        readable(*value)
+    )]
+    NotWholeSeconds {
+        /// The setting, e.g. `registry.default_lease_ttl`.
+        key: &'static str,
+        /// Its value.
+        value: Duration,
+    },
+    /// An etcd setting (or a file it names) cannot be used; the message names it and the fix.
     #[error("{0}")]
     Etcd(String),
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A registry on `etcd`, otherwise the defaults.
+    fn on_etcd(etcd: EtcdConfig) -> RegistryConfig {
+        RegistryConfig {
+            backend: Backend::Etcd,
+            etcd,
+            ..RegistryConfig::default()
+        }
+    }
+
+    fn refusal(config: &RegistryConfig) -> String {
+        config.validate().expect_err("refused").to_string()
+    }
+
+    fn endpoints(endpoints: &[&str]) -> EtcdConfig {
+        EtcdConfig {
+            endpoints: endpoints.iter().map(|e| e.to_string()).collect(),
+            ..EtcdConfig::default()
+        }
+    }
+
+    #[test]
+    fn the_defaults_on_etcd_are_valid() {
+        on_etcd(EtcdConfig::default()).validate().unwrap();
+        on_etcd(endpoints(&[
+            "http://[::1]:2379",
+            "http://etcd-0.etcd:2379",
+            "http://etcd",
+        ]))
+        .validate()
+        .unwrap();
+    }
+
+    #[test]
+    fn an_endpoint_whose_port_is_not_a_port_is_refused_naming_it() {
+        for bad in [
+            "http://127.0.0.1:99999",
+            "http://127.0.0.1:0",
+            "http://[::1]:65536",
+        ] {
+            let message = refusal(&on_etcd(endpoints(&["http://127.0.0.1:2379", bad])));
+            assert!(
+                message.contains("registry.etcd.endpoints") && message.contains(bad),
+                "{bad}: {message}"
+            );
+        }
+        on_etcd(endpoints(&["http://127.0.0.1:65535"]))
+            .validate()
+            .unwrap();
+    }
+
+    #[test]
+    fn an_https_endpoint_without_tls_says_what_to_set() {
+        let message = refusal(&on_etcd(endpoints(&["https://etcd:2379"])));
+        assert!(
+            message.contains(
+                "https endpoints need registry.etcd.tls (ca, and cert/key for client certificates), or use http://"
+            ) && message.contains("https://etcd:2379"),
+            "{message}"
+        );
+        on_etcd(EtcdConfig {
+            tls: Some(EtcdTls {
+                ca: "/etc/etcd/ca.pem".into(),
+                cert: None,
+                key: None,
+                domain: None,
+            }),
+            ..endpoints(&["https://etcd:2379"])
+        })
+        .validate()
+        .unwrap();
+    }
+
+    #[test]
+    fn ttls_that_become_etcd_leases_must_be_whole_seconds() {
+        let message = refusal(&on_etcd(EtcdConfig {
+            replica_ttl: Duration::from_millis(2500),
+            ..EtcdConfig::default()
+        }));
+        assert!(
+            message.contains("registry.etcd.replica_ttl is 2s 500ms")
+                && message.contains("whole seconds"),
+            "{message}"
+        );
+        let message = refusal(&on_etcd(EtcdConfig {
+            replica_ttl: Duration::from_secs(1),
+            ..EtcdConfig::default()
+        }));
+        assert!(message.contains("at least 2s"), "{message}");
+
+        for (config, key) in [
+            (
+                RegistryConfig {
+                    default_lease_ttl: Duration::from_millis(10_500),
+                    ..on_etcd(EtcdConfig::default())
+                },
+                "registry.default_lease_ttl is 10s 500ms",
+            ),
+            (
+                RegistryConfig {
+                    max_lease_ttl: Duration::from_millis(60_250),
+                    ..on_etcd(EtcdConfig::default())
+                },
+                "registry.max_lease_ttl is 1m 250ms",
+            ),
+        ] {
+            let message = refusal(&config);
+            assert!(
+                message.contains(key) && message.contains("whole seconds"),
+                "{message}"
+            );
+            // In memory a lease is any duration.
+            RegistryConfig {
+                backend: Backend::Memory,
+                ..config
+            }
+            .validate()
+            .unwrap();
+        }
+    }
+
+    #[test]
+    fn a_keep_alive_interval_under_etcds_floor_is_refused() {
+        let message = refusal(&on_etcd(EtcdConfig {
+            keep_alive_interval: Duration::from_secs(1),
+            ..EtcdConfig::default()
+        }));
+        assert!(
+            message.contains("registry.etcd.keep_alive_interval is 1s")
+                && message.contains("--grpc-keepalive-min-time (5s by default)")
+                && message.contains("too_many_pings")
+                && message.contains("at least 5s"),
+            "{message}"
+        );
+        on_etcd(EtcdConfig {
+            keep_alive_interval: MIN_KEEP_ALIVE_INTERVAL,
+            ..EtcdConfig::default()
+        })
+        .validate()
+        .unwrap();
+    }
+
+    #[test]
+    fn durations_in_messages_read_as_people_write_them() {
+        let message = refusal(&RegistryConfig {
+            min_lease_ttl: Duration::from_millis(1500),
+            max_lease_ttl: Duration::from_millis(500),
+            ..RegistryConfig::default()
+        });
+        assert_eq!(
+            message,
+            "registry.min_lease_ttl (1s 500ms) must not exceed registry.max_lease_ttl (500ms)"
+        );
+        let message = refusal(&RegistryConfig {
+            default_lease_ttl: Duration::from_secs(600),
+            ..RegistryConfig::default()
+        });
+        assert_eq!(
+            message,
+            "registry.default_lease_ttl (10m) must lie between registry.min_lease_ttl (100ms) and registry.max_lease_ttl (5m)"
+        );
+        assert_eq!(readable(Duration::from_nanos(2_000_400_000)), "2s");
+    }
 }

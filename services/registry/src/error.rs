@@ -60,7 +60,8 @@ pub enum RegistryError {
     /// The registration waited its whole deadline for the descriptor checker (one
     /// registration's schemas are compiled at a time): UNAVAILABLE, retry later.
     #[error(
-        "the registry is busy checking other registrations' schemas and could not check this one within {0:?}; retry with backoff"
+        "the registry is busy checking other registrations' schemas and could not check this one within {}; retry with backoff",
+        crate::config::readable(*.0)
     )]
     CheckerBusy(std::time::Duration),
     /// The store behind the registry (etcd) did not answer or refused the write; nothing was

@@ -5,11 +5,16 @@
 //!   the prefix it makes the Watch epoch.
 //! - `instances/{instance_id}` → the instance as registered ([`StoredInstance`], protobuf),
 //!   bound to the instance's own etcd lease, whose TTL is the instance lease: a heartbeat is a
-//!   lease keep-alive (plus a write when the state or load changed), and when the lease runs
-//!   out etcd deletes the key, so the instance is OFFLINE on every replica at once.
+//!   lease keep-alive, plus a write when the state changed, or the load (at most one such
+//!   write per second per replica and instance); when the lease runs out etcd deletes the
+//!   key, so the instance is OFFLINE on every replica at once. A value under this key that
+//!   is not such an instance of this id on its own lease (written by something else) counts
+//!   as no instance, and a registration of the id overwrites it. The lease's deadline lives
+//!   in etcd alone: `lease_expires_at` is unset in listings and watch events.
 //! - `drained/{lease_id}` → empty, on a 10-minute lease: heartbeats of an instance an operator
 //!   drained are answered INSTANCE_DRAINED, whichever replica they reach.
-//! - `replicas/{replica_id}` → empty, on the replica's own short lease: the live replicas.
+//! - `replicas/{replica_id}` → empty, on the replica's own short lease: the live replicas (a
+//!   key on no lease is not one; a replica whose key was deleted puts it back).
 //!   First health probes are split between them by rendezvous hashing of the instance id, so
 //!   no instance is probed twice, and a dead replica's share moves when its key expires.
 //!
@@ -22,13 +27,13 @@
 //! Writes are compare-and-swap transactions on the key's mod revision: replicas never
 //! overwrite each other's changes.
 
-use std::collections::{BTreeSet, HashSet};
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
 use etcd_client::{
-    Client, Compare, CompareOp, ConnectOptions, EventType, GetOptions, PutOptions, Txn, TxnOp,
-    TxnOpResponse, WatchOptions,
+    Client, Compare, CompareOp, ConnectOptions, EventType, GetOptions, KeyValue, PutOptions, Txn,
+    TxnOp, TxnOpResponse, WatchOptions,
 };
 use reach_proto::v1::{Instance, InstanceSpec, InstanceState, SnapshotCause};
 use reach_rpc::backoff::Backoff;
@@ -48,14 +53,19 @@ const DRAINED_TTL_SECS: i64 = 600;
 const CAS_ATTEMPTS: usize = 8;
 /// The longest lease TTL read back from etcd (a day, in ms); longer values are clamped.
 const MAX_STORED_TTL_MS: u64 = 24 * 3600 * 1000;
+/// The shortest time between two writes of an instance's load alone (its in-flight counts):
+/// heartbeats between them renew the lease without writing, so a chatty (or hostile) agent
+/// costs etcd at most one value per interval. State changes are written at once.
+const LOAD_WRITE_INTERVAL: Duration = Duration::from_secs(1);
 /// How often a replica checks that etcd answers (its health check follows).
 const STATUS_INTERVAL: Duration = Duration::from_secs(1);
 
 /// An instance as the etcd backend stores it under `instances/{instance_id}`.
 #[derive(Clone, PartialEq, prost::Message)]
 pub struct StoredInstance {
-    /// The instance: descriptors included, lease id set, `revision` unset (the key's mod
-    /// revision is the instance's revision).
+    /// The instance: descriptors included, lease id set, `revision` and `lease_expires_at`
+    /// unset (the key's mod revision is the instance's revision; etcd holds the lease's
+    /// deadline).
     #[prost(message, optional, tag = "1")]
     pub instance: Option<Instance>,
     /// The identity that registered it.
@@ -73,6 +83,9 @@ impl StoredInstance {
     fn of(held: &Held) -> Self {
         let mut instance = held.instance.clone();
         instance.revision = 0;
+        // etcd keeps the lease's deadline (keep-alives renew it without a write), so a stored
+        // time would only go stale.
+        instance.lease_expires_at = None;
         Self {
             instance: Some(instance),
             owner: held.owner.clone(),
@@ -111,6 +124,11 @@ pub struct EtcdRegistry {
     view: Registry,
     /// This replica's id (random, drawn at start-up).
     replica_id: String,
+    /// The table id under `{prefix}table` this replica's epoch is made of.
+    table_id: String,
+    /// When this replica last wrote a change of load alone, by instance id: such writes are
+    /// coalesced to one per [`LOAD_WRITE_INTERVAL`].
+    load_written: Mutex<HashMap<String, tokio::time::Instant>>,
     /// The live replicas' ids, this one included.
     replicas: Mutex<BTreeSet<String>>,
     /// Lease ids this replica is probing now.
@@ -131,9 +149,29 @@ fn endpoints_of(config: &EtcdConfig) -> String {
     config.endpoints.join(", ")
 }
 
-/// What an etcd client error means for a caller: UNAVAILABLE, retry.
+/// What an etcd client error means for a caller: UNAVAILABLE, retry (with the fix named
+/// when etcd is out of space).
 fn unavailable(error: &etcd_client::Error) -> RegistryError {
-    RegistryError::StoreUnavailable(format!("etcd: {error}"))
+    let cause = reach_rpc::errors::chain(error);
+    if cause.contains("database space exceeded") {
+        return RegistryError::StoreUnavailable(format!(
+            "etcd is out of space ({cause}): its operator must compact and defragment etcd and disarm the NOSPACE alarm (`etcdctl alarm disarm`), or raise --quota-backend-bytes"
+        ));
+    }
+    RegistryError::StoreUnavailable(format!("etcd: {cause}"))
+}
+
+/// What an etcd error on writing an instance means: INVALID_ARGUMENT when etcd refused the
+/// value as too large (its `--max-request-bytes`, 1.5 MiB by default), else as
+/// [`unavailable`].
+fn write_refused(error: &etcd_client::Error) -> RegistryError {
+    let cause = reach_rpc::errors::chain(error);
+    if cause.contains("request is too large") {
+        return RegistryError::InvalidRegistration(format!(
+            "the instance is larger than the etcd cluster takes in one request ({cause}); shorten its descriptions, schemas and labels, or raise etcd's --max-request-bytes"
+        ));
+    }
+    unavailable(error)
 }
 
 /// The etcd lease of a registry lease id (`{etcd lease, 16 hex digits}.{secret}`).
@@ -215,11 +253,11 @@ impl EtcdRegistry {
                 .await
                 .map_err(|_| {
                     cannot(format!(
-                        "no connection within registry.etcd.dial_timeout ({:?})",
-                        etcd.dial_timeout
+                        "no connection within registry.etcd.dial_timeout ({})",
+                        crate::config::readable(etcd.dial_timeout)
                     ))
                 })?
-                .map_err(|e| cannot(e.to_string()))?;
+                .map_err(|e| cannot(reach_rpc::errors::chain(&e)))?;
                 first_status(client, &etcd).await.map_err(cannot)?
             }
             // With TLS: the first member that answers (members forward to the leader).
@@ -240,7 +278,7 @@ impl EtcdRegistry {
                         Some(options.clone()),
                     )
                     .await
-                    .map_err(|e| cannot(e.to_string()))?;
+                    .map_err(|e| cannot(reach_rpc::errors::chain(&e)))?;
                     match first_status(client, &etcd).await {
                         Ok(answered) => {
                             connected = Some(answered);
@@ -259,7 +297,7 @@ impl EtcdRegistry {
         // across it.
         let table_id = table_id(&mut client, &etcd.prefix)
             .await
-            .map_err(|e| cannot(e.to_string()))?;
+            .map_err(|e| cannot(reach_rpc::errors::chain(&e)))?;
         let epoch = uuid::Uuid::new_v5(
             &uuid::Uuid::NAMESPACE_URL,
             format!("etcd://{cluster_id:016x}{}{table_id}", etcd.prefix).as_bytes(),
@@ -274,6 +312,8 @@ impl EtcdRegistry {
             config: etcd,
             view,
             replica_id: uuid::Uuid::new_v4().simple().to_string(),
+            table_id,
+            load_written: Mutex::default(),
             replicas: Mutex::default(),
             probing: Mutex::default(),
             probe_tls,
@@ -285,11 +325,11 @@ impl EtcdRegistry {
         let revision = registry
             .load(SnapshotCause::Start)
             .await
-            .map_err(|e| cannot(e.to_string()))?;
+            .map_err(|e| cannot(reach_rpc::errors::chain(&e)))?;
         registry
             .announce()
             .await
-            .map_err(|e| cannot(e.to_string()))?;
+            .map_err(|e| cannot(reach_rpc::errors::chain(&e)))?;
         info!(
             replica = %registry.replica_id,
             endpoints = %endpoints_of(&registry.config),
@@ -387,8 +427,7 @@ impl EtcdRegistry {
             .kvs()
             .iter()
             .filter_map(|kv| {
-                let revision = kv.mod_revision().cast_unsigned();
-                let held = StoredInstance::decode(kv.value(), revision);
+                let held = self.stored_at(kv);
                 if held.is_none() {
                     warn!(key = %String::from_utf8_lossy(kv.key()), "skipping an etcd key that is not an instance this registry wrote");
                 }
@@ -399,13 +438,19 @@ impl EtcdRegistry {
             let mut live = self.replicas.lock().unwrap_or_else(|p| p.into_inner());
             live.clear();
             live.insert(self.replica_id.clone());
+            // A key on no lease would outlive its replica: not a live replica's.
             live.extend(
                 replicas
                     .kvs()
                     .iter()
+                    .filter(|kv| kv.lease() != 0)
                     .filter_map(|kv| self.name_of("replicas", kv.key())),
             );
         }
+        self.load_written
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clear();
         self.view.apply_reset(held, revision.cast_unsigned(), cause);
         for kv in drained.kvs() {
             if let Some(lease) = self.name_of("drained", kv.key()) {
@@ -423,6 +468,64 @@ impl EtcdRegistry {
             .strip_prefix(kind)?
             .strip_prefix('/')?;
         (!name.is_empty()).then(|| name.to_string())
+    }
+
+    /// The instance `kv` (a key under `instances/`) holds, when it is one this registry wrote:
+    /// a [`StoredInstance`] of the key's own instance id, on the etcd lease its lease id
+    /// names. Anything else there (another writer's value, a value copied under another id,
+    /// a key on no lease, which would never expire) counts as no instance: the mirror leaves
+    /// it out and a registration of that id overwrites it.
+    fn stored_at(&self, kv: &KeyValue) -> Option<Held> {
+        let id = self.name_of("instances", kv.key())?;
+        let held = StoredInstance::decode(kv.value(), kv.mod_revision().cast_unsigned())?;
+        (instance_id(&held.instance) == id
+            && kv.lease() != 0
+            && etcd_lease_of(&held.instance.lease_id) == Some(kv.lease()))
+        .then_some(held)
+    }
+
+    /// What a compare-and-swap's `else` branch read of its key: `None` when the key is
+    /// absent, else its mod revision and the instance it holds (`None` when it holds none,
+    /// see [`EtcdRegistry::stored_at`]).
+    fn got(&self, responses: &[TxnOpResponse]) -> Option<(Option<Held>, i64)> {
+        responses.iter().find_map(|response| match response {
+            TxnOpResponse::Get(get) => get
+                .kvs()
+                .first()
+                .map(|kv| (self.stored_at(kv), kv.mod_revision())),
+            _ => None,
+        })
+    }
+
+    /// `{prefix}table`, the key of the table id (part of the Watch epoch).
+    fn key_of_table(&self) -> String {
+        format!("{}table", self.config.prefix)
+    }
+
+    /// Puts this replica's key back on its lease after someone deleted it; when the lease is
+    /// gone too, the keep-alive loop announces this replica on a new one.
+    async fn reannounce(self: Arc<Self>) {
+        if self.stop.is_cancelled() {
+            return;
+        }
+        let lease = *self.replica_lease.lock().unwrap_or_else(|p| p.into_inner());
+        let Some(lease) = lease else { return };
+        let mut client = self.client.clone();
+        let put = client
+            .put(
+                self.key("replicas", &self.replica_id),
+                Vec::new(),
+                Some(PutOptions::new().with_lease(lease)),
+            )
+            .await;
+        match put {
+            Ok(_) => {
+                warn!(replica = %self.replica_id, "this replica's key was deleted from etcd; put it back")
+            }
+            Err(error) => {
+                warn!(replica = %self.replica_id, %error, "could not put this replica's key back; announcing it on a new lease")
+            }
+        }
     }
 
     /// Puts this replica's key on a lease of `replica_ttl`.
@@ -489,19 +592,38 @@ impl EtcdRegistry {
 
     /// Asks etcd for its status every second; SERVING while it answers within
     /// `request_timeout` and the mirror's watch is connected.
+    ///
+    /// etcd's alarms (NOSPACE: writes refused until an operator frees space) are logged as
+    /// they appear and clear; reads and lease keep-alives go on under them, so the replica
+    /// stays SERVING.
     async fn run_status(self: Arc<Self>) {
         let mut mirrored = self.mirrored.subscribe();
+        let mut served = false;
+        let mut alarms: Vec<String> = Vec::new();
         loop {
             let mut client = self.client.clone();
             let answered = tokio::time::timeout(self.config.request_timeout, client.status()).await;
+            if let Ok(Ok(status)) = &answered
+                && status.errors() != alarms.as_slice()
+            {
+                alarms = status.errors().to_vec();
+                if alarms.is_empty() {
+                    info!("etcd's alarms cleared");
+                } else {
+                    warn!(alarms = %alarms.join("; "), "etcd raised alarms: registrations and state changes fail until its operator clears them (NOSPACE: compact, defragment, `etcdctl alarm disarm`)");
+                }
+            }
             let up = matches!(answered, Ok(Ok(_))) && *mirrored.borrow_and_update();
             let was = self.serving.send_replace(up);
             if was != up {
-                if up {
+                if up && !served {
+                    info!("etcd answers and the mirror is current; registry SERVING");
+                } else if up {
                     info!("etcd answers again; registry SERVING");
                 } else {
                     warn!(endpoints = %endpoints_of(&self.config), "etcd does not answer; registry NOT_SERVING (routers keep their last view)");
                 }
+                served |= up;
             }
             tokio::select! {
                 () = self.stop.cancelled() => return,
@@ -598,31 +720,48 @@ impl EtcdRegistry {
                 let revision = revision.cast_unsigned();
                 let put = event.event_type() == EventType::Put;
                 if let Some(id) = self.name_of("instances", kv.key()) {
-                    if put {
-                        match StoredInstance::decode(kv.value(), revision) {
-                            Some(held) => {
-                                self.view.apply_put(held.clone(), revision);
-                                self.consider(held);
-                            }
-                            None => {
-                                warn!(key = %String::from_utf8_lossy(kv.key()), "skipping an etcd value that is not an instance this registry wrote");
-                                self.view.apply_progress(revision);
-                            }
+                    match self.stored_at(kv).filter(|_| put) {
+                        Some(held) => {
+                            self.view.apply_put(held.clone(), revision);
+                            self.consider(held);
                         }
-                    } else {
-                        self.view.apply_delete(&id, revision);
+                        None => {
+                            if put {
+                                warn!(key = %String::from_utf8_lossy(kv.key()), "an etcd value that is not an instance this registry wrote: the instance id counts as unregistered");
+                            }
+                            self.load_written_forget(&id);
+                            // The key no longer holds an instance: one it held leaves.
+                            self.view.apply_delete(&id, revision);
+                        }
                     }
                 } else if let Some(lease) = self.name_of("drained", kv.key()) {
                     self.view.apply_drained(&lease, put);
                     self.view.apply_progress(revision);
                 } else if let Some(replica) = self.name_of("replicas", kv.key()) {
-                    let mut live = self.replicas.lock().unwrap_or_else(|p| p.into_inner());
-                    replicas_changed |= if put {
-                        live.insert(replica)
+                    // A key on no lease would outlive its replica: it counts as gone.
+                    let live_key = put && kv.lease() != 0;
+                    if replica == self.replica_id {
+                        if !live_key {
+                            // Someone deleted (or detached) this replica's key: put it back,
+                            // or the others would probe this replica's share twice.
+                            tokio::spawn(Arc::clone(self).reannounce());
+                        }
                     } else {
-                        replica != self.replica_id && live.remove(&replica)
-                    };
-                    drop(live);
+                        let mut live = self.replicas.lock().unwrap_or_else(|p| p.into_inner());
+                        replicas_changed |= if live_key {
+                            live.insert(replica)
+                        } else {
+                            live.remove(&replica)
+                        };
+                    }
+                    self.view.apply_progress(revision);
+                } else if kv.key() == self.key_of_table().as_bytes() {
+                    // Deleted with the whole prefix, it marks a wiped table: replicas started
+                    // from then on serve a new epoch (routers moving to them take a fresh
+                    // snapshot, which says EPOCH_CHANGED), so it is not written back.
+                    if !put || kv.value() != self.table_id.as_bytes() {
+                        warn!(key = %self.key_of_table(), "the registry table id in etcd was deleted or changed: replicas that start from now on serve another Watch epoch than this one");
+                    }
                     self.view.apply_progress(revision);
                 } else {
                     self.view.apply_progress(revision);
@@ -640,6 +779,14 @@ impl EtcdRegistry {
                 self.rescan();
             }
         }
+    }
+
+    /// Forgets when the load of `instance_id` was last written (it left the table).
+    fn load_written_forget(&self, instance_id: &str) {
+        self.load_written
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(instance_id);
     }
 
     /// Whether this replica probes `instance_id` (see [`prober_of`]).
@@ -705,10 +852,10 @@ impl EtcdRegistry {
             .get(self.key("instances", instance_id), None)
             .await
             .map_err(|e| unavailable(&e))?;
-        Ok(response.kvs().first().and_then(|kv| {
-            let revision = kv.mod_revision();
-            StoredInstance::decode(kv.value(), revision.cast_unsigned()).map(|h| (h, revision))
-        }))
+        Ok(response
+            .kvs()
+            .first()
+            .and_then(|kv| Some((self.stored_at(kv)?, kv.mod_revision()))))
     }
 
     /// The instance from the view when it holds `lease_id` there, else from etcd: the view may
@@ -780,7 +927,7 @@ impl EtcdRegistry {
                 )])
                 .or_else([TxnOp::get(key.clone(), None)]);
             let mut client = self.client.clone();
-            let response = client.txn(txn).await.map_err(|e| unavailable(&e))?;
+            let response = client.txn(txn).await.map_err(|e| write_refused(&e))?;
             if response.succeeded() {
                 return Ok(Some(
                     response
@@ -789,7 +936,9 @@ impl EtcdRegistry {
                         .cast_unsigned(),
                 ));
             }
-            current = got(&response.op_responses());
+            current = self
+                .got(&response.op_responses())
+                .and_then(|(held, revision)| Some((held?, revision)));
         }
         Err(RegistryError::StoreUnavailable(format!(
             "instance {instance_id:?} kept changing under {CAS_ATTEMPTS} attempts to write it"
@@ -883,10 +1032,14 @@ impl EtcdRegistry {
         let value = StoredInstance::encode(&held);
         // Assume a new id first (one round trip); the transaction's else branch reads the
         // key when it exists, and the next attempt compares against what it read.
-        let mut current: Option<(Held, i64)> = None;
+        let mut current: Option<(Option<Held>, i64)> = None;
         for _ in 0..CAS_ATTEMPTS {
             let (expected, replaced) = match current.take() {
-                Some((existing, revision)) => {
+                Some((None, revision)) => {
+                    warn!(instance = %instance_id, "overwriting an etcd value under this instance id that is not an instance this registry wrote");
+                    (revision, None)
+                }
+                Some((Some(existing), revision)) => {
                     if existing.owner != owner {
                         return Err(RegistryError::NotOwner {
                             identity: owner.to_string(),
@@ -911,7 +1064,7 @@ impl EtcdRegistry {
                 )])
                 .or_else([TxnOp::get(key.clone(), None)]);
             let mut client = self.client.clone();
-            let response = client.txn(txn).await.map_err(|e| unavailable(&e))?;
+            let response = client.txn(txn).await.map_err(|e| write_refused(&e))?;
             if response.succeeded() {
                 let revision = response
                     .header()
@@ -928,7 +1081,7 @@ impl EtcdRegistry {
                     replaced,
                 ));
             }
-            current = got(&response.op_responses());
+            current = self.got(&response.op_responses());
         }
         Err(RegistryError::StoreUnavailable(format!(
             "instance {instance_id:?} kept changing under {CAS_ATTEMPTS} attempts to register it"
@@ -971,16 +1124,43 @@ impl EtcdRegistry {
         }
         let expires = SystemTime::now() + held.lease_ttl;
         let mut state = held.instance.state();
-        let written = self
+        let now = tokio::time::Instant::now();
+        let load_due = self
+            .load_written
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(instance_id)
+            .is_none_or(|at| now.duration_since(*at) >= LOAD_WRITE_INTERVAL);
+        let mut load_only = false;
+        let recorded = self
             .update(instance_id, lease_id, |held| {
+                let before = held.instance.state();
                 let (next, changed) =
                     crate::store::apply_report(&mut held.instance, held.probed, reported, load);
-                held.instance.lease_expires_at = Some(reach_rpc::time::timestamp(expires));
                 state = next;
-                changed
+                load_only = changed && next == before;
+                // A change of load alone waits for a later heartbeat when one was written
+                // within the interval: that heartbeat compares against the stored load again.
+                changed && (next != before || load_due)
             })
-            .await?;
+            .await;
+        let written = match recorded {
+            Ok(written) => written,
+            // The lease is renewed; the report is written by a later heartbeat (each compares
+            // against what etcd holds). Answer with the state etcd holds.
+            Err(RegistryError::StoreUnavailable(why)) => {
+                warn!(instance = %instance_id, %why, "heartbeat renewed the lease but could not record the reported state and load");
+                return Ok((expires, held.instance.state()));
+            }
+            Err(error) => return Err(error),
+        };
         if let Some(revision) = written {
+            if load_only {
+                self.load_written
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .insert(instance_id.to_string(), now);
+            }
             self.settle(revision).await;
         }
         Ok((expires, state))
@@ -1195,8 +1375,8 @@ async fn first_status(
         Ok(Ok(status)) => Ok((client, status)),
         Ok(Err(error)) => Err(reach_rpc::errors::chain(&error)),
         Err(_) => Err(format!(
-            "no answer within registry.etcd.dial_timeout ({:?})",
-            etcd.dial_timeout
+            "no answer within registry.etcd.dial_timeout ({})",
+            crate::config::readable(etcd.dial_timeout)
         )),
     }
 }
@@ -1214,17 +1394,6 @@ fn ttl_secs(ttl: Duration) -> i64 {
     i64::try_from(ttl.as_millis().div_ceil(1000))
         .unwrap_or(i64::MAX)
         .max(1)
-}
-
-/// The instance a compare-and-swap's `else` branch read (the key's current value).
-fn got(responses: &[TxnOpResponse]) -> Option<(Held, i64)> {
-    responses.iter().find_map(|response| match response {
-        TxnOpResponse::Get(get) => get.kvs().first().and_then(|kv| {
-            let revision = kv.mod_revision();
-            StoredInstance::decode(kv.value(), revision.cast_unsigned()).map(|h| (h, revision))
-        }),
-        _ => None,
-    })
 }
 
 #[cfg(test)]

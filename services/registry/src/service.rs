@@ -9,7 +9,7 @@ use reach_proto::v1::registry_service_server::{RegistryService, RegistryServiceS
 use reach_proto::v1::{
     DeregisterRequest, DeregisterResponse, HeartbeatRequest, HeartbeatResponse, InstanceState,
     ListCapabilitiesRequest, ListCapabilitiesResponse, ListInstancesRequest, ListInstancesResponse,
-    RegisterRequest, RegisterResponse, WatchRequest, WatchResponse,
+    RegisterRequest, RegisterResponse, WatchRequest, WatchResponse, WatchSnapshot,
 };
 use reach_trust::{Caller, Denied, Trust};
 use tokio::sync::{broadcast, mpsc};
@@ -304,17 +304,56 @@ fn redact(instance: &mut reach_proto::v1::Instance) {
     instance.lease_id.clear();
 }
 
-/// Redacts every instance an event carries.
-/// A shared event as one watcher is sent it: copied, with every lease id redacted.
-fn redact_event(event: &WatchResponse) -> WatchResponse {
+/// The most bytes of instances one part of a Watch snapshot carries (see
+/// `WatchSnapshot.continues`): under the 4 MiB a gRPC client decodes by default, whatever
+/// the instance count.
+pub const SNAPSHOT_PART_BYTES: usize = 1 << 20;
+
+/// Sends a shared event to one watcher: copied as it is sent, with every lease id redacted,
+/// and a snapshot split into parts of at most [`SNAPSHOT_PART_BYTES`] of instances (one
+/// instance larger than that is a part of its own). Returns `false` when the watcher went
+/// away.
+async fn send_event(
+    tx: &mpsc::Sender<Result<WatchResponse, Status>>,
+    event: &WatchResponse,
+) -> bool {
     use reach_proto::v1::watch_response::Event;
-    let mut event = event.clone();
-    match event.event.as_mut() {
-        Some(Event::Snapshot(snapshot)) => snapshot.instances.iter_mut().for_each(redact),
-        Some(Event::Upserted(instance) | Event::Removed(instance)) => redact(instance),
-        None => {}
+    let Some(Event::Snapshot(snapshot)) = &event.event else {
+        let mut event = event.clone();
+        if let Some(Event::Upserted(instance) | Event::Removed(instance)) = &mut event.event {
+            redact(instance);
+        }
+        return tx.send(Ok(event)).await.is_ok();
+    };
+    let part = |instances, continues| WatchResponse {
+        revision: event.revision,
+        epoch: event.epoch.clone(),
+        event: Some(Event::Snapshot(WatchSnapshot {
+            instances,
+            cause: snapshot.cause,
+            continues,
+        })),
+    };
+    let mut instances = Vec::new();
+    let mut bytes = 0;
+    for instance in &snapshot.instances {
+        let mut instance = instance.clone();
+        redact(&mut instance);
+        let size = prost::Message::encoded_len(&instance);
+        if !instances.is_empty() && bytes + size > SNAPSHOT_PART_BYTES {
+            if tx
+                .send(Ok(part(std::mem::take(&mut instances), true)))
+                .await
+                .is_err()
+            {
+                return false;
+            }
+            bytes = 0;
+        }
+        bytes += size;
+        instances.push(instance);
     }
-    event
+    tx.send(Ok(part(instances, false))).await.is_ok()
 }
 
 /// Records a registry operation's outcome in the metrics and wraps it in a response.
@@ -473,7 +512,7 @@ impl RegistryService for RegistryGrpc {
         tokio::spawn(async move {
             let _slot = slot;
             for event in first {
-                if tx.send(Ok(redact_event(&event))).await.is_err() {
+                if !send_event(&tx, &event).await {
                     return;
                 }
             }
@@ -496,7 +535,7 @@ impl RegistryService for RegistryGrpc {
                     Err(broadcast::error::RecvError::Closed) => return,
                 };
                 for event in sent {
-                    if tx.send(Ok(redact_event(&event))).await.is_err() {
+                    if !send_event(&tx, &event).await {
                         return;
                     }
                 }

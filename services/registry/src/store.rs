@@ -796,6 +796,7 @@ impl Registry {
                     .map(|e| e.instance.clone())
                     .collect(),
                 cause: cause as i32,
+                continues: false,
             })),
         }
     }

@@ -1,7 +1,9 @@
 //! The registry on a real etcd (started by each test on 127.0.0.1 ephemeral ports): several
 //! replicas share one table, leases expire in etcd, watches resume across replicas, a
 //! compacted revision yields a snapshot that says so, an unreachable etcd turns the health
-//! check NOT_SERVING, and a dead replica's share of health probing moves to the survivors.
+//! check NOT_SERVING (and the admin port's `/ready` 503), and a dead replica's share of health probing moves to the survivors;
+//! what others write under the prefix (foreign values, lease-less keys, deleted keys) fools no
+//! replica, and load-only heartbeats are coalesced.
 
 use std::net::SocketAddr;
 use std::process::{Child, Command, Stdio};
@@ -46,6 +48,11 @@ impl Etcd {
     /// [`Etcd::start`] serving TLS with `tls` (directory of `ca.pem`, `server.pem`,
     /// `server-key.pem`) and requiring client certificates signed by that CA.
     async fn start_with(tls: Option<&std::path::Path>) -> Option<Etcd> {
+        Self::start_with_args(tls, &[]).await
+    }
+
+    /// [`Etcd::start_with`], passing etcd `args` besides.
+    async fn start_with_args(tls: Option<&std::path::Path>, args: &[&str]) -> Option<Etcd> {
         let binary = std::env::var("REACH_TEST_ETCD").unwrap_or_else(|_| "etcd".into());
         if Command::new(&binary).arg("--version").output().is_err() {
             assert!(
@@ -72,6 +79,7 @@ impl Etcd {
                 .arg("--client-cert-auth");
         }
         let child = command
+            .args(args)
             .args(["--data-dir", dir.path().to_str().unwrap()])
             .args(["--name", "test"])
             .args([
@@ -178,10 +186,12 @@ impl Proxy {
     }
 }
 
-/// A registry replica on etcd, served over gRPC on 127.0.0.1:0.
+/// A registry replica on etcd, served over gRPC on 127.0.0.1:0, with its admin port (whose
+/// `/ready` follows the gRPC health) on another.
 struct Replica {
     backend: Backend,
     url: String,
+    admin: SocketAddr,
     stop: tokio_util::sync::CancellationToken,
 }
 
@@ -190,7 +200,8 @@ fn etcd_config(etcd_url: &str) -> EtcdConfig {
         endpoints: vec![etcd_url.to_string()],
         dial_timeout: Duration::from_secs(2),
         request_timeout: Duration::from_secs(2),
-        keep_alive_interval: Duration::from_secs(1),
+        // etcd's floor: it answers more frequent pings with GOAWAY.
+        keep_alive_interval: Duration::from_secs(5),
         keep_alive_timeout: Duration::from_secs(1),
         replica_ttl: Duration::from_secs(2),
         ..EtcdConfig::default()
@@ -220,10 +231,43 @@ impl Replica {
                 reach_proto::v1::registry_service_server::SERVICE_NAME,
                 backend.serving(),
             );
+        let readiness = server.readiness();
         let stop = tokio_util::sync::CancellationToken::new();
         let stopped = stop.clone();
         tokio::spawn(server.serve(listener, async move { stopped.cancelled().await }));
-        Replica { backend, url, stop }
+        let admin_listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let admin = admin_listener.local_addr().unwrap();
+        let stopped = stop.clone();
+        tokio::spawn(reach_telemetry::serve_admin(
+            admin_listener,
+            reach_telemetry::admin_router(reach_telemetry::metrics::install().unwrap(), readiness),
+            async move { stopped.cancelled().await },
+            reach_rpc::server::DEFAULT_GRACE,
+        ));
+        Replica {
+            backend,
+            url,
+            admin,
+            stop,
+        }
+    }
+
+    /// The HTTP status of `GET /ready` on the admin port.
+    async fn ready(&self) -> u16 {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let mut stream = tokio::net::TcpStream::connect(self.admin).await.unwrap();
+        let request = format!(
+            "GET /ready HTTP/1.1\r\nhost: {}\r\nconnection: close\r\n\r\n",
+            self.admin
+        );
+        stream.write_all(request.as_bytes()).await.unwrap();
+        let mut response = String::new();
+        stream.read_to_string(&mut response).await.unwrap();
+        response
+            .strip_prefix("HTTP/1.1 ")
+            .and_then(|rest| rest.get(..3))
+            .and_then(|code| code.parse().ok())
+            .unwrap_or_else(|| panic!("not an HTTP/1.1 response: {response}"))
     }
 
     async fn client(&self) -> RegistryServiceClient<Channel> {
@@ -621,6 +665,10 @@ async fn etcd_unreachable_turns_health_not_serving_and_a_compacted_revision_yiel
         vec!["kept".to_string()]
     );
     assert_eq!(a.health().await, ServingStatus::Serving);
+    eventually("A's /ready answers 200", Duration::from_secs(5), || async {
+        a.ready().await == 200
+    })
+    .await;
 
     // etcd unreachable from A: NOT_SERVING, while A keeps serving its last view.
     proxy.cut();
@@ -632,6 +680,11 @@ async fn etcd_unreachable_turns_health_not_serving_and_a_compacted_revision_yiel
         "NOT_SERVING {} ms after etcd became unreachable",
         took.as_millis()
     );
+    // The admin port's /ready says what the gRPC health says (HTTPS probes, L4 checks).
+    eventually("A's /ready answers 503", Duration::from_secs(5), || async {
+        a.ready().await == 503
+    })
+    .await;
     assert_eq!(a.backend.view().list("", "").instances.len(), 1);
     let refused = tokio::time::timeout(Duration::from_secs(10), async {
         client_a
@@ -669,6 +722,12 @@ async fn etcd_unreachable_turns_health_not_serving_and_a_compacted_revision_yiel
         "A reports SERVING again",
         Duration::from_secs(10),
         || async { a.health().await == ServingStatus::Serving },
+    )
+    .await;
+    eventually(
+        "A's /ready answers 200 again",
+        Duration::from_secs(5),
+        || async { a.ready().await == 200 },
     )
     .await;
 }
@@ -858,4 +917,254 @@ async fn tls_to_etcd_works_with_a_client_certificate_and_is_refused_at_start_up_
             && refused.contains("registry.etcd.tls"),
         "{refused}"
     );
+}
+
+const INSTANCES: &str = "/reach/registry/instances/";
+
+/// Values under `instances/` the registry did not write (garbage, another instance's value
+/// copied under a key of its own, a key on no lease) are not instances: the mirror shows
+/// none of them, and a registration of such an id overwrites the value.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn values_in_etcd_the_registry_did_not_write_are_not_instances_and_block_no_id() {
+    let Some(etcd) = Etcd::start().await else {
+        return;
+    };
+    let a = Replica::start(&etcd.url, false).await;
+    let mut client = a.client().await;
+    let mut raw = etcd.client().await;
+    let real = register(
+        &mut client,
+        spec("real", "http://127.0.0.1:9"),
+        Duration::from_secs(30),
+    )
+    .await;
+    let value = raw
+        .get(format!("{INSTANCES}real"), None)
+        .await
+        .unwrap()
+        .kvs()[0]
+        .value()
+        .to_vec();
+    client
+        .deregister(DeregisterRequest {
+            instance_id: "real".into(),
+            lease_id: real.lease_id,
+        })
+        .await
+        .unwrap();
+    // A copy of "real" under another key (on no lease: it would never expire) and garbage.
+    raw.put(format!("{INSTANCES}ghost"), value, None)
+        .await
+        .unwrap();
+    let garbage = raw
+        .put(
+            format!("{INSTANCES}blocked"),
+            b"not protobuf \xff".to_vec(),
+            None,
+        )
+        .await
+        .unwrap();
+    let revision = garbage.header().unwrap().revision().cast_unsigned();
+    assert!(
+        a.backend
+            .view()
+            .applied(revision, Duration::from_secs(5))
+            .await
+    );
+    assert!(
+        a.backend.view().list("", "").instances.is_empty(),
+        "no ghost of a copied value: {:?}",
+        a.backend.view().list("", "").instances
+    );
+
+    // The id under garbage registers (the value is overwritten), at the first try.
+    let blocked = register(
+        &mut client,
+        spec("blocked", "http://127.0.0.1:9"),
+        Duration::from_secs(30),
+    )
+    .await;
+    assert_eq!(
+        blocked.instance.unwrap().spec.unwrap().instance_id,
+        "blocked"
+    );
+    let mut watch = watch(&mut client, WatchRequest::default()).await;
+    assert_eq!(
+        snapshot(&next(&mut watch).await),
+        (SnapshotCause::Start, vec!["blocked".to_string()])
+    );
+    // Garbage written over a live instance: it leaves every view.
+    raw.put(format!("{INSTANCES}blocked"), b"\x00\x01".to_vec(), None)
+        .await
+        .unwrap();
+    assert_eq!(
+        change(&next(&mut watch).await),
+        ("removed", "blocked".into(), InstanceState::Offline)
+    );
+}
+
+/// Heartbeats that change only the load are written to etcd at most about once a second
+/// (a chatty agent cannot grow etcd's history), state changes at once, and the lease's
+/// deadline is etcd's: listings leave `lease_expires_at` unset rather than stale.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn load_only_heartbeats_are_coalesced_and_state_changes_are_written_at_once() {
+    let Some(etcd) = Etcd::start().await else {
+        return;
+    };
+    let a = Replica::start(&etcd.url, false).await;
+    let mut client = a.client().await;
+    let mut raw = etcd.client().await;
+    let registered = register(
+        &mut client,
+        spec("chatty", "http://127.0.0.1:9"),
+        Duration::from_secs(30),
+    )
+    .await;
+    let beat = |state: InstanceState, in_flight: u32| HeartbeatRequest {
+        instance_id: "chatty".into(),
+        lease_id: registered.lease_id.clone(),
+        state: state as i32,
+        in_flight,
+        ..Default::default()
+    };
+    let started = tokio::time::Instant::now();
+    for in_flight in 1..=30 {
+        let answer = client
+            .heartbeat(beat(InstanceState::Ready, in_flight))
+            .await
+            .unwrap()
+            .into_inner();
+        assert!(
+            answer.lease_expires_at.is_some(),
+            "a heartbeat says when the lease ends"
+        );
+    }
+    let elapsed = started.elapsed();
+    let version = |raw: &mut etcd_client::Client| {
+        let mut raw = raw.clone();
+        async move {
+            raw.get(format!("{INSTANCES}chatty"), None)
+                .await
+                .unwrap()
+                .kvs()[0]
+                .version()
+        }
+    };
+    // The registration, then one load write per started second at most.
+    let writes = version(&mut raw).await;
+    let allowed = 2 + i64::try_from(elapsed.as_secs()).unwrap();
+    assert!(
+        writes <= allowed,
+        "30 load-only heartbeats in {elapsed:?} wrote the value {writes} times (at most {allowed})"
+    );
+
+    // A change of state is written by the heartbeat that reports it.
+    let before = version(&mut raw).await;
+    client
+        .heartbeat(beat(InstanceState::Draining, 30))
+        .await
+        .unwrap();
+    assert_eq!(version(&mut raw).await, before + 1);
+    let listed = client
+        .list_instances(ListInstancesRequest::default())
+        .await
+        .unwrap()
+        .into_inner()
+        .instances;
+    assert_eq!(listed[0].state(), InstanceState::Draining);
+    assert!(
+        listed[0].lease_expires_at.is_none(),
+        "etcd holds the lease's deadline: {:?}",
+        listed[0].lease_expires_at
+    );
+
+    // The last load reported is written once the interval has passed.
+    eventually("the last load is written", Duration::from_secs(5), || {
+        let mut client = client.clone();
+        let beat = beat(InstanceState::Draining, 77);
+        let view = a.backend.view().clone();
+        async move {
+            client.heartbeat(beat).await.unwrap();
+            view.list("", "").instances[0].in_flight == 77
+        }
+    })
+    .await;
+}
+
+/// A key under `replicas/` on no lease is not a live replica (it would outlive any), and a
+/// replica whose own key was deleted puts it back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replica_keys_on_no_lease_do_not_count_and_a_deleted_own_key_comes_back() {
+    let Some(etcd) = Etcd::start().await else {
+        return;
+    };
+    let mut raw = etcd.client().await;
+    raw.put("/reach/registry/replicas/forged-early", Vec::new(), None)
+        .await
+        .unwrap();
+    let a = Replica::start(&etcd.url, false).await;
+    let Backend::Etcd(registry) = &a.backend else {
+        unreachable!("an etcd replica")
+    };
+    let id = registry.replica_id().to_string();
+    assert_eq!(registry.replicas(), vec![id.clone()], "read at start-up");
+    let forged = raw
+        .put("/reach/registry/replicas/forged-late", Vec::new(), None)
+        .await
+        .unwrap();
+    assert!(
+        a.backend
+            .view()
+            .applied(
+                forged.header().unwrap().revision().cast_unsigned(),
+                Duration::from_secs(5)
+            )
+            .await
+    );
+    assert_eq!(registry.replicas(), vec![id.clone()], "seen in the watch");
+
+    let key = format!("/reach/registry/replicas/{id}");
+    raw.delete(key.clone(), None).await.unwrap();
+    eventually("the replica's key is back", Duration::from_secs(5), || {
+        let mut raw = raw.clone();
+        let key = key.clone();
+        async move {
+            raw.get(key, None)
+                .await
+                .unwrap()
+                .kvs()
+                .first()
+                .is_some_and(|kv| kv.lease() != 0)
+        }
+    })
+    .await;
+}
+
+/// An instance larger than the etcd cluster takes in one request (its `--max-request-bytes`)
+/// is refused INVALID_ARGUMENT, saying what to shorten, not UNAVAILABLE (which agents retry).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_instance_larger_than_etcd_takes_is_invalid_not_unavailable() {
+    let Some(etcd) = Etcd::start_with_args(None, &["--max-request-bytes", "4096"]).await else {
+        return;
+    };
+    let a = Replica::start(&etcd.url, false).await;
+    let mut client = a.client().await;
+    let mut large = spec("large", "http://127.0.0.1:9");
+    large.labels = [("note".to_string(), "x".repeat(15 * 1024))].into();
+    let Err(refused) = client
+        .register(RegisterRequest {
+            instance: Some(large),
+            lease_ttl: None,
+        })
+        .await
+    else {
+        panic!("a 15 KiB instance was written to an etcd that takes 4 KiB requests");
+    };
+    assert_eq!(refused.code(), tonic::Code::InvalidArgument, "{refused}");
+    assert!(
+        refused.message().contains("--max-request-bytes"),
+        "{}",
+        refused.message()
+    );
+    assert!(a.backend.view().list("", "").instances.is_empty());
 }

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use reach_proto::v1::registry_service_client::RegistryServiceClient;
-use reach_proto::v1::{WatchRequest, watch_response};
+use reach_proto::v1::{Instance, WatchRequest, watch_response};
 use reach_rpc::backoff::Backoff;
 use tracing::{info, warn};
 
@@ -50,7 +50,9 @@ pub async fn follow_registry(table: Arc<RoutingTable>) {
     }
 }
 
-/// One watch stream, applied until it ends; sets `received` once an event arrived.
+/// One watch stream, applied until it ends; sets `received` once an event arrived. A
+/// snapshot sent in parts is applied whole, when its last part arrives; a stream that breaks
+/// before then changes nothing.
 async fn watch_once(
     table: &RoutingTable,
     endpoint: &str,
@@ -74,11 +76,18 @@ async fn watch_once(
         .await?
         .into_inner();
     info!(registry = %endpoint, after_revision, "watching registry");
+    // The parts of a snapshot read so far (see `WatchSnapshot.continues`).
+    let mut parts: Vec<Instance> = Vec::new();
     while let Some(event) = stream.message().await? {
         *received = true;
         match event.event {
+            Some(watch_response::Event::Snapshot(snapshot)) if snapshot.continues => {
+                parts.extend(snapshot.instances);
+            }
             Some(watch_response::Event::Snapshot(snapshot)) => {
-                table.apply_snapshot(event.revision, &event.epoch, snapshot.instances)
+                let mut instances = std::mem::take(&mut parts);
+                instances.extend(snapshot.instances);
+                table.apply_snapshot(event.revision, &event.epoch, instances);
             }
             Some(watch_response::Event::Upserted(instance)) => {
                 table.apply_upsert(event.revision, instance)

@@ -1,5 +1,5 @@
 //! Publish, asynchronous replies across router replicas, versioned capabilities with
-//! adapters, strict registration and payload validation.
+//! adapters, strict registration, payload validation, and registry snapshots sent in parts.
 
 mod common;
 
@@ -741,4 +741,76 @@ async fn a_router_that_has_not_synced_with_its_registry_says_so_and_that_nothing
     );
     stop.cancel();
     watch.abort();
+}
+
+/// A registry snapshot of more than `SNAPSHOT_PART_BYTES` arrives in parts: every part but
+/// the last says more follow, all carry one revision, and a router applies their union.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_snapshot_larger_than_one_part_reaches_a_router_whole() {
+    use reach_proto::v1::registry_service_client::RegistryServiceClient;
+    use reach_proto::v1::{Capability, InstanceSpec, WatchRequest, watch_response};
+
+    let registry = registry().await;
+    // 100 instances of about 15 KiB each: a snapshot of about 1.5 MiB.
+    let count = 100;
+    for i in 0..count {
+        let spec = InstanceSpec {
+            service: "svc.wide".into(),
+            instance_id: format!("wide-{i}"),
+            endpoint: "http://127.0.0.1:9".into(),
+            capabilities: vec![Capability {
+                name: "wide.echo".into(),
+                version: "1.0.0".into(),
+                ..Default::default()
+            }],
+            protocol_version: "1.0".into(),
+            weight: 1,
+            labels: [("note".to_string(), "x".repeat(15 * 1024))].into(),
+            ..InstanceSpec::default()
+        };
+        registry
+            .registry
+            .register(spec, Some(Duration::from_secs(60)))
+            .unwrap();
+    }
+    let mut watch = RegistryServiceClient::connect(registry.url.clone())
+        .await
+        .unwrap()
+        .watch(WatchRequest::default())
+        .await
+        .unwrap()
+        .into_inner();
+    let mut parts = Vec::new();
+    loop {
+        let event = watch.message().await.unwrap().unwrap();
+        let Some(watch_response::Event::Snapshot(snapshot)) = event.event else {
+            panic!("expected a snapshot part, got {event:?}");
+        };
+        let continues = snapshot.continues;
+        parts.push((event.revision, snapshot));
+        if !continues {
+            break;
+        }
+    }
+    assert!(parts.len() >= 2, "a 1.5 MiB snapshot came in one part");
+    let revision = parts[0].0;
+    let mut ids = std::collections::BTreeSet::new();
+    for (part_revision, snapshot) in &parts {
+        assert_eq!(*part_revision, revision);
+        assert!(
+            prost::Message::encoded_len(snapshot)
+                <= reach_registry::service::SNAPSHOT_PART_BYTES + 16 * 1024
+        );
+        ids.extend(
+            snapshot
+                .instances
+                .iter()
+                .map(|i| i.spec.as_ref().unwrap().instance_id.clone()),
+        );
+    }
+    assert_eq!(ids.len(), count);
+
+    let router = router(&registry.url, RouterConfig::default()).await;
+    assert_eq!(router.router.table().instances().len(), count);
+    assert_eq!(router.router.table().revision(), revision);
 }

@@ -382,6 +382,11 @@ Checks that values.schema.json cannot express; each failure says what to change.
 {{- if and (gt (int $r.replicas) 1) (not $r.etcd.endpoints) -}}
 {{- fail (printf "registry.replicas is %d, but registry.etcd.endpoints is empty: in-memory leases belong to one process. Run one replica, or set registry.etcd.endpoints (the etcd members' client URLs) to run several" (int $r.replicas)) -}}
 {{- end -}}
+{{- range $r.etcd.endpoints }}
+{{- if and (hasPrefix "https://" .) (not $r.etcd.tlsSecret) -}}
+{{- fail (printf "registry.etcd.endpoints has %q, but registry.etcd.tlsSecret is empty: https endpoints need TLS to etcd (a Secret with ca.crt, and tls.crt and tls.key with registry.etcd.tlsClientCert), or use http://" .) -}}
+{{- end -}}
+{{- end -}}
 {{- if and .Values.protocolRegistry.strict (not (include "reach.protocolRegistry.enabled" .)) -}}
 {{- fail "protocolRegistry.strict needs a protocol registry to check registrations against: set protocolRegistry.content, or protocolRegistry.example=true" -}}
 {{- end -}}
@@ -637,18 +642,22 @@ pick up, while a subPath mount never changes. Call with (dict "root" $ "componen
 
 {{/*
 The probes of a service with TLS on: the kubelet's gRPC probes cannot speak TLS, so every
-probe is an HTTPS GET of the admin port's /health (open to clients without a certificate).
+probe is an HTTPS GET of the admin port (open to clients without a certificate). Startup and
+liveness GET /health, which answers whenever the process does; readiness GETs /ready, which
+answers 503 while the service's grpc.health.v1 says NOT_SERVING (a registry whose etcd does
+not answer, a router without its first registry snapshot, a process shutting down), as the
+gRPC readiness probe without TLS would see.
 */}}
 {{- define "reach.tlsProbes" -}}
 {{- $port := .Values.ports.admin | int -}}
 {{- with .Values.probes -}}
-{{- range $kind, $timing := dict "startupProbe" .startup "livenessProbe" .liveness "readinessProbe" .readiness }}
+{{- range $kind, $probe := dict "startupProbe" (list "/health" .startup) "livenessProbe" (list "/health" .liveness) "readinessProbe" (list "/ready" .readiness) }}
 {{ $kind }}:
   httpGet:
-    path: /health
+    path: {{ index $probe 0 }}
     port: {{ $port }}
     scheme: HTTPS
-  {{- toYaml $timing | nindent 2 }}
+  {{- toYaml (index $probe 1) | nindent 2 }}
 {{- end }}
 {{- end -}}
 {{- end -}}

@@ -57,6 +57,10 @@ pub struct GrpcServer {
     readiness: Vec<(&'static str, futures::future::BoxFuture<'static, ()>)>,
     /// Services whose status follows a flag ([`GrpcServer::serving_while`]).
     conditions: Vec<(&'static str, tokio::sync::watch::Receiver<bool>)>,
+    /// Whether the server and every added service are SERVING, as the health service says
+    /// (see [`GrpcServer::readiness`]): false until [`GrpcServer::serve`] has set their
+    /// statuses, then following them.
+    ready: tokio::sync::watch::Sender<bool>,
     trust: std::sync::Arc<reach_trust::Trust>,
 }
 
@@ -92,6 +96,7 @@ impl GrpcServer {
             reflection_source: None,
             readiness: Vec::new(),
             conditions: Vec::new(),
+            ready: tokio::sync::watch::channel(false).0,
             trust: reach_trust::Trust::disabled(),
         }
     }
@@ -232,6 +237,17 @@ impl GrpcServer {
         self.health.clone()
     }
 
+    /// What `grpc.health.v1` says of this server as one flag, for an HTTP readiness check
+    /// (the admin port's `GET /ready`) to say the same: true while the server as a whole
+    /// (service `""`) and every added service are SERVING; false before
+    /// [`GrpcServer::serve`] has set their statuses, while any is NOT_SERVING (a
+    /// [`GrpcServer::ready_when`] not yet resolved, a [`GrpcServer::serving_while`] flag
+    /// false, or a status set through [`GrpcServer::health_reporter`]), and from the moment
+    /// shutdown begins.
+    pub fn readiness(&self) -> tokio::sync::watch::Receiver<bool> {
+        self.ready.subscribe()
+    }
+
     /// Serves until `shutdown` resolves, then stops accepting connections and waits for
     /// in-flight calls to finish, at most the grace period (see [`GrpcServer::with_grace`]);
     /// returns at most a moment after it, whatever the peers do.
@@ -289,6 +305,12 @@ impl GrpcServer {
             };
             self.health.set_service_status(*name, status).await;
         }
+        // Every status is set: the readiness flag follows them from here.
+        tokio::spawn(follow_health(
+            self.health.clone(),
+            self.service_names.iter().copied().chain([""]).collect(),
+            self.ready,
+        ));
         for (name, ready) in self.readiness {
             let (health, stopping) = (self.health.clone(), stopping.clone());
             tokio::spawn(async move {
@@ -368,6 +390,43 @@ impl GrpcServer {
         )
         .await;
         Ok(())
+    }
+}
+
+/// Keeps `ready` true while every service of `names` is SERVING in `health` (watched through
+/// the health service itself, so the flag says what `grpc.health.v1` says), until no one holds
+/// a receiver of `ready`.
+async fn follow_health(
+    health: HealthReporter,
+    names: Vec<&'static str>,
+    ready: tokio::sync::watch::Sender<bool>,
+) {
+    use futures::StreamExt;
+    use tonic_health::pb::health_check_response::ServingStatus as Wire;
+    use tonic_health::pb::health_server::Health;
+    let service = tonic_health::server::HealthService::from_health_reporter(health);
+    let mut statuses = futures::stream::SelectAll::new();
+    for (index, name) in names.iter().enumerate() {
+        let request = tonic::Request::new(tonic_health::pb::HealthCheckRequest {
+            service: (*name).to_string(),
+        });
+        // Every name has a status by now (serve set them); one without stays not serving.
+        let Ok(watch) = service.watch(request).await else {
+            tracing::warn!(service = %name, "no health status to follow; readiness stays false");
+            return;
+        };
+        statuses.push(watch.into_inner().map(move |status| (index, status)));
+    }
+    let mut serving = vec![false; names.len()];
+    loop {
+        tokio::select! {
+            () = ready.closed() => return,
+            next = statuses.next() => {
+                let Some((index, status)) = next else { return };
+                serving[index] = status.is_ok_and(|s| s.status() == Wire::Serving);
+                ready.send_replace(serving.iter().all(|serving| *serving));
+            }
+        }
     }
 }
 

@@ -5,6 +5,7 @@
 use std::time::{Duration, Instant};
 
 use reach_rpc::GrpcServer;
+use tonic::server::NamedService;
 use tonic_health::pb::HealthCheckRequest;
 use tonic_health::pb::health_check_response::ServingStatus;
 use tonic_health::pb::health_client::HealthClient;
@@ -112,4 +113,96 @@ async fn a_request_that_never_finishes_does_not_hold_shutdown_past_the_grace_per
         .expect("serve waited on a request that never finishes")
         .unwrap();
     drop(half);
+}
+
+/// A service that answers nothing (UNIMPLEMENTED): a name for the health service to report.
+#[derive(Clone)]
+struct Gated;
+
+impl NamedService for Gated {
+    const NAME: &'static str = "test.v1.GatedService";
+}
+
+impl tower::Service<http::Request<tonic::body::Body>> for Gated {
+    type Response = http::Response<tonic::body::Body>;
+    type Error = std::convert::Infallible;
+    type Future = std::future::Ready<Result<Self::Response, Self::Error>>;
+
+    fn poll_ready(
+        &mut self,
+        _cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), Self::Error>> {
+        std::task::Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, _request: http::Request<tonic::body::Body>) -> Self::Future {
+        std::future::ready(Ok(tonic::Status::unimplemented("nothing here").into_http()))
+    }
+}
+
+/// Waits (at most 5 s) until `readiness` holds `expected`.
+async fn readiness_becomes(readiness: &mut tokio::sync::watch::Receiver<bool>, expected: bool) {
+    tokio::time::timeout(
+        Duration::from_secs(5),
+        readiness.wait_for(|ready| *ready == expected),
+    )
+    .await
+    .unwrap_or_else(|_| panic!("readiness did not become {expected} within 5 s"))
+    .expect("the server keeps its readiness sender while it serves");
+}
+
+#[tokio::test]
+async fn readiness_says_what_the_health_service_says_until_shutdown() {
+    let (serving, condition) = tokio::sync::watch::channel(true);
+    let server = GrpcServer::new()
+        .add_service(Gated)
+        .serving_while(Gated::NAME, condition);
+    let mut readiness = server.readiness();
+    assert!(!*readiness.borrow(), "not ready before it serves");
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let task = tokio::spawn(server.serve(listener, async move {
+        let _ = stopped.await;
+    }));
+    let channel = reach_rpc::http2::endpoint(url)
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let mut health = HealthClient::new(channel);
+    let mut status = async |service: &str| {
+        health
+            .check(HealthCheckRequest {
+                service: service.into(),
+            })
+            .await
+            .unwrap()
+            .into_inner()
+            .status()
+    };
+
+    readiness_becomes(&mut readiness, true).await;
+    assert_eq!(status(Gated::NAME).await, ServingStatus::Serving);
+    // The service's flag drops: NOT_SERVING over gRPC, not ready; and back.
+    serving.send_replace(false);
+    readiness_becomes(&mut readiness, false).await;
+    assert_eq!(status(Gated::NAME).await, ServingStatus::NotServing);
+    assert_eq!(
+        status("").await,
+        ServingStatus::Serving,
+        "the server itself serves"
+    );
+    serving.send_replace(true);
+    readiness_becomes(&mut readiness, true).await;
+    assert_eq!(status(Gated::NAME).await, ServingStatus::Serving);
+
+    // Shutdown turns every status NOT_SERVING, and readiness with them.
+    stop.send(()).unwrap();
+    readiness_becomes(&mut readiness, false).await;
+    tokio::time::timeout(Duration::from_secs(15), task)
+        .await
+        .expect("serve returns after its grace period")
+        .unwrap()
+        .unwrap();
 }

@@ -1,10 +1,13 @@
 //! The HTTP admin router every service serves next to its gRPC port: `GET /metrics`
-//! (Prometheus text format) and `GET /health`; services merge their own JSON routes.
+//! (Prometheus text format), `GET /health` (liveness: the process answers) and `GET /ready`
+//! (readiness: what the service's `grpc.health.v1` says, for probes that cannot speak gRPC,
+//! such as Kubernetes' HTTPS probes under TLS, and L4 load balancers' health checks);
+//! services merge their own JSON routes.
 
 use std::future::Future;
 
 use axum::Router;
-use axum::http::header;
+use axum::http::{StatusCode, header};
 use axum::response::IntoResponse;
 use axum::routing::get;
 use metrics_exporter_prometheus::PrometheusHandle;
@@ -12,13 +15,19 @@ use metrics_exporter_prometheus::PrometheusHandle;
 /// The content type of the Prometheus text exposition format.
 pub const PROMETHEUS_CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
 
-/// The paths [`admin_router`] serves (both `GET`), for a startup banner to list.
-pub const ADMIN_PATHS: [&str; 2] = ["/health", "/metrics"];
+/// The paths [`admin_router`] serves (all `GET`), for a startup banner to list.
+pub const ADMIN_PATHS: [&str; 3] = ["/health", "/ready", "/metrics"];
 
-/// `GET /metrics` rendering `handle`, and `GET /health` answering `{"status":"ok"}`.
-/// Extend it with `.merge(...)` or `.route(...)`:
-/// `admin_router(metrics::install()?).route("/v1/instances", get(list))`.
-pub fn admin_router(handle: PrometheusHandle) -> Router {
+/// `GET /metrics` rendering `handle`; `GET /health` answering `{"status":"ok"}` whenever the
+/// process answers (liveness); `GET /ready` answering 200 `{"status":"serving"}` while
+/// `ready` holds true and 503 `{"status":"not_serving"}` while it holds false (readiness).
+///
+/// `ready` is the service's gRPC health as one flag
+/// ([`reach_rpc::GrpcServer::readiness`]), so `/ready` and `grpc.health.v1` agree; a
+/// service with no notion of not serving passes `tokio::sync::watch::channel(true).1`.
+/// Extend the router with `.merge(...)` or `.route(...)`:
+/// `admin_router(metrics::install()?, server.readiness()).route("/v1/instances", get(list))`.
+pub fn admin_router(handle: PrometheusHandle, ready: tokio::sync::watch::Receiver<bool>) -> Router {
     Router::new()
         .route(
             "/metrics",
@@ -34,10 +43,25 @@ pub fn admin_router(handle: PrometheusHandle) -> Router {
             }),
         )
         .route("/health", get(health))
+        .route("/ready", get(move || ready_status(ready.clone())))
 }
 
 async fn health() -> impl IntoResponse {
     axum::Json(serde_json::json!({ "status": "ok" }))
+}
+
+async fn ready_status(ready: tokio::sync::watch::Receiver<bool>) -> impl IntoResponse {
+    if *ready.borrow() {
+        (
+            StatusCode::OK,
+            axum::Json(serde_json::json!({ "status": "serving" })),
+        )
+    } else {
+        (
+            StatusCode::SERVICE_UNAVAILABLE,
+            axum::Json(serde_json::json!({ "status": "not_serving" })),
+        )
+    }
 }
 
 /// The most connections an admin port serves at once: scrapers, probes and `reach top` need
@@ -71,7 +95,7 @@ pub async fn serve_admin(
 /// it has certificates, with client certificates optional whatever `[trust.tls] client_auth`
 /// says, since probes (Kubernetes HTTPS probes) present none; each request's caller is
 /// authenticated, a request without a certificate or bearer token answered 401 except GETs
-/// of the policy's open paths (`/health` and `/metrics` by default). The routes authorize
+/// of the policy's open paths (`/health`, `/ready` and `/metrics` by default). The routes authorize
 /// what they serve themselves (operators only, by [`reach_trust::Trust::check_operator`]).
 pub async fn serve_admin_with_trust(
     listener: tokio::net::TcpListener,

@@ -14,7 +14,7 @@
 //! - [`metrics`] — the Prometheus recorder ([`metrics::install`]), every metric name
 //!   ([`metrics::names`]) and the shared helpers ([`metrics::GaugeGuard`]); each service
 //!   records its own metrics in its own `metrics` module.
-//! - [`admin`] — the HTTP admin router (`/metrics`, `/health`).
+//! - [`admin`] — the HTTP admin router (`/metrics`, `/health`, `/ready`).
 //!
 //! # Wiring a service
 //!
@@ -25,7 +25,8 @@
 //! let metrics = reach_telemetry::metrics::install()?;          // once per process; idempotent
 //!
 //! // gRPC server: wrap each generated server (health and reflection stay untraced)
-//! GrpcServer::new().add_service(reach_telemetry::traced(RouterServiceServer::new(router)))
+//! let server =
+//!     GrpcServer::new().add_service(reach_telemetry::traced(RouterServiceServer::new(router)));
 //!
 //! // gRPC client: wrap the channel; every call gets a client span and sends traceparent
 //! AgentServiceClient::new(reach_telemetry::traced_channel(channel))
@@ -35,8 +36,10 @@
 //! async { ... reach_telemetry::record_status(&Span::current(), status.code(), status.message()) }
 //!     .instrument(span).await
 //!
-//! // admin port: /metrics and /health, plus the service's own JSON routes
-//! let admin = reach_telemetry::admin_router(metrics).route("/v1/instances", get(list));
+//! // admin port: /metrics, /health and /ready (the gRPC server's health as one flag), plus
+//! // the service's own JSON routes
+//! let ready = server.readiness();
+//! let admin = reach_telemetry::admin_router(metrics, ready).route("/v1/instances", get(list));
 //! reach_telemetry::serve_admin(admin_listener, admin, shutdown, grace).await;
 //!
 //! // on exit, after draining

@@ -328,8 +328,18 @@ fn request(capability: &'static str, code: &'static str, elapsed: Duration) {
         .record(elapsed.as_secs_f64());
 }
 
-/// `GET path` on the admin port at `addr`, over HTTP/1.1; the body as text.
+/// `GET path` on the admin port at `addr`, over HTTP/1.1; the body as text (asserting 200).
 async fn http_get(addr: std::net::SocketAddr, path: &str) -> Result<String, std::io::Error> {
+    let (status, body) = http_get_status(addr, path).await?;
+    assert_eq!(status, 200, "GET {path}: {body}");
+    Ok(body)
+}
+
+/// `GET path` on the admin port at `addr`, over HTTP/1.1: the status code and the body.
+async fn http_get_status(
+    addr: std::net::SocketAddr,
+    path: &str,
+) -> Result<(u16, String), std::io::Error> {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let mut stream = tokio::net::TcpStream::connect(addr).await?;
     let request = format!("GET {path} HTTP/1.1\r\nhost: {addr}\r\nconnection: close\r\n\r\n");
@@ -337,8 +347,45 @@ async fn http_get(addr: std::net::SocketAddr, path: &str) -> Result<String, std:
     let mut response = String::new();
     stream.read_to_string(&mut response).await?;
     let (head, body) = response.split_once("\r\n\r\n").unwrap_or((&response, ""));
-    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
-    Ok(body.to_string())
+    let status = head
+        .strip_prefix("HTTP/1.1 ")
+        .and_then(|rest| rest.get(..3))
+        .and_then(|code| code.parse().ok())
+        .unwrap_or_else(|| panic!("not an HTTP/1.1 response: {head}"));
+    Ok((status, body.to_string()))
+}
+
+#[tokio::test]
+async fn ready_follows_the_readiness_flag_while_health_stays_ok() {
+    let handle = reach_telemetry::metrics::install().unwrap();
+    let (serving, ready) = tokio::sync::watch::channel(true);
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(reach_telemetry::serve_admin(
+        listener,
+        reach_telemetry::admin_router(handle, ready),
+        std::future::pending(),
+        reach_rpc::server::DEFAULT_GRACE,
+    ));
+    let json = |body: &str| serde_json::from_str::<serde_json::Value>(body).unwrap();
+
+    let (status, body) = http_get_status(addr, "/ready").await.unwrap();
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(json(&body), serde_json::json!({"status": "serving"}));
+
+    // Not serving (the registry's etcd does not answer): 503, while /health, liveness, stays
+    // 200 so the process is not restarted for it.
+    serving.send_replace(false);
+    let (status, body) = http_get_status(addr, "/ready").await.unwrap();
+    assert_eq!(status, 503, "{body}");
+    assert_eq!(json(&body), serde_json::json!({"status": "not_serving"}));
+    let health = http_get(addr, "/health").await.unwrap();
+    assert_eq!(json(&health), serde_json::json!({"status": "ok"}));
+
+    serving.send_replace(true);
+    let (status, _) = http_get_status(addr, "/ready").await.unwrap();
+    assert_eq!(status, 200);
+    assert!(reach_telemetry::ADMIN_PATHS.contains(&"/ready"));
 }
 
 /// A Prometheus text exposition, parsed.
@@ -355,7 +402,7 @@ async fn metrics_are_served_and_counters_move() {
     metrics::install().unwrap();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
-    let router = reach_telemetry::admin_router(handle).route(
+    let router = reach_telemetry::admin_router(handle, tokio::sync::watch::channel(true).1).route(
         "/v1/extra",
         axum::routing::get(|| async { axum::Json(serde_json::json!({"extra": true})) }),
     );

@@ -82,12 +82,14 @@ struct TaskRuleFile {
 }
 
 /// The paths anyone may GET without credentials unless the policy's `admin.open_paths` says
-/// otherwise: health and metrics (probes and scrapers present none), the A2A edge's agent
-/// cards, which A2A clients read first to learn how to authenticate (A2A v1 §"Agent
-/// Discovery"), and the MCP edge's OAuth protected resource metadata, which MCP clients read
-/// for the same reason (RFC 9728; MCP authorization spec).
+/// otherwise: liveness, readiness and metrics (probes, load balancers' health checks and
+/// scrapers present none), the A2A edge's agent cards, which A2A clients read first to learn
+/// how to authenticate (A2A v1 §"Agent Discovery"), and the MCP edge's OAuth protected
+/// resource metadata, which MCP clients read for the same reason (RFC 9728; MCP
+/// authorization spec).
 pub const DEFAULT_OPEN_PATHS: &[&str] = &[
     "/health",
+    "/ready",
     "/metrics",
     "/.well-known/agent-card.json",
     "/agents/*/.well-known/agent-card.json",
@@ -539,6 +541,9 @@ tasks:
         assert!(policy.is_open_path("/metrics"));
         assert!(!policy.is_open_path("/agents"));
         let defaults = Policy::defaults("td");
+        for probe in ["/health", "/ready", "/metrics"] {
+            assert!(defaults.is_open_path(probe), "{probe}");
+        }
         assert!(defaults.is_open_path("/.well-known/agent-card.json"));
         assert!(defaults.is_open_path("/agents/coordinator/.well-known/agent-card.json"));
         assert!(!defaults.is_open_path("/agents/coordinator/"));

@@ -508,7 +508,8 @@ impl Trust {
         }))
     }
 
-    /// Whether anyone may GET the admin path `path` (by default `/health` and `/metrics`).
+    /// Whether anyone may GET the admin path `path` (by default `/health`, `/ready` and
+    /// `/metrics`, among others: [`crate::policy::DEFAULT_OPEN_PATHS`]).
     pub fn is_open_path(&self, path: &str) -> bool {
         !self.is_enabled()
             || self

@@ -61,15 +61,18 @@ pub async fn agents(endpoint: &str, json: bool, out: &mut impl Write) -> anyhow:
     let now = SystemTime::now();
     for i in &list.instances {
         let spec = i.spec.clone().unwrap_or_default();
-        let lease = i
+        // Unset on an etcd-backed registry, where etcd alone holds the lease's deadline.
+        let lease = match i
             .lease_expires_at
             .as_ref()
             .and_then(reach_rpc::time::system_time)
-            .and_then(|t| t.duration_since(now).ok())
-            .map_or_else(
-                || "expired".to_string(),
+        {
+            None => "-".to_string(),
+            Some(t) => t.duration_since(now).map_or_else(
+                |_| "expired".to_string(),
                 |d| format!("{:.1}s", d.as_secs_f64()),
-            );
+            ),
+        };
         table.add_row(vec![
             spec.service,
             spec.instance_id,

@@ -212,12 +212,14 @@ class WatchResponse(_message.Message):
     def __init__(self, revision: _Optional[int] = ..., snapshot: _Optional[_Union[WatchSnapshot, _Mapping]] = ..., upserted: _Optional[_Union[Instance, _Mapping]] = ..., removed: _Optional[_Union[Instance, _Mapping]] = ..., epoch: _Optional[str] = ...) -> None: ...
 
 class WatchSnapshot(_message.Message):
-    __slots__ = ("instances", "cause")
+    __slots__ = ("instances", "cause", "continues")
     INSTANCES_FIELD_NUMBER: _ClassVar[int]
     CAUSE_FIELD_NUMBER: _ClassVar[int]
+    CONTINUES_FIELD_NUMBER: _ClassVar[int]
     instances: _containers.RepeatedCompositeFieldContainer[Instance]
     cause: SnapshotCause
-    def __init__(self, instances: _Optional[_Iterable[_Union[Instance, _Mapping]]] = ..., cause: _Optional[_Union[SnapshotCause, str]] = ...) -> None: ...
+    continues: bool
+    def __init__(self, instances: _Optional[_Iterable[_Union[Instance, _Mapping]]] = ..., cause: _Optional[_Union[SnapshotCause, str]] = ..., continues: _Optional[bool] = ...) -> None: ...
 
 class ListCapabilitiesRequest(_message.Message):
     __slots__ = ("name_prefix", "page_size", "page_token")
