@@ -139,9 +139,10 @@ impl Console {
                 orchestrator: channels
                     .orchestrator
                     .map(|c| OrchestratorServiceClient::new(c).max_decoding_message_size(16 << 20)),
-                registry: channels
-                    .registry
-                    .map(|c| RegistryServiceClient::new(c).max_decoding_message_size(16 << 20)),
+                registry: channels.registry.map(|c| {
+                    RegistryServiceClient::new(c)
+                        .max_decoding_message_size(reach_rpc::limits::REGISTRY_LIST_BYTES)
+                }),
                 latency: channels.latency,
                 config,
                 guard,

@@ -1835,3 +1835,35 @@ fn mcp_attach_without_a_server_or_with_a_bad_entry_is_a_usage_error() {
         "{output:?}"
     );
 }
+
+/// `reach agents` lists a registry whose ListInstances answer is past gRPC's default 4 MiB
+/// decoding limit (here 90 instances of about 58 KiB; 40,000 ordinary ones are as large).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn agents_lists_a_registry_larger_than_grpcs_default_message_limit() {
+    use reach_proto::v1::InstanceSpec;
+    let (url, registry) = registry_with_a_described_instance().await;
+    for i in 0..90 {
+        let spec = InstanceSpec {
+            service: "svc.wide".into(),
+            instance_id: format!("wide-{i}"),
+            endpoint: "http://127.0.0.1:9".into(),
+            labels: [("note".to_string(), "x".repeat(15 * 1024))].into(),
+            grpc_services: (0..170)
+                .map(|s| format!("svc{s}.{}", "s".repeat(240)))
+                .collect(),
+            ..Default::default()
+        };
+        registry.register(spec, None).unwrap();
+    }
+    let json = run_reach(vec![
+        "agents".into(),
+        "--json".into(),
+        "--endpoint".into(),
+        url,
+    ])
+    .await;
+    let listed = (0..90)
+        .filter(|i| json.contains(&format!("\"wide-{i}\"")))
+        .count();
+    assert_eq!(listed, 90);
+}

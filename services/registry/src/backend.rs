@@ -85,6 +85,36 @@ impl Backend {
         }
     }
 
+    /// Records the one-time join token `jti` (expiring at `exp`, unix seconds) as used where
+    /// every replica sees it: `Ok(true)` when this claim is the first. The in-memory backend
+    /// has one replica, whose own record ([`crate::tokens::UsedTokens`]) is enough: `true`.
+    ///
+    /// # Errors
+    /// [`RegistryError::StoreUnavailable`] when etcd does not take the record.
+    pub async fn claim_token(&self, jti: &str, exp: u64) -> Result<bool, RegistryError> {
+        match self {
+            // The in-memory registry's own record of `jti` is the only one there is.
+            Self::Memory(_) => {
+                let _ = (jti, exp);
+                Ok(true)
+            }
+            #[cfg(feature = "etcd")]
+            Self::Etcd(etcd) => etcd.claim_token(jti, exp).await,
+        }
+    }
+
+    /// Forgets a claim of [`Backend::claim_token`] (the registration failed for another
+    /// reason, so the token was not used).
+    pub async fn release_token(&self, jti: &str) {
+        match self {
+            Self::Memory(_) => {
+                let _ = jti;
+            }
+            #[cfg(feature = "etcd")]
+            Self::Etcd(etcd) => etcd.release_token(jti).await,
+        }
+    }
+
     /// Registers (or replaces) an instance owned by `owner`; see [`Registry::register_owned`].
     ///
     /// # Errors

@@ -107,6 +107,15 @@ pub const MIN_KEEP_ALIVE_INTERVAL: Duration = Duration::from_secs(5);
 /// its default election timeout).
 pub const MIN_REPLICA_TTL: Duration = Duration::from_secs(2);
 
+/// The longest `registry.etcd.replica_ttl`: a dead replica's share of first health probes
+/// waits this long to move.
+pub const MAX_REPLICA_TTL: Duration = Duration::from_secs(60);
+
+/// The longest lease TTL the registry grants on etcd (`registry.max_lease_ttl` and
+/// `default_lease_ttl`): a day. etcd itself refuses leases over about 285 years; a day is
+/// longer than any agent should go unheard.
+pub const MAX_ETCD_LEASE_TTL: Duration = Duration::from_secs(24 * 3600);
+
 /// `duration` as people write it (`2s`, `500ms`, `1m 30s`), to the millisecond.
 pub(crate) fn readable(duration: Duration) -> String {
     let millis = u64::try_from(duration.as_millis()).unwrap_or(u64::MAX);
@@ -188,6 +197,13 @@ impl RegistryConfig {
                 if value.subsec_nanos() != 0 {
                     return Err(ConfigError::NotWholeSeconds { key, value });
                 }
+                if value > MAX_ETCD_LEASE_TTL {
+                    return Err(ConfigError::Etcd(format!(
+                        "{key} is {}; on etcd a lease TTL may be at most {} (an agent unheard for longer is gone)",
+                        readable(value),
+                        readable(MAX_ETCD_LEASE_TTL)
+                    )));
+                }
             }
             self.etcd.validate()?;
         }
@@ -258,6 +274,13 @@ impl EtcdConfig {
                 "registry.etcd.keep_alive_interval is {}; etcd refuses pings more frequent than its --grpc-keepalive-min-time (5s by default) with GOAWAY too_many_pings, which breaks the watch: give at least {}",
                 readable(self.keep_alive_interval),
                 readable(MIN_KEEP_ALIVE_INTERVAL)
+            )));
+        }
+        if self.replica_ttl > MAX_REPLICA_TTL {
+            return Err(ConfigError::Etcd(format!(
+                "registry.etcd.replica_ttl is {}; a dead replica's share of health probing moves only once its key expires, so give at most {} (e.g. \"3s\")",
+                readable(self.replica_ttl),
+                readable(MAX_REPLICA_TTL)
             )));
         }
         if self.replica_ttl < MIN_REPLICA_TTL || self.replica_ttl.subsec_nanos() != 0 {
@@ -356,6 +379,38 @@ pub enum ConfigError {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn etcd_lease_and_replica_ttls_are_bounded_above() {
+        let etcd_with = |replica_ttl: Duration, max_lease_ttl: Duration| RegistryConfig {
+            backend: Backend::Etcd,
+            max_lease_ttl,
+            etcd: EtcdConfig {
+                replica_ttl,
+                ..EtcdConfig::default()
+            },
+            ..RegistryConfig::default()
+        };
+        let year = Duration::from_secs(365 * 24 * 3600);
+        let message = etcd_with(year, Duration::from_secs(300))
+            .validate()
+            .unwrap_err()
+            .to_string();
+        assert!(
+            message.contains("registry.etcd.replica_ttl is"),
+            "{message}"
+        );
+        assert!(message.contains("at most 1m"), "{message}");
+        let message = etcd_with(Duration::from_secs(3), year * 1000)
+            .validate()
+            .unwrap_err()
+            .to_string();
+        assert!(message.contains("registry.max_lease_ttl is"), "{message}");
+        assert!(message.contains("at most 1day"), "{message}");
+        etcd_with(Duration::from_secs(3), Duration::from_secs(300))
+            .validate()
+            .unwrap();
+    }
 
     /// A registry on `etcd`, otherwise the defaults.
     fn on_etcd(etcd: EtcdConfig) -> RegistryConfig {

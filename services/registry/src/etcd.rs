@@ -5,14 +5,16 @@
 //!   the prefix it makes the Watch epoch.
 //! - `instances/{instance_id}` → the instance as registered ([`StoredInstance`], protobuf),
 //!   bound to the instance's own etcd lease, whose TTL is the instance lease: a heartbeat is a
-//!   lease keep-alive, plus a write when the state changed, or the load (at most one such
-//!   write per second per replica and instance); when the lease runs out etcd deletes the
+//!   lease keep-alive, plus a write when the state or load changed (at most one such write
+//!   per second per replica and instance, DRAINING at once); when the lease runs out etcd deletes the
 //!   key, so the instance is OFFLINE on every replica at once. A value under this key that
 //!   is not such an instance of this id on its own lease (written by something else) counts
 //!   as no instance, and a registration of the id overwrites it. The lease's deadline lives
 //!   in etcd alone: `lease_expires_at` is unset in listings and watch events.
 //! - `drained/{lease_id}` → empty, on a 10-minute lease: heartbeats of an instance an operator
 //!   drained are answered INSTANCE_DRAINED, whichever replica they reach.
+//! - `tokens/{jti}` → empty, on a lease that ends with the token: one-time join tokens used
+//!   to register, through whichever replica, so that none registers twice.
 //! - `replicas/{replica_id}` → empty, on the replica's own short lease: the live replicas (a
 //!   key on no lease is not one; a replica whose key was deleted puts it back).
 //!   First health probes are split between them by rendezvous hashing of the instance id, so
@@ -28,6 +30,7 @@
 //! overwrite each other's changes.
 
 use std::collections::{BTreeSet, HashMap, HashSet};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
@@ -53,10 +56,13 @@ const DRAINED_TTL_SECS: i64 = 600;
 const CAS_ATTEMPTS: usize = 8;
 /// The longest lease TTL read back from etcd (a day, in ms); longer values are clamped.
 const MAX_STORED_TTL_MS: u64 = 24 * 3600 * 1000;
-/// The shortest time between two writes of an instance's load alone (its in-flight counts):
-/// heartbeats between them renew the lease without writing, so a chatty (or hostile) agent
-/// costs etcd at most one value per interval. State changes are written at once.
+/// The shortest time between two heartbeat writes of an instance (its reported state and
+/// load): heartbeats between them renew the lease without writing, so a chatty (or hostile)
+/// agent costs etcd at most one value per interval. DRAINING is written at once.
 const LOAD_WRITE_INTERVAL: Duration = Duration::from_secs(1);
+/// The longest a used one-time join token is remembered in etcd (30 days, in seconds): join
+/// tokens expire long before; one without `exp` is remembered this long.
+pub const MAX_TOKEN_RECORD_SECS: u64 = 30 * 24 * 3600;
 /// How often a replica checks that etcd answers (its health check follows).
 const STATUS_INTERVAL: Duration = Duration::from_secs(1);
 
@@ -119,14 +125,17 @@ impl StoredInstance {
 
 /// The registry on etcd: writes go to etcd, reads are served from a mirrored table.
 pub struct EtcdRegistry {
-    client: Client,
+    /// A client per etcd member (`registry.etcd.endpoints`, in order), with its endpoint.
+    members: Vec<(String, Client)>,
+    /// The member this replica talks to now (an index into `members`).
+    current: AtomicUsize,
     config: EtcdConfig,
     view: Registry,
     /// This replica's id (random, drawn at start-up).
     replica_id: String,
     /// The table id under `{prefix}table` this replica's epoch is made of.
     table_id: String,
-    /// When this replica last wrote a change of load alone, by instance id: such writes are
+    /// When this replica last wrote a heartbeat's report, by instance id: such writes are
     /// coalesced to one per [`LOAD_WRITE_INTERVAL`].
     load_written: Mutex<HashMap<String, tokio::time::Instant>>,
     /// The live replicas' ids, this one included.
@@ -240,57 +249,53 @@ impl EtcdRegistry {
             .with_keep_alive_while_idle(true);
         let endpoints = endpoints_of(&etcd);
         let cannot = |what: String| {
-            InitError::Etcd(format!(
-                "cannot use etcd at {endpoints}: {what}; check that etcd runs there and registry.etcd.endpoints (and registry.etcd.tls) match it"
-            ))
+            let fix = if what.contains("database space exceeded") {
+                "etcd is out of space (NOSPACE): compact and defragment it, then `etcdctl alarm disarm`, or raise its --quota-backend-bytes"
+            } else {
+                "check that etcd runs there and registry.etcd.endpoints (and registry.etcd.tls) match it"
+            };
+            InitError::Etcd(format!("cannot use etcd at {endpoints}: {what}; {fix}"))
         };
-        let (client, status) = match &etcd.tls {
-            None => {
-                let client = tokio::time::timeout(
-                    etcd.dial_timeout,
-                    Client::connect(etcd.endpoints.clone(), Some(options)),
-                )
-                .await
-                .map_err(|_| {
-                    cannot(format!(
-                        "no connection within registry.etcd.dial_timeout ({})",
-                        crate::config::readable(etcd.dial_timeout)
-                    ))
-                })?
-                .map_err(|e| cannot(reach_rpc::errors::chain(&e)))?;
-                first_status(client, &etcd).await.map_err(cannot)?
-            }
-            // With TLS: the first member that answers (members forward to the leader).
-            Some(tls) => {
-                let connector = crate::etcd_tls::EtcdTlsConnector::new(tls)?;
-                let mut failures = Vec::new();
-                let mut connected = None;
-                for member in &etcd.endpoints {
-                    let endpoint = tonic::transport::Endpoint::from_shared(member.clone())
-                        .map_err(|e| cannot(format!("{member}: {e}")))?
-                        .connect_timeout(etcd.dial_timeout)
-                        .http2_keep_alive_interval(etcd.keep_alive_interval)
-                        .keep_alive_timeout(etcd.keep_alive_timeout)
-                        .keep_alive_while_idle(true);
-                    let channel = endpoint.connect_with_connector_lazy(connector.clone());
-                    let client = Client::from_channel(
-                        etcd_client::Channel::Tonic(channel),
-                        Some(options.clone()),
-                    )
+        // One lazily connected client per member, each used alone: etcd-client's balanced
+        // channel keeps sending to a member that died, so this replica talks to one member
+        // at a time and moves to another when it stops answering (see `run_status`).
+        let connector = match &etcd.tls {
+            Some(tls) => Some(crate::etcd_tls::EtcdTlsConnector::new(tls)?),
+            None => None,
+        };
+        let mut members = Vec::with_capacity(etcd.endpoints.len());
+        for member in &etcd.endpoints {
+            let endpoint = tonic::transport::Endpoint::from_shared(member.clone())
+                .map_err(|e| cannot(format!("{member}: {e}")))?
+                .connect_timeout(etcd.dial_timeout)
+                .timeout(etcd.request_timeout)
+                .http2_keep_alive_interval(etcd.keep_alive_interval)
+                .keep_alive_timeout(etcd.keep_alive_timeout)
+                .keep_alive_while_idle(true);
+            let channel = match &connector {
+                Some(connector) => endpoint.connect_with_connector_lazy(connector.clone()),
+                None => endpoint.connect_lazy(),
+            };
+            let client =
+                Client::from_channel(etcd_client::Channel::Tonic(channel), Some(options.clone()))
                     .await
                     .map_err(|e| cannot(reach_rpc::errors::chain(&e)))?;
-                    match first_status(client, &etcd).await {
-                        Ok(answered) => {
-                            connected = Some(answered);
-                            break;
-                        }
-                        Err(why) => failures.push(format!("{member}: {why}")),
-                    }
+            members.push((member.clone(), client));
+        }
+        // The first member that answers (members forward to the leader).
+        let mut failures = Vec::new();
+        let mut connected = None;
+        for (index, (member, client)) in members.iter().enumerate() {
+            match first_status(client.clone(), &etcd).await {
+                Ok(answered) => {
+                    connected = Some((index, answered));
+                    break;
                 }
-                connected.ok_or_else(|| cannot(failures.join("; ")))?
+                Err(why) => failures.push(format!("{member}: {why}")),
             }
-        };
-        let mut client = client;
+        }
+        let (current, (mut client, status)) =
+            connected.ok_or_else(|| cannot(failures.join("; ")))?;
         let cluster_id = status.header().map_or(0, |h| h.cluster_id());
         // The table's own id, written once by the first replica: an etcd recreated (or
         // restored) with the same cluster id still gets a new epoch, so no watcher resumes
@@ -308,7 +313,8 @@ impl EtcdRegistry {
         let (serving, _) = watch::channel(false);
         let (mirrored, _) = watch::channel(false);
         let registry = Arc::new(Self {
-            client,
+            members,
+            current: AtomicUsize::new(current),
             config: etcd,
             view,
             replica_id: uuid::Uuid::new_v4().simple().to_string(),
@@ -390,10 +396,33 @@ impl EtcdRegistry {
             .unwrap_or_else(|p| p.into_inner())
             .take();
         if let Some(lease) = lease {
-            let mut client = self.client.clone();
+            let mut client = self.client();
             let _ =
                 tokio::time::timeout(self.config.request_timeout, client.lease_revoke(lease)).await;
         }
+    }
+
+    /// The client of the etcd member this replica talks to now.
+    fn client(&self) -> Client {
+        self.members[self.current.load(Ordering::Relaxed)].1.clone()
+    }
+
+    /// Asks the members after the current one, in turn, for their status; moves to the first
+    /// that answers within `request_timeout`. Returns whether one did.
+    async fn fail_over(&self) -> bool {
+        let from = self.current.load(Ordering::Relaxed);
+        for step in 1..self.members.len() {
+            let index = (from + step) % self.members.len();
+            let (member, client) = &self.members[index];
+            let mut client = client.clone();
+            let answered = tokio::time::timeout(self.config.request_timeout, client.status()).await;
+            if matches!(answered, Ok(Ok(_))) {
+                warn!(from = %self.members[from].0, to = %member, "etcd member does not answer; this replica now talks to another");
+                self.current.store(index, Ordering::Relaxed);
+                return true;
+            }
+        }
+        false
     }
 
     fn key(&self, kind: &str, name: &str) -> String {
@@ -403,14 +432,8 @@ impl EtcdRegistry {
     /// Reads the instance table and the drained leases at one revision into the view;
     /// returns the revision.
     async fn load(&self, cause: SnapshotCause) -> Result<u64, etcd_client::Error> {
-        let mut client = self.client.clone();
-        let instances = client
-            .get(
-                self.key("instances", ""),
-                Some(GetOptions::new().with_prefix()),
-            )
-            .await?;
-        let revision = instances.header().map_or(0, |h| h.revision());
+        let mut client = self.client();
+        let (instances, revision) = self.range(&mut client, "instances", 0).await?;
         let drained = client
             .get(
                 self.key("drained", ""),
@@ -424,7 +447,6 @@ impl EtcdRegistry {
             )
             .await?;
         let held: Vec<Held> = instances
-            .kvs()
             .iter()
             .filter_map(|kv| {
                 let held = self.stored_at(kv);
@@ -458,6 +480,54 @@ impl EtcdRegistry {
             }
         }
         Ok(revision.cast_unsigned())
+    }
+
+    /// Every key under `{prefix}{kind}/` at `revision` (0: the latest, which is returned), read
+    /// in pages: a page holds at most 1,000 keys and is halved whenever etcd's answer would
+    /// exceed the 4 MiB a client decodes, so a table of any size loads.
+    async fn range(
+        &self,
+        client: &mut Client,
+        kind: &str,
+        revision: i64,
+    ) -> Result<(Vec<KeyValue>, i64), etcd_client::Error> {
+        let prefix = self.key(kind, "");
+        // The end of the prefix's range: its last byte (`/`) incremented.
+        let mut end = prefix.clone().into_bytes();
+        if let Some(last) = end.last_mut() {
+            *last += 1;
+        }
+        let mut from = prefix.into_bytes();
+        let mut revision = revision;
+        let mut limit: i64 = 1000;
+        let mut kvs = Vec::new();
+        loop {
+            let options = GetOptions::new()
+                .with_range(end.clone())
+                .with_limit(limit)
+                .with_revision(revision);
+            let page = match client.get(from.clone(), Some(options)).await {
+                Ok(page) => page,
+                Err(error)
+                    if limit > 1 && reach_rpc::errors::chain(&error).contains("too large") =>
+                {
+                    limit /= 2;
+                    continue;
+                }
+                Err(error) => return Err(error),
+            };
+            if revision == 0 {
+                revision = page.header().map_or(0, |h| h.revision());
+            }
+            let more = page.more();
+            if let Some(last) = page.kvs().last() {
+                from = [last.key(), &[0]].concat();
+            }
+            kvs.extend(page.kvs().iter().cloned());
+            if !more || page.kvs().is_empty() {
+                return Ok((kvs, revision));
+            }
+        }
     }
 
     /// The name after `{prefix}{kind}/` in `key`, when `key` is of that kind.
@@ -510,7 +580,7 @@ impl EtcdRegistry {
         }
         let lease = *self.replica_lease.lock().unwrap_or_else(|p| p.into_inner());
         let Some(lease) = lease else { return };
-        let mut client = self.client.clone();
+        let mut client = self.client();
         let put = client
             .put(
                 self.key("replicas", &self.replica_id),
@@ -530,7 +600,7 @@ impl EtcdRegistry {
 
     /// Puts this replica's key on a lease of `replica_ttl`.
     async fn announce(&self) -> Result<i64, etcd_client::Error> {
-        let mut client = self.client.clone();
+        let mut client = self.client();
         let ttl = ttl_secs(self.config.replica_ttl);
         let lease = client.lease_grant(ttl, None).await?.id();
         client
@@ -556,7 +626,7 @@ impl EtcdRegistry {
                     Some(lease) => lease,
                     None => self.announce().await?,
                 };
-                let mut client = self.client.clone();
+                let mut client = self.client();
                 let (mut keeper, mut stream) = client.lease_keep_alive(lease).await?;
                 loop {
                     tokio::time::sleep(every).await;
@@ -601,8 +671,13 @@ impl EtcdRegistry {
         let mut served = false;
         let mut alarms: Vec<String> = Vec::new();
         loop {
-            let mut client = self.client.clone();
-            let answered = tokio::time::timeout(self.config.request_timeout, client.status()).await;
+            let mut client = self.client();
+            let mut answered =
+                tokio::time::timeout(self.config.request_timeout, client.status()).await;
+            if !matches!(answered, Ok(Ok(_))) && self.fail_over().await {
+                let mut client = self.client();
+                answered = tokio::time::timeout(self.config.request_timeout, client.status()).await;
+            }
             if let Ok(Ok(status)) = &answered
                 && status.errors() != alarms.as_slice()
             {
@@ -671,7 +746,7 @@ impl EtcdRegistry {
     }
 
     async fn mirror_from(self: &Arc<Self>, next: &mut i64) -> Mirror {
-        let mut client = self.client.clone();
+        let mut client = self.client();
         let options = WatchOptions::new()
             .with_prefix()
             .with_start_revision(*next)
@@ -847,7 +922,7 @@ impl EtcdRegistry {
 
     /// The instance as etcd holds it now, with its key's mod revision.
     async fn read(&self, instance_id: &str) -> Result<Option<(Held, i64)>, RegistryError> {
-        let mut client = self.client.clone();
+        let mut client = self.client();
         let response = client
             .get(self.key("instances", instance_id), None)
             .await
@@ -926,7 +1001,7 @@ impl EtcdRegistry {
                     Some(PutOptions::new().with_ignore_lease()),
                 )])
                 .or_else([TxnOp::get(key.clone(), None)]);
-            let mut client = self.client.clone();
+            let mut client = self.client();
             let response = client.txn(txn).await.map_err(|e| write_refused(&e))?;
             if response.succeeded() {
                 return Ok(Some(
@@ -974,7 +1049,7 @@ impl EtcdRegistry {
         let spec: InstanceSpec = spec.spec().clone();
         self.view.check_declared(&spec)?;
         let ttl = self.view.config().grant(requested_ttl);
-        let mut client = self.client.clone();
+        let mut client = self.client();
         let grant = client
             .lease_grant(ttl_secs(ttl), None)
             .await
@@ -1063,7 +1138,7 @@ impl EtcdRegistry {
                     Some(PutOptions::new().with_lease(lease)),
                 )])
                 .or_else([TxnOp::get(key.clone(), None)]);
-            let mut client = self.client.clone();
+            let mut client = self.client();
             let response = client.txn(txn).await.map_err(|e| write_refused(&e))?;
             if response.succeeded() {
                 let revision = response
@@ -1116,7 +1191,7 @@ impl EtcdRegistry {
         if held.instance.lease_id != lease_id {
             return Err(not_found());
         }
-        let mut client = self.client.clone();
+        let mut client = self.client();
         match client.lease_keep_alive(lease).await {
             Ok(_) => {}
             Err(etcd_client::Error::LeaseKeepAliveError(_)) => return Err(not_found()),
@@ -1125,23 +1200,23 @@ impl EtcdRegistry {
         let expires = SystemTime::now() + held.lease_ttl;
         let mut state = held.instance.state();
         let now = tokio::time::Instant::now();
-        let load_due = self
+        let due = self
             .load_written
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .get(instance_id)
             .is_none_or(|at| now.duration_since(*at) >= LOAD_WRITE_INTERVAL);
-        let mut load_only = false;
         let recorded = self
             .update(instance_id, lease_id, |held| {
                 let before = held.instance.state();
                 let (next, changed) =
                     crate::store::apply_report(&mut held.instance, held.probed, reported, load);
                 state = next;
-                load_only = changed && next == before;
-                // A change of load alone waits for a later heartbeat when one was written
-                // within the interval: that heartbeat compares against the stored load again.
-                changed && (next != before || load_due)
+                // A change waits for a later heartbeat when one was written within the
+                // interval (that heartbeat compares against what etcd holds again), except
+                // DRAINING, which routers must see at once.
+                let draining = next == InstanceState::Draining && before != next;
+                changed && (due || draining)
             })
             .await;
         let written = match recorded {
@@ -1155,15 +1230,53 @@ impl EtcdRegistry {
             Err(error) => return Err(error),
         };
         if let Some(revision) = written {
-            if load_only {
-                self.load_written
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .insert(instance_id.to_string(), now);
-            }
+            self.load_written
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .insert(instance_id.to_string(), now);
             self.settle(revision).await;
         }
         Ok((expires, state))
+    }
+
+    /// Records the one-time join token `jti` (expiring at `exp`, unix seconds) as used, for
+    /// every replica: `tokens/{jti}` created if absent, on an etcd lease that ends with the
+    /// token (at most [`MAX_TOKEN_RECORD_SECS`]). Returns whether this claim created it.
+    ///
+    /// # Errors
+    /// [`RegistryError::StoreUnavailable`] when etcd fails.
+    pub async fn claim_token(&self, jti: &str, exp: u64) -> Result<bool, RegistryError> {
+        let now = SystemTime::now()
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .unwrap_or_default()
+            .as_secs();
+        let ttl = exp.saturating_sub(now).clamp(1, MAX_TOKEN_RECORD_SECS);
+        let mut client = self.client();
+        let lease = client
+            .lease_grant(ttl.cast_signed(), None)
+            .await
+            .map_err(|e| unavailable(&e))?
+            .id();
+        let key = self.key("tokens", jti);
+        let txn = Txn::new()
+            .when([Compare::version(key.clone(), CompareOp::Equal, 0)])
+            .and_then([TxnOp::put(
+                key,
+                Vec::new(),
+                Some(PutOptions::new().with_lease(lease)),
+            )]);
+        let created = client.txn(txn).await.map(|r| r.succeeded());
+        if !matches!(created, Ok(true)) {
+            let _ = client.lease_revoke(lease).await;
+        }
+        created.map_err(|e| unavailable(&e))
+    }
+
+    /// Deletes the record of [`EtcdRegistry::claim_token`] (the registration it was for
+    /// failed, so the token was not used). Best effort: a record left behind only expires.
+    pub async fn release_token(&self, jti: &str) {
+        let mut client = self.client();
+        let _ = client.delete(self.key("tokens", jti), None).await;
     }
 
     /// Removes an instance at once (revokes its etcd lease, which deletes its key).
@@ -1181,7 +1294,7 @@ impl EtcdRegistry {
             Some((held, _)) if held.instance.lease_id == lease_id => {}
             _ => return Err(not_found()),
         }
-        let mut client = self.client.clone();
+        let mut client = self.client();
         let revoked = client.lease_revoke(lease).await.map_err(|e| match &e {
             etcd_client::Error::GRpcStatus(status) if status.code() == tonic::Code::NotFound => {
                 not_found()
@@ -1206,7 +1319,7 @@ impl EtcdRegistry {
             .filter(|i| crate::store::service_of(i) == service)
             .map(|i| (instance_id(i).to_string(), i.lease_id.clone()))
             .collect();
-        let mut client = self.client.clone();
+        let mut client = self.client();
         let tombstone = client
             .lease_grant(DRAINED_TTL_SECS, None)
             .await
@@ -1253,7 +1366,7 @@ impl EtcdRegistry {
                         .is_none_or(|(held, _)| held.instance.in_flight == 0);
                     match etcd_lease_of(&lease_id) {
                         Some(lease) if idle || overdue => {
-                            let mut client = this.client.clone();
+                            let mut client = this.client();
                             let _ = client.lease_revoke(lease).await;
                         }
                         Some(_) => still.push((id, lease_id)),
@@ -1276,7 +1389,7 @@ impl EtcdRegistry {
             .iter()
             .filter_map(|i| etcd_lease_of(&i.lease_id))
             .collect();
-        let mut client = self.client.clone();
+        let mut client = self.client();
         let mut removed = 0;
         for lease in leases {
             if client.lease_revoke(lease).await.is_ok() {

@@ -101,7 +101,13 @@ impl RegistryGrpc {
 
     /// Claims a one-time join token the caller presents; returns its `jti` to release should
     /// the registration fail for another reason.
-    fn claim_join_token(&self, caller: &Caller, service: &str) -> Result<Option<String>, Status> {
+    /// The claim is recorded in this process and, on etcd, for every replica (a token is used
+    /// once across all of them).
+    async fn claim_join_token(
+        &self,
+        caller: &Caller,
+        service: &str,
+    ) -> Result<Option<String>, Status> {
         let Some(claims) = caller.claims() else {
             return Ok(None);
         };
@@ -130,11 +136,22 @@ impl RegistryGrpc {
             .get("exp")
             .and_then(serde_json::Value::as_u64)
             .unwrap_or(u64::MAX);
-        match self.used_tokens.claim(jti, exp) {
-            Ok(()) => Ok(Some(jti.to_string())),
-            Err(Refused::Used) => Err(refuse(format!(
+        let used = || {
+            refuse(format!(
                 "its one-time join token (jti {jti}) was used already; make a new one with `reach token join --service {service}`"
-            ))),
+            ))
+        };
+        match self.used_tokens.claim(jti, exp) {
+            Ok(()) => match self.backend.claim_token(jti, exp).await {
+                Ok(true) => Ok(Some(jti.to_string())),
+                // Used through another replica; this one's record stays (it was used).
+                Ok(false) => Err(used()),
+                Err(error) => {
+                    self.used_tokens.release(jti);
+                    Err(error.into())
+                }
+            },
+            Err(Refused::Used) => Err(used()),
             Err(Refused::Full) => Err(Status::unavailable(format!(
                 "the registry remembers {} one-time join tokens in use and takes no more until some expire; retry later or use a certificate",
                 crate::tokens::MAX_USED_TOKENS
@@ -183,7 +200,7 @@ impl RegistryGrpc {
             .view()
             .check_off_worker(deadline, move || crate::store::check_spec(spec))
             .await??;
-        let join_token = self.claim_join_token(&caller, &service)?;
+        let join_token = self.claim_join_token(&caller, &service).await?;
         let registration = match self
             .backend
             .register(checked, requested, caller.name())
@@ -193,6 +210,7 @@ impl RegistryGrpc {
             Err(error) => {
                 if let Some(jti) = join_token {
                     self.used_tokens.release(&jti);
+                    self.backend.release_token(&jti).await;
                 }
                 if let Some(denied) = error.denied() {
                     denied.audit();
@@ -225,6 +243,7 @@ impl RegistryGrpc {
         caller: &Caller,
         request: HeartbeatRequest,
     ) -> Result<HeartbeatResponse, Status> {
+        check_ids(&request.instance_id, &request.lease_id)?;
         self.check_owner(caller, "heartbeat", &request.instance_id, &request.lease_id)
             .await?;
         let reported = InstanceState::try_from(request.state)
@@ -297,6 +316,29 @@ const MAX_PAGE_TOKEN_BYTES: usize = 256;
 pub const DEFAULT_PAGE_SIZE: usize = 100;
 /// The largest page size of ListCapabilities; larger requests get pages of this size.
 pub const MAX_PAGE_SIZE: usize = 500;
+
+/// The longest `lease_id` Heartbeat and Deregister take (the registry's own are under 64
+/// bytes).
+const MAX_LEASE_ID_BYTES: usize = 128;
+/// The longest `instance_id` Heartbeat and Deregister take (Register's bound).
+const MAX_INSTANCE_ID_BYTES: usize = 256;
+
+/// Refuses ids longer than any the registry grants, before they are looked up or echoed in
+/// an error: INVALID_ARGUMENT, naming the field and the bound, not the value.
+fn check_ids(instance_id: &str, lease_id: &str) -> Result<(), Status> {
+    for (field, value, limit) in [
+        ("instance_id", instance_id, MAX_INSTANCE_ID_BYTES),
+        ("lease_id", lease_id, MAX_LEASE_ID_BYTES),
+    ] {
+        if value.len() > limit {
+            return Err(Status::invalid_argument(format!(
+                "{field} is {} bytes, over the limit of {limit}; send the {field} Register returned, unchanged",
+                value.len()
+            )));
+        }
+    }
+    Ok(())
+}
 
 /// Clears the lease id of an instance shown to others: the lease id is the instance's
 /// credential for Heartbeat and Deregister, returned only by Register.
@@ -391,6 +433,7 @@ impl RegistryService for RegistryGrpc {
     ) -> Result<Response<DeregisterResponse>, Status> {
         let caller = Caller::of(request.extensions());
         let request = request.into_inner();
+        check_ids(&request.instance_id, &request.lease_id)?;
         let result = match self
             .check_owner(
                 &caller,

@@ -1003,11 +1003,11 @@ async fn values_in_etcd_the_registry_did_not_write_are_not_instances_and_block_n
     );
 }
 
-/// Heartbeats that change only the load are written to etcd at most about once a second
-/// (a chatty agent cannot grow etcd's history), state changes at once, and the lease's
+/// Heartbeats that change the load or flip the state are written to etcd at most about once
+/// a second (a chatty agent cannot grow etcd's history), DRAINING at once, and the lease's
 /// deadline is etcd's: listings leave `lease_expires_at` unset rather than stale.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn load_only_heartbeats_are_coalesced_and_state_changes_are_written_at_once() {
+async fn heartbeat_writes_are_coalesced_and_draining_is_written_at_once() {
     let Some(etcd) = Etcd::start().await else {
         return;
     };
@@ -1029,8 +1029,13 @@ async fn load_only_heartbeats_are_coalesced_and_state_changes_are_written_at_onc
     };
     let started = tokio::time::Instant::now();
     for in_flight in 1..=30 {
+        let state = if in_flight % 2 == 0 {
+            InstanceState::Busy
+        } else {
+            InstanceState::Ready
+        };
         let answer = client
-            .heartbeat(beat(InstanceState::Ready, in_flight))
+            .heartbeat(beat(state, in_flight))
             .await
             .unwrap()
             .into_inner();
@@ -1055,10 +1060,10 @@ async fn load_only_heartbeats_are_coalesced_and_state_changes_are_written_at_onc
     let allowed = 2 + i64::try_from(elapsed.as_secs()).unwrap();
     assert!(
         writes <= allowed,
-        "30 load-only heartbeats in {elapsed:?} wrote the value {writes} times (at most {allowed})"
+        "30 heartbeats flipping state and load in {elapsed:?} wrote the value {writes} times (at most {allowed})"
     );
 
-    // A change of state is written by the heartbeat that reports it.
+    // DRAINING is written by the heartbeat that reports it.
     let before = version(&mut raw).await;
     client
         .heartbeat(beat(InstanceState::Draining, 30))
@@ -1167,4 +1172,111 @@ async fn an_instance_larger_than_etcd_takes_is_invalid_not_unavailable() {
         refused.message()
     );
     assert!(a.backend.view().list("", "").instances.is_empty());
+}
+
+/// Several members in `registry.etcd.endpoints`: a replica starts while the first one is
+/// down, and when the member it talks to stops answering it moves to another, staying
+/// SERVING and taking registrations.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_starts_past_a_dead_member_and_moves_to_another_when_its_member_dies() {
+    let Some(etcd) = Etcd::start().await else {
+        return;
+    };
+    // Two routes to the one etcd stand for two members; a port with nothing on it, a third.
+    let (first, second) = (Proxy::to(&etcd.url).await, Proxy::to(&etcd.url).await);
+    let dead = format!("http://127.0.0.1:{}", free_port());
+    let config = EtcdConfig {
+        endpoints: vec![dead, first.url.clone(), second.url.clone()],
+        ..etcd_config(&etcd.url)
+    };
+    let a = Replica::start_with(config, false).await;
+    let mut client = a.client().await;
+    let ttl = Duration::from_secs(30);
+    register(&mut client, spec("before", "http://127.0.0.1:9"), ttl).await;
+    first.cut();
+    eventually(
+        "registrations succeed through the other member",
+        Duration::from_secs(10),
+        || {
+            let mut client = client.clone();
+            async move {
+                client
+                    .register(RegisterRequest {
+                        instance: Some(spec("after", "http://127.0.0.1:9")),
+                        lease_ttl: Some(reach_rpc::time::proto_duration(ttl)),
+                    })
+                    .await
+                    .is_ok()
+            }
+        },
+    )
+    .await;
+    eventually("SERVING again", Duration::from_secs(10), || async {
+        a.health().await == ServingStatus::Serving
+    })
+    .await;
+    let mut ids: Vec<String> = a
+        .backend
+        .view()
+        .list("", "")
+        .instances
+        .iter()
+        .map(|i| i.spec.clone().unwrap().instance_id)
+        .collect();
+    ids.sort();
+    assert_eq!(ids, ["after", "before"]);
+}
+
+/// A table larger than one etcd answer can carry (4 MiB) is read in pages: a replica starts
+/// on it and holds every instance.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_starts_on_a_table_larger_than_one_etcd_answer() {
+    let Some(etcd) = Etcd::start().await else {
+        return;
+    };
+    let a = Replica::start(&etcd.url, false).await;
+    let mut client = a.client().await;
+    let count = 90;
+    for i in 0..count {
+        let mut wide = spec(&format!("wide-{i}"), "http://127.0.0.1:9");
+        // About 58 KiB each, within every bound: 90 of them are about 5 MiB.
+        wide.labels = [("note".to_string(), "x".repeat(15 * 1024))].into();
+        wide.grpc_services = (0..170)
+            .map(|s| format!("svc{s}.{}", "s".repeat(240)))
+            .collect();
+        register(&mut client, wide, Duration::from_secs(60)).await;
+    }
+    let b = Replica::start(&etcd.url, false).await;
+    assert_eq!(b.backend.view().list("", "").instances.len(), count);
+}
+
+/// A one-time join token's use is recorded in etcd: a second replica refuses it too, and a
+/// released claim (its registration failed) can be made again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_one_time_token_used_through_one_replica_is_used_on_every_replica() {
+    let Some(etcd) = Etcd::start().await else {
+        return;
+    };
+    let (a, b) = (
+        Replica::start(&etcd.url, false).await,
+        Replica::start(&etcd.url, false).await,
+    );
+    let exp = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs()
+        + 300;
+    assert!(a.backend.claim_token("jti-1", exp).await.unwrap());
+    assert!(!b.backend.claim_token("jti-1", exp).await.unwrap());
+    assert!(!a.backend.claim_token("jti-1", exp).await.unwrap());
+    a.backend.release_token("jti-1").await;
+    assert!(b.backend.claim_token("jti-1", exp).await.unwrap());
+    // The record ends with the token: its key is on a lease.
+    let record = etcd
+        .client()
+        .await
+        .get("/reach/registry/tokens/jti-1", None)
+        .await
+        .unwrap();
+    assert_ne!(record.kvs()[0].lease(), 0);
 }

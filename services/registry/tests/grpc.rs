@@ -331,3 +331,29 @@ async fn closed_watches_free_their_slots_without_a_registry_change() {
         }
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_oversized_id_in_a_heartbeat_or_deregister_is_refused_without_being_echoed() {
+    let (_registry, mut client) = serve().await;
+    let huge = "x".repeat(1 << 20);
+    let heartbeat = client
+        .heartbeat(reach_proto::v1::HeartbeatRequest {
+            instance_id: "a".into(),
+            lease_id: huge.clone(),
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    let deregister = client
+        .deregister(reach_proto::v1::DeregisterRequest {
+            instance_id: huge,
+            lease_id: "l".into(),
+        })
+        .await
+        .unwrap_err();
+    for (status, field) in [(heartbeat, "lease_id"), (deregister, "instance_id")] {
+        assert_eq!(status.code(), tonic::Code::InvalidArgument, "{status}");
+        assert!(status.message().starts_with(field), "{}", status.message());
+        assert!(status.message().len() < 200);
+    }
+}

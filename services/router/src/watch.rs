@@ -68,7 +68,7 @@ async fn watch_once(
     .await?;
     let (epoch, after_revision) = table.position();
     let mut stream = RegistryServiceClient::new(channel)
-        .max_decoding_message_size(64 << 20)
+        .max_decoding_message_size(reach_rpc::limits::REGISTRY_LIST_BYTES)
         .watch(WatchRequest {
             after_revision,
             epoch,

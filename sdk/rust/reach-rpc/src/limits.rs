@@ -23,6 +23,11 @@ use http_body::{Body, Frame, SizeHint};
 use serde::{Deserialize, Serialize};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
+/// The largest registry answer a Reach client decodes (ListInstances, a Watch snapshot
+/// part), in bytes: 64 MiB, about 600,000 instances of ordinary size (107 bytes each
+/// without descriptors, docs/scaling.md). gRPC's default of 4 MiB is past at about 40,000.
+pub const REGISTRY_LIST_BYTES: usize = 64 << 20;
+
 /// How long in-flight calls may run after shutdown begins, by default.
 pub const DEFAULT_GRACE: Duration = Duration::from_secs(10);
 

@@ -202,7 +202,7 @@ impl A2aEdge {
                 interfaces,
                 security,
                 registry: RegistryServiceClient::new(channels.registry)
-                    .max_decoding_message_size(limit),
+                    .max_decoding_message_size(reach_rpc::limits::REGISTRY_LIST_BYTES),
                 mesh: MeshClient::new(channels.router.clone(), "a2a.edge"),
                 router: router(channels.router),
                 orchestrator: orchestrator(channels.orchestrator),

@@ -782,7 +782,8 @@ async fn wait_ready(registry: &str, service: &str, instance: &str) {
 
     let ready = async {
         let endpoint = tonic::transport::Endpoint::from_shared(registry.to_string()).ok()?;
-        let mut client = RegistryServiceClient::new(endpoint.connect().await.ok()?);
+        let mut client = RegistryServiceClient::new(endpoint.connect().await.ok()?)
+            .max_decoding_message_size(reach_rpc::limits::REGISTRY_LIST_BYTES);
         loop {
             let listed = client
                 .list_instances(ListInstancesRequest {

@@ -151,7 +151,8 @@ impl McpEdge {
             inner: Arc::new(Inner {
                 config,
                 limits,
-                registry: RegistryServiceClient::new(channels.registry),
+                registry: RegistryServiceClient::new(channels.registry)
+                    .max_decoding_message_size(reach_rpc::limits::REGISTRY_LIST_BYTES),
                 mesh: MeshClient::new(channels.router.clone(), "mcp.edge"),
                 router: router(channels.router),
                 as_caller: channels.as_caller.map(router),

@@ -13,6 +13,7 @@ use reach_proto::v1::registry_service_client::RegistryServiceClient;
 pub async fn agents(endpoint: &str, json: bool, out: &mut impl Write) -> anyhow::Result<()> {
     let channel = super::credentials::connect(endpoint).await?;
     let list = RegistryServiceClient::new(channel)
+        .max_decoding_message_size(reach_rpc::limits::REGISTRY_LIST_BYTES)
         .list_instances(ListInstancesRequest::default())
         .await
         .map_err(|s| {

@@ -237,7 +237,8 @@ pub async fn run(options: TopOptions) -> Result<(), TopError> {
         .map_err(|_| TopError::Endpoint(options.endpoint.clone()))?
         .connect_timeout(Duration::from_secs(1))
         .connect_lazy();
-    let mut registry = RegistryServiceClient::new(channel);
+    let mut registry = RegistryServiceClient::new(channel)
+        .max_decoding_message_size(reach_rpc::limits::REGISTRY_LIST_BYTES);
     let mut board = Board::new();
 
     if options.once {
