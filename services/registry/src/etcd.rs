@@ -59,7 +59,7 @@ const MAX_STORED_TTL_MS: u64 = 24 * 3600 * 1000;
 /// The shortest time between two heartbeat writes of an instance (its reported state and
 /// load): heartbeats between them renew the lease without writing, so a chatty (or hostile)
 /// agent costs etcd at most one value per interval. DRAINING is written at once.
-const LOAD_WRITE_INTERVAL: Duration = Duration::from_secs(1);
+const REPORT_WRITE_INTERVAL: Duration = Duration::from_secs(1);
 /// The longest a used one-time join token is remembered in etcd (30 days, in seconds): join
 /// tokens expire long before; one without `exp` is remembered this long.
 pub const MAX_TOKEN_RECORD_SECS: u64 = 30 * 24 * 3600;
@@ -136,8 +136,8 @@ pub struct EtcdRegistry {
     /// The table id under `{prefix}table` this replica's epoch is made of.
     table_id: String,
     /// When this replica last wrote a heartbeat's report, by instance id: such writes are
-    /// coalesced to one per [`LOAD_WRITE_INTERVAL`].
-    load_written: Mutex<HashMap<String, tokio::time::Instant>>,
+    /// coalesced to one per [`REPORT_WRITE_INTERVAL`].
+    report_written: Mutex<HashMap<String, tokio::time::Instant>>,
     /// The live replicas' ids, this one included.
     replicas: Mutex<BTreeSet<String>>,
     /// Lease ids this replica is probing now.
@@ -319,7 +319,7 @@ impl EtcdRegistry {
             view,
             replica_id: uuid::Uuid::new_v4().simple().to_string(),
             table_id,
-            load_written: Mutex::default(),
+            report_written: Mutex::default(),
             replicas: Mutex::default(),
             probing: Mutex::default(),
             probe_tls,
@@ -469,7 +469,7 @@ impl EtcdRegistry {
                     .filter_map(|kv| self.name_of("replicas", kv.key())),
             );
         }
-        self.load_written
+        self.report_written
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .clear();
@@ -580,15 +580,7 @@ impl EtcdRegistry {
         }
         let lease = *self.replica_lease.lock().unwrap_or_else(|p| p.into_inner());
         let Some(lease) = lease else { return };
-        let mut client = self.client();
-        let put = client
-            .put(
-                self.key("replicas", &self.replica_id),
-                Vec::new(),
-                Some(PutOptions::new().with_lease(lease)),
-            )
-            .await;
-        match put {
+        match self.put_replica_key(lease).await {
             Ok(_) => {
                 warn!(replica = %self.replica_id, "this replica's key was deleted from etcd; put it back")
             }
@@ -598,18 +590,25 @@ impl EtcdRegistry {
         }
     }
 
-    /// Puts this replica's key on a lease of `replica_ttl`.
-    async fn announce(&self) -> Result<i64, etcd_client::Error> {
+    /// Puts `replicas/{replica_id}` on `lease`.
+    async fn put_replica_key(&self, lease: i64) -> Result<(), etcd_client::Error> {
         let mut client = self.client();
-        let ttl = ttl_secs(self.config.replica_ttl);
-        let lease = client.lease_grant(ttl, None).await?.id();
         client
             .put(
                 self.key("replicas", &self.replica_id),
                 Vec::new(),
                 Some(PutOptions::new().with_lease(lease)),
             )
-            .await?;
+            .await
+            .map(drop)
+    }
+
+    /// Puts this replica's key on a lease of `replica_ttl`.
+    async fn announce(&self) -> Result<i64, etcd_client::Error> {
+        let mut client = self.client();
+        let ttl = ttl_secs(self.config.replica_ttl);
+        let lease = client.lease_grant(ttl, None).await?.id();
+        self.put_replica_key(lease).await?;
         *self.replica_lease.lock().unwrap_or_else(|p| p.into_inner()) = Some(lease);
         Ok(lease)
     }
@@ -804,7 +803,7 @@ impl EtcdRegistry {
                             if put {
                                 warn!(key = %String::from_utf8_lossy(kv.key()), "an etcd value that is not an instance this registry wrote: the instance id counts as unregistered");
                             }
-                            self.load_written_forget(&id);
+                            self.report_written_forget(&id);
                             // The key no longer holds an instance: one it held leaves.
                             self.view.apply_delete(&id, revision);
                         }
@@ -856,9 +855,9 @@ impl EtcdRegistry {
         }
     }
 
-    /// Forgets when the load of `instance_id` was last written (it left the table).
-    fn load_written_forget(&self, instance_id: &str) {
-        self.load_written
+    /// Forgets when a heartbeat's report of `instance_id` was last written (it left the table).
+    fn report_written_forget(&self, instance_id: &str) {
+        self.report_written
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .remove(instance_id);
@@ -1201,11 +1200,11 @@ impl EtcdRegistry {
         let mut state = held.instance.state();
         let now = tokio::time::Instant::now();
         let due = self
-            .load_written
+            .report_written
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .get(instance_id)
-            .is_none_or(|at| now.duration_since(*at) >= LOAD_WRITE_INTERVAL);
+            .is_none_or(|at| now.duration_since(*at) >= REPORT_WRITE_INTERVAL);
         let recorded = self
             .update(instance_id, lease_id, |held| {
                 let before = held.instance.state();
@@ -1230,7 +1229,7 @@ impl EtcdRegistry {
             Err(error) => return Err(error),
         };
         if let Some(revision) = written {
-            self.load_written
+            self.report_written
                 .lock()
                 .unwrap_or_else(|p| p.into_inner())
                 .insert(instance_id.to_string(), now);
