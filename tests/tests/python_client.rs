@@ -90,3 +90,94 @@ async fn a_generated_python_client_calls_an_agent_through_the_router() {
     assert_eq!(error["code"], "NOT_FOUND");
     sandbox.stop().await;
 }
+
+/// An agent's own typed gRPC service, `test.v1.Fail`, whose every method fails the way tonic
+/// fails a unary call: a trailers-only response (one HEADERS frame with END_STREAM) carrying
+/// FAILED_PRECONDITION, a message, `grpc-status-details-bin` and custom metadata.
+#[derive(Clone)]
+struct FailingService;
+
+impl tonic::server::NamedService for FailingService {
+    const NAME: &'static str = "test.v1.Fail";
+}
+
+impl tower::Service<http::Request<tonic::body::Body>> for FailingService {
+    type Response = http::Response<tonic::body::Body>;
+    type Error = std::convert::Infallible;
+    type Future = std::future::Ready<Result<Self::Response, Self::Error>>;
+
+    fn poll_ready(
+        &mut self,
+        _cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), Self::Error>> {
+        std::task::Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, _request: http::Request<tonic::body::Body>) -> Self::Future {
+        let mut metadata = tonic::metadata::MetadataMap::new();
+        metadata.insert("x-agent-reason", "quota".parse().unwrap());
+        let status = tonic::Status::with_details_and_metadata(
+            tonic::Code::FailedPrecondition,
+            "not now: the quota is spent",
+            bytes_of_details(),
+            metadata,
+        );
+        std::future::ready(Ok(status.into_http()))
+    }
+}
+
+/// Opaque status details (what `grpc-status-details-bin` carries).
+fn bytes_of_details() -> tonic::codegen::Bytes {
+    tonic::codegen::Bytes::from_static(b"\x08\x09\x12\x07not now")
+}
+
+/// grpcio, calling an agent's typed method through the router, gets the agent's status as the
+/// agent sent it — code, message, binary details and custom trailing metadata — when the agent
+/// fails the call with a trailers-only response (it used to read "Stream removed", UNKNOWN).
+#[tokio::test]
+async fn grpcio_gets_a_typed_calls_trailers_only_failure_unchanged_through_the_router() {
+    let python = venv_python();
+    let sandbox = Sandbox::start().await;
+    let agent = AgentRuntime::new(sandbox.agent_config("failer", "failer-1"))
+        .grpc_service(FailingService, None);
+    let _agent = sandbox.start_agent(agent).await;
+    let endpoint = sandbox.plane.addr().to_string();
+    let script = r#"
+import json, sys, grpc
+channel = grpc.insecure_channel(sys.argv[1])
+call = channel.unary_unary("/test.v1.Fail/Do")
+try:
+    call(b"", timeout=10)
+    print(json.dumps({"ok": True}))
+except grpc.RpcError as e:
+    trailing = {k: (v.hex() if isinstance(v, bytes) else v) for k, v in e.trailing_metadata() or ()}
+    print(json.dumps({"code": e.code().name, "details": e.details(), "trailing": trailing}))
+"#;
+    let output = tokio::time::timeout(
+        Duration::from_secs(30),
+        tokio::process::Command::new(&python)
+            .args(["-c", script, &endpoint])
+            .output(),
+    )
+    .await
+    .expect("python finished")
+    .expect("python ran");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success(),
+        "python failed: {stdout}\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let answer: serde_json::Value = serde_json::from_str(stdout.trim()).expect("json output");
+    assert_eq!(answer["code"], "FAILED_PRECONDITION", "{answer}");
+    assert_eq!(answer["details"], "not now: the quota is spent", "{answer}");
+    assert_eq!(answer["trailing"]["x-agent-reason"], "quota", "{answer}");
+    let details: String = bytes_of_details()
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    assert_eq!(
+        answer["trailing"]["grpc-status-details-bin"], details,
+        "{answer}"
+    );
+}

@@ -372,7 +372,7 @@ pub fn render_text(report: &DemoReport) -> String {
             o.complaint_id.clone(),
             o.expected_category.clone().unwrap_or_else(|| "?".into()),
             o.category.clone().unwrap_or_default(),
-            o.confidence.map(|c| format!("{c:.2}")).unwrap_or_default(),
+            o.confidence.map(confidence_text).unwrap_or_default(),
             outcome,
             o.executor_instance.clone().unwrap_or_default(),
             o.priority.clone().unwrap_or_default(),
@@ -388,7 +388,7 @@ pub fn render_text(report: &DemoReport) -> String {
     }
     let mut out = table.to_string();
     out.push_str(&format!(
-        "\n\n{} complaints as tasks of complaint-flow: {} routed to an executor, {} waiting for a person, {} failed\n",
+        "\n\n{} complaints as tasks of complaint-flow: {} routed to an executor, {} waiting for a person (confidence below {REVIEW_BELOW}), {} failed\n",
         report.total,
         report.succeeded - report.human_review,
         report.human_review,
@@ -414,4 +414,37 @@ pub fn render_text(report: &DemoReport) -> String {
     }
     out.push('\n');
     out
+}
+
+/// complaint-flow's review threshold: a classification whose confidence is below it goes to
+/// the `human` node (`examples/flows/complaint-flow.yaml`, `confidence < 0.5`).
+const REVIEW_BELOW: f64 = 0.5;
+
+/// A confidence for the table: two decimals, or every digit where two would put it on the
+/// other side of [`REVIEW_BELOW`] (0.4996 reads "0.50", yet goes to review).
+fn confidence_text(confidence: f64) -> String {
+    let short = format!("{confidence:.2}");
+    let reads_above = short.parse::<f64>().is_ok_and(|c| c >= REVIEW_BELOW);
+    if reads_above == (confidence >= REVIEW_BELOW) {
+        short
+    } else {
+        confidence.to_string()
+    }
+}
+
+#[cfg(test)]
+mod confidence_tests {
+    use super::*;
+
+    #[test]
+    fn a_confidence_never_reads_on_the_wrong_side_of_the_review_threshold() {
+        assert_eq!(confidence_text(0.87), "0.87");
+        assert_eq!(confidence_text(0.4996), "0.4996");
+        assert_eq!(confidence_text(0.5), "0.50");
+        let flow = include_str!("../../../examples/flows/complaint-flow.yaml");
+        assert!(
+            flow.contains(&format!("confidence < {REVIEW_BELOW}")),
+            "the flow's threshold is {REVIEW_BELOW}"
+        );
+    }
 }

@@ -313,8 +313,9 @@ states:
   done: {type: succeed}
 "#;
 
-/// A task waiting for a person says what it waits for (the human node, its prompt, schema and
-/// timeout, the command to resume it) and shows no output: the condition node's output before
+/// A task waiting for a person says what it waits for (the task's input — what the reviewer
+/// decides on —, the human node, its prompt, schema and timeout, the command to resume it)
+/// and shows no output: the condition node's output before
 /// it is not the task's.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_task_waiting_for_a_person_shows_what_it_waits_for_not_an_output() {
@@ -332,9 +333,17 @@ async fn a_task_waiting_for_a_person_shows_what_it_waits_for_not_an_output() {
         0
     );
     let mut o = out();
-    cli::task::task_start(&s.endpoint, "triage", "{}", 0, None, true, &mut o)
-        .await
-        .unwrap();
+    cli::task::task_start(
+        &s.endpoint,
+        "triage",
+        r#"{"complaint": "charged twice"}"#,
+        0,
+        None,
+        true,
+        &mut o,
+    )
+    .await
+    .unwrap();
     let id = started_id(o);
     wait_for(&s.endpoint, &id, pb::TaskStatus::WaitingHuman).await;
 
@@ -345,6 +354,7 @@ async fn a_task_waiting_for_a_person_shows_what_it_waits_for_not_an_output() {
     let shown = String::from_utf8(o).unwrap();
     for expected in [
         "status    WAITING_HUMAN",
+        r#"input     {"complaint":"charged twice"}"#,
         "waiting   for a person, at human node review",
         "prompt    Pick the category",
         r#"schema    {"properties":{"category":{"type":"string"}},"required":["category"],"type":"object"}"#,

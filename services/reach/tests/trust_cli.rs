@@ -157,6 +157,24 @@ fn tokens_verify_against_the_public_key_and_carry_their_grant() {
     let (ok, _, stderr) = token(&["operator", "--name", "alice", "--ttl", "0s"]);
     assert!(!ok);
     assert!(stderr.contains("ttl"), "{stderr}");
+    // As docs/security.md writes it: no --ttl, a token for an hour.
+    let (ok, stdout, stderr) = token(&["operator", "--name", "alice"]);
+    assert!(ok, "{stderr}");
+    let (_, claims) = verifier.verify(stdout.trim()).unwrap();
+    assert_eq!(
+        claims["exp"].as_u64().unwrap() - claims["iat"].as_u64().unwrap(),
+        3600
+    );
+    let help = reach()
+        .args(["token", "operator", "--help"])
+        .output()
+        .unwrap();
+    let help = String::from_utf8(help.stdout).unwrap();
+    let usage = help.lines().find(|l| l.starts_with("Usage:")).unwrap();
+    assert_eq!(
+        usage, "Usage: reach token operator [OPTIONS] --name <NAME>",
+        "{help}"
+    );
 }
 
 #[test]

@@ -174,6 +174,10 @@ fn check_schema(text: &str) -> Result<(), String> {
             clip(&e.to_string())
         )
     })?;
+    // After the depth check: the search recurses.
+    if let Some(pitfall) = reach_protocol::schema_pitfall(&schema) {
+        return Err(format!("refuses what it declares, {pitfall}"));
+    }
     Ok(())
 }
 
@@ -616,6 +620,14 @@ message_types:
                 .unwrap_err()
                 .1
                 .contains("not a valid JSON Schema")
+        );
+        // A schema that refuses what it declares is refused with its pointer and the fix.
+        let trap = r#"{"allOf": [{"properties": {"a": {}}, "additionalProperties": false}, {"properties": {"b": {}}}]}"#;
+        let (_, detail) = check("", trap).unwrap_err();
+        assert!(
+            detail.contains("/allOf/0/additionalProperties")
+                && detail.contains("unevaluatedProperties"),
+            "{detail}"
         );
         let big = format!(r#"{{"description": "{}"}}"#, "x".repeat(MAX_SCHEMA_BYTES));
         let (_, detail) = check("", &big).unwrap_err();

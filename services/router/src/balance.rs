@@ -203,17 +203,17 @@ fn choose<'a>(
                     (ta.cost_with_prior(prior), tb.cost_with_prior(prior))
                 }
             };
-            // An instance without samples costs the route's median by construction, which
-            // ties with a median instance; but the measured cost is read a moment later and
-            // has decayed a hair, so a strict comparison would always keep the measured one
-            // and the new instance would never get its first call. Ties (within 0.1 %) go
-            // to the instance that has not answered yet.
-            let unsampled_a = !ta.is_sampled() && tb.is_sampled();
-            let unsampled_b = !tb.is_sampled() && ta.is_sampled();
-            let prefer_b = if unsampled_b {
-                cb <= ca * (1.0 + TIE_TOLERANCE)
-            } else if unsampled_a {
-                ca > cb * (1.0 + TIE_TOLERANCE)
+            // Light load: with as many calls in flight on each, estimates that differ by less
+            // than LIGHT_LOAD_BAND are noise (one slow answer is a peak that takes a time
+            // constant to decay), not a signal, and comparing them strictly hands one instance
+            // long runs of calls. Such a pair is a tie, drawn at random, so every instance of a
+            // route gets its share whatever its latest sample was; an instance slower by more
+            // than the band still loses every comparison. An instance without samples costs
+            // the route's median (see `route_prior_ns`), so a new or restarted instance ties
+            // with a typical one and gets its share at once.
+            let tied = ta.pending() == tb.pending() && ca.max(cb) < LIGHT_LOAD_BAND * ca.min(cb);
+            let prefer_b = if policy == Policy::P2cPeakEwma && tied {
+                below(2) == 1
             } else {
                 cb < ca
             };
@@ -243,9 +243,11 @@ fn choose<'a>(
     }
 }
 
-/// The relative difference in cost under which p2c takes two candidates as tied (see
-/// [`pick`]).
-const TIE_TOLERANCE: f64 = 1e-3;
+/// Under p2c peak-EWMA, two candidates with as many calls in flight whose costs are within
+/// this factor of each other are a tie, broken at random (see `choose`). 1.5 keeps a route's
+/// shares within a few per cent of fair when latencies vary by ±30 % call to call, while an
+/// instance 1.5× slower than the others is still avoided.
+const LIGHT_LOAD_BAND: f64 = 1.5;
 
 /// The latency a route's instance that has not answered yet is assumed to have: the median
 /// of the decayed peak-EWMA estimates (ns) of the `candidates` that have answered; `None`
@@ -473,6 +475,53 @@ mod tests {
             share < 0.2,
             "the slow instance took {share:.2} of 400 concurrent calls"
         );
+    }
+
+    /// A call latency around 1 ms that varies by about ±30 % call to call (log-normal,
+    /// σ = 0.3, by Box–Muller over `rng`), as sub-millisecond agents answer on a real host.
+    fn noisy_latency(rng: &mut SmallRng) -> Duration {
+        let (u1, u2): (f64, f64) = (rng.random_range(f64::EPSILON..1.0), rng.random());
+        let normal = (-2.0 * u1.ln()).sqrt() * (std::f64::consts::TAU * u2).cos();
+        Duration::from_secs_f64(0.001 * (0.3 * normal).exp())
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn light_load_is_shared_fairly_through_noise_and_a_restart() {
+        // Three healthy instances, one caller at 50 calls/s (a call every 20 ms), latencies
+        // varying call to call. 10,000 calls; halfway through, `i2` restarts (a fresh endpoint
+        // with no samples). Every window of 1,000 calls must give each instance its third
+        // within ±20 %, the restarted one included.
+        let mut members = members(&[1, 1, 1]);
+        let random = SeededRandom::new(42);
+        let mut latencies = SmallRng::seed_from_u64(7);
+        let rr = AtomicUsize::new(0);
+        let mut window: HashMap<String, usize> = HashMap::new();
+        for call in 1..=10_000 {
+            if call == 5_001 {
+                members[2] = endpoint("i2", 1, 0, EjectionConfig::default());
+            }
+            let picked = pick(Policy::P2cPeakEwma, &members, &[], &rr, &random).unwrap();
+            let reserved = picked.try_reserve().unwrap();
+            let latency = noisy_latency(&mut latencies);
+            *window.entry(picked.info().instance_id.clone()).or_default() += 1;
+            tokio::time::advance(latency).await;
+            drop(reserved);
+            tokio::time::advance(
+                Duration::from_millis(20) - latency.min(Duration::from_millis(20)),
+            )
+            .await;
+            if call % 1_000 == 0 {
+                for id in ["i0", "i1", "i2"] {
+                    let share = window.get(id).copied().unwrap_or(0) as f64 / 1_000.0;
+                    assert!(
+                        (1.0 / 3.0 * 0.8..=1.0 / 3.0 * 1.2).contains(&share),
+                        "calls {}..={call}: {id} took {share:.3} (fair: 0.333 ± 20 %): {window:?}",
+                        call - 999
+                    );
+                }
+                window.clear();
+            }
+        }
     }
 
     #[test]

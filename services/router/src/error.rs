@@ -190,6 +190,9 @@ pub enum RouteError {
         /// The schema keyword that failed (`type`, `required`, `format`, ...); empty when
         /// there is no data part to validate.
         keyword: String,
+        /// The JSON pointer of that keyword within the schema (`/allOf/0/additionalProperties`);
+        /// empty when there is no data part to validate.
+        schema_path: String,
         /// What the schema says.
         detail: String,
     },
@@ -444,6 +447,7 @@ impl From<RouteError> for Status {
                 capability,
                 pointer,
                 keyword,
+                schema_path,
                 detail,
             } => {
                 let mut details = tonic_types::ErrorDetails::with_error_info(
@@ -453,6 +457,7 @@ impl From<RouteError> for Status {
                         ("capability".to_string(), capability),
                         ("pointer".to_string(), pointer.clone()),
                         ("keyword".to_string(), keyword),
+                        ("schema_path".to_string(), schema_path),
                     ],
                 );
                 details.add_bad_request_violation(pointer, detail);

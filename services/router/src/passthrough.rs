@@ -15,6 +15,9 @@
 //! - every message, both ways, is held to `router.passthrough_max_message_bytes` by its gRPC
 //!   length prefix (RESOURCE_EXHAUSTED, `PAYLOAD_TOO_LARGE`; the caller's messages are checked
 //!   by the serving layer, [`reach_rpc::limits::MessageLimits`], the instance's here);
+//! - a trailers-only response (the instance's status in one HEADERS frame with END_STREAM)
+//!   reaches the caller as one, its headers unchanged (code, message,
+//!   `grpc-status-details-bin`, custom metadata);
 //! - a response that ends without a gRPC status (END_STREAM on DATA with no trailers, a
 //!   RST_STREAM(NO_ERROR) after data) reaches the caller as INTERNAL naming the missing
 //!   status, and a lost connection as UNAVAILABLE (`INSTANCE_LOST`), never as a clean
@@ -183,13 +186,29 @@ impl PassThrough {
             Ok(response) => {
                 endpoint.record_success();
                 let (parts, body) = response.into_parts();
-                // A trailers-only response carries its status in the headers.
-                let headers_code = code_of(&parts.headers);
+                // A trailers-only response (gRPC's status in the response headers, sent as
+                // one HEADERS frame with END_STREAM) goes on as one: headers unchanged and an
+                // empty body, so the caller's HEADERS frame carries END_STREAM too. A body
+                // behind them, even an empty one, would end in an empty DATA frame, which
+                // clients such as grpcio read as "Stream removed" (UNKNOWN) instead of the
+                // status.
+                if let Some(code) = code_of(&parts.headers) {
+                    endpoint.record_latency(attempt.elapsed());
+                    let message = parts
+                        .headers
+                        .get("grpc-message")
+                        .and_then(|v| v.to_str().ok())
+                        .unwrap_or("")
+                        .to_string();
+                    let mut record = record;
+                    record.finish(code, &message);
+                    drop(reserved);
+                    return http::Response::from_parts(parts, axum::body::Body::empty());
+                }
                 let body = Forwarded {
                     inner: body,
                     prefixes: Prefixes::default(),
                     limit,
-                    headers_code,
                     caller_failed,
                     end: End::Open,
                     attempt,
@@ -369,8 +388,6 @@ struct Forwarded {
     inner: tonic::body::Body,
     prefixes: Prefixes,
     limit: usize,
-    /// The status of a trailers-only response (in its headers).
-    headers_code: Option<Code>,
     /// Why the caller's request failed, if it did.
     caller_failed: Arc<Mutex<Option<Status>>>,
     end: End,
@@ -452,10 +469,6 @@ impl http_body::Body for Forwarded {
             Poll::Ready(None) => {
                 if this.record.is_none() {
                     // Trailers were forwarded.
-                    return Poll::Ready(None);
-                }
-                if let Some(code) = this.headers_code {
-                    this.finish(code, "");
                     return Poll::Ready(None);
                 }
                 let status = take(&this.caller_failed).unwrap_or_else(|| {

@@ -189,6 +189,7 @@ pub fn validate_input(
             capability: capability.to_string(),
             pointer: String::new(),
             keyword: String::new(),
+            schema_path: String::new(),
             detail: "the payload has no data part; the capability's input schema needs one".into(),
         });
     };
@@ -198,17 +199,20 @@ pub fn validate_input(
             ProtocolError::SchemaViolation {
                 pointer,
                 keyword,
+                schema_path,
                 detail,
             } => RouteError::InvalidPayload {
                 capability: capability.to_string(),
                 pointer,
                 keyword,
+                schema_path,
                 detail,
             },
             ProtocolError::Transform(detail) => RouteError::InvalidPayload {
                 capability: capability.to_string(),
                 pointer: String::new(),
                 keyword: String::new(),
+                schema_path: String::new(),
                 detail,
             },
         })

@@ -112,6 +112,24 @@ enum Answer {
     Message(usize),
     /// Reads the request to its end and answers OK with one empty message.
     Ok,
+    /// Reads the request to its end and fails it with a trailers-only response: one HEADERS
+    /// frame with END_STREAM carrying [`trailers_only_failure`].
+    TrailersOnly,
+}
+
+/// The headers of [`Answer::TrailersOnly`]: FAILED_PRECONDITION with a message,
+/// `grpc-status-details-bin` and a custom entry.
+fn trailers_only_failure() -> http::HeaderMap {
+    let mut headers = http::HeaderMap::new();
+    headers.insert("content-type", "application/grpc".parse().unwrap());
+    headers.insert("grpc-status", "9".parse().unwrap());
+    headers.insert("grpc-message", "not%20now".parse().unwrap());
+    headers.insert(
+        "grpc-status-details-bin",
+        "CAkSB25vdCBub3c".parse().unwrap(),
+    );
+    headers.insert("x-agent-reason", "quota".parse().unwrap());
+    headers
 }
 
 /// Serves `answer` for every request on 127.0.0.1:0 (a raw HTTP/2 server standing in for an
@@ -194,7 +212,10 @@ async fn answer_one(
     let mut body = request.into_body();
     // A reset after a complete request is the server's word that it is done (RFC 9113 §8.1);
     // before it, it would also cut the request short.
-    if matches!(answer, Answer::Ok | Answer::ResetNoError) {
+    if matches!(
+        answer,
+        Answer::Ok | Answer::ResetNoError | Answer::TrailersOnly
+    ) {
         while let Some(chunk) = body.data().await {
             match chunk {
                 Ok(chunk) => {
@@ -203,6 +224,12 @@ async fn answer_one(
                 Err(_) => return,
             }
         }
+    }
+    if matches!(answer, Answer::TrailersOnly) {
+        let mut response = http::Response::new(());
+        *response.headers_mut() = trailers_only_failure();
+        let _ = respond.send_response(response, true);
+        return;
     }
     let response = http::Response::builder()
         .header("content-type", "application/grpc")
@@ -239,6 +266,7 @@ async fn answer_one(
             let _ = send.send_data(message, false);
             send.send_trailers(ok())
         }
+        Answer::TrailersOnly => unreachable!("answered above"),
     };
 }
 
@@ -286,6 +314,40 @@ async fn a_pass_through_response_without_a_status_reaches_the_caller_as_a_failur
             "{answer:?}: the caller gets a status saying what happened, not a clean end"
         );
     }
+}
+
+/// A typed call the agent fails with a trailers-only response (one HEADERS frame with
+/// END_STREAM) reaches the caller the same way: code, message, `grpc-status-details-bin` and
+/// custom metadata unchanged, and END_STREAM on the headers — grpcio reads a status in
+/// headers followed by an empty DATA frame as "Stream removed" (UNKNOWN).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_trailers_only_failure_passes_through_as_trailers_only() {
+    let (_registry, router, _go) =
+        mesh_with_raw_agent(Answer::TrailersOnly, RouterConfig::default()).await;
+    let mut client = h2_connect(&router.url).await;
+    let (response, mut send) = start(&mut client, RAW_PATH);
+    send.send_data(framed(b"hi"), true).unwrap();
+    let response = tokio::time::timeout(Duration::from_secs(10), response)
+        .await
+        .expect("response headers within 10 s")
+        .unwrap();
+    let expected = trailers_only_failure();
+    for name in [
+        "grpc-status",
+        "grpc-message",
+        "grpc-status-details-bin",
+        "x-agent-reason",
+    ] {
+        assert_eq!(
+            response.headers().get(name),
+            expected.get(name),
+            "{name} arrives unchanged"
+        );
+    }
+    assert!(
+        response.body().is_end_stream(),
+        "the headers carry END_STREAM (a trailers-only response), not a body to follow"
+    );
 }
 
 /// The envelope paths (a Call sent as a unary `Handle`, a routed Stream) end as pass-through

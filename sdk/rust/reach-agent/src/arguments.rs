@@ -16,6 +16,13 @@
 //! Text none of these read is an error ([`ArgumentsError::Unparsable`], carrying the strict
 //! JSON parser's message with its line and column) — never an empty object.
 //!
+//! **Never a guess.** Text holding two or more different objects (`{"path": "a.txt"}
+//! {"path": "b.txt"}`, or two code fences) is [`ArgumentsError::Ambiguous`], naming the first
+//! two: taking the first would run the tool on what the model may not have meant. A value the
+//! model left out — `?`, `...` or nothing after a key (`{"path": ?}`, `{"path": }`) — is
+//! [`ArgumentsError::MissingValues`], naming each such field's JSON pointer (`/path`), before
+//! YAML is tried (which would read `?` as syntax of its own).
+//!
 //! **Empty arguments** (`""` or whitespace only, which some models send for tools without
 //! parameters): `{}` when the caller says the tool's schema has no required property
 //! (`empty_is_object`), otherwise [`ArgumentsError::Empty`]. A schema with required fields
@@ -112,6 +119,27 @@ pub enum ArgumentsError {
         "the arguments are empty, but the tool requires properties; send a JSON object with them"
     )]
     Empty,
+    /// Two or more different top-level values: which one the model meant is a guess.
+    #[error(
+        "the arguments hold {count} separate JSON values ({first} and {second}); a tool call takes one object: send only the one you mean"
+    )]
+    Ambiguous {
+        /// How many values were found (at least 2).
+        count: usize,
+        /// The first, cut to 100 characters.
+        first: String,
+        /// The second, cut to 100 characters.
+        second: String,
+    },
+    /// Fields whose value the model left out (`?`, `...`, or nothing).
+    #[error(
+        "no value at {} (the arguments have `?`, `...` or nothing there); write each value",
+        pointers.join(", ")
+    )]
+    MissingValues {
+        /// The fields' JSON pointers (RFC 6901), sorted.
+        pointers: Vec<String>,
+    },
     /// No reading succeeded.
     #[error("the arguments are not a JSON object: {detail}; send one JSON object")]
     Unparsable {
@@ -182,6 +210,7 @@ fn read(text: &str) -> Result<Parsed, ArgumentsError> {
         }
         Err(e) => e.to_string(),
     };
+    check_single_value(text)?;
     let extracted = extract_object(text).filter(|e| *e != text);
     if let Some(inner) = extracted
         && let Ok(value) = serde_json::from_str::<Value>(inner)
@@ -211,6 +240,25 @@ fn read(text: &str) -> Result<Parsed, ArgumentsError> {
         }
     }
     for candidate in &candidates {
+        let Some(marked) = mark_missing_values(candidate) else {
+            continue;
+        };
+        let value = serde_json::from_str::<Value>(&marked)
+            .ok()
+            .or_else(|| json5::from_str::<Value>(&marked).ok())
+            .or_else(|| {
+                replace_python_literals(&marked).and_then(|r| json5::from_str::<Value>(&r).ok())
+            });
+        if let Some(value) = value {
+            let mut pointers = Vec::new();
+            missing_pointers(&value, &mut String::new(), &mut pointers);
+            if !pointers.is_empty() {
+                pointers.sort();
+                return Err(ArgumentsError::MissingValues { pointers });
+            }
+        }
+    }
+    for candidate in &candidates {
         if let Ok(value) = serde_norway::from_str::<Value>(candidate)
             && (value.is_object() || value.is_array())
         {
@@ -223,6 +271,182 @@ fn read(text: &str) -> Result<Parsed, ArgumentsError> {
     Err(ArgumentsError::Unparsable {
         detail: strict_error,
     })
+}
+
+/// The bodies of the text's Markdown code fences (trimmed, non-empty), in order.
+fn fence_bodies(text: &str) -> Vec<&str> {
+    let mut bodies = Vec::new();
+    let mut rest = text;
+    while let Some(start) = rest.find("```") {
+        let after = &rest[start + 3..];
+        let body_start = after.find('\n').map_or(after.len(), |i| i + 1);
+        let body = &after[body_start..];
+        let Some(end) = body.find("```") else { break };
+        let inner = body[..end].trim();
+        if !inner.is_empty() {
+            bodies.push(inner);
+        }
+        rest = &body[end + 3..];
+    }
+    bodies
+}
+
+/// Every balanced top-level `{...}` of `text`, outside string literals, in order.
+fn top_level_objects(text: &str) -> Vec<&str> {
+    let mut objects = Vec::new();
+    let mut depth = 0usize;
+    let mut start = 0usize;
+    let mut quote: Option<u8> = None;
+    let mut escaped = false;
+    for (i, &b) in text.as_bytes().iter().enumerate() {
+        if let Some(q) = quote {
+            if escaped {
+                escaped = false;
+            } else if b == b'\\' {
+                escaped = true;
+            } else if b == q {
+                quote = None;
+            }
+            continue;
+        }
+        match b {
+            b'"' | b'\'' if depth > 0 => quote = Some(b),
+            b'{' | b'[' => {
+                if depth == 0 {
+                    start = i;
+                }
+                depth += 1;
+            }
+            b'}' | b']' if depth > 0 => {
+                depth -= 1;
+                if depth == 0 && text.as_bytes()[start] == b'{' {
+                    objects.push(&text[start..=i]);
+                }
+            }
+            _ => {}
+        }
+    }
+    objects
+}
+
+/// [`ArgumentsError::Ambiguous`] when `text` holds two or more different code fences, or
+/// (in its one fence, or in the whole text without one) two or more different top-level
+/// objects that read as JSON, JSON5 or Python literals.
+fn check_single_value(text: &str) -> Result<(), ArgumentsError> {
+    let ambiguous = |values: &[&str]| {
+        let first = values[0];
+        match values.iter().find(|v| **v != first) {
+            None => Ok(()),
+            Some(second) => Err(ArgumentsError::Ambiguous {
+                count: values.len(),
+                first: first.chars().take(100).collect(),
+                second: second.chars().take(100).collect(),
+            }),
+        }
+    };
+    let fences = fence_bodies(text);
+    if fences.len() > 1 {
+        ambiguous(&fences)?;
+    }
+    let region = fences.first().copied().unwrap_or(text);
+    // Braces in prose (`{you}`, a template) are not values: only objects that read count.
+    let objects: Vec<&str> = top_level_objects(region)
+        .into_iter()
+        .filter(|object| {
+            serde_json::from_str::<Value>(object).is_ok()
+                || json5::from_str::<Value>(object).is_ok()
+                || replace_python_literals(object)
+                    .is_some_and(|r| json5::from_str::<Value>(&r).is_ok())
+        })
+        .collect();
+    if objects.len() > 1 {
+        ambiguous(&objects)?;
+    }
+    Ok(())
+}
+
+/// What [`mark_missing_values`] writes where a value was left out: a JSON string no model
+/// writes (it starts with U+0000).
+const MISSING: &str = "\u{0}reach:missing-value";
+
+/// `text` with every left-out value after a key — `?` (or `??`...), `...`, `…`, or nothing
+/// before the next `,` or `}` — replaced by the [`MISSING`] string, outside string literals;
+/// `None` when there was none.
+fn mark_missing_values(text: &str) -> Option<String> {
+    let mut out = String::with_capacity(text.len() + 32);
+    let mut marked = false;
+    let mut quote: Option<char> = None;
+    let mut escaped = false;
+    let mut chars = text.char_indices().peekable();
+    while let Some((_, c)) = chars.next() {
+        out.push(c);
+        if let Some(q) = quote {
+            if escaped {
+                escaped = false;
+            } else if c == '\\' {
+                escaped = true;
+            } else if c == q {
+                quote = None;
+            }
+            continue;
+        }
+        match c {
+            '"' | '\'' => quote = Some(c),
+            ':' => {
+                while let Some(&(_, w)) = chars.peek() {
+                    if w.is_whitespace() {
+                        out.push(w);
+                        chars.next();
+                    } else {
+                        break;
+                    }
+                }
+                let rest = chars.peek().map_or("", |&(j, _)| &text[j..]);
+                let token = rest
+                    .char_indices()
+                    .find(|(_, t)| t.is_whitespace() || matches!(t, ',' | '}' | ']'))
+                    .map_or(rest, |(end, _)| &rest[..end]);
+                let left_out = token.is_empty() && rest.starts_with([',', '}'])
+                    || (!token.is_empty() && token.chars().all(|t| t == '?'))
+                    || token == "..."
+                    || token == "\u{2026}";
+                if left_out {
+                    out.push_str(&serde_json::Value::String(MISSING.into()).to_string());
+                    for _ in token.chars() {
+                        chars.next();
+                    }
+                    marked = true;
+                }
+            }
+            _ => {}
+        }
+    }
+    marked.then_some(out)
+}
+
+/// Appends the JSON pointer (RFC 6901) of every [`MISSING`] string in `value` to `found`.
+fn missing_pointers(value: &Value, at: &mut String, found: &mut Vec<String>) {
+    match value {
+        Value::String(s) if s == MISSING => found.push(at.clone()),
+        Value::Object(map) => {
+            for (key, item) in map {
+                let len = at.len();
+                at.push('/');
+                at.push_str(&key.replace('~', "~0").replace('/', "~1"));
+                missing_pointers(item, at, found);
+                at.truncate(len);
+            }
+        }
+        Value::Array(items) => {
+            for (i, item) in items.iter().enumerate() {
+                let len = at.len();
+                at.push_str(&format!("/{i}"));
+                missing_pointers(item, at, found);
+                at.truncate(len);
+            }
+        }
+        _ => {}
+    }
 }
 
 /// The content of the first Markdown code fence, else the first balanced `{...}` in the
@@ -399,6 +623,64 @@ mod tests {
             parse_arguments("just words", true),
             Err(ArgumentsError::Unparsable { .. })
         ));
+    }
+
+    #[test]
+    fn several_objects_are_ambiguous_and_name_both() {
+        let two = r#"{"path":"a.txt"} {"path":"b.txt"}"#;
+        match parse_arguments(two, false) {
+            Err(ArgumentsError::Ambiguous {
+                count,
+                first,
+                second,
+            }) => {
+                assert_eq!(count, 2);
+                assert_eq!(first, r#"{"path":"a.txt"}"#);
+                assert_eq!(second, r#"{"path":"b.txt"}"#);
+            }
+            other => panic!("{other:?}"),
+        }
+        let fences = "```json\n{\"a\": 1}\n```\nor\n```json\n{\"a\": 2}\n```";
+        assert!(matches!(
+            parse_arguments(fences, false),
+            Err(ArgumentsError::Ambiguous { .. })
+        ));
+        let prose = r#"Calling with {"a": 1}, then maybe {'a': 2}"#;
+        assert!(matches!(
+            parse_arguments(prose, false),
+            Err(ArgumentsError::Ambiguous { .. })
+        ));
+        // One object, said twice, or with braces inside its strings, is no guess.
+        let same = r#"{"a": 1} {"a": 1}"#;
+        assert_eq!(parse_arguments(same, false).unwrap().value, json!({"a": 1}));
+        let braces = r#"Here: {"note": "} {"}"#;
+        assert_eq!(
+            parse_arguments(braces, false).unwrap().value,
+            json!({"note": "} {"})
+        );
+    }
+
+    #[test]
+    fn left_out_values_are_named_by_pointer() {
+        for (text, pointers) in [
+            (r#"{"path": ?}"#, vec!["/path"]),
+            (r#"{"path": ??, "mode": "w"}"#, vec!["/path"]),
+            (r#"{"path": , "mode": ...}"#, vec!["/mode", "/path"]),
+            (r#"{"outer": {"a/b": ?}}"#, vec!["/outer/a~1b"]),
+            ("{path: ?}", vec!["/path"]),
+        ] {
+            match parse_arguments(text, false) {
+                Err(ArgumentsError::MissingValues { pointers: got }) => {
+                    assert_eq!(got, pointers, "{text}");
+                }
+                other => panic!("{text}: {other:?}"),
+            }
+        }
+        // A `?` inside a string is a value.
+        assert_eq!(
+            parse_arguments(r#"{"q": "?"}"#, false).unwrap().value,
+            json!({"q": "?"})
+        );
     }
 
     #[test]

@@ -342,13 +342,85 @@ fn message_text(message: &Value) -> Option<String> {
         .map(str::to_string)
 }
 
+/// Decodes a response body (or stream chunk) as JSON. A `\uD800`–`\uDFFF` escape that is
+/// not half of a surrogate pair (which some models emit, cutting an emoji in two) makes
+/// strict JSON fail as a whole (RFC 8259 §8.2 leaves such strings' meaning open); each is
+/// replaced by U+FFFD, the replacement is recorded as a `warn` event (`repair =
+/// "unpaired_surrogate"`, `count`) on the current span, and the body decoded again.
+fn decode_json(body: &[u8]) -> Result<Value, serde_json::Error> {
+    match serde_json::from_slice(body) {
+        Ok(value) => Ok(value),
+        Err(error) => {
+            let Some((fixed, count)) = std::str::from_utf8(body)
+                .ok()
+                .and_then(replace_unpaired_surrogates)
+            else {
+                return Err(error);
+            };
+            let value = serde_json::from_str(&fixed)?;
+            tracing::warn!(
+                repair = "unpaired_surrogate",
+                count,
+                "the model's response held unpaired UTF-16 surrogate escapes; each was replaced by U+FFFD"
+            );
+            Ok(value)
+        }
+    }
+}
+
+/// `text` with every `\uXXXX` escape of a lone UTF-16 surrogate (a high one not followed by
+/// a low one's escape, or a low one alone) replaced by `\uFFFD`, and how many were; `None`
+/// when there was none.
+fn replace_unpaired_surrogates(text: &str) -> Option<(String, usize)> {
+    fn escape_at(bytes: &[u8], i: usize) -> Option<u16> {
+        let hex = bytes.get(i..i + 6)?;
+        if hex[0] != b'\\' || hex[1] != b'u' {
+            return None;
+        }
+        u16::from_str_radix(std::str::from_utf8(&hex[2..]).ok()?, 16).ok()
+    }
+    let bytes = text.as_bytes();
+    let mut out = String::with_capacity(text.len());
+    let mut count = 0;
+    let mut i = 0;
+    let mut copied = 0;
+    while i < bytes.len() {
+        if bytes[i] != b'\\' {
+            i += 1;
+            continue;
+        }
+        let Some(unit) = escape_at(bytes, i) else {
+            // Another escape (`\\`, `\"`, ...): skip both bytes.
+            i += 2;
+            continue;
+        };
+        let high = (0xD800..=0xDBFF).contains(&unit);
+        let low = (0xDC00..=0xDFFF).contains(&unit);
+        if high && escape_at(bytes, i + 6).is_some_and(|next| (0xDC00..=0xDFFF).contains(&next)) {
+            i += 12;
+        } else if high || low {
+            out.push_str(&text[copied..i]);
+            out.push_str("\\uFFFD");
+            count += 1;
+            i += 6;
+            copied = i;
+        } else {
+            i += 6;
+        }
+    }
+    if count == 0 {
+        return None;
+    }
+    out.push_str(&text[copied..]);
+    Some((out, count))
+}
+
 /// Parses a (non-streaming) chat completion.
 ///
 /// # Errors
 /// [`ModelError::BadResponse`] when it is not one.
 pub fn parse_completion(body: &[u8]) -> Result<ChatResponse, ModelError> {
-    let value: Value =
-        serde_json::from_slice(body).map_err(|e| bad(format!("the body is not JSON: {e}")))?;
+    let value = decode_json(body).map_err(|e| bad(format!("the body is not JSON: {e}")))?;
     let choice = value
         .pointer("/choices/0")
         .ok_or_else(|| bad("the completion has no choices"))?;
@@ -402,8 +474,8 @@ pub fn parse_completion(body: &[u8]) -> Result<ChatResponse, ModelError> {
 /// # Errors
 /// [`ModelError::BadResponse`] when it is not JSON.
 pub fn parse_chunk(data: &str) -> Result<Vec<ChatDelta>, ModelError> {
-    let value: Value =
-        serde_json::from_str(data).map_err(|e| bad(format!("a stream chunk is not JSON: {e}")))?;
+    let value = decode_json(data.as_bytes())
+        .map_err(|e| bad(format!("a stream chunk is not JSON: {e}")))?;
     if let Some(message) = value.pointer("/error/message").and_then(Value::as_str) {
         return Err(bad(format!("the stream carried an error: {message}")));
     }
@@ -587,5 +659,26 @@ impl ModelProvider for OpenAiProvider {
             }
             Ok(sse_deltas(response, deadline, self.config.max_response_bytes, timeout).boxed())
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_unpaired_surrogate_is_replaced_and_the_rest_kept() {
+        let body = br#"{"model": "m", "choices": [{"message": {"content": "ok \ud83d then \ud83d\ude00 and \\ud800"}}]}"#;
+        let response = parse_completion(body).unwrap();
+        assert_eq!(
+            response.message.content.as_deref(),
+            Some("ok \u{FFFD} then \u{1F600} and \\ud800")
+        );
+        let lone_low = r#"{"choices": [{"delta": {"content": "\udc00!"}}]}"#;
+        assert_eq!(
+            parse_chunk(lone_low).unwrap(),
+            vec![ChatDelta::Content("\u{FFFD}!".into())]
+        );
+        assert!(parse_completion(b"{not json").is_err());
     }
 }

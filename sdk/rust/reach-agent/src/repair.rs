@@ -84,9 +84,14 @@ pub struct Repair {
 pub struct Violation {
     /// The JSON pointer of the field (`""` for the whole arguments).
     pub pointer: String,
-    /// The schema keyword that failed (`type`, `required`, `format`, `syntax` for text that
-    /// could not be read, ...).
+    /// The schema keyword that failed (`type`, `required` — also for a value the model left
+    /// out as `?` —, `format`, ...), `syntax` for text that could not be read, or `ambiguous`
+    /// for text holding several different objects.
     pub keyword: String,
+    /// The JSON pointer of that keyword within the schema (`/allOf/0/additionalProperties`);
+    /// empty when the text could not be read at all.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub schema_path: String,
     /// What was expected, for the model.
     pub expected: String,
 }
@@ -154,7 +159,9 @@ impl ArgumentSchema {
     /// Compiles `schema` (formats asserted).
     ///
     /// # Errors
-    /// [`SchemaError`] when it is not a valid JSON Schema.
+    /// [`SchemaError`] when it is not a valid JSON Schema, or is one that refuses what it
+    /// means to accept (`additionalProperties: false` inside an `allOf` branch; see
+    /// [`reach_protocol::schema_pitfall`]).
     pub fn new(schema: Value) -> Result<Self, SchemaError> {
         let validator = compile(&schema)?;
         Ok(Self {
@@ -193,18 +200,56 @@ impl ArgumentSchema {
     /// Reads, repairs and validates the model's argument text.
     ///
     /// # Errors
-    /// [`InvalidArguments`]: unreadable text (keyword `syntax`, pointer `""`) or fields that
-    /// could not be repaired.
+    /// [`InvalidArguments`]: unreadable text (keyword `syntax`, pointer `""`), several
+    /// different objects (keyword `ambiguous`, pointer `""`), or fields that were left out
+    /// (empty text, `?`: keyword `required` at each field's pointer) or could not be repaired.
     pub fn prepare(&self, text: &str) -> Result<Prepared, InvalidArguments> {
-        let parsed = parse_arguments_with(text, self.limits, self.allows_empty()).map_err(
-            |e: ArgumentsError| InvalidArguments {
-                violations: vec![Violation {
-                    pointer: String::new(),
-                    keyword: "syntax".into(),
-                    expected: reach_rpc::errors::cut(&e.to_string(), MAX_EXPECTED_CHARS),
-                }],
-            },
-        )?;
+        let parsed = match parse_arguments_with(text, self.limits, self.allows_empty()) {
+            Ok(parsed) => parsed,
+            // Empty text where fields are required: each required field is what is wrong,
+            // named by its pointer, as if the model had sent `{}`.
+            Err(ArgumentsError::Empty) => {
+                let mut prepared = self.repair(Value::Object(serde_json::Map::new()))?;
+                prepared.repairs.insert(
+                    0,
+                    Repair {
+                        pointer: String::new(),
+                        kind: RepairKind::EmptyArguments,
+                        from: Value::String(text.to_string()),
+                        to: Value::Object(serde_json::Map::new()),
+                    },
+                );
+                return Ok(prepared);
+            }
+            Err(ArgumentsError::MissingValues { pointers }) => {
+                return Err(InvalidArguments {
+                    violations: pointers
+                        .into_iter()
+                        .map(|pointer| Violation {
+                            pointer,
+                            keyword: "required".into(),
+                            schema_path: String::new(),
+                            expected: "a value (the arguments have `?`, `...` or nothing here)"
+                                .into(),
+                        })
+                        .collect(),
+                });
+            }
+            Err(e) => {
+                let keyword = match e {
+                    ArgumentsError::Ambiguous { .. } => "ambiguous",
+                    _ => "syntax",
+                };
+                return Err(InvalidArguments {
+                    violations: vec![Violation {
+                        pointer: String::new(),
+                        keyword: keyword.into(),
+                        schema_path: String::new(),
+                        expected: reach_rpc::errors::cut(&e.to_string(), MAX_EXPECTED_CHARS),
+                    }],
+                });
+            }
+        };
         let mut repairs = Vec::new();
         match parsed.method {
             ParseMethod::Json => {}
@@ -299,8 +344,12 @@ impl ArgumentSchema {
     }
 }
 
-/// Compiles a schema with formats asserted.
+/// Compiles a schema with formats asserted, refusing a schema that would refuse what it
+/// means to accept ([`reach_protocol::schema_pitfall`]).
 pub(crate) fn compile(schema: &Value) -> Result<jsonschema::Validator, SchemaError> {
+    if let Some(pitfall) = reach_protocol::schema_pitfall(schema) {
+        return Err(SchemaError(format!("the schema {pitfall}")));
+    }
     jsonschema::options()
         .should_validate_formats(true)
         .build(schema)
@@ -356,6 +405,7 @@ impl Failure {
         Violation {
             pointer,
             keyword: self.keyword,
+            schema_path: self.schema_path,
             expected,
         }
     }

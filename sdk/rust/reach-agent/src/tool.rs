@@ -402,6 +402,7 @@ impl Tool {
                 crate::repair::Violation {
                     pointer: e.instance_path().to_string(),
                     keyword: e.kind().keyword().to_string(),
+                    schema_path: e.schema_path().to_string(),
                     expected: if null_number {
                         format!("{e} (a non-finite float, NaN or infinity, is written as null)")
                     } else {

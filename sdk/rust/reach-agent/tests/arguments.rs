@@ -118,11 +118,28 @@ fn malformed_arguments_are_repaired_or_refused_with_pointers() {
             r#""{\"city\": \"Paris\", \"nights\": 2}""#,
             Expect::Ok(paris(json!({}))),
         ),
-        ("empty string", &booking, "", Expect::Refused(&[""])),
+        (
+            "empty string",
+            &booking,
+            "",
+            Expect::Refused(&["/city", "/nights"]),
+        ),
         (
             "whitespace only",
             &booking,
             "  \n\t ",
+            Expect::Refused(&["/city", "/nights"]),
+        ),
+        (
+            "a bare ? for a required field",
+            &booking,
+            r#"{"city": ?, "nights": 2}"#,
+            Expect::Refused(&["/city"]),
+        ),
+        (
+            "two objects",
+            &booking,
+            r#"{"city": "Paris", "nights": 2} {"city": "Lyon", "nights": 3}"#,
             Expect::Refused(&[""]),
         ),
         (
@@ -565,4 +582,34 @@ fn a_huge_bad_value_is_not_echoed_back_whole() {
     assert_eq!(refused.violations[0].pointer, "/n");
     let rendered = refused.to_string();
     assert!(rendered.len() < 1_000, "{} bytes", rendered.len());
+}
+
+#[test]
+fn a_schema_that_refuses_what_it_means_is_refused_and_violations_name_the_schema_keyword() {
+    // additionalProperties: false inside an allOf branch refuses the other branch's property.
+    let trap = json!({"allOf": [
+        {"type": "object", "properties": {"a": {"type": "string"}}, "additionalProperties": false},
+        {"properties": {"b": {"type": "string"}}}
+    ]});
+    let refused = ArgumentSchema::new(trap).unwrap_err().to_string();
+    assert!(
+        refused.contains("/allOf/0/additionalProperties")
+            && refused.contains("unevaluatedProperties"),
+        "{refused}"
+    );
+    let schema = ArgumentSchema::new(json!({
+        "type": "object",
+        "allOf": [{"required": ["city"], "properties": {"city": {"type": "string"}}}],
+        "properties": {"nights": {"type": "integer", "minimum": 1}},
+        "unevaluatedProperties": false
+    }))
+    .unwrap();
+    let invalid = schema
+        .prepare(r#"{"city": "Paris", "nights": 0}"#)
+        .unwrap_err();
+    assert_eq!(invalid.violations[0].pointer, "/nights");
+    assert_eq!(
+        invalid.violations[0].schema_path,
+        "/properties/nights/minimum"
+    );
 }

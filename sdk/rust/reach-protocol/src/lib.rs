@@ -78,6 +78,9 @@ pub enum ProtocolError {
         pointer: String,
         /// The schema keyword that failed (`type`, `required`, `format`, ...).
         keyword: String,
+        /// The JSON pointer, within the schema, of that keyword (its `keywordLocation`, JSON
+        /// Schema 2020-12 Core §12.4.2), e.g. `/allOf/0/additionalProperties`.
+        schema_path: String,
         /// What the schema requires.
         detail: String,
     },
@@ -477,6 +480,7 @@ impl ProtocolRegistry {
             Some(error) => Err(ProtocolError::SchemaViolation {
                 pointer: property_pointer(&error),
                 keyword: error.kind().keyword().to_string(),
+                schema_path: error.schema_path().to_string(),
                 detail: error.to_string(),
             }),
         }
@@ -532,6 +536,84 @@ pub fn compile_schema(
         .build(schema)
 }
 
+/// A schema construct that is valid JSON Schema but refuses what its author meant to accept
+/// (see [`schema_pitfall`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SchemaPitfall {
+    /// Where it is: the JSON pointer of the offending keyword within the schema.
+    pub pointer: String,
+    /// What is wrong and how to write it instead.
+    pub fix: String,
+}
+
+impl std::fmt::Display for SchemaPitfall {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "at {}: {}", self.pointer, self.fix)
+    }
+}
+
+/// The first pitfall in `schema`, if any: `additionalProperties: false` inside a branch of
+/// an `allOf` whose other branches declare properties. Each `allOf` branch is validated on
+/// its own, so that branch refuses every property the others declare, and no object that
+/// uses them can pass (a well-known JSON Schema trap; 2019-09 added `unevaluatedProperties`,
+/// which sees through `allOf`, for exactly this).
+pub fn schema_pitfall(schema: &serde_json::Value) -> Option<SchemaPitfall> {
+    fn walk(value: &serde_json::Value, at: &mut String) -> Option<SchemaPitfall> {
+        match value {
+            serde_json::Value::Object(map) => {
+                if let Some(serde_json::Value::Array(branches)) = map.get("allOf") {
+                    let declares = |branch: &serde_json::Value| {
+                        branch
+                            .get("properties")
+                            .and_then(serde_json::Value::as_object)
+                            .is_some_and(|p| !p.is_empty())
+                    };
+                    for (i, branch) in branches.iter().enumerate() {
+                        let closed = branch.get("additionalProperties")
+                            == Some(&serde_json::Value::Bool(false));
+                        let others_declare = branches
+                            .iter()
+                            .enumerate()
+                            .any(|(j, other)| j != i && declares(other))
+                            || declares(value);
+                        if closed && others_declare {
+                            return Some(SchemaPitfall {
+                                pointer: format!("{at}/allOf/{i}/additionalProperties"),
+                                fix: "`additionalProperties: false` inside an allOf branch refuses the properties the other branches (or the schema around it) declare, so no object using them passes; remove it and write `unevaluatedProperties: false` next to `allOf` instead".into(),
+                            });
+                        }
+                    }
+                }
+                for (key, item) in map {
+                    let len = at.len();
+                    at.push('/');
+                    at.push_str(&key.replace('~', "~0").replace('/', "~1"));
+                    let found = walk(item, at);
+                    at.truncate(len);
+                    if found.is_some() {
+                        return found;
+                    }
+                }
+                None
+            }
+            serde_json::Value::Array(items) => {
+                for (i, item) in items.iter().enumerate() {
+                    let len = at.len();
+                    at.push_str(&format!("/{i}"));
+                    let found = walk(item, at);
+                    at.truncate(len);
+                    if found.is_some() {
+                        return found;
+                    }
+                }
+                None
+            }
+            _ => None,
+        }
+    }
+    walk(schema, &mut String::new())
+}
+
 /// The JSON pointer of the property a validation error is about: the error's instance path,
 /// plus the property's name when the error is reported on its enclosing object (a missing
 /// `required` property, an unexpected one).
@@ -549,6 +631,84 @@ fn property_pointer(error: &jsonschema::ValidationError<'_>) -> String {
         // RFC 6901: `~` is written `~0` and `/` is written `~1` in a reference token.
         Some(name) => format!("{object}/{}", name.replace('~', "~0").replace('/', "~1")),
         None => object,
+    }
+}
+
+#[cfg(test)]
+mod pitfall_tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn additional_properties_false_inside_all_of_is_found_with_its_pointer() {
+        let trap = json!({
+            "type": "object",
+            "properties": {"inner": {"allOf": [
+                {"properties": {"a": {"type": "string"}}, "additionalProperties": false},
+                {"properties": {"b": {"type": "string"}}}
+            ]}}
+        });
+        let found = schema_pitfall(&trap).expect("the trap is found");
+        assert_eq!(
+            found.pointer,
+            "/properties/inner/allOf/0/additionalProperties"
+        );
+        assert!(found.fix.contains("unevaluatedProperties"), "{found}");
+        // What the trap really does: an object using both branches' properties fails.
+        let inner = &trap["properties"]["inner"];
+        assert!(
+            !compile_schema(inner)
+                .unwrap()
+                .is_valid(&json!({"a": "x", "b": "y"}))
+        );
+        // The fix passes it, and is no pitfall.
+        let fixed = json!({"allOf": [
+            {"properties": {"a": {"type": "string"}}},
+            {"properties": {"b": {"type": "string"}}}
+        ], "unevaluatedProperties": false});
+        assert!(schema_pitfall(&fixed).is_none());
+        assert!(
+            compile_schema(&fixed)
+                .unwrap()
+                .is_valid(&json!({"a": "x", "b": "y"}))
+        );
+        assert!(!compile_schema(&fixed).unwrap().is_valid(&json!({"c": 1})));
+        // A closed branch beside branches that declare nothing is fine.
+        let alone = json!({"allOf": [
+            {"properties": {"a": {}}, "additionalProperties": false},
+            {"required": ["a"]}
+        ]});
+        assert!(schema_pitfall(&alone).is_none());
+    }
+
+    #[test]
+    fn a_violation_names_the_failing_keyword_in_the_schema() {
+        let file = r#"
+capabilities:
+  pick:
+    versions: ["1.0.0"]
+    input: pick.request
+message_types:
+  pick.request:
+    schema:
+      allOf:
+        - {type: object, properties: {a: {type: string}}, additionalProperties: false}
+"#;
+        let registry = ProtocolRegistry::parse(std::path::Path::new("t.yaml"), file).unwrap();
+        match registry
+            .validate_input("pick", &serde_json::json!({"b": 1}))
+            .unwrap_err()
+        {
+            ProtocolError::SchemaViolation {
+                pointer,
+                schema_path,
+                ..
+            } => {
+                assert_eq!(pointer, "/b");
+                assert_eq!(schema_path, "/allOf/0/additionalProperties");
+            }
+            other => panic!("{other:?}"),
+        }
     }
 }
 

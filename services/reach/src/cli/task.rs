@@ -223,8 +223,8 @@ fn endpoint_flag(endpoint: &str) -> String {
     }
 }
 
-/// `reach task get ID [--json]`: the task's status; while it waits for a person, the human
-/// node, its prompt and schema and the command to resume it; once it ended, its output; and
+/// `reach task get ID [--json]`: the task's status and input; while it waits for a person,
+/// the human node, its prompt and schema and the command to resume it; once it ended, its output; and
 /// every node visit with its output or error.
 ///
 /// # Errors
@@ -251,6 +251,10 @@ pub async fn task_get(
     writeln!(out, "task      {}", task.task_id)?;
     writeln!(out, "flow      {} v{}", task.flow_id, task.flow_version)?;
     writeln!(out, "status    {}", status_name(task.status))?;
+    // What the task was started with: a reviewer deciding a human step needs it.
+    if let Some(input) = &task.input {
+        writeln!(out, "input     {}", json::from_proto(input))?;
+    }
     if let Some(waiting) = &task.waiting {
         writeln!(
             out,

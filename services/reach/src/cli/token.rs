@@ -32,7 +32,7 @@ pub struct SigningArgs {
     #[arg(long, default_value = "certs/jwt-key.pem")]
     pub key: PathBuf,
     /// How long the token is valid (`1h`, `30m`, `7days`): more than 0, at most a year.
-    #[arg(long, value_parser = ttl)]
+    #[arg(long, value_parser = ttl, default_value = "1h")]
     pub ttl: Duration,
     /// The mesh's SPIFFE trust domain.
     #[arg(long, default_value = reach_trust::DEFAULT_TRUST_DOMAIN)]

@@ -521,6 +521,42 @@ reach_orchestrator_dead_letters_total 1
     }
 
     #[test]
+    fn a_small_terminal_keeps_names_apart_and_says_what_it_hides() {
+        let mut board = Board::new();
+        let mut many = instances();
+        many.instances = (1..=12)
+            .map(|n| {
+                instance(
+                    "executor.credit_report",
+                    &format!("executor.credit_report-4f9c2a7e-{n:02}"),
+                    InstanceState::Ready,
+                    0,
+                    8,
+                )
+            })
+            .collect();
+        let snapshot = board.update(
+            "http://127.0.0.1:7070",
+            Ok(many),
+            Ok(parse_metrics(&metrics(10, 5, 1)).unwrap()),
+            None,
+        );
+        let text = render_to_string(&snapshot, 80, 24);
+        let shown: Vec<&str> = text
+            .lines()
+            .filter(|line| line.contains("ready"))
+            .filter_map(|line| line.split_whitespace().nth(1))
+            .collect();
+        assert!(
+            shown.len() >= 3 && shown.iter().all(|id| id.contains('…')),
+            "{text}"
+        );
+        let distinct: std::collections::HashSet<&&str> = shown.iter().collect();
+        assert_eq!(distinct.len(), shown.len(), "cut names collide:\n{text}");
+        assert!(text.contains("of 12 shown"), "{text}");
+    }
+
+    #[test]
     fn a_frame_degrades_when_sources_are_missing() {
         let mut board = Board::new();
         let snapshot = board.update(

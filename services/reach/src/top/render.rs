@@ -94,7 +94,53 @@ fn latency(d: Option<Duration>) -> String {
     }
 }
 
+/// `text` cut to `width` characters by taking out its middle (`executor.ser…ing-2`), so names
+/// that share a prefix or a suffix stay told apart; unchanged when it fits.
+fn fit(text: &str, width: u16) -> String {
+    let width = usize::from(width);
+    let count = text.chars().count();
+    if count <= width || width == 0 {
+        return text.to_string();
+    }
+    if width == 1 {
+        return "…".to_string();
+    }
+    let tail = (width - 1) / 2;
+    let head = width - 1 - tail;
+    let mut out: String = text.chars().take(head).collect();
+    out.push('…');
+    out.extend(text.chars().skip(count - tail));
+    out
+}
+
+/// The widths ratatui gives the columns of a bordered table in `area` (default spacing 1).
+fn column_widths(area: Rect, constraints: &[Constraint]) -> Vec<u16> {
+    let inner = Block::default().borders(Borders::ALL).inner(area);
+    Layout::horizontal(constraints.iter().copied())
+        .spacing(1)
+        .split(inner)
+        .iter()
+        .map(|r| r.width)
+        .collect()
+}
+
 fn render_instances(frame: &mut Frame<'_>, area: Rect, snapshot: &Snapshot) {
+    let constraints = [
+        Constraint::Percentage(28),
+        Constraint::Percentage(32),
+        Constraint::Length(11),
+        Constraint::Length(9),
+        Constraint::Length(10),
+    ];
+    let widths = column_widths(area, &constraints);
+    // Borders and the header take three rows; say so when instances do not fit.
+    let room = usize::from(area.height.saturating_sub(3));
+    let total = snapshot.instances.len();
+    let title = if total > room {
+        format!(" instances ({room} of {total} shown: make the terminal taller) ")
+    } else {
+        " instances ".to_string()
+    };
     let rows = snapshot.instances.iter().map(|i| {
         let load = if i.max_concurrency == 0 {
             format!("{}/∞", i.in_flight)
@@ -102,32 +148,39 @@ fn render_instances(frame: &mut Frame<'_>, area: Rect, snapshot: &Snapshot) {
             format!("{}/{}", i.in_flight, i.max_concurrency)
         };
         Row::new(vec![
-            i.service.clone(),
-            i.instance_id.clone(),
+            fit(&i.service, widths[0]),
+            fit(&i.instance_id, widths[1]),
             i.state.clone(),
             load,
             latency(i.p99),
         ])
     });
-    let table = Table::new(
-        rows,
-        [
-            Constraint::Percentage(28),
-            Constraint::Percentage(32),
-            Constraint::Length(11),
-            Constraint::Length(9),
-            Constraint::Length(10),
-        ],
-    )
-    .header(Row::new(vec!["SERVICE", "INSTANCE", "STATE", "LOAD", "P99"]).style(bold()))
-    .block(Block::default().borders(Borders::ALL).title(" instances "));
+    let table = Table::new(rows, constraints)
+        .header(Row::new(vec!["SERVICE", "INSTANCE", "STATE", "LOAD", "P99"]).style(bold()))
+        .block(Block::default().borders(Borders::ALL).title(title));
     frame.render_widget(table, area);
 }
 
 fn render_traffic(frame: &mut Frame<'_>, area: Rect, snapshot: &Snapshot) {
+    let constraints = [
+        Constraint::Min(12),
+        Constraint::Length(9),
+        Constraint::Length(7),
+        Constraint::Length(7),
+        Constraint::Length(6),
+        Constraint::Length(9),
+    ];
+    let widths = column_widths(area, &constraints);
+    let room = usize::from(area.height.saturating_sub(3));
+    let total = snapshot.capabilities.len();
+    let title = if total > room {
+        format!(" traffic ({room} of {total} shown) ")
+    } else {
+        " traffic ".to_string()
+    };
     let rows = snapshot.capabilities.iter().map(|c| {
         Row::new(vec![
-            c.capability.clone(),
+            fit(&c.capability, widths[0]),
             format!("{}", c.requests),
             c.rate
                 .map_or_else(|| "-".to_string(), |r| format!("{r:.1}")),
@@ -136,29 +189,19 @@ fn render_traffic(frame: &mut Frame<'_>, area: Rect, snapshot: &Snapshot) {
             latency(c.p99),
         ])
     });
-    let table = Table::new(
-        rows,
-        [
-            Constraint::Min(12),
-            Constraint::Length(9),
-            Constraint::Length(7),
-            Constraint::Length(7),
-            Constraint::Length(6),
-            Constraint::Length(9),
-        ],
-    )
-    .header(
-        Row::new(vec![
-            "CAPABILITY",
-            "REQUESTS",
-            "REQ/S",
-            "ERRORS",
-            "LIVE",
-            "P99",
-        ])
-        .style(bold()),
-    )
-    .block(Block::default().borders(Borders::ALL).title(" traffic "));
+    let table = Table::new(rows, constraints)
+        .header(
+            Row::new(vec![
+                "CAPABILITY",
+                "REQUESTS",
+                "REQ/S",
+                "ERRORS",
+                "LIVE",
+                "P99",
+            ])
+            .style(bold()),
+        )
+        .block(Block::default().borders(Borders::ALL).title(title));
     frame.render_widget(table, area);
 }
 
@@ -215,4 +258,21 @@ fn render_failures(frame: &mut Frame<'_>, area: Rect, snapshot: &Snapshot) {
             .title(" failing message types "),
     );
     frame.render_widget(table, area);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fitting_keeps_both_ends() {
+        assert_eq!(fit("executor.servicing-2", 30), "executor.servicing-2");
+        assert_eq!(fit("executor.servicing-2", 11), "execu…ing-2");
+        assert_eq!(fit("executor.servicing-2", 11).chars().count(), 11);
+        assert_ne!(
+            fit("executor.servicing-1", 11),
+            fit("executor.servicing-2", 11)
+        );
+        assert_eq!(fit("abc", 1), "…");
+    }
 }
