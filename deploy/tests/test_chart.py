@@ -138,8 +138,37 @@ def trust_external(values, manifests) -> set[tuple[str, str]]:
     for workload in of_kind(manifests, "Deployment"):
         for volume in workload["spec"]["template"]["spec"].get("volumes", []):
             if volume["name"] == "tls":
-                found.add(("Secret", volume["secret"]["secretName"]))
+                for name in tls_secrets(volume):
+                    found.add(("Secret", name))
     return found
+
+
+def tls_secrets(volume) -> list[str]:
+    """The Secrets a `tls` volume reads: its Secret, or those it projects (a fleet agent's)."""
+    if "secret" in volume:
+        return [volume["secret"]["secretName"]]
+    return [source["secret"]["name"] for source in volume["projected"]["sources"]]
+
+
+def is_fleet(container) -> bool:
+    """Whether an agent container runs `reach example-agents` (several services, each with its
+    own certificate)."""
+    return container.get("args", [])[:1] == ["example-agents"]
+
+
+def fleet_services() -> list[str]:
+    """The services `reach example-agents` starts, read from the Rust sources: an executor per
+    complaint category (services/agents/src/classifier.rs), the coordinator and ingest."""
+    text = (REPO / "services/agents/src/classifier.rs").read_text()
+    body = text[text.index("pub fn name(self)") :]
+    body = body[: body.index("\n    }\n")]
+    categories = re.findall(r'Category::\w+ => "(\w+)"', body)
+    assert categories, "no category names found in classifier.rs"
+    fleet = (REPO / "services/agents/src/fleet.rs").read_text()
+    assert 'format!("executor.{}", category.name())' in fleet, "fleet.rs names executors otherwise"
+    for service in ("coordinator", "ingest"):
+        assert f'config("{service}"' in fleet, f"fleet.rs starts no {service}"
+    return [f"executor.{c}" for c in categories] + ["coordinator", "ingest"]
 
 
 # === tests ===
@@ -710,7 +739,11 @@ def test_tls_on_services_serve_and_probe_over_https(case):
         if component(workload).startswith("agent-"):
             (container,) = workload["spec"]["template"]["spec"]["containers"]
             env = env_of(container)
-            assert env["REACH_TLS_CA"] == f"{TLS_DIR}/ca.crt" and env["REACH_TLS_CERT"] == f"{TLS_DIR}/tls.crt"
+            if is_fleet(container):
+                # Checked by test_example_agents_use_the_charts_tls.
+                assert env["REACH_TLS_DIR"] == TLS_DIR
+            else:
+                assert env["REACH_TLS_CA"] == f"{TLS_DIR}/ca.crt" and env["REACH_TLS_CERT"] == f"{TLS_DIR}/tls.crt"
             assert env["REACH_REGISTRY_ENDPOINT"].startswith("https://")
             assert not any("grpc" in container.get(k, {}) for k in ("readinessProbe", "livenessProbe"))
 
@@ -725,6 +758,8 @@ def test_tls_secrets_are_the_named_ones_or_the_certificates(case):
     for workload in of_kind(manifests, "Deployment"):
         comp = component(workload)
         (volume,) = [v for v in workload["spec"]["template"]["spec"]["volumes"] if v["name"] == "tls"]
+        if "projected" in volume:
+            continue  # a fleet agent's: test_example_agents_use_the_charts_tls
         name = volume["secret"]["secretName"]
         if comp.startswith("agent-"):
             named_ = tls.get("secrets", {}).get("agents", {}).get(comp.removeprefix("agent-"))
@@ -927,3 +962,180 @@ def test_notes_say_how_to_reach_the_edge():
     assert "curl -s http://127.0.0.1:7072/.well-known/agent-card.json" in notes
     notes = render_text({"edge": {"enabled": True, "publicUrl": "https://a2a.example.com/"}})["reach/templates/NOTES.txt"]
     assert "https://a2a.example.com/.well-known/agent-card.json" in notes
+
+
+# === the example fleet's TLS (reach example-agents) ===
+
+
+def test_the_chart_knows_the_fleets_services():
+    """The chart's list of fleet services (reach.fleet.services) is what the binary starts."""
+    values = {
+        "trust": {"tls": {"enabled": True, "certManager": {"enabled": True, "issuerRef": {"name": "ca"}}}},
+        "agents": [{"name": "examples", "args": ["example-agents"]}],
+    }
+    certificates = of_kind(render(values), "Certificate")
+    uris = {c["spec"]["uris"][0] for c in certificates if component(c) == "agent-examples"}
+    assert uris == {f"spiffe://reach.local/agent/{s}" for s in fleet_services()}
+
+
+def test_example_agents_use_the_charts_tls(case):
+    """`reach example-agents` with TLS on serves and calls with one certificate per fleet
+    service, from the directory the chart mounts (REACH_TLS_DIR), in the trust domain the
+    chart sets; with cert-manager, each service's Certificate names its own SPIFFE ID and the
+    projected volume lays the files out as `reach certs init` does."""
+    values, manifests = case
+    domain = values.get("trust", {}).get("trustDomain", "reach.local")
+    certificates = {c["spec"]["secretName"]: c for c in of_kind(manifests, "Certificate")}
+    tls = values.get("trust", {}).get("tls", {})
+    for workload in of_kind(manifests, "Deployment"):
+        if not component(workload).startswith("agent-"):
+            continue
+        spec = workload["spec"]["template"]["spec"]
+        (container,) = spec["containers"]
+        if not is_fleet(container):
+            continue
+        env = env_of(container)
+        assert env["REACH_TRUST_DOMAIN"] == domain
+        if not tls_on(values):
+            assert "REACH_TLS_DIR" not in env and not any(v["name"] == "tls" for v in spec["volumes"])
+            continue
+        assert env["REACH_TLS_DIR"] == TLS_DIR
+        assert env["REACH_REGISTRY_ENDPOINT"].startswith("https://")
+        (mount,) = [m for m in container["volumeMounts"] if m["name"] == "tls"]
+        assert mount["mountPath"] == TLS_DIR and "subPath" not in mount and mount.get("readOnly")
+        (volume,) = [v for v in spec["volumes"] if v["name"] == "tls"]
+        agent = component(workload).removeprefix("agent-")
+        if tls.get("certManager", {}).get("enabled"):
+            files = {}
+            for source in volume["projected"]["sources"]:
+                secret = source["secret"]
+                certificate = certificates[secret["name"]]
+                (uri,) = certificate["spec"]["uris"]
+                for item in secret["items"]:
+                    files[item["path"]] = (uri, item["key"])
+            expected = {}
+            for service in fleet_services():
+                uri = f"spiffe://{domain}/agent/{service}"
+                expected[f"agent-{service}.pem"] = (uri, "tls.crt")
+                expected[f"agent-{service}-key.pem"] = (uri, "tls.key")
+            assert files.pop("ca.pem")[1] == "ca.crt"
+            assert files == expected
+        else:
+            named_ = tls.get("secrets", {}).get("agents", {}).get(agent)
+            assert volume["secret"]["secretName"] == (named_ or f"{workload['metadata']['name']}-tls")
+
+
+# === the admin ports' hosts ===
+
+
+def test_admin_ports_answer_their_services_names(case):
+    _, manifests = case
+    for comp, _, container in service_containers(manifests):
+        hosts = json.loads(env_of(container)["REACH_ADMIN__ALLOWED_HOSTS"])
+        name = f"ci-reach-{comp}"
+        for host in (name, f"{name}.reach", f"{name}.reach.svc", "localhost", "127.0.0.1"):
+            assert host in hosts, (comp, host)
+
+
+# === network policies ===
+
+
+def policies(manifests) -> dict[str, dict[str, Any]]:
+    return {component(p): p for p in of_kind(manifests, "NetworkPolicy")}
+
+
+def selected(selector: dict[str, Any], labels: dict[str, str]) -> bool:
+    """Whether a LabelSelector (matchLabels, matchExpressions with In) selects `labels`."""
+    if not selects(selector.get("matchLabels", {}), labels):
+        return False
+    for expression in selector.get("matchExpressions", []):
+        assert expression["operator"] == "In", expression
+        if labels.get(expression["key"]) not in expression["values"]:
+            return False
+    return True
+
+
+def pod_labels(manifests) -> dict[str, dict[str, str]]:
+    return {component(d): d["spec"]["template"]["metadata"]["labels"] for d in of_kind(manifests, "Deployment")}
+
+
+def admits(rule, labels: dict[str, str]) -> bool:
+    """Whether an ingress rule lets a pod of this namespace with `labels` in (only podSelector
+    peers are judged; a rule without `from` admits everyone)."""
+    if "from" not in rule:
+        return True
+    return any("podSelector" in peer and "namespaceSelector" not in peer and "ipBlock" not in peer
+               and selected(peer["podSelector"], labels) for peer in rule["from"])
+
+
+def rules_for(policy, port: str) -> list[dict[str, Any]]:
+    return [r for r in policy["spec"]["ingress"] if port in {p["port"] for p in r.get("ports", [])}]
+
+
+def test_network_policies_are_on_by_default_and_cover_every_pod(case):
+    values, manifests = case
+    enabled = values.get("networkPolicy", {}).get("enabled", True)
+    found = policies(manifests)
+    if not enabled:
+        assert not found
+        return
+    labels = pod_labels(manifests)
+    for comp, pod in labels.items():
+        covering = [p for p in found.values() if selected(p["spec"]["podSelector"], pod)]
+        assert len(covering) == 1, f"{comp} is selected by {len(covering)} NetworkPolicies"
+        assert covering[0]["spec"]["policyTypes"] == ["Ingress"]
+    for policy in found.values():
+        # Named ports must be the selected containers' own.
+        for rule in policy["spec"]["ingress"]:
+            for port in rule.get("ports", []):
+                for comp, pod in labels.items():
+                    if selected(policy["spec"]["podSelector"], pod):
+                        (container,) = deployment(manifests, comp)["spec"]["template"]["spec"]["containers"]
+                        assert port["port"] in {p["name"] for p in container.get("ports", [])}, (comp, port)
+
+
+def test_only_routers_and_the_registry_reach_agents(case):
+    values, manifests = case
+    if not values.get("agents") or not values.get("networkPolicy", {}).get("enabled", True):
+        return
+    labels = pod_labels(manifests)
+    (rule,) = policies(manifests)["agents"]["spec"]["ingress"]
+    for comp, pod in labels.items():
+        expected = comp in ("router", "registry")
+        assert admits(rule, pod) == expected, f"{comp} {'cannot' if expected else 'can'} reach the agents"
+    extra = values.get("networkPolicy", {}).get("agents", {}).get("from", [])
+    others = [peer for peer in rule["from"] if not ("podSelector" in peer and len(peer) == 1)]
+    assert others == extra
+
+
+def test_only_the_mesh_reaches_the_control_plane(case):
+    values, manifests = case
+    np = values.get("networkPolicy", {})
+    if not np.get("enabled", True):
+        return
+    labels = pod_labels(manifests)
+    found = policies(manifests)
+    mesh_peers = np.get("meshPeers", [])
+    admin_from = np.get("admin", {}).get("from", [])
+    for comp in ("registry", "router", "orchestrator", "edge"):
+        if comp not in found:
+            assert comp not in labels, f"{comp} runs without a NetworkPolicy"
+            continue
+        policy = found[comp]
+        (admin,) = rules_for(policy, "admin")
+        assert "from" in admin, f"{comp}: the admin port is open to anyone"
+        assert admin["from"][1:] == mesh_peers + admin_from, comp
+        (grpc,) = rules_for(policy, "grpc")
+        if comp == "edge":
+            edge_from = np.get("edge", {}).get("from", [])
+            assert grpc.get("from", []) == edge_from
+            assert {p["port"] for p in grpc["ports"]} == {"grpc", "a2a"}
+        else:
+            assert "from" in grpc, f"{comp}: the gRPC port is open to anyone"
+            assert grpc["from"][1:] == mesh_peers, comp
+        # Every pod of the release reaches it (agents register, routers watch, ...); the
+        # edge's public ports are for its own callers.
+        for other, pod in labels.items():
+            assert admits(admin, pod), f"{other} cannot reach {comp}'s admin port"
+            if comp != "edge":
+                assert admits(grpc, pod), f"{other} cannot reach {comp}"

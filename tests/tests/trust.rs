@@ -2,8 +2,10 @@
 //! port on 127.0.0.1 serving TLS with certificates made here: agents register only as their
 //! own service and never over another identity's instance; a one-time join token registers
 //! once; only an instance's owner (or an operator) renews or removes it; a task is resumed or
-//! cancelled only by its starter or an operator, and ListTasks shows each caller its own; the
-//! admin API is for operators except `/health` and `/metrics`.
+//! cancelled only by its starter or an operator (another caller gets the unknown-id answer),
+//! and ListTasks shows each caller its own; the admin API is for operators except `/health`
+//! and `/metrics`; an SDK agent serving TLS answers only routers (and the registry's health
+//! checks), and a handler's panic reaches callers only as an error id.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -72,6 +74,11 @@ impl Mesh {
 
     /// [`Mesh::start_probing`] with `policy` (YAML) instead of [`POLICY`].
     async fn start_with(probe: bool, policy: &str) -> Self {
+        Self::start_as(probe, policy, "registry").await
+    }
+
+    /// [`Mesh::start_with`], the control plane presenting `spiffe://reach.test/<plane>`.
+    async fn start_as(probe: bool, policy: &str, plane: &str) -> Self {
         let dir = tempfile::tempdir().unwrap();
         let ca = CertificateAuthority::generate(TD, DAY).unwrap();
         std::fs::write(dir.path().join("ca.pem"), ca.cert_pem()).unwrap();
@@ -79,7 +86,7 @@ impl Mesh {
             &ca,
             dir.path(),
             "plane",
-            &Identity::service(TD, "registry").unwrap(),
+            &Identity::service(TD, plane).unwrap(),
         );
         tls.client_auth = ClientAuth::Optional;
         let (token_key, public) = reach_trust::issue::token_signing_key().unwrap();
@@ -231,6 +238,19 @@ fn not_authorized(status: &Status) -> HashMap<String, String> {
     info.metadata
 }
 
+/// Asserts `status` is the answer to an unknown task id (NOT_FOUND, TASK_NOT_FOUND) naming no
+/// identity: what a caller gets for a task it may not view.
+fn hidden(status: &Status) {
+    assert_eq!(status.code(), Code::NotFound, "{status:?}");
+    let info = status
+        .get_error_details()
+        .error_info()
+        .cloned()
+        .expect("an ErrorInfo");
+    assert_eq!(info.reason, "TASK_NOT_FOUND", "{status:?}");
+    assert!(!status.message().contains("spiffe://"), "{status:?}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_agent_registers_only_as_its_own_service_and_never_over_another_identity() {
     let mesh = Mesh::start().await;
@@ -280,8 +300,13 @@ async fn an_agent_registers_only_as_its_own_service_and_never_over_another_ident
     // Nor can another agent, with an instance id of its own service's name space.
     let mut b = RegistryServiceClient::new(mesh.channel_as("b", &agent("b")).await);
     not_authorized(&b.register(register_request("b", "a-1")).await.unwrap_err());
-    // The instance is still a's, on its lease; a registering it again is fine.
-    let listed = a
+    // The instance is still a's, on its lease (an operator lists it: agents may not list the
+    // registry); a registering it again is fine.
+    let mut operator = RegistryServiceClient::with_interceptor(
+        mesh.anonymous_channel().await,
+        bearer(mesh.operator_token()),
+    );
+    let listed = operator
         .list_instances(pb::ListInstancesRequest::default())
         .await
         .unwrap()
@@ -467,7 +492,8 @@ async fn a_task_is_its_starters_and_operators() {
         .await;
     }
 
-    // b sees only its own task, may not view, resume or cancel a's; an operator sees both.
+    // b sees only its own task, may not view, resume or cancel a's (it is answered as an
+    // unknown id, so b learns nothing of it); an operator sees both.
     let listed = |tasks: pb::ListTasksResponse| -> Vec<String> {
         let mut ids: Vec<String> = tasks.tasks.into_iter().map(|t| t.task_id).collect();
         ids.sort();
@@ -489,7 +515,7 @@ async fn a_task_is_its_starters_and_operators() {
     let get_a = || pb::GetTaskRequest {
         task_id: "task-a".into(),
     };
-    not_authorized(&b.get_task(get_a()).await.unwrap_err());
+    hidden(&b.get_task(get_a()).await.unwrap_err());
     a.get_task(get_a()).await.expect("its starter views it");
     let resume = |id: &str| pb::ResumeTaskRequest {
         task_id: id.into(),
@@ -502,39 +528,27 @@ async fn a_task_is_its_starters_and_operators() {
         task_id: id.into(),
         reason: "test".into(),
     };
-    let denied = b.resume_task(resume("task-a")).await.unwrap_err();
-    let metadata = not_authorized(&denied);
-    assert_eq!(metadata["identity"], "spiffe://reach.test/agent/b");
-    assert_eq!(metadata["action"], "resume");
-    assert!(
-        denied
-            .message()
-            .contains("started by spiffe://reach.test/agent/a"),
-        "{}",
-        denied.message()
-    );
-    not_authorized(&b.cancel_task(cancel("task-a")).await.unwrap_err());
-    not_authorized(
+    hidden(&b.resume_task(resume("task-a")).await.unwrap_err());
+    hidden(&b.cancel_task(cancel("task-a")).await.unwrap_err());
+    hidden(
         &b.dump_task(pb::DumpTaskRequest {
             task_id: "task-a".into(),
         })
         .await
         .unwrap_err(),
     );
-    // Task webhooks: reading them takes the right to view the task, creating and deleting
-    // them the right to cancel it.
+    // Task webhooks of a task b may not view: as for an unknown id.
     let webhook = |id: &str| pb::CreateTaskWebhookRequest {
         task_id: id.into(),
         webhook_id: "hook".into(),
         url: "http://127.0.0.1:9/hook".into(),
         ..Default::default()
     };
-    let metadata = not_authorized(&b.create_task_webhook(webhook("task-a")).await.unwrap_err());
-    assert_eq!(metadata["action"], "cancel");
+    hidden(&b.create_task_webhook(webhook("task-a")).await.unwrap_err());
     a.create_task_webhook(webhook("task-a"))
         .await
         .expect("its starter adds a webhook");
-    not_authorized(
+    hidden(
         &b.list_task_webhooks(pb::ListTaskWebhooksRequest {
             task_id: "task-a".into(),
             ..Default::default()
@@ -542,7 +556,7 @@ async fn a_task_is_its_starters_and_operators() {
         .await
         .unwrap_err(),
     );
-    not_authorized(
+    hidden(
         &b.delete_task_webhook(pb::DeleteTaskWebhookRequest {
             task_id: "task-a".into(),
             webhook_id: "hook".into(),
@@ -803,8 +817,9 @@ async fn the_a2a_edge_acts_with_its_callers_bearer_token_only() {
     ));
     let mut as_user =
         A2aServiceClient::with_interceptor(mesh.anonymous_channel().await, bearer(user_token));
+    // A task the user may not view is answered as an unknown one.
     let refused = as_user.get_task(get()).await.unwrap_err();
-    assert_eq!(refused.code(), Code::PermissionDenied, "{refused:?}");
+    assert_eq!(refused.code(), Code::NotFound, "{refused:?}");
 
     let mut by_certificate = A2aServiceClient::new(mesh.channel_as("b", &agent("b")).await);
     let refused = by_certificate.get_task(get()).await.unwrap_err();
@@ -1036,4 +1051,243 @@ async fn the_mcp_edge_lists_and_calls_tools_as_its_bearer_token_callers() {
     assert_eq!(refused.status(), 401);
     assert!(refused.text().await.unwrap().contains("Bearer"));
     stop.cancel();
+}
+
+/// A channel that sends every call to `path` instead of the method's own path: a health
+/// check sent through it asks `path` (the refusals checked with it come before any decoding).
+#[derive(Clone)]
+struct ToPath(Channel, &'static str);
+
+impl tonic::codegen::Service<tonic::codegen::http::Request<tonic::body::Body>> for ToPath {
+    type Response = <Channel as tonic::codegen::Service<
+        tonic::codegen::http::Request<tonic::body::Body>,
+    >>::Response;
+    type Error = <Channel as tonic::codegen::Service<
+        tonic::codegen::http::Request<tonic::body::Body>,
+    >>::Error;
+    type Future = <Channel as tonic::codegen::Service<
+        tonic::codegen::http::Request<tonic::body::Body>,
+    >>::Future;
+
+    fn poll_ready(
+        &mut self,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), Self::Error>> {
+        self.0.poll_ready(cx)
+    }
+
+    fn call(
+        &mut self,
+        mut request: tonic::codegen::http::Request<tonic::body::Body>,
+    ) -> Self::Future {
+        let mut parts = request.uri().clone().into_parts();
+        parts.path_and_query = Some(tonic::codegen::http::uri::PathAndQuery::from_static(self.1));
+        *request.uri_mut() = tonic::codegen::http::Uri::from_parts(parts).unwrap();
+        self.0.call(request)
+    }
+}
+
+/// An agent serving TLS answers only the mesh's routers (issue 33, item 1): through the router
+/// a call is answered; called directly, an agent's certificate, an operator's and the
+/// registry's are refused PERMISSION_DENIED / NOT_AUTHORIZED naming the peer, on Handle,
+/// HandleStream, HandleMux and reflection alike; health is for the registry (and routers); a
+/// peer presenting the router's identity is answered. A handler that panics answers a generic
+/// message with an error id (item 7).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agent_answers_only_routers_and_the_registrys_health_checks() {
+    use reach_proto::v1::agent_service_client::AgentServiceClient;
+    use reach_proto::v1::router_service_client::RouterServiceClient;
+    use tonic_health::pb::health_client::HealthClient;
+
+    // The control plane presents the router's identity (as a router process does).
+    let mesh = Mesh::start_as(
+        true,
+        &POLICY.replace(
+            "serve:\n  - identities: [\"*\"]\n",
+            "serve:\n  - identities: [\"*\"]\n    endpoints: [\"127.0.0.0/8\"]\n",
+        ),
+        "router",
+    )
+    .await;
+    let tls = write_identity(&mesh.ca, mesh.dir.path(), "agent-echo", &agent("echo"));
+    let config = reach_sdk::AgentConfig::new("echo", mesh.plane.endpoint())
+        .with_instance_id("echo-1")
+        .with_trust_domain(TD)
+        .with_tls(tls);
+    let runtime = reach_sdk::AgentRuntime::new(config)
+        .handle(
+            "echo.say",
+            "1.0.0",
+            |_ctx: reach_sdk::HandlerContext, message: pb::ReachMessage| async move {
+                Ok(message.payload.unwrap_or_default())
+            },
+        )
+        .handle(
+            "echo.panic",
+            "1.0.0",
+            |_ctx: reach_sdk::HandlerContext, _message: pb::ReachMessage| async move {
+                if true {
+                    panic!("the vault password is hunter2");
+                }
+                Ok(pb::Payload::default())
+            },
+        );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let (running, agent_endpoint) = runtime.start(listener).await.unwrap();
+    let message = || pb::ReachMessage {
+        header: Some(pb::Header {
+            target: Some(pb::header::Target::Capability("echo.say".into())),
+            ..Default::default()
+        }),
+        payload: Some(pb::Payload::text("echo.request", "hi")),
+    };
+
+    // Through the router (an operator's token): answered, once the health probe passed.
+    let mut router = RouterServiceClient::with_interceptor(
+        mesh.anonymous_channel().await,
+        bearer(mesh.operator_token()),
+    );
+    reach_tests::eventually(Duration::from_secs(10), || {
+        let mut router = router.clone();
+        async move {
+            router
+                .call(pb::CallRequest {
+                    message: Some(message()),
+                })
+                .await
+                .is_ok()
+        }
+    })
+    .await;
+    let reply = router
+        .call(pb::CallRequest {
+            message: Some(message()),
+        })
+        .await
+        .expect("a call through the router is answered")
+        .into_inner();
+    assert_eq!(
+        reply.message.unwrap().payload.unwrap().first_text(),
+        Some("hi")
+    );
+
+    // A handler that panics answers a generic message with an error id (issue 33 item 7), not
+    // what the panic said.
+    let failed = router
+        .call(pb::CallRequest {
+            message: Some(pb::ReachMessage {
+                header: Some(pb::Header {
+                    target: Some(pb::header::Target::Capability("echo.panic".into())),
+                    ..Default::default()
+                }),
+                payload: Some(pb::Payload::text("echo.request", "hi")),
+            }),
+        })
+        .await
+        .expect_err("a panicking handler fails the call");
+    assert_eq!(failed.code(), Code::Internal, "{failed:?}");
+    let id = failed
+        .message()
+        .strip_prefix("handler failed; error id ")
+        .and_then(|rest| rest.strip_suffix("; see the agent's log"))
+        .unwrap_or_else(|| panic!("a generic message: {}", failed.message()));
+    assert!(uuid_like(id), "{id}");
+    assert!(!failed.message().contains("hunter2"));
+
+    let direct = |name: &'static str, identity: Identity| {
+        let source = mesh.source(name, &identity);
+        let endpoint = reach_rpc::http2::endpoint(agent_endpoint.clone()).unwrap();
+        async move {
+            reach_rpc::http2::channel(&endpoint, Some(&source), None)
+                .await
+                .expect("TLS channel to the agent")
+        }
+    };
+    let registry = Identity::service(TD, "registry").unwrap();
+    for (name, identity) in [
+        ("other", agent("other")),
+        ("root", Identity::operator(TD, "root").unwrap()),
+        ("registry-direct", registry.clone()),
+    ] {
+        let channel = direct(name, identity.clone()).await;
+        let mut client = AgentServiceClient::new(channel.clone());
+        let refused = client
+            .handle(pb::HandleRequest {
+                message: Some(message()),
+            })
+            .await
+            .expect_err("a direct Handle from a non-router is refused");
+        let metadata = not_authorized(&refused);
+        assert_eq!(metadata["identity"], identity.as_str(), "{refused:?}");
+        assert!(
+            refused.message().contains("spiffe://reach.test/router")
+                && refused.message().contains("through a router"),
+            "{}",
+            refused.message()
+        );
+        let refused = client
+            .handle_stream(futures::stream::iter([pb::HandleStreamRequest {
+                message: Some(message()),
+            }]))
+            .await
+            .expect_err("a direct HandleStream from a non-router is refused");
+        not_authorized(&refused);
+        let refused = client
+            .handle_mux(futures::stream::pending::<pb::HandleMuxRequest>())
+            .await
+            .expect_err("a direct HandleMux from a non-router is refused");
+        not_authorized(&refused);
+        let refused = HealthClient::new(ToPath(
+            channel.clone(),
+            "/grpc.reflection.v1.ServerReflection/ServerReflectionInfo",
+        ))
+        .check(tonic_health::pb::HealthCheckRequest::default())
+        .await
+        .expect_err("reflection is for routers");
+        not_authorized(&refused);
+        let health = HealthClient::new(channel)
+            .check(tonic_health::pb::HealthCheckRequest {
+                service: "reach.v1.AgentService".into(),
+            })
+            .await;
+        if identity == registry {
+            // The registry's health probe is answered.
+            assert_eq!(
+                health
+                    .expect("the registry checks health")
+                    .into_inner()
+                    .status(),
+                tonic_health::pb::health_check_response::ServingStatus::Serving
+            );
+        } else {
+            let refused = health.expect_err("health is for the registry and routers");
+            let metadata = not_authorized(&refused);
+            assert_eq!(metadata["identity"], identity.as_str());
+        }
+    }
+
+    // A peer presenting the router's identity is answered directly.
+    let channel = direct("router-direct", Identity::service(TD, "router").unwrap()).await;
+    let reply = AgentServiceClient::new(channel)
+        .handle(pb::HandleRequest {
+            message: Some(message()),
+        })
+        .await
+        .expect("a router is answered")
+        .into_inner();
+    assert_eq!(
+        reply.message.unwrap().payload.unwrap().first_text(),
+        Some("hi")
+    );
+    let _ = running.drain().await;
+    mesh.plane.shutdown().await.unwrap();
+}
+
+/// Whether `id` looks like a UUID (8-4-4-4-12 hex digits).
+fn uuid_like(id: &str) -> bool {
+    let groups: Vec<&str> = id.split('-').collect();
+    groups.iter().map(|g| g.len()).eq([8, 4, 4, 4, 12])
+        && groups
+            .iter()
+            .all(|g| g.bytes().all(|b| b.is_ascii_hexdigit()))
 }

@@ -299,3 +299,42 @@ async def test_a_redelivered_message_id_gets_the_first_reply_without_running_aga
             assert fresh.data["echo"] == {"x": 1} and state["calls"] == 2
     finally:
         await agent.drain()
+
+
+async def test_a_failing_handler_answers_a_generic_message_with_an_error_id_it_logs(
+    dev: ReachProcess, caplog: pytest.LogCaptureFixture
+) -> None:
+    runtime = AgentRuntime(AgentConfig(service="fails.py", registry_endpoint=dev.endpoint))
+
+    @runtime.handler("fails.py.unary", "1.0.0")
+    async def unary(ctx: HandlerContext, message: Message) -> Any:
+        raise ValueError("db password hunter2 rejected")
+
+    @runtime.stream_handler("fails.py.stream", "1.0.0")
+    async def stream(ctx: HandlerContext, first: Message, rest: AsyncIterator[Message]) -> AsyncIterator[Any]:
+        yield text_part("one")
+        raise KeyError("internal table t_secret")
+
+    agent = await runtime.start()
+    try:
+        await dev.wait_ready("fails.py")
+        async with MeshClient(dev.endpoint) as client:
+            with pytest.raises(ReachError) as failed:
+                await client.call("fails.py.unary", text_part(""), CallOptions(timeout=10))
+            first = client.message_to_capability("fails.py.stream", text_part(""))
+            replies: list[str] = []
+            with pytest.raises(ReachError) as stream_failed:
+                async for reply in client.stream(first, timeout=10):
+                    replies.append(reply.text)
+            assert replies == ["one"]
+        for error, detail in ((failed.value, "hunter2"), (stream_failed.value, "t_secret")):
+            assert error.code == grpc.StatusCode.INTERNAL, error
+            match = re.fullmatch(r"handler failed; error id ([0-9a-f-]{36}); see the agent's log", error.message)
+            assert match is not None, error.message
+            assert detail not in error.message
+            # The agent's log has the detail under the same id.
+            logged = [r for r in caplog.records if match.group(1) in r.getMessage()]
+            assert logged, "the error id is logged"
+            assert any(detail in str(r.exc_info[1]) for r in logged if r.exc_info), logged
+    finally:
+        await agent.drain()

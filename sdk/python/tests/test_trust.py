@@ -1,9 +1,9 @@
 """Trust (issue 17) against the real binary over TLS on 127.0.0.1, with certificates and tokens
 made by ``reach certs init`` and ``reach token``: an agent serving TLS registers with its
 certificate and, called through the router by a TLS client presenting an operator's bearer
-token, sees the caller the router verified; a forged ``x-reach-caller`` from a peer that is
-not the router is not believed; a plaintext client is refused on the TLS port; an agent with a
-join token registers."""
+token, sees the caller the router verified; a peer that is not the router calling the agent
+directly is refused (only routers may, and the registry may check its health); a plaintext
+client is refused on the TLS port; an agent with a join token registers."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from pathlib import Path
 
 import grpc
 import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from conftest import ReachProcess, eventually, reach_bin
 from reach.v1 import agent_service_pb2, agent_service_pb2_grpc, envelope_pb2
@@ -26,6 +27,7 @@ from reach_mesh import (
     Message,
     Payload,
     ReachError,
+    Reason,
     TlsConfig,
     text_part,
 )
@@ -148,21 +150,44 @@ async def test_a_tls_agent_sees_the_caller_the_router_verified(mesh: ReachProces
             reply = await client.call(f"{AGENT}.whoami", text_part(""), CallOptions(timeout=10))
             assert reply.text == f"spiffe://{TD}/operator/bob"
 
-        # A peer that is not the router (here an operator's certificate) dialling the agent
-        # directly cannot claim a caller.
+        # A peer that is not the router dialling the agent directly is refused (issue 33): an
+        # operator's certificate, another agent's, the registry's (except for health checks).
         target = agent.endpoint.removeprefix("http://")
-        async with grpc.aio.secure_channel(target, identity_tls(pki, "operator-admin").channel_credentials()) as channel:
-            header = envelope_pb2.Header(
-                message_id=new_message_id(), trace_id=new_trace_id(), capability=f"{AGENT}.whoami"
-            )
+        header = envelope_pb2.Header(message_id=new_message_id(), trace_id=new_trace_id(), capability=f"{AGENT}.whoami")
+        request = agent_service_pb2.HandleRequest(
+            message=envelope_pb2.ReachMessage(header=header, payload=Payload.of(text_part("")).to_proto())
+        )
+        for name in ("operator-admin", f"agent-{AGENT}", "registry"):
+            async with grpc.aio.secure_channel(target, identity_tls(pki, name).channel_credentials()) as channel:
+                with pytest.raises(grpc.aio.AioRpcError) as refused:
+                    await agent_service_pb2_grpc.AgentServiceStub(channel).Handle(
+                        request, metadata=(("x-reach-caller", f"spiffe://{TD}/operator/root"),), timeout=10
+                    )
+                error = ReachError.from_rpc_error(refused.value)
+                assert error.code == grpc.StatusCode.PERMISSION_DENIED, error
+                assert error.reason == Reason.NOT_AUTHORIZED, error
+                assert error.metadata["identity"] == f"spiffe://{TD}/{name.replace('-', '/', 1)}", error
+                assert f"spiffe://{TD}/router" in error.message and "through a router" in error.message
+                # The multiplexed stream (how routers call agents) is refused as a whole.
+                with pytest.raises(grpc.aio.AioRpcError) as refused:
+                    stream = agent_service_pb2_grpc.AgentServiceStub(channel).HandleMux(timeout=10)
+                    await stream.read()
+                assert ReachError.from_rpc_error(refused.value).reason == Reason.NOT_AUTHORIZED
+                check = health_pb2_grpc.HealthStub(channel).Check(
+                    health_pb2.HealthCheckRequest(service="reach.v1.AgentService"), timeout=10
+                )
+                if name == "registry":
+                    assert (await check).status == health_pb2.HealthCheckResponse.SERVING
+                else:
+                    with pytest.raises(grpc.aio.AioRpcError) as refused:
+                        await check
+                    assert ReachError.from_rpc_error(refused.value).reason == Reason.NOT_AUTHORIZED
+        # The router's identity is answered (and its x-reach-caller believed).
+        async with grpc.aio.secure_channel(target, identity_tls(pki, "router").channel_credentials()) as channel:
             response = await agent_service_pb2_grpc.AgentServiceStub(channel).Handle(
-                agent_service_pb2.HandleRequest(
-                    message=envelope_pb2.ReachMessage(header=header, payload=Payload.of(text_part("")).to_proto())
-                ),
-                metadata=(("x-reach-caller", f"spiffe://{TD}/operator/root"),),
-                timeout=10,
+                request, metadata=(("x-reach-caller", f"spiffe://{TD}/operator/root"),), timeout=10
             )
-            assert response.message.payload.parts[0].text == "nobody"
+            assert response.message.payload.parts[0].text == f"spiffe://{TD}/operator/root"
 
         # The agent requires a client certificate: a plaintext caller, or one trusting the CA
         # without presenting a certificate, does not get in.

@@ -273,14 +273,43 @@ def test_x_reach_caller_is_believed_only_from_the_routers_certificate() -> None:
     from reach_mesh.trust import router_identity, vouched_caller
 
     router = router_identity("reach.test")
+    routers = (router,)
     alice = {"x-reach-caller": "spiffe://reach.test/operator/alice"}
     assert router == "spiffe://reach.test/router"
-    assert vouched_caller(router, router, alice) == "spiffe://reach.test/operator/alice"
-    assert vouched_caller(router, "spiffe://reach.test/agent/other", alice) is None
-    assert vouched_caller(router, None, alice) is None  # a plaintext peer
-    assert vouched_caller(None, router, alice) is None  # an agent not serving TLS
-    assert vouched_caller(router, router, {}) is None
-    assert vouched_caller(router, router, {"x-reach-caller": "alice"}) is None  # not a SPIFFE ID
+    assert vouched_caller(routers, router, alice) == "spiffe://reach.test/operator/alice"
+    assert vouched_caller(routers, "spiffe://reach.test/agent/other", alice) is None
+    assert vouched_caller(routers, "spiffe://reach.test/rout", alice) is None  # not a prefix match
+    assert vouched_caller(routers, None, alice) is None  # a plaintext peer
+    assert vouched_caller((), router, alice) is None  # an agent not serving TLS
+    assert vouched_caller(routers, router, {}) is None
+    assert vouched_caller(routers, router, {"x-reach-caller": "alice"}) is None  # not a SPIFFE ID
+
+
+def test_an_agent_serving_tls_answers_only_routers_and_health_checks_of_the_registry() -> None:
+    from reach_mesh import DirectCallers, Reason
+
+    callers = DirectCallers.of("reach.test")
+    router, registry = "spiffe://reach.test/router", "spiffe://reach.test/registry"
+    handle, health = "/reach.v1.AgentService/Handle", "/grpc.health.v1.Health/Check"
+    reflection = "/grpc.reflection.v1.ServerReflection/ServerReflectionInfo"
+    for method in (handle, health, reflection, "/reach.v1.AgentService/HandleMux"):
+        assert callers.refusal(method, router) is None
+    assert callers.refusal(health, registry) is None
+    for peer in (registry, "spiffe://reach.test/agent/other", "spiffe://reach.test/operator/admin", None):
+        for method in (handle, reflection) if peer == registry else (handle, health, reflection):
+            refusal = callers.refusal(method, peer)
+            assert refusal is not None, (method, peer)
+            assert refusal.code == grpc.StatusCode.PERMISSION_DENIED
+            assert refusal.reason == Reason.NOT_AUTHORIZED
+            assert refusal.metadata["identity"] == (peer or "anonymous")
+            assert router in refusal.message
+    custom = DirectCallers.of("reach.test", ["spiffe://reach.test/router-eu"])
+    assert custom.refusal(handle, "spiffe://reach.test/router-eu") is None
+    assert custom.refusal(handle, router) is not None
+    with pytest.raises(ValueError, match="router_identities.*not a SPIFFE ID"):
+        DirectCallers.of("reach.test", ["router"])
+    with pytest.raises(ValueError, match="probe_identities.*trust domain"):
+        DirectCallers.of("reach.test", probes=["spiffe://elsewhere/registry"])
 
 
 def test_trust_settings_name_what_is_wrong(tmp_path: Path) -> None:

@@ -10,6 +10,7 @@
 import { create, toBinary } from "@bufbuild/protobuf";
 import { durationFromMs, durationMs, timestampNow } from "@bufbuild/protobuf/wkt";
 import * as grpc from "@grpc/grpc-js";
+import { randomUUID } from "node:crypto";
 
 import { DedupeCache } from "./dedupe.js";
 import { Code, Reason, ReachError } from "./errors.js";
@@ -48,8 +49,8 @@ import { RpcChannel, serviceDefinition } from "./rpc.js";
 import {
   type AuthenticatedCall,
   CALLER_METADATA,
+  type DirectCallers,
   peerIdentity,
-  routerIdentity,
   serverCredentials,
   type TlsFiles,
   vouchedCaller,
@@ -122,6 +123,8 @@ export interface Settings {
   trustDomain: string;
   tls: TlsFiles | undefined;
   joinToken: string;
+  /** Who may call this agent directly when it serves TLS. */
+  callers: DirectCallers;
 }
 
 /** Registration refusals no retry can fix: the spec itself, or the right to register. */
@@ -160,8 +163,11 @@ export class Agent {
   readonly #permits: Semaphore;
   readonly #dedupe: DedupeCache<Outcome>;
   readonly #registry: RpcChannel;
-  /** The router whose `x-reach-caller` is believed: only when serving TLS. */
-  readonly #router: string | undefined;
+  /**
+   * Who may call this agent (the routers, whose `x-reach-caller` is believed): only when
+   * serving TLS.
+   */
+  readonly #callers: DirectCallers | undefined;
   /** Aborted when the drain begins: heartbeats stop, multiplexed streams stop reading. */
   readonly #closing = new AbortController();
   /** Woken each time the last message in flight finishes. */
@@ -197,8 +203,7 @@ export class Agent {
       settings.dedupeMaxBytes,
     );
     this.#registry = new RpcChannel(settings.registry, 4 * 1024 * 1024, { tls: settings.tls });
-    this.#router =
-      settings.tls?.cert === undefined ? undefined : routerIdentity(settings.trustDomain);
+    this.#callers = settings.tls?.cert === undefined ? undefined : settings.callers;
     const frameLimit = settings.maxMessageBytes + FRAME_OVERHEAD_BYTES;
     this.#server = new grpc.Server({
       "grpc.max_receive_message_length": frameLimit,
@@ -212,7 +217,7 @@ export class Agent {
 
   /** Who `call` comes from: the connection's peer (when serving TLS) and its `x-reach-caller`. */
   #callerOf(call: AuthenticatedCall, vouched: string | undefined): Caller {
-    return { peer: this.#router === undefined ? undefined : peerIdentity(call), vouched };
+    return { peer: this.#callers === undefined ? undefined : peerIdentity(call), vouched };
   }
 
   get muxStreamsOpened(): number {
@@ -221,7 +226,28 @@ export class Agent {
 
   /** Binds, serves AgentService and health, and starts the registration loop. */
   async serve(): Promise<void> {
-    this.#server.addService(agentServiceDefinition(), {
+    // Serving TLS, the agent answers only routers (and the registry's health probes).
+    const add = (
+      definition: grpc.ServiceDefinition,
+      implementation: grpc.UntypedServiceImplementation,
+    ) => {
+      const callers = this.#callers;
+      this.#server.addService(
+        definition,
+        callers === undefined
+          ? implementation
+          : callers.guard(definition, implementation, (refusal) =>
+              this.settings.logger.warn("denied", {
+                who: refusal.metadata.identity ?? "",
+                action: "call",
+                target: refusal.metadata.target ?? "",
+                decision: "denied",
+                reason: refusal.statusMessage,
+              }),
+            ),
+      );
+    };
+    add(agentServiceDefinition(), {
       handle: this.#serveHandle,
       handleStream: this.#serveStream,
       handleMux: this.#serveMux,
@@ -233,11 +259,11 @@ export class Agent {
       >;
       handleMux: grpc.handleBidiStreamingCall<HandleMuxRequest | Undecodable, HandleMuxResponse>;
     });
-    this.#server.addService(serviceDefinition(Health), this.#health.implementation());
+    add(serviceDefinition(Health), this.#health.implementation());
     const port = await new Promise<number>((resolve, reject) => {
       this.#server.bindAsync(
         this.settings.listen,
-        this.#router === undefined || this.settings.tls === undefined
+        this.#callers === undefined || this.settings.tls === undefined
           ? grpc.ServerCredentials.createInsecure()
           : serverCredentials(this.settings.tls),
         (error, bound) =>
@@ -548,7 +574,7 @@ export class Agent {
       signal,
       instanceId: this.settings.instanceId,
       replyTo: header.replyTo,
-      caller: vouchedCaller(this.#router, caller.peer, caller.vouched),
+      caller: vouchedCaller(this.#callers, caller.peer, caller.vouched),
       setReplyMetadata: (key, value) => metadata.set(key, value, this.settings.logger),
     };
   }
@@ -601,8 +627,9 @@ export class Agent {
    * the orchestrator and callers would take this message for "not delivered" and send it again
    * or elsewhere, although the handler ran: it answers FAILED_PRECONDITION, without a reason,
    * with the message prefixed `a call this handler made failed: `. Any other ReachError answers
-   * as it is; anything else thrown answers INTERNAL, `the handler failed: <name>: <message>`,
-   * as in the Rust and Python SDKs.
+   * as it is. Anything else thrown answers INTERNAL, `handler failed; error id <uuid>; see the
+   * agent's log`, as in the Rust and Python SDKs: what it said (which may hold anything the
+   * handler had at hand) goes to the agent's log under that id, never to the caller.
    */
   #handlerFailure(error: unknown, capability: string): ReachError {
     if (error instanceof DataTooDeepError) {
@@ -617,8 +644,17 @@ export class Agent {
     }
     const failure = ReachError.from(error);
     if (!(error instanceof ReachError) && failure.code === Code.UNKNOWN) {
-      const name = error instanceof Error ? error.name : typeof error;
-      return new ReachError(Code.INTERNAL, `the handler failed: ${name}: ${failure.statusMessage}`);
+      const errorId = randomUUID();
+      this.settings.logger.warn("handler failed", {
+        error_id: errorId,
+        capability,
+        error: error instanceof Error ? `${error.name}: ${error.message}` : String(error),
+        stack: error instanceof Error ? (error.stack ?? "") : "",
+      });
+      return new ReachError(
+        Code.INTERNAL,
+        `handler failed; error id ${errorId}; see the agent's log`,
+      );
     }
     if (!DELIVERY_REASONS.has(failure.reason)) {
       return failure;
@@ -808,7 +844,7 @@ export class Agent {
     }
     this.#muxStreams += 1;
     // Every call on the stream comes from the connection's peer.
-    const peer = this.#router === undefined ? undefined : peerIdentity(call);
+    const peer = this.#callers === undefined ? undefined : peerIdentity(call);
     // Response headers now: the router waits for them before it sends its first frame.
     call.sendMetadata(new grpc.Metadata());
     const open = new Map<bigint, { generation: number; cancel: AbortController }>();

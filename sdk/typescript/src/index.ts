@@ -14,7 +14,8 @@
  * - `capability` — the bounds on what a capability declares.
  * - `ids` — trace ids, `traceparent`, UUIDv7 message ids.
  * - `rpc` — {@link RpcChannel}: any generated method (registry, orchestrator) over grpc-js.
- * - `trust` — {@link TlsOptions} (mTLS with SPIFFE certificates) and the caller an agent
+ * - `trust` — {@link TlsOptions} (mTLS with SPIFFE certificates), {@link DirectCallers} (an
+ *   agent serving TLS answers only routers, and the registry's health checks) and the caller an agent
  *   believes (`HandlerContext.caller`).
  * - `gen` — the generated protobuf-es code (`@reach-mesh/sdk/gen/...`), for everything else.
  *
@@ -62,6 +63,7 @@ export {
 export {
   CALLER_METADATA,
   DEFAULT_TRUST_DOMAIN,
+  DirectCallers,
   readTls,
   type TlsFiles,
   type TlsOptions,

@@ -27,7 +27,7 @@ import type { Capability } from "./gen/reach/v1/registry_service_pb.js";
 import { newMessageId } from "./ids.js";
 import { type Logger, stderrLogger } from "./log.js";
 import { parseEndpoint } from "./rpc.js";
-import { DEFAULT_TRUST_DOMAIN, readTls, type TlsOptions } from "./trust.js";
+import { DEFAULT_TRUST_DOMAIN, DirectCallers, readTls, type TlsOptions } from "./trust.js";
 
 export {
   AGENT_SERVICE,
@@ -101,6 +101,19 @@ export interface AgentOptions {
    * registry restart) needs a reusable one.
    */
   joinToken?: string | undefined;
+  /**
+   * When the agent serves TLS: the SPIFFE IDs that may call it (its AgentService and health)
+   * and whose `x-reach-caller` is believed; every other peer is refused PERMISSION_DENIED /
+   * `NOT_AUTHORIZED`, so the router's call policy cannot be skipped by dialling the agent
+   * ({@link DirectCallers}). Default: `spiffe://<trustDomain>/router`.
+   */
+  routerIdentities?: readonly string[] | undefined;
+  /**
+   * When the agent serves TLS: the SPIFFE IDs that may call `grpc.health.v1` besides the
+   * routers. Default: `spiffe://<trustDomain>/registry`, whose health probe makes an instance
+   * READY.
+   */
+  probeIdentities?: readonly string[] | undefined;
 }
 
 /** What a handler knows about the message it handles. */
@@ -393,6 +406,11 @@ function settingsOf(options: AgentOptions): Settings {
   if (!/^[!-~]*$/.test(joinToken)) {
     fail("joinToken is not a valid token (it must be printable ASCII)");
   }
+  const callers = DirectCallers.of(
+    trustDomain,
+    options.routerIdentities ?? [],
+    options.probeIdentities ?? [],
+  );
   return {
     service: options.service,
     registry,
@@ -414,5 +432,6 @@ function settingsOf(options: AgentOptions): Settings {
     trustDomain,
     tls,
     joinToken,
+    callers,
   };
 }

@@ -10,6 +10,8 @@ import { readFileSync } from "node:fs";
 
 import * as grpc from "@grpc/grpc-js";
 
+import { Code, ReachError, Reason } from "./errors.js";
+
 /** The trust domain when none is configured (`reach_trust::DEFAULT_TRUST_DOMAIN`). */
 export const DEFAULT_TRUST_DOMAIN = "reach.local";
 /** The metadata key the router names a call's verified caller in. */
@@ -105,31 +107,190 @@ export interface AuthenticatedCall {
   getAuthContext(): { sslPeerCertificate?: { subjectaltname?: string } | undefined };
 }
 
+/** The registry's SPIFFE ID in `trustDomain`. */
+export function registryIdentity(trustDomain: string): string {
+  return `spiffe://${trustDomain}/registry`;
+}
+
+/** Whether `value` is a SPIFFE ID (`spiffe://<domain>/<path>`, printable ASCII). */
+function isSpiffeId(value: string): boolean {
+  return /^spiffe:\/\/[a-z0-9._-]+\/[!-~]+$/.test(value);
+}
+
 /**
- * The SPIFFE ID of the connection's client certificate (its URI SAN; grpc-js reports a
- * certificate only once it verified it chains to the CA); `undefined` without one.
+ * The SPIFFE ID of the connection's client certificate: its one URI SAN (the X.509-SVID rule;
+ * grpc-js reports a certificate only once it verified it chains to the CA; host names play no
+ * part). `undefined` without one, or when the certificate carries no URI SAN, several, or one
+ * that is not a SPIFFE ID.
  */
 export function peerIdentity(call: AuthenticatedCall): string | undefined {
   const names = call.getAuthContext().sslPeerCertificate?.subjectaltname ?? "";
-  for (const entry of names.split(", ")) {
-    if (entry.startsWith("URI:spiffe://")) {
-      return entry.slice("URI:".length);
-    }
+  const uris = names.split(", ").filter((entry) => entry.startsWith("URI:"));
+  if (uris.length !== 1) {
+    return undefined;
   }
-  return undefined;
+  const uri = uris[0]!.slice("URI:".length);
+  return isSpiffeId(uri) ? uri : undefined;
+}
+
+/** The method path prefix of health checks. */
+const HEALTH_PREFIX = "/grpc.health.v1.Health/";
+/** The most characters of a refused method path a refusal repeats. */
+const MAX_PATH_ECHOED = 128;
+
+/**
+ * Who may call an agent's port directly when it serves TLS (as the Rust SDK's
+ * `reach_sdk::DirectCallers`): the router identities may call everything (AgentService,
+ * health), the probe identities (the registry) only `grpc.health.v1`; anyone else is refused
+ * PERMISSION_DENIED with ErrorInfo `NOT_AUTHORIZED`, so the router's call policy cannot be
+ * skipped by dialling the agent. The peer is judged by its certificate's SPIFFE ID, once per
+ * RPC (a multiplexed stream, how routers call agents, is one RPC).
+ */
+export class DirectCallers {
+  /** SPIFFE IDs that may call everything; their `x-reach-caller` is believed. */
+  readonly routers: readonly string[];
+  /** SPIFFE IDs that may call `grpc.health.v1` besides the routers. */
+  readonly probes: readonly string[];
+
+  private constructor(routers: readonly string[], probes: readonly string[]) {
+    this.routers = routers;
+    this.probes = probes;
+  }
+
+  /**
+   * From the agent options: `routers` and `probes` as SPIFFE IDs of `trustDomain`, each empty
+   * meaning its default (`spiffe://<trustDomain>/router`, `spiffe://<trustDomain>/registry`).
+   *
+   * @throws {TypeError} naming the option whose value is not a SPIFFE ID of the trust domain.
+   */
+  static of(
+    trustDomain: string,
+    routers: readonly string[] = [],
+    probes: readonly string[] = [],
+  ): DirectCallers {
+    const parse = (option: string, values: readonly string[], fallback: string): string[] => {
+      if (values.length === 0) {
+        return [fallback];
+      }
+      for (const value of values) {
+        if (!isSpiffeId(value)) {
+          throw new TypeError(
+            `${option}: ${JSON.stringify(value)} is not a SPIFFE ID; give one like ${fallback}`,
+          );
+        }
+        if (value.slice("spiffe://".length).split("/")[0] !== trustDomain) {
+          throw new TypeError(
+            `${option}: ${JSON.stringify(value)} is not of the agent's trust domain ${JSON.stringify(trustDomain)}; peers of other trust domains never get past the TLS handshake`,
+          );
+        }
+      }
+      return [...values];
+    };
+    return new DirectCallers(
+      parse("routerIdentities", routers, routerIdentity(trustDomain)),
+      parse("probeIdentities", probes, registryIdentity(trustDomain)),
+    );
+  }
+
+  /** Whether `peer` is one of the router identities. */
+  isRouter(peer: string | undefined): boolean {
+    return peer !== undefined && this.routers.includes(peer);
+  }
+
+  /**
+   * Why `peer` (its SPIFFE ID; `undefined`: no certificate) may not call `path`
+   * (`/package.Service/Method`), or `undefined` when it may.
+   */
+  refusal(path: string, peer: string | undefined): ReachError | undefined {
+    if (this.isRouter(peer)) {
+      return undefined;
+    }
+    const health = path.startsWith(HEALTH_PREFIX);
+    if (health && peer !== undefined && this.probes.includes(peer)) {
+      return undefined;
+    }
+    const routers = this.routers.join(", ");
+    const reason = health
+      ? `an agent's health is checked only by the registry (${this.probes.join(", ")}) and the routers (${routers}); ask the registry (\`reach agents\`) how an instance is doing`
+      : `an agent answers only the mesh's routers (${routers}), so that the call policy cannot be skipped; send the call through a router (reach.v1.RouterService), or add the identity to the agent's routerIdentities if it is a router`;
+    const identity = peer ?? "anonymous";
+    const target = `${path.slice(0, MAX_PATH_ECHOED)} on this agent directly`;
+    return ReachError.of(
+      Code.PERMISSION_DENIED,
+      `${identity} may not call ${target}: ${reason}`,
+      Reason.NOT_AUTHORIZED,
+      { identity, action: "call", target },
+    );
+  }
+
+  /**
+   * `implementation` of `definition` with every method refusing (before it runs) the calls
+   * {@link DirectCallers.refusal} refuses; `onRefused` hears of each (the audit log).
+   */
+  guard(
+    definition: grpc.ServiceDefinition,
+    implementation: grpc.UntypedServiceImplementation,
+    onRefused: (refusal: ReachError) => void,
+  ): grpc.UntypedServiceImplementation {
+    const guarded: grpc.UntypedServiceImplementation = {};
+    for (const [name, handler] of Object.entries(implementation)) {
+      const method = definition[name];
+      if (method === undefined) {
+        // Fail closed: a handler the check cannot place would be served unchecked.
+        throw new TypeError(`the service definition has no method ${JSON.stringify(name)}`);
+      }
+      const path = method.path;
+      const refused = (call: AuthenticatedCall): Partial<grpc.StatusObject> | undefined => {
+        const refusal = this.refusal(path, peerIdentity(call));
+        if (refusal === undefined) {
+          return undefined;
+        }
+        onRefused(refusal);
+        return refusal.toGrpcStatus();
+      };
+      if (method.responseStream) {
+        const inner = handler as (call: grpc.ServerWritableStream<unknown, unknown>) => void;
+        guarded[name] = ((call: grpc.ServerWritableStream<unknown, unknown>) => {
+          const status = refused(call);
+          if (status === undefined) {
+            inner(call);
+          } else {
+            call.emit("error", status);
+          }
+        }) as grpc.UntypedHandleCall;
+      } else {
+        const inner = handler as (
+          call: grpc.ServerUnaryCall<unknown, unknown>,
+          callback: grpc.sendUnaryData<unknown>,
+        ) => void;
+        guarded[name] = ((
+          call: grpc.ServerUnaryCall<unknown, unknown>,
+          callback: grpc.sendUnaryData<unknown>,
+        ) => {
+          const status = refused(call);
+          if (status === undefined) {
+            inner(call, callback);
+          } else {
+            callback(status, null);
+          }
+        }) as grpc.UntypedHandleCall;
+      }
+    }
+    return guarded;
+  }
 }
 
 /**
  * The caller the router vouches for: `value` (the call's `x-reach-caller`) when the
- * connection's peer is `router` (the agent serves TLS), else `undefined` (anyone else could
- * write it).
+ * connection's peer is one of the router identities of `callers` (the agent serves TLS), else
+ * `undefined` (anyone else could write it).
  */
 export function vouchedCaller(
-  router: string | undefined,
+  callers: DirectCallers | undefined,
   peer: string | undefined,
   value: string | undefined,
 ): string | undefined {
-  if (router === undefined || peer !== router || value === undefined) {
+  if (callers === undefined || !callers.isRouter(peer) || value === undefined) {
     return undefined;
   }
   return /^spiffe:\/\/[^/]+\/[!-~]+$/.test(value) ? value : undefined;

@@ -380,15 +380,19 @@ describe("a Node agent on reach dev", { timeout: 60_000 }, () => {
     assert.equal(reply.source, "ts.math.ts-math-1");
   });
 
-  test("a handler's unexpected exception answers INTERNAL, naming it", async () => {
+  test("a handler's unexpected exception answers INTERNAL with an error id, its text only in the log", async () => {
+    const logged: Array<Record<string, unknown>> = [];
     const running = await new AgentRuntime({
       service: "ts.faulty",
       instanceId: "ts-faulty-1",
       registry: mesh.endpoint,
-      logger: silentLogger,
+      logger: {
+        info: () => {},
+        warn: (message, fields) => logged.push({ message, ...fields }),
+      },
     })
       .handle({ name: "ts.faulty.run", version: "1.0.0" }, () => {
-        throw new RangeError("boom");
+        throw new RangeError("boom: password hunter2");
       })
       .start();
     try {
@@ -398,7 +402,15 @@ describe("a Node agent on reach dev", { timeout: 60_000 }, () => {
         (error: unknown) => {
           assert.ok(error instanceof ReachError);
           assert.equal(error.code, Code.INTERNAL);
-          assert.equal(error.statusMessage, "the handler failed: RangeError: boom");
+          const match = /^handler failed; error id ([0-9a-f-]{36}); see the agent's log$/.exec(
+            error.statusMessage,
+          );
+          assert.ok(match, error.statusMessage);
+          assert.ok(!error.statusMessage.includes("hunter2"));
+          // The agent's log has the detail under the same id.
+          const entry = logged.find((fields) => fields.error_id === match[1]);
+          assert.ok(entry, JSON.stringify(logged));
+          assert.equal(entry.error, "RangeError: boom: password hunter2");
           return true;
         },
       );

@@ -2,9 +2,9 @@
  * Trust (issue 17) against the real binary over TLS on 127.0.0.1, with certificates and tokens
  * made by `reach certs init` and `reach token`: a Node agent serving TLS registers with its
  * certificate and, called through the router by a TLS client presenting an operator's bearer
- * token, sees the caller the router verified; a forged `x-reach-caller` from a peer that is not
- * the router is not believed; a plaintext client is refused on the TLS port; an agent with a
- * join token registers.
+ * token, sees the caller the router verified; a peer that is not the router calling the agent
+ * directly is refused (only routers may, and the registry may check its health); a plaintext
+ * client is refused on the TLS port; an agent with a join token registers.
  */
 
 import assert from "node:assert/strict";
@@ -21,6 +21,7 @@ import {
   makePayload,
   partText,
   ReachError,
+  Reason,
   readTls,
   RpcChannel,
   type RunningAgent,
@@ -28,6 +29,10 @@ import {
   textPart,
   type TlsOptions,
 } from "@reach-mesh/sdk";
+import {
+  Health,
+  HealthCheckResponse_ServingStatus as ServingStatus,
+} from "@reach-mesh/sdk/gen/grpc/health/v1/health_pb.js";
 import { AgentService } from "@reach-mesh/sdk/gen/reach/v1/agent_service_pb.js";
 
 import { Mesh, reachBin, run, waitFor, within } from "./support/mesh.js";
@@ -110,7 +115,7 @@ keys = ["${file("jwt-public.pem")}"]
     await rm(dir, { recursive: true, force: true });
   });
 
-  test("a TLS agent sees the caller the router verified, and nobody else's claim", async () => {
+  test("a TLS agent sees the caller the router verified, and answers only routers directly", async () => {
     agent = await whoami(AGENT, identity(`agent-${AGENT}`)).start();
     await waitFor("the TLS agent to be listed", async () =>
       (await mesh.instances(AGENT)).length === 1 ? true : undefined,
@@ -134,30 +139,76 @@ keys = ["${file("jwt-public.pem")}"]
       }
     }
 
-    // A peer that is not the router (an operator's certificate) dialling the agent directly
-    // cannot claim a caller.
-    const direct = new RpcChannel(agent.endpoint, 4 * 1024 * 1024, {
-      tls: readTls(identity("operator-admin"), "tls"),
+    // A peer that is not the router dialling the agent directly is refused (issue 33): an
+    // operator's certificate, another agent's, the registry's (except for health checks).
+    const request = {
+      message: {
+        header: {
+          messageId: "0190f0f0-0000-7000-8000-000000000001",
+          traceId: "4bf92f3577b34da6a3ce929d0e0e4736",
+          target: { case: "capability" as const, value: `${AGENT}.whoami` },
+        },
+        payload: makePayload("whoami"),
+      },
+    };
+    const claim = { "x-reach-caller": `spiffe://${TD}/operator/root` };
+    const notAuthorized = (peer: string) => (error: unknown) => {
+      assert.ok(error instanceof ReachError, String(error));
+      assert.equal(error.code, Code.PERMISSION_DENIED, error.message);
+      assert.equal(error.reason, Reason.NOT_AUTHORIZED);
+      assert.equal(error.metadata.identity, peer);
+      return true;
+    };
+    for (const [name, peer] of [
+      ["operator-admin", `spiffe://${TD}/operator/admin`],
+      [`agent-${AGENT}`, `spiffe://${TD}/agent/${AGENT}`],
+      ["registry", `spiffe://${TD}/registry`],
+    ] as const) {
+      const direct = new RpcChannel(agent.endpoint, 4 * 1024 * 1024, {
+        tls: readTls(identity(name), "tls"),
+      });
+      try {
+        await assert.rejects(
+          direct.unary(AgentService.method.handle, request, { timeoutMs: 5000, metadata: claim }),
+          (error: unknown) => {
+            notAuthorized(peer)(error);
+            assert.ok(error instanceof ReachError);
+            assert.match(error.statusMessage, /spiffe:\/\/reach\.test\/router.*through a router/);
+            return true;
+          },
+        );
+        // The multiplexed stream (how routers call agents) is refused as a whole.
+        const mux = direct.bidi(AgentService.method.handleMux, { timeoutMs: 5000 });
+        const ended = new Promise<unknown>((resolve) => mux.on("error", resolve));
+        mux.on("data", () => {});
+        notAuthorized(peer)(ReachError.from(await ended));
+        const check = direct.unary(
+          Health.method.check,
+          { service: "reach.v1.AgentService" },
+          { timeoutMs: 5000 },
+        );
+        if (name === "registry") {
+          assert.equal((await check).status, ServingStatus.SERVING);
+        } else {
+          await assert.rejects(check, notAuthorized(peer));
+        }
+      } finally {
+        direct.close();
+      }
+    }
+    // The router's identity is answered, and its x-reach-caller believed.
+    const asRouter = new RpcChannel(agent.endpoint, 4 * 1024 * 1024, {
+      tls: readTls(identity("router"), "tls"),
     });
     try {
-      const response = await direct.unary(
-        AgentService.method.handle,
-        {
-          message: {
-            header: {
-              messageId: "0190f0f0-0000-7000-8000-000000000001",
-              traceId: "4bf92f3577b34da6a3ce929d0e0e4736",
-              target: { case: "capability", value: `${AGENT}.whoami` },
-            },
-            payload: makePayload("whoami"),
-          },
-        },
-        { timeoutMs: 5000, metadata: { "x-reach-caller": `spiffe://${TD}/operator/root` } },
-      );
+      const response = await asRouter.unary(AgentService.method.handle, request, {
+        timeoutMs: 5000,
+        metadata: claim,
+      });
       const [part] = response.message?.payload?.parts ?? [];
-      assert.equal(part && partText(part), "nobody");
+      assert.equal(part && partText(part), `spiffe://${TD}/operator/root`);
     } finally {
-      direct.close();
+      asRouter.close();
     }
 
     // The agent requires a client certificate of the CA.

@@ -29,7 +29,7 @@ import {
 } from "@reach-mesh/sdk";
 
 import { DedupeCache } from "../src/dedupe.js";
-import { peerIdentity, vouchedCaller } from "../src/trust.js";
+import { DirectCallers, peerIdentity, vouchedCaller } from "../src/trust.js";
 
 describe("ids", () => {
   test("trace ids and traceparent follow W3C Trace Context", () => {
@@ -210,12 +210,48 @@ describe("trust", () => {
   const alice = "spiffe://reach.test/operator/alice";
 
   test("x-reach-caller is believed only from the router's certificate", () => {
-    assert.equal(vouchedCaller(router, router, alice), alice);
-    assert.equal(vouchedCaller(router, "spiffe://reach.test/agent/other", alice), undefined);
-    assert.equal(vouchedCaller(router, undefined, alice), undefined, "a plaintext peer");
+    const callers = DirectCallers.of("reach.test");
+    assert.equal(vouchedCaller(callers, router, alice), alice);
+    assert.equal(vouchedCaller(callers, "spiffe://reach.test/agent/other", alice), undefined);
+    assert.equal(vouchedCaller(callers, undefined, alice), undefined, "a plaintext peer");
     assert.equal(vouchedCaller(undefined, router, alice), undefined, "an agent not serving TLS");
-    assert.equal(vouchedCaller(router, router, undefined), undefined, "no caller named");
-    assert.equal(vouchedCaller(router, router, "alice"), undefined, "not a SPIFFE ID");
+    assert.equal(vouchedCaller(callers, router, undefined), undefined, "no caller named");
+    assert.equal(vouchedCaller(callers, router, "alice"), undefined, "not a SPIFFE ID");
+  });
+
+  test("an agent serving TLS answers only routers, and health checks of the registry", () => {
+    const callers = DirectCallers.of("reach.test");
+    const registry = "spiffe://reach.test/registry";
+    const handle = "/reach.v1.AgentService/Handle";
+    const health = "/grpc.health.v1.Health/Check";
+    for (const path of [handle, health, "/reach.v1.AgentService/HandleMux"]) {
+      assert.equal(callers.refusal(path, router), undefined, path);
+    }
+    assert.equal(callers.refusal(health, registry), undefined);
+    for (const peer of [registry, "spiffe://reach.test/agent/other", alice, undefined]) {
+      for (const path of peer === registry ? [handle] : [handle, health]) {
+        const refusal = callers.refusal(path, peer);
+        assert.ok(refusal !== undefined, `${path} ${peer}`);
+        assert.equal(refusal.code, Code.PERMISSION_DENIED);
+        assert.equal(refusal.reason, Reason.NOT_AUTHORIZED);
+        assert.equal(refusal.metadata.identity, peer ?? "anonymous");
+        assert.ok(refusal.statusMessage.includes(router), refusal.statusMessage);
+      }
+    }
+    const custom = DirectCallers.of("reach.test", ["spiffe://reach.test/router-eu"]);
+    assert.equal(custom.refusal(handle, "spiffe://reach.test/router-eu"), undefined);
+    assert.notEqual(custom.refusal(handle, router), undefined);
+    assert.throws(
+      () => DirectCallers.of("reach.test", ["router"]),
+      /routerIdentities: .*not a SPIFFE ID/,
+    );
+    // A handler the check cannot place (no such method in the definition) is refused, not
+    // served unchecked.
+    assert.throws(() => callers.guard({}, { handle: () => {} }, () => {}), /no method "handle"/);
+    assert.throws(
+      () => DirectCallers.of("reach.test", [], ["spiffe://elsewhere/registry"]),
+      /probeIdentities: .*trust domain/,
+    );
   });
 
   test("the peer's SPIFFE ID is its certificate's URI SAN", () => {
@@ -226,6 +262,9 @@ describe("trust", () => {
     assert.equal(peerIdentity(call(`URI:${router}, DNS:localhost, IP Address:127.0.0.1`)), router);
     assert.equal(peerIdentity(call("DNS:localhost, IP Address:127.0.0.1")), undefined);
     assert.equal(peerIdentity(call()), undefined);
+    // Exactly one URI SAN, and a SPIFFE ID (the X.509-SVID rule).
+    assert.equal(peerIdentity(call(`URI:${router}, URI:spiffe://reach.test/agent/x`)), undefined);
+    assert.equal(peerIdentity(call("URI:https://reach.test/router")), undefined);
   });
 
   test("TLS settings name the file or setting that is wrong", () => {

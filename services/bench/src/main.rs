@@ -1,7 +1,7 @@
 //! `reach-bench`: runs one of Reach's benchmarks and prints its report to stdout.
 //!
 //! ```text
-//! reach-bench router [--quick] [--no-nats] [--no-proxies] [--mtls] [--only MODES] [--payloads BYTES] [--concurrency N]
+//! reach-bench router [--quick] [--no-nats] [--no-proxies] [--mtls [--no-agent-check]] [--only MODES] [--payloads BYTES] [--concurrency N]
 //! reach-bench flows [--quick] [--postgres URL]
 //! reach-bench mcp [--quick]
 //! reach-bench registry [--quick]
@@ -60,6 +60,11 @@ enum Bench {
         /// printed side by side with the plaintext cells.
         #[arg(long)]
         mtls: bool,
+        /// With --mtls: the echo agent of the mutual-TLS mesh does not check that its
+        /// callers are routers (the check every SDK agent serving TLS makes). Run with and
+        /// without to measure what the check costs.
+        #[arg(long, requires = "mtls")]
+        no_agent_check: bool,
     },
     /// A tool call through the MCP edge next to the same call through the router (c=1, c=16).
     Mcp {
@@ -116,6 +121,7 @@ async fn main() -> ExitCode {
             payloads,
             concurrency,
             mtls,
+            no_agent_check,
         } => {
             reach_bench::router::run(&reach_bench::router::BenchOptions {
                 quick,
@@ -125,6 +131,7 @@ async fn main() -> ExitCode {
                 payloads: payloads.into_iter().map(|b| b as usize).collect(),
                 concurrencies: concurrency.into_iter().map(usize::from).collect(),
                 mtls,
+                no_agent_check,
             })
             .await
         }

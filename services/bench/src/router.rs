@@ -91,6 +91,10 @@ pub struct BenchOptions {
     /// Also run every mode but NATS on a second mesh whose every hop is mutual TLS (SPIFFE
     /// certificates, the router's policy checks on), and print the two side by side.
     pub mtls: bool,
+    /// On the mutual-TLS mesh, the echo agent does not check that its callers are routers
+    /// (the check every SDK agent serving TLS makes, [`reach_sdk::DirectCallers`]): run with
+    /// and without it to measure what the check costs. Default false: it checks, as agents do.
+    pub no_agent_check: bool,
 }
 
 /// The modes, in the order they run.
@@ -185,7 +189,7 @@ async fn run_until_done(options: &BenchOptions) -> anyhow::Result<()> {
     // The Prometheus recorder, as `reach router` and `reach dev` install it: without it every
     // metric update would be a no-op and the router would be measured without its metrics.
     reach_telemetry::metrics::install().context("installing the metrics recorder")?;
-    let mesh = Mesh::start(None).await?;
+    let mesh = Mesh::start(None, false).await?;
     let nats = if options.no_nats || !wanted("nats") {
         None
     } else {
@@ -249,7 +253,7 @@ async fn run_until_done(options: &BenchOptions) -> anyhow::Result<()> {
         // Plaintext and mTLS cell by cell, alternating, so that whatever else the machine
         // does meanwhile weighs on both sides alike.
         let pki = BenchPki::new()?;
-        let secured = Mesh::start(Some(&pki)).await?;
+        let secured = Mesh::start(Some(&pki), !options.no_agent_check).await?;
         let (mut plain, mut tls) = (Vec::new(), Vec::new());
         for &payload in payloads {
             for &concurrency in concurrencies {
@@ -279,7 +283,11 @@ async fn run_until_done(options: &BenchOptions) -> anyhow::Result<()> {
             }
         }
         secured.stop().await;
-        write!(stdout, "{}", render_mtls(&plain, &tls))?;
+        write!(
+            stdout,
+            "{}",
+            render_mtls(&plain, &tls, !options.no_agent_check)
+        )?;
         plain
     } else {
         measure_all(
@@ -798,13 +806,17 @@ struct Mesh {
 
 impl Mesh {
     /// Starts the mesh: plaintext, or with `pki` every server serving mutual TLS with its own
-    /// certificate and every client presenting one.
-    async fn start(pki: Option<&BenchPki>) -> anyhow::Result<Self> {
+    /// certificate and every client presenting one. The clients that call agents directly
+    /// (the `direct` modes, the direct stream) stand in for the router and present its
+    /// identity, which agents serving TLS require; with `agent_check` the echo agent checks it
+    /// (as SDK agents do), without it the echo agent answers any certificate of the CA.
+    async fn start(pki: Option<&BenchPki>, agent_check: bool) -> anyhow::Result<Self> {
         let trust = |identity: &str| match pki {
             Some(pki) => pki.trust(identity),
             None => Ok(reach_trust::Trust::disabled()),
         };
         let client_trust = trust("agent/bench.client")?;
+        let direct_trust = trust("router")?;
         let stop = CancellationToken::new();
         let registry = Registry::new(RegistryConfig {
             health_probe: false,
@@ -854,9 +866,14 @@ impl Mesh {
         let echo_url = format!("http://{echo_addr}");
         let echo_closing = CancellationToken::new();
         let token = stop.clone();
+        let mut echo_server = GrpcServer::new().with_trust(trust("agent/bench.echo")?);
+        if pki.is_some() && agent_check {
+            echo_server = echo_server.with_admission(
+                reach_sdk::DirectCallers::defaults(BenchPki::TRUST_DOMAIN)?.admission(),
+            );
+        }
         tokio::spawn(
-            GrpcServer::new()
-                .with_trust(trust("agent/bench.echo")?)
+            echo_server
                 .add_service(
                     AgentServiceServer::new(EchoAgent {
                         closing: echo_closing.clone(),
@@ -926,18 +943,14 @@ impl Mesh {
         })
         .await
         .context("the bench agents did not become routable within 10 s")?;
-        let connect = |url: String| {
-            let client_trust = client_trust.clone();
+        let connect = |url: String, trust: &Arc<reach_trust::Trust>| {
+            let trust = trust.clone();
             async move {
-                reach_rpc::http2::channel(
-                    &reach_rpc::http2::endpoint(url)?,
-                    client_trust.tls(),
-                    None,
-                )
-                .await
+                reach_rpc::http2::channel(&reach_rpc::http2::endpoint(url)?, trust.tls(), None)
+                    .await
             }
         };
-        let echo_channel = connect(echo_url).await?;
+        let echo_channel = connect(echo_url, &direct_trust).await?;
         let direct = AgentServiceClient::new(echo_channel.clone())
             .max_decoding_message_size(MAX_FRAME_BYTES)
             .max_encoding_message_size(MAX_FRAME_BYTES);
@@ -946,10 +959,10 @@ impl Mesh {
             echo_channel,
             MAX_MESSAGE_BYTES,
         ));
-        let sdk_direct = AgentServiceClient::new(connect(agent_url).await?)
+        let sdk_direct = AgentServiceClient::new(connect(agent_url, &direct_trust).await?)
             .max_decoding_message_size(MAX_FRAME_BYTES)
             .max_encoding_message_size(MAX_FRAME_BYTES);
-        let router_channel = connect(router_url).await?;
+        let router_channel = connect(router_url, &client_trust).await?;
         let client = MeshClient::new(router_channel.clone(), "bench.client");
         let router_mux = Arc::new(MuxLink::to_router(
             "the router",
@@ -1621,10 +1634,15 @@ async fn measure_handle(
 
 /// The mTLS cells next to the plaintext ones of the same mode, payload and concurrency, with
 /// the ratios mTLS / plaintext of throughput, p50 latency and CPU per request.
-fn render_mtls(plaintext: &[Cell], mtls: &[Cell]) -> String {
+fn render_mtls(plaintext: &[Cell], mtls: &[Cell], agent_check: bool) -> String {
     use std::fmt::Write as _;
-    let mut out = String::from(
-        "\nmutual TLS vs plaintext (every hop TLS 1.3 with client certificates, ECDSA P-256; callers authenticated by certificate, no policy file)\n",
+    let mut out = format!(
+        "\nmutual TLS vs plaintext (every hop TLS 1.3 with client certificates, ECDSA P-256; callers authenticated by certificate, no policy file; agents {} their callers are routers)\n",
+        if agent_check {
+            "check"
+        } else {
+            "do not check (--no-agent-check)"
+        }
     );
     let _ = writeln!(
         out,

@@ -103,6 +103,7 @@ pub async fn login(
     State(console): State<Console>,
     uri: http::Uri,
     headers: HeaderMap,
+    extensions: http::Extensions,
     axum::extract::Form(posted): axum::extract::Form<Vec<(String, String)>>,
 ) -> Response {
     let value = |name: &str| {
@@ -154,29 +155,62 @@ pub async fn login(
             StatusCode::UNAUTHORIZED,
         );
     }
-    // Over TLS (HTTP/2 names the scheme) or behind a TLS proxy the cookie is `Secure`.
-    let secure = uri.scheme_str() == Some("https")
-        || headers
-            .get("x-forwarded-proto")
-            .is_some_and(|v| v == "https");
-    let cookie = format!(
-        "{TOKEN_COOKIE}={token}; Path={BASE}; SameSite=Strict; HttpOnly{}",
-        if secure { "; Secure" } else { "" }
-    );
     let mut response = Redirect::to(&next).into_response();
-    if let Ok(value) = HeaderValue::from_str(&cookie) {
-        response.headers_mut().insert(header::SET_COOKIE, value);
-    }
+    set_token_cookie(
+        &mut response,
+        token,
+        served_securely(&uri, &headers, &extensions),
+    );
     response
 }
 
-/// `POST /console/logout`: forgets the token, then 303 to the login page.
-pub async fn logout() -> Response {
-    let mut response = Redirect::to(&format!("{BASE}/login")).into_response();
-    let cookie = format!("{TOKEN_COOKIE}=; Path={BASE}; SameSite=Strict; HttpOnly; Max-Age=0");
-    if let Ok(value) = HeaderValue::from_str(&cookie) {
+/// Whether the request came over HTTPS: on a TLS connection of a Reach server (whatever the
+/// HTTP version: HTTP/1.1 requests name no scheme), with an `https` URI (HTTP/2), or through a
+/// proxy that terminated TLS (`X-Forwarded-Proto: https`).
+pub fn served_securely(
+    uri: &http::Uri,
+    headers: &HeaderMap,
+    extensions: &http::Extensions,
+) -> bool {
+    reach_rpc::server::Transport::of(extensions) == reach_rpc::server::Transport::Tls
+        || uri.scheme_str() == Some("https")
+        || headers
+            .get("x-forwarded-proto")
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|v| v.trim().eq_ignore_ascii_case("https"))
+}
+
+/// The `Set-Cookie` value of the login cookie holding `token` (empty and expired to log
+/// out): this site's console paths only, `SameSite=Strict`, `HttpOnly`, and `Secure` when
+/// `secure` (served over HTTPS), so a browser never sends it over plain HTTP.
+pub fn token_cookie(token: &str, secure: bool) -> String {
+    let cookie = cookie::Cookie::build((TOKEN_COOKIE, token))
+        .path(BASE)
+        .same_site(cookie::SameSite::Strict)
+        .http_only(true)
+        .secure(secure);
+    let cookie = if token.is_empty() {
+        cookie.max_age(cookie::time::Duration::ZERO)
+    } else {
+        cookie
+    };
+    cookie.build().to_string()
+}
+
+fn set_token_cookie(response: &mut Response, token: &str, secure: bool) {
+    if let Ok(value) = HeaderValue::from_str(&token_cookie(token, secure)) {
         response.headers_mut().insert(header::SET_COOKIE, value);
     }
+}
+
+/// `POST /console/logout`: forgets the token, then 303 to the login page.
+pub async fn logout(uri: http::Uri, headers: HeaderMap, extensions: http::Extensions) -> Response {
+    let mut response = Redirect::to(&format!("{BASE}/login")).into_response();
+    set_token_cookie(
+        &mut response,
+        "",
+        served_securely(&uri, &headers, &extensions),
+    );
     response
 }
 

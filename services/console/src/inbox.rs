@@ -433,6 +433,9 @@ async fn not_waiting(
 pub async fn resume(
     State(console): State<Console>,
     Path(task_id): Path<String>,
+    uri: axum::http::Uri,
+    headers: HeaderMap,
+    extensions: axum::http::Extensions,
     axum::extract::Form(posted): axum::extract::Form<Vec<(String, String)>>,
 ) -> Result<Response, ConsoleError> {
     let task = get_task(&console, &task_id).await?;
@@ -499,10 +502,14 @@ pub async fn resume(
         Ok(_) => {
             let mut response =
                 Redirect::to(&format!("{BASE}/tasks/{task_id}?resumed=1")).into_response();
-            let cookie = format!(
-                "{REVIEWER_COOKIE}={}; Path={BASE}; SameSite=Strict; HttpOnly; Max-Age=31536000",
-                reviewer.replace(' ', "+")
-            );
+            let cookie = cookie::Cookie::build((REVIEWER_COOKIE, reviewer.replace(' ', "+")))
+                .path(BASE)
+                .same_site(cookie::SameSite::Strict)
+                .http_only(true)
+                .secure(crate::auth::served_securely(&uri, &headers, &extensions))
+                .max_age(cookie::time::Duration::days(365))
+                .build()
+                .to_string();
             if let Ok(value) = HeaderValue::from_str(&cookie) {
                 response.headers_mut().insert(header::SET_COOKIE, value);
             }

@@ -28,16 +28,17 @@ pub fn valid_token(token: &str) -> bool {
         && token.bytes().all(|b| b.is_ascii_graphic())
 }
 
-/// The value of cookie `name` in the request's `Cookie` headers, if any.
-pub(crate) fn cookie<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
+/// The value of cookie `name` in the request's `Cookie` headers, if any (parsed with the
+/// `cookie` crate, RFC 6265 §5.4: `name=value` pairs separated by `;`).
+pub(crate) fn cookie(headers: &HeaderMap, name: &str) -> Option<String> {
     headers
         .get_all(header::COOKIE)
         .iter()
         .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(';'))
-        .filter_map(|pair| pair.trim().split_once('='))
-        .find(|(k, _)| *k == name)
-        .map(|(_, v)| v)
+        .flat_map(cookie::Cookie::split_parse)
+        .filter_map(Result::ok)
+        .find(|c| c.name() == name)
+        .map(|c| c.value().to_string())
 }
 
 /// The token in the request's cookie, when it is a [`valid_token`].

@@ -30,12 +30,13 @@ pub struct OrchestratorConfig {
     #[serde(with = "humantime_serde")]
     pub context_ttl: Duration,
     /// Field names or globs whose values are masked in everything shown, matched
-    /// case-insensitively (added to the built-in `*password*`, `*secret*`, `*token`,
-    /// `*api_key*`, `*authorization*`, `*credential*`, `*private_key*`, `ssn`, `iban`, ...;
-    /// see `mask::DEFAULT_SENSITIVE_FIELDS`).
+    /// case-insensitively (added to the built-in `*password*`, `*pwd*`, `*secret*`, `*token`,
+    /// `*api_key*`, `*authorization*`, `*credential*`, `*private_key*`, `*cookie*`, `*cvv*`,
+    /// `ssn`, `iban`, ...; see `mask::DEFAULT_SENSITIVE_FIELDS`).
     pub redact_fields: Vec<String>,
     /// Regular expressions whose matches in any string shown are replaced by `***` (added to
-    /// the built-in e-mail, phone, card, account and bearer-token patterns).
+    /// the built-in e-mail, phone, Luhn-valid card, account, bearer-token and
+    /// `key=value` / `key: value` secret patterns).
     pub redact_values: Vec<String>,
     /// This replica's id, the owner of its task leases. Default: a random id per process.
     /// Give each replica a stable id to let a restarted replica reclaim its tasks at once.
@@ -60,6 +61,13 @@ pub struct OrchestratorConfig {
     /// Expression evaluations (conditions, node inputs) run at once, on threads apart from
     /// the ones serving RPCs. Default 4.
     pub max_concurrent_evaluations: usize,
+    /// Of those, the most one flow's tasks may hold at once, so a flow with heavy
+    /// expressions cannot take every evaluation slot and slow every other flow's conditions.
+    /// Default 2 (at most `max_concurrent_evaluations`).
+    pub max_evaluations_per_flow: usize,
+    /// WatchTask streams one caller (identity; every anonymous caller together) may have
+    /// open at once; one more is refused RESOURCE_EXHAUSTED (`TOO_MANY_WATCHES`). Default 64.
+    pub max_watches_per_caller: usize,
     /// The limits on every flow expression (`[orchestrator.expressions]`).
     pub expressions: ExprLimits,
     /// How often task webhooks are checked for undelivered events (another replica's
@@ -122,6 +130,8 @@ impl Default for OrchestratorConfig {
             store_acquire_timeout: Duration::from_secs(30),
             max_node_visits: 1000,
             max_concurrent_evaluations: 4,
+            max_evaluations_per_flow: 2,
+            max_watches_per_caller: crate::service::DEFAULT_MAX_WATCHES_PER_CALLER,
             expressions: ExprLimits::default(),
             webhook_interval: Duration::from_millis(250),
             webhook_backoff: Duration::from_secs(1),
@@ -182,6 +192,8 @@ impl OrchestratorConfig {
                 "max_concurrent_evaluations",
                 self.max_concurrent_evaluations,
             ),
+            ("max_evaluations_per_flow", self.max_evaluations_per_flow),
+            ("max_watches_per_caller", self.max_watches_per_caller),
             ("expressions.max_bytes", self.expressions.max_bytes),
             ("expressions.max_depth", self.expressions.max_depth),
             ("expressions.max_value_len", self.expressions.max_value_len),

@@ -197,6 +197,23 @@ pub enum Error {
         /// The webhook id asked for.
         webhook_id: String,
     },
+    /// WatchTask by a caller that has as many streams open as it may.
+    #[error(
+        "{identity} has {limit} WatchTask streams open, the most a caller may have; close one (or raise orchestrator.max_watches_per_caller)"
+    )]
+    TooManyWatches {
+        /// The caller's identity (`anonymous` without trust).
+        identity: String,
+        /// The limit (`orchestrator.max_watches_per_caller`).
+        limit: usize,
+    },
+    /// StartTask with the id of an existing task the caller may not view: refused without
+    /// saying anything of that task.
+    #[error("task id {task_id:?} is taken; choose another task id")]
+    TaskIdTaken {
+        /// The id given.
+        task_id: String,
+    },
     /// A file (a flow file, a benchmark's directory) cannot be read or written.
     #[error("cannot access {}: {source}", path.display())]
     Io {
@@ -485,6 +502,20 @@ impl From<Error> for Status {
                 message,
                 reason::WEBHOOK_NOT_FOUND,
                 [("task_id", task_id), ("webhook_id", webhook_id)],
+                NO_VIOLATIONS,
+            ),
+            Error::TooManyWatches { identity, limit } => status(
+                Code::ResourceExhausted,
+                message,
+                reason::TOO_MANY_WATCHES,
+                [("identity", identity), ("limit", limit.to_string())],
+                NO_VIOLATIONS,
+            ),
+            Error::TaskIdTaken { task_id } => status(
+                Code::AlreadyExists,
+                message,
+                reason::TASK_ID_IN_USE,
+                [("task_id", task_id)],
                 NO_VIOLATIONS,
             ),
             Error::Store(e) => match e.kind() {

@@ -15,10 +15,12 @@
 //!   commands and the background loops (timers, leases, purge, flows directory watch).
 //! - [`service`]: the `reach.v1.OrchestratorService` gRPC implementation (masked views).
 //! - [`http`]: admin routes (`GET /tasks/{id}`, `POST /tasks/{id}/retry`).
+//! - [`internal`]: who may call the internal RPCs (`RecordMessages`: router replicas only).
 //! - [`mask`]: masking of sensitive values in everything shown.
 //! - [`json`]: JSON views — protobuf values as JSON, and a task as `GET /tasks/{id}` and the
 //!   CLI's `--json` show it.
 //! - [`metrics`]: the orchestrator's Prometheus metrics.
+//! - [`page`]: the opaque page tokens of the paged lists.
 //! - [`webhooks`]: task webhooks — the [`webhooks::WebhookRenderer`]s of their formats,
 //!   validation and views.
 //! - [`delivery`]: the loop that delivers each task's events to its webhooks from the log.
@@ -48,9 +50,11 @@ pub mod failure;
 pub mod flow;
 pub mod flows;
 pub mod http;
+pub mod internal;
 pub mod json;
 pub mod mask;
 pub mod metrics;
+pub mod page;
 pub mod service;
 pub mod store;
 pub mod webhooks;
@@ -171,6 +175,7 @@ impl Orchestrator {
             context_ttl: config.context_ttl,
             max_node_visits: config.max_node_visits,
             max_concurrent_evaluations: config.max_concurrent_evaluations,
+            max_evaluations_per_flow: config.max_evaluations_per_flow,
             source: "orchestrator".into(),
         };
         let engine = Engine::new(
@@ -184,6 +189,7 @@ impl Orchestrator {
         let masker = config.masker()?;
         let api = OrchestratorApi::new(engine.clone(), masker)
             .with_trust(trust)
+            .with_watch_limit(config.max_watches_per_caller)
             .with_egress(egress::EgressPolicy::new(
                 config.webhook_allowed_networks.clone(),
             ));

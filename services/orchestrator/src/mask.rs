@@ -1,11 +1,14 @@
 //! Masking of sensitive values in everything the API, the HTTP admin routes and the CLI show.
 //!
 //! The store keeps values as given (flows need them); masking is applied on the way out.
-//! Masked: e-mail addresses, phone numbers, card numbers (13 to 19 digits), account numbers
-//! (IBANs and 8 to 17 digit runs), bearer tokens, values matching configured regexes, and
-//! every value under a sensitive field name, at any depth: names are matched
-//! case-insensitively against globs (`*password*` masks `db_password` and `PasswordHash`), so
-//! the names people actually use are caught, not only exact ones.
+//! Masked: e-mail addresses, phone numbers, card numbers (13 to 19 digits that pass the Luhn
+//! check), numbers written as account numbers (`account 12345678`, `acct no: ...`) and
+//! IBANs, bearer tokens, the value of every sensitive key written in text (`password=hunter2`,
+//! `token: abc`, `"api_key": "..."`, `Authorization: Basic ...`: error messages quote them),
+//! values matching configured regexes, and every value under a sensitive field name, at any
+//! depth: names are matched case-insensitively against globs (`*password*` masks
+//! `db_password` and `PasswordHash`), so the names people actually use are caught, not only
+//! exact ones. Other numbers — ids, sizes, counts, amounts — are left as they are.
 
 use std::sync::Arc;
 
@@ -13,8 +16,9 @@ use globset::{Glob, GlobSet, GlobSetBuilder};
 use regex::Regex;
 
 /// The field-name globs masked by default, whatever their value (matched against the
-/// lowercased name). `*token` masks `access_token` and `github_token` but not
-/// `input_tokens` (model usage counts).
+/// lowercased name). `*token` masks `access_token`, `refresh_token` and `github_token` but
+/// not `input_tokens` (model usage counts); `*secret*` masks `client_secret`; `*cookie*`
+/// masks `session_cookie` and `set-cookie`.
 pub const DEFAULT_SENSITIVE_FIELDS: &[&str] = &[
     "*password*",
     "*passwd*",
@@ -26,7 +30,12 @@ pub const DEFAULT_SENSITIVE_FIELDS: &[&str] = &[
     "*authorization*",
     "*credential*",
     "*private_key*",
-    "cookie",
+    "*privatekey*",
+    "*pwd*",
+    "*cookie*",
+    "*cvv*",
+    "cvc",
+    "*session_id*",
     "ssn",
     "card_number",
     "account_number",
@@ -66,7 +75,44 @@ struct Inner {
     /// The field-name globs, as given.
     field_patterns: Vec<String>,
     fields: GlobSet,
-    patterns: Vec<(Regex, &'static str)>,
+    patterns: Vec<(Regex, Replace)>,
+}
+
+/// What a value pattern's match is replaced with.
+#[derive(Debug, Clone, Copy)]
+enum Replace {
+    /// This text (with `$1`-style references to the match's groups).
+    With(&'static str),
+    /// `[card ***]` when the match's digits are 13 to 19 and pass the Luhn check; else the
+    /// match as it is (an id, a size, a timestamp).
+    Card,
+}
+
+/// The sensitive keys whose values are masked where text writes `key=value` or `key: value`
+/// (the key may carry a prefix: `db_password=`, `X-Api-Key:`).
+const SENSITIVE_KEYS: &str = "password|passwd|pwd|secret|token|api[_-]?key|apikey|\
+     authorization|credentials?|private[_-]?key|cookie|cvv|cvc|session[_-]?id";
+
+/// Whether the digits of `text` (separators ignored) are 13 to 19 and pass the Luhn check.
+fn is_card_number(text: &str) -> bool {
+    let digits: Vec<u32> = text.chars().filter_map(|c| c.to_digit(10)).collect();
+    if !(13..=19).contains(&digits.len()) {
+        return false;
+    }
+    let sum: u32 = digits
+        .iter()
+        .rev()
+        .enumerate()
+        .map(|(i, d)| {
+            if i % 2 == 1 {
+                let d = d * 2;
+                if d > 9 { d - 9 } else { d }
+            } else {
+                *d
+            }
+        })
+        .sum();
+    sum.is_multiple_of(10)
 }
 
 impl std::fmt::Debug for Masker {
@@ -128,27 +174,48 @@ impl Masker {
                     pattern: pattern.to_string(),
                     reason: e.to_string(),
                 })?,
-                "***",
+                Replace::With("***"),
             ));
         }
+        let key = format!(r#"(?i)\b([a-z0-9_\-]*(?:{SENSITIVE_KEYS}))(["']?\s*[:=]\s*"#);
+        let double_quoted = format!(r#"{key}")[^"]*""#);
+        let single_quoted = format!(r#"{key}')[^']*'"#);
+        let bare = format!(r#"{key})(?:(?:bearer|basic|digest|token)\s+)?[^\s,;&"']+"#);
         let patterns = [
-            (r"(?i)\bbearer\s+[a-z0-9\-._~+/]+=*", "Bearer ***"),
+            // Keys first, so `Authorization: Bearer x` becomes `Authorization: ***` whole;
+            // a quoted value keeps its quotes.
+            (double_quoted.as_str(), Replace::With("$1$2***\"")),
+            (single_quoted.as_str(), Replace::With("$1$2***'")),
+            (bare.as_str(), Replace::With("$1$2***")),
+            (
+                r"(?i)\bbearer\s+[a-z0-9\-._~+/]+=*",
+                Replace::With("Bearer ***"),
+            ),
             (
                 r"[A-Za-z0-9._%+\-]+@[A-Za-z0-9.\-]+\.[A-Za-z]{2,}",
-                "***@***",
+                Replace::With("***@***"),
             ),
-            (r"\b(?:\d[ \-]?){12,18}\d\b", "[card ***]"),
-            (r"\b[A-Z]{2}\d{2}[A-Z0-9]{11,30}\b", "[account ***]"),
+            (r"\b(?:\d[ \-]?){12,18}\d\b", Replace::Card),
+            (
+                r"(?i)\b(account|acct|a/c)(\s*(?:number|num|no\.?|#)?\s*[:#=]?\s*)\d(?:[\d \-]{4,32}\d)",
+                Replace::With("$1$2[account ***]"),
+            ),
+            (
+                r"\b[A-Z]{2}\d{2}[A-Z0-9]{11,30}\b",
+                Replace::With("[account ***]"),
+            ),
             // Phone numbers as people write them: grouped with separators (555-123-4567,
             // (555) 123 4567, +1 555.123.4567) or international with a leading `+`
-            // (+44 20 7946 0958). A bare digit run is not taken for one (ids, amounts, dates);
-            // 8 to 17 bare digits are masked as account numbers below.
+            // (+44 20 7946 0958). A bare digit run is not taken for one (ids, amounts, dates,
+            // sizes), nor for an account number unless the text says it is one.
             (
                 r"(?:\+\d{1,3}[ .\-]?)?\(?\b\d{3}\)?[ .\-]\d{3}[ .\-]\d{4}\b",
-                "[phone ***]",
+                Replace::With("[phone ***]"),
             ),
-            (r"\+\d{1,3}(?:[ .\-]?\d{2,4}){3,5}\b", "[phone ***]"),
-            (r"\b\d{8,17}\b", "[account ***]"),
+            (
+                r"\+\d{1,3}(?:[ .\-]?\d{2,4}){3,5}\b",
+                Replace::With("[phone ***]"),
+            ),
         ]
         .into_iter()
         .map(|(re, with)| {
@@ -195,9 +262,22 @@ impl Masker {
     pub fn mask_text(&self, text: &str) -> String {
         let mut out = std::borrow::Cow::Borrowed(text);
         for (re, with) in &self.inner.patterns {
-            if re.is_match(&out) {
-                out = std::borrow::Cow::Owned(re.replace_all(&out, *with).into_owned());
+            if !re.is_match(&out) {
+                continue;
             }
+            let replaced = match with {
+                Replace::With(with) => re.replace_all(&out, *with).into_owned(),
+                Replace::Card => re
+                    .replace_all(&out, |caps: &regex::Captures<'_>| {
+                        if is_card_number(&caps[0]) {
+                            "[card ***]".to_string()
+                        } else {
+                            caps[0].to_string()
+                        }
+                    })
+                    .into_owned(),
+            };
+            out = std::borrow::Cow::Owned(replaced);
         }
         out.into_owned()
     }
@@ -311,5 +391,126 @@ mod tests {
         assert!(error.to_string().contains("\"a[\""), "{error}");
         let error = Masker::with_patterns(std::iter::empty::<&str>(), ["("]).unwrap_err();
         assert!(error.to_string().contains("redact_values"), "{error}");
+    }
+
+    #[test]
+    fn new_default_fields_are_masked() {
+        let m = Masker::default();
+        let v = json!({
+            "cvv": "123",
+            "card_cvv2": "123",
+            "pwd": "hunter2",
+            "db_pwd": "hunter2",
+            "session_cookie": "sid=abc",
+            "Cookie": "a=b",
+            "passwd": "x",
+            "private_key": "-----BEGIN",
+            "client_secret": "s3",
+            "access_token": "at",
+            "refresh_token": "rt",
+            "session_id": "42",
+            "input_tokens": 7,
+            "cookbook": "stays",
+        });
+        let masked = m.mask(&v);
+        for key in [
+            "cvv",
+            "card_cvv2",
+            "pwd",
+            "db_pwd",
+            "session_cookie",
+            "Cookie",
+            "passwd",
+            "private_key",
+            "client_secret",
+            "access_token",
+            "refresh_token",
+            "session_id",
+        ] {
+            assert_eq!(masked[key], json!("***"), "{key}");
+        }
+        assert_eq!(masked["input_tokens"], json!(7));
+        assert_eq!(masked["cookbook"], json!("stays"));
+    }
+
+    #[test]
+    fn secrets_written_in_text_are_masked() {
+        let m = Masker::default();
+        for (text, want) in [
+            (
+                "connect failed: password=hunter2 host=db",
+                "connect failed: password=*** host=db",
+            ),
+            ("login with pwd: hunter2", "login with pwd: ***"),
+            ("invalid token: abc.def", "invalid token: ***"),
+            (
+                "upstream said Authorization: Bearer eyJx.y.z rejected",
+                "upstream said Authorization: *** rejected",
+            ),
+            ("Authorization: Basic dXNlcjpwdw==", "Authorization: ***"),
+            (
+                r#"body {"api_key": "sk-123", "n": 1}"#,
+                r#"body {"api_key": "***", "n": 1}"#,
+            ),
+            ("X-Api-Key: k1, retry", "X-Api-Key: ***, retry"),
+            ("cvv=123&amount=5", "cvv=***&amount=5"),
+            (
+                "set session_cookie=s%3Aabc; Path=/",
+                "set session_cookie=***; Path=/",
+            ),
+            ("client_secret='abc def' next", "client_secret='***' next"),
+            ("call with Bearer abc123", "call with Bearer ***"),
+        ] {
+            assert_eq!(m.mask_text(text), want, "{text}");
+        }
+        // Token counts and words that merely contain a key stay.
+        for text in [
+            "input_tokens: 12, output_tokens: 40",
+            "the token expired",
+            "tokenizer: cl100k",
+        ] {
+            assert_eq!(m.mask_text(text), text);
+        }
+    }
+
+    #[test]
+    fn ordinary_numbers_stay_and_card_numbers_need_the_luhn_check() {
+        let m = Masker::default();
+        for text in [
+            "complaint 12345678 escalated",
+            "complaint id 87654321: no agent",
+            "payload of 16777216 bytes is over the limit of 4194304 bytes",
+            "message_id 1764000000123 at 1764000000123456",
+            "order 1234567812345678 shipped",
+        ] {
+            assert_eq!(m.mask_text(text), text);
+        }
+        for card in [
+            "4111 1111 1111 1111",
+            "4111-1111-1111-1111",
+            "4111111111111111",
+            "378282246310005",
+        ] {
+            assert_eq!(
+                m.mask_text(&format!("paid with {card} today")),
+                "paid with [card ***] today",
+                "{card}"
+            );
+        }
+        assert_eq!(
+            m.mask_text("refund to account 12345678 today"),
+            "refund to account [account ***] today"
+        );
+        assert_eq!(
+            m.mask_text("acct no: 0012-3456-789"),
+            "acct no: [account ***]"
+        );
+        assert_eq!(
+            m.mask_text("iban DE89370400440532013000"),
+            "iban [account ***]"
+        );
+        assert!(is_card_number("4111111111111111"));
+        assert!(!is_card_number("4111111111111112"));
+        assert!(!is_card_number("411111111111"));
     }
 }

@@ -32,6 +32,8 @@ pub struct OrchestratorApi {
     renderers: Arc<Renderers>,
     /// The addresses webhooks may reach.
     egress: Arc<EgressPolicy>,
+    /// The WatchTask streams open per caller, and the most each may have.
+    watches: Arc<WatchSlots>,
 }
 
 impl OrchestratorApi {
@@ -44,7 +46,22 @@ impl OrchestratorApi {
             trust: Trust::disabled(),
             renderers: Arc::default(),
             egress: Arc::new(EgressPolicy::new(Vec::new())),
+            watches: Arc::new(WatchSlots::new(DEFAULT_MAX_WATCHES_PER_CALLER)),
         }
+    }
+
+    /// Lets each caller (identity; every anonymous caller together) have at most `limit`
+    /// WatchTask streams open at once (default [`DEFAULT_MAX_WATCHES_PER_CALLER`]); one
+    /// more is refused with RESOURCE_EXHAUSTED ([`Error::TooManyWatches`]).
+    #[must_use]
+    pub fn with_watch_limit(mut self, limit: usize) -> Self {
+        self.watches = Arc::new(WatchSlots::new(limit.max(1)));
+        self
+    }
+
+    /// The WatchTask streams `caller` (an identity's name) has open.
+    pub fn open_watches(&self, caller: &str) -> usize {
+        self.watches.open_by(caller)
     }
 
     /// Lets webhooks reach what `egress` allows (by default public addresses only).
@@ -86,6 +103,12 @@ impl OrchestratorApi {
 
     /// Loads task `task_id` and checks that `caller` may `action` it.
     ///
+    /// A task the caller may not view is answered exactly as an unknown id
+    /// ([`Error::TaskNotFound`], same message and details), so neither its existence nor its
+    /// flow or starter can be probed; the refusal is still audited. A caller that may view
+    /// the task but not `action` it is refused ([`Error::Denied`]). Retrying needs the
+    /// policy's `retry` (or an operator): being the task's starter is not enough.
+    ///
     /// # Errors
     /// [`Error::TaskNotFound`]; [`Error::Denied`]; [`Error::Store`].
     pub async fn authorized(
@@ -95,32 +118,148 @@ impl OrchestratorApi {
         task_id: &str,
     ) -> Result<TaskState, Error> {
         let state = self.engine.load(task_id).await?;
-        self.trust
-            .check_task(caller, action, &state.flow_id, state.started_by.as_deref())?;
+        self.check_visible(caller, &state)?;
+        if action != TaskAction::View {
+            let starter = match action {
+                TaskAction::Retry => None,
+                _ => state.started_by.as_deref(),
+            };
+            self.trust
+                .check_task(caller, action, &state.flow_id, starter)?;
+        }
         Ok(state)
     }
 
-    /// Keeps the tasks of `tasks` that `caller` may view (their starters are read only for
-    /// tasks the caller may not view by flow alone).
-    async fn viewable(&self, caller: &Caller, tasks: &[TaskSummary]) -> Vec<bool> {
-        let mut keep = Vec::with_capacity(tasks.len());
-        for task in tasks {
-            let by_flow = self
-                .trust
-                .allows_task(caller, TaskAction::View, &task.flow_id, None);
-            let allowed = by_flow
-                || match self.engine.load(&task.task_id).await {
-                    Ok(state) => self.trust.allows_task(
-                        caller,
-                        TaskAction::View,
-                        &state.flow_id,
-                        state.started_by.as_deref(),
-                    ),
-                    Err(_) => false,
-                };
-            keep.push(allowed);
+    /// [`Error::TaskNotFound`] (as for an unknown id) unless `caller` may view `state`.
+    fn check_visible(&self, caller: &Caller, state: &TaskState) -> Result<(), Error> {
+        self.trust
+            .check_task(
+                caller,
+                TaskAction::View,
+                &state.flow_id,
+                state.started_by.as_deref(),
+            )
+            .map_err(|_| Error::TaskNotFound {
+                task_id: state.id.clone(),
+            })
+    }
+
+    /// Whether `caller` may view each of `tasks` (their starters are read, one event per
+    /// task, only for tasks the caller may not view by flow alone).
+    async fn viewable(&self, caller: &Caller, tasks: &[TaskSummary]) -> Result<Vec<bool>, Error> {
+        let mut keep: Vec<bool> = tasks
+            .iter()
+            .map(|t| {
+                self.trust
+                    .allows_task(caller, TaskAction::View, &t.flow_id, None)
+            })
+            .collect();
+        let unsure: Vec<&str> = tasks
+            .iter()
+            .zip(&keep)
+            .filter(|(_, k)| !**k)
+            .map(|(t, _)| t.task_id.as_str())
+            .collect();
+        if unsure.is_empty() {
+            return Ok(keep);
         }
-        keep
+        let starters = self.engine.store().starters_of(&unsure).await?;
+        for (task, keep) in tasks.iter().zip(keep.iter_mut()) {
+            if !*keep && let Some(starter) = starters.get(&task.task_id) {
+                *keep = self.trust.allows_task(
+                    caller,
+                    TaskAction::View,
+                    &task.flow_id,
+                    starter.as_deref(),
+                );
+            }
+        }
+        Ok(keep)
+    }
+
+    /// A page of the tasks `caller` may view, newest first, filtered by `status`, `flow`
+    /// and `labels`, after `after`: the list is filtered before the page is cut, so the page
+    /// holds up to `limit` visible tasks and the cursor of the next page is the last of
+    /// them (`None` when no visible task follows). At most [`MAX_SCANNED_TASKS`] rows are
+    /// read per page: a page that reaches it ends early, at its last visible task.
+    async fn visible_tasks(
+        &self,
+        caller: &Caller,
+        status: Option<TaskStatus>,
+        flow: Option<&str>,
+        labels: &std::collections::BTreeMap<String, String>,
+        limit: u32,
+        after: Option<crate::page::Cursor>,
+    ) -> Result<(Vec<TaskSummary>, bool), Error> {
+        let want = limit as usize;
+        let mut page: Vec<TaskSummary> = Vec::with_capacity(want + 1);
+        let mut cursor = after.map(|c| (c.created_ms, c.id));
+        let mut scanned = 0usize;
+        loop {
+            let batch = u32::try_from((want + 1 - page.len()).clamp(64, 1000)).unwrap_or(1000);
+            let rows = self
+                .engine
+                .store()
+                .list_tasks(status, flow, labels, batch, cursor.clone())
+                .await?;
+            let exhausted = rows.len() < batch as usize;
+            scanned += rows.len();
+            if let Some(last) = rows.last() {
+                cursor = Some((last.created_ms, last.task_id.clone()));
+            }
+            let keep = self.viewable(caller, &rows).await?;
+            page.extend(
+                rows.into_iter()
+                    .zip(keep)
+                    .filter(|(_, k)| *k)
+                    .map(|(t, _)| t),
+            );
+            if page.len() > want {
+                page.truncate(want);
+                return Ok((page, true));
+            }
+            if exhausted {
+                return Ok((page, false));
+            }
+            if scanned >= MAX_SCANNED_TASKS {
+                let more = !page.is_empty();
+                return Ok((page, more));
+            }
+        }
+    }
+
+    /// Whether `caller` may read the tokens of `state`'s webhooks: its starter and operators
+    /// (everyone without trust). Other viewers see webhooks with the token left empty: it
+    /// authenticates the orchestrator to the receiver, and a viewer holding it could forge
+    /// deliveries.
+    fn sees_webhook_tokens(&self, caller: &Caller, state: &TaskState) -> bool {
+        !self.trust.is_enabled()
+            || self.trust.is_operator(caller)
+            || state.started_by.as_deref() == Some(caller.name())
+    }
+
+    /// A webhook of `state` as `caller` may see it (see [`Self::sees_webhook_tokens`]).
+    fn webhook_view(
+        &self,
+        caller: &Caller,
+        state: &TaskState,
+        w: &crate::store::WebhookRow,
+    ) -> pb::TaskWebhook {
+        let mut view = crate::webhooks::view(w);
+        view.last_error = self.masker.mask_text(&view.last_error);
+        if !self.sees_webhook_tokens(caller, state) {
+            view.token = String::new();
+        }
+        view
+    }
+
+    /// Whether `caller` may see flow `flow_id` (ListFlows, the flows an unknown one is listed
+    /// with): an operator, or a caller the policy lets start or view its tasks (everyone
+    /// without trust, or with trust and no policy).
+    fn sees_flow(&self, caller: &Caller, flow_id: &str) -> bool {
+        [TaskAction::Start, TaskAction::View, TaskAction::Apply]
+            .into_iter()
+            .any(|action| self.trust.allows_task(caller, action, flow_id, None))
     }
 
     /// Ledger entries routers reported as dropped so far.
@@ -132,6 +271,71 @@ impl OrchestratorApi {
     /// The engine.
     pub fn engine(&self) -> &Engine {
         &self.engine
+    }
+}
+
+/// The WatchTask streams a caller may have open at once unless configured
+/// (`orchestrator.max_watches_per_caller`).
+pub const DEFAULT_MAX_WATCHES_PER_CALLER: usize = 64;
+
+/// The WatchTask streams open per caller.
+#[derive(Debug)]
+struct WatchSlots {
+    limit: usize,
+    open: std::sync::Mutex<std::collections::HashMap<String, usize>>,
+}
+
+/// One open WatchTask stream of a caller; frees its slot when dropped.
+struct WatchSlot {
+    slots: Arc<WatchSlots>,
+    caller: String,
+}
+
+impl WatchSlots {
+    fn new(limit: usize) -> Self {
+        Self {
+            limit,
+            open: std::sync::Mutex::default(),
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, std::collections::HashMap<String, usize>> {
+        self.open
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Takes one of `caller`'s slots.
+    fn open(self: &Arc<Self>, caller: &str) -> Result<WatchSlot, Error> {
+        let mut open = self.lock();
+        let n = open.entry(caller.to_string()).or_default();
+        if *n >= self.limit {
+            return Err(Error::TooManyWatches {
+                identity: caller.to_string(),
+                limit: self.limit,
+            });
+        }
+        *n += 1;
+        Ok(WatchSlot {
+            slots: self.clone(),
+            caller: caller.to_string(),
+        })
+    }
+
+    fn open_by(&self, caller: &str) -> usize {
+        self.lock().get(caller).copied().unwrap_or(0)
+    }
+}
+
+impl Drop for WatchSlot {
+    fn drop(&mut self) {
+        let mut open = self.slots.lock();
+        if let Some(n) = open.get_mut(&self.caller) {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                open.remove(&self.caller);
+            }
+        }
     }
 }
 
@@ -419,25 +623,49 @@ impl OrchestratorApi {
     }
 }
 
-fn page_token(tasks: &[TaskSummary], limit: u32) -> String {
-    if tasks.len() < limit as usize {
-        return String::new();
-    }
-    tasks
-        .last()
-        .map(|t| format!("{}:{}", t.created_ms, t.task_id))
-        .unwrap_or_default()
+/// The most task rows one ListTasks or ListDeadLetters page reads while it looks for tasks
+/// the caller may view; a page that reaches it ends at its last visible task.
+pub const MAX_SCANNED_TASKS: usize = 10_000;
+
+/// The fingerprint of a task list query by `caller` (page tokens are bound to it).
+fn task_query(
+    list: crate::page::List,
+    caller: &Caller,
+    status: Option<TaskStatus>,
+    flow: Option<&str>,
+    labels: &std::collections::BTreeMap<String, String>,
+) -> crate::page::Query {
+    let labels: Vec<String> = labels.iter().map(|(k, v)| format!("{k}={v}")).collect();
+    crate::page::Query::of(
+        list,
+        [
+            caller.name(),
+            status.map_or("", TaskStatus::as_str),
+            flow.unwrap_or(""),
+        ]
+        .into_iter()
+        .chain(labels.iter().map(String::as_str)),
+    )
 }
 
-fn parse_token(token: &str) -> Result<Option<(i64, String)>, Error> {
-    if token.is_empty() {
-        return Ok(None);
+/// The token of the page after `page` (empty when `more` is false).
+fn next_token(
+    list: crate::page::List,
+    query: crate::page::Query,
+    page: &[TaskSummary],
+    more: bool,
+) -> String {
+    match page.last() {
+        Some(last) if more => crate::page::encode(
+            list,
+            query,
+            &crate::page::Cursor {
+                created_ms: last.created_ms,
+                id: last.task_id.clone(),
+            },
+        ),
+        _ => String::new(),
     }
-    let bad = || Error::InvalidPageToken {
-        token: token.to_string(),
-    };
-    let (ms, id) = token.split_once(':').ok_or_else(bad)?;
-    Ok(Some((ms.parse().map_err(|_| bad())?, id.to_string())))
 }
 
 fn page_size(n: u32) -> u32 {
@@ -474,7 +702,7 @@ impl OrchestratorService for OrchestratorApi {
             .map_err(Error::from)?;
         let input = json::from_proto_opt(r.input.as_ref());
         let started_by = self.trust.is_enabled().then(|| caller.name().to_string());
-        let state = self
+        let started = self
             .engine
             .start_task_with(
                 &r.flow_id,
@@ -487,17 +715,48 @@ impl OrchestratorService for OrchestratorApi {
                     labels: r.labels.into_iter().collect(),
                 },
             )
-            .await?;
+            .await;
+        let state = match started {
+            Ok(state) => state,
+            // The id names a task of another flow: which flow is said only to whom may view it.
+            Err(Error::TaskIdInUse { task_id, flow_id }) if self.trust.is_enabled() => {
+                let visible = match self.engine.load(&task_id).await {
+                    Ok(existing) => self.check_visible(&caller, &existing).is_ok(),
+                    Err(_) => false,
+                };
+                return Err(if visible {
+                    Error::TaskIdInUse { task_id, flow_id }
+                } else {
+                    Error::TaskIdTaken { task_id }
+                }
+                .into());
+            }
+            // The flows an unknown one is listed with are those the caller may see.
+            Err(Error::FlowNotFound {
+                flow_id,
+                version,
+                known,
+            }) => {
+                let known = known
+                    .into_iter()
+                    .filter(|f| self.sees_flow(&caller, f))
+                    .collect();
+                return Err(Error::FlowNotFound {
+                    flow_id,
+                    version,
+                    known,
+                }
+                .into());
+            }
+            Err(e) => return Err(e.into()),
+        };
         if self.trust.is_enabled() && state.started_by.as_deref() != Some(caller.name()) {
-            // The id named an existing task: it is the caller's to see only if it may view it.
-            self.trust
-                .check_task(
-                    &caller,
-                    TaskAction::View,
-                    &state.flow_id,
-                    state.started_by.as_deref(),
-                )
-                .map_err(Error::from)?;
+            // The id named an existing task of this flow: it is returned (idempotent start)
+            // only to whom may view it; to anyone else the id is just taken.
+            self.check_visible(&caller, &state)
+                .map_err(|_| Error::TaskIdTaken {
+                    task_id: state.id.clone(),
+                })?;
         }
         Ok(Response::new(pb::StartTaskResponse {
             task: Some(self.task_view(&state)),
@@ -530,22 +789,24 @@ impl OrchestratorService for OrchestratorApi {
         let flow = (!r.flow_id.is_empty()).then_some(r.flow_id.as_str());
         validate_labels(&r.labels, MAX_LABEL_FILTERS)?;
         let filter: std::collections::BTreeMap<String, String> = r.labels.into_iter().collect();
-        let store = self.engine.store();
-        let tasks = store
-            .list_tasks(status, flow, &filter, limit, parse_token(&r.page_token)?)
+        let list = crate::page::List::Tasks;
+        let query = task_query(list, &caller, status, flow, &filter);
+        let after = crate::page::decode(&r.page_token, list, query)?;
+        let (tasks, more) = self
+            .visible_tasks(&caller, status, flow, &filter, limit, after)
+            .await?;
+        let ids: Vec<&str> = tasks.iter().map(|t| t.task_id.as_str()).collect();
+        let mut labels = self
+            .engine
+            .store()
+            .labels_of(&ids)
             .await
             .map_err(Error::from)?;
-        // The page is filtered after it is read, so the token still follows the whole list.
-        let keep = self.viewable(&caller, &tasks).await;
-        let ids: Vec<&str> = tasks.iter().map(|t| t.task_id.as_str()).collect();
-        let mut labels = store.labels_of(&ids).await.map_err(Error::from)?;
         Ok(Response::new(pb::ListTasksResponse {
-            next_page_token: page_token(&tasks, limit),
+            next_page_token: next_token(list, query, &tasks, more),
             tasks: tasks
                 .iter()
-                .zip(keep)
-                .filter(|(_, keep)| *keep)
-                .map(|(t, _)| pb::Task {
+                .map(|t| pb::Task {
                     labels: labels
                         .remove(&t.task_id)
                         .unwrap_or_default()
@@ -576,21 +837,14 @@ impl OrchestratorService for OrchestratorApi {
         if first.is_empty() {
             return Err(Error::TaskNotFound { task_id }.into());
         }
-        {
-            let state = TaskState::fold(&task_id, &first);
-            self.trust
-                .check_task(
-                    &caller,
-                    TaskAction::View,
-                    &state.flow_id,
-                    state.started_by.as_deref(),
-                )
-                .map_err(Error::from)?;
-        }
+        self.check_visible(&caller, &TaskState::fold(&task_id, &first))?;
+        let slot = self.watches.open(caller.name())?;
         let api = self.clone();
         let after = i64::try_from(r.after_sequence).unwrap_or(0);
         let (tx, rx) = tokio::sync::mpsc::channel(64);
         tokio::spawn(async move {
+            // Held while the stream is open: the caller's watch slot is freed when it ends.
+            let _slot = slot;
             let mut state = TaskState::new(&task_id);
             let mut last = 0i64;
             let mut pending = first;
@@ -612,8 +866,9 @@ impl OrchestratorService for OrchestratorApi {
                 if state.status.is_terminal() {
                     return;
                 }
-                // Wake on a local append of this task, or poll (appends by other replicas).
-                let _ = tokio::time::timeout(Duration::from_millis(500), async {
+                // Wake on a local append of this task, or poll (appends by other replicas);
+                // stop at once when the client goes away.
+                let wake = tokio::time::timeout(Duration::from_millis(500), async {
                     loop {
                         match updates.recv().await {
                             Ok(u) if u.0 == task_id => return,
@@ -624,10 +879,10 @@ impl OrchestratorService for OrchestratorApi {
                             }
                         }
                     }
-                })
-                .await;
-                if tx.is_closed() {
-                    return;
+                });
+                tokio::select! {
+                    _ = wake => {}
+                    () = tx.closed() => return,
                 }
                 pending = match api.engine.store().events(&task_id, last).await {
                     Ok(p) => p,
@@ -705,25 +960,19 @@ impl OrchestratorService for OrchestratorApi {
         let r = request.into_inner();
         let limit = page_size(r.page_size);
         let flow = (!r.flow_id.is_empty()).then_some(r.flow_id.as_str());
-        let tasks = self
-            .engine
-            .store()
-            .list_tasks(
-                Some(TaskStatus::Failed),
-                flow,
-                &std::collections::BTreeMap::new(),
-                limit,
-                parse_token(&r.page_token)?,
-            )
-            .await
-            .map_err(Error::from)?;
+        let list = crate::page::List::DeadLetters;
+        let filter = std::collections::BTreeMap::new();
+        let status = Some(TaskStatus::Failed);
+        let query = task_query(list, &caller, status, flow, &filter);
+        let after = crate::page::decode(&r.page_token, list, query)?;
+        let (tasks, more) = self
+            .visible_tasks(&caller, status, flow, &filter, limit, after)
+            .await?;
         Ok(Response::new(pb::ListDeadLettersResponse {
-            next_page_token: page_token(&tasks, limit),
+            next_page_token: next_token(list, query, &tasks, more),
             dead_letters: tasks
                 .iter()
-                .zip(self.viewable(&caller, &tasks).await)
-                .filter(|(_, keep)| *keep)
-                .map(|(t, _)| pb::DeadLetter {
+                .map(|t| pb::DeadLetter {
                     task: Some(self.summary_view(t)),
                     failed_node: t.failed_node.clone().unwrap_or_default(),
                     error: t
@@ -767,6 +1016,7 @@ impl OrchestratorService for OrchestratorApi {
         &self,
         request: Request<pb::ListFlowsRequest>,
     ) -> Result<Response<pb::ListFlowsResponse>, Status> {
+        let caller = Caller::of(request.extensions());
         let r = request.into_inner();
         let flows = self
             .engine
@@ -774,6 +1024,7 @@ impl OrchestratorService for OrchestratorApi {
             .latest_all()
             .into_iter()
             .filter(|e| r.flow_id.is_empty() || e.flow.id == r.flow_id)
+            .filter(|e| self.sees_flow(&caller, &e.flow.id))
             .map(|e| {
                 let mut summary = flow_summary(&e.flow, e.applied_ms);
                 if !r.flow_id.is_empty() {
@@ -789,6 +1040,7 @@ impl OrchestratorService for OrchestratorApi {
         &self,
         request: Request<pb::RecordMessagesRequest>,
     ) -> Result<Response<pb::RecordMessagesResponse>, Status> {
+        crate::internal::check_record_messages(&self.trust, &Caller::of(request.extensions()))?;
         let r = request.into_inner();
         if r.dropped > 0 {
             self.ledger_dropped
@@ -876,7 +1128,8 @@ impl OrchestratorService for OrchestratorApi {
     ) -> Result<Response<pb::GetTaskWebhookResponse>, Status> {
         let caller = Caller::of(request.extensions());
         let r = request.into_inner();
-        self.authorized(&caller, TaskAction::View, &r.task_id)
+        let state = self
+            .authorized(&caller, TaskAction::View, &r.task_id)
             .await?;
         let Some(w) = self
             .engine
@@ -892,7 +1145,7 @@ impl OrchestratorService for OrchestratorApi {
             .into());
         };
         Ok(Response::new(pb::GetTaskWebhookResponse {
-            webhook: Some(crate::webhooks::view(&w)),
+            webhook: Some(self.webhook_view(&caller, &state, &w)),
         }))
     }
 
@@ -902,25 +1155,41 @@ impl OrchestratorService for OrchestratorApi {
     ) -> Result<Response<pb::ListTaskWebhooksResponse>, Status> {
         let caller = Caller::of(request.extensions());
         let r = request.into_inner();
-        self.authorized(&caller, TaskAction::View, &r.task_id)
+        let state = self
+            .authorized(&caller, TaskAction::View, &r.task_id)
             .await?;
         let limit = page_size(r.page_size);
-        let hooks = self
+        let list = crate::page::List::Webhooks;
+        let query = crate::page::Query::of(list, [caller.name(), r.task_id.as_str()]);
+        let after = crate::page::decode(&r.page_token, list, query)?;
+        let mut hooks = self
             .engine
             .store()
-            .list_webhooks(&r.task_id, limit, parse_token(&r.page_token)?)
+            .list_webhooks(
+                &r.task_id,
+                limit.saturating_add(1),
+                after.map(|c| (c.created_ms, c.id)),
+            )
             .await
             .map_err(Error::from)?;
-        let next_page_token = if hooks.len() < limit as usize {
-            String::new()
-        } else {
-            hooks
-                .last()
-                .map(|w| format!("{}:{}", w.created_ms, w.webhook_id))
-                .unwrap_or_default()
+        let more = hooks.len() > limit as usize;
+        hooks.truncate(limit as usize);
+        let next_page_token = match hooks.last() {
+            Some(w) if more => crate::page::encode(
+                list,
+                query,
+                &crate::page::Cursor {
+                    created_ms: w.created_ms,
+                    id: w.webhook_id.clone(),
+                },
+            ),
+            _ => String::new(),
         };
         Ok(Response::new(pb::ListTaskWebhooksResponse {
-            webhooks: hooks.iter().map(crate::webhooks::view).collect(),
+            webhooks: hooks
+                .iter()
+                .map(|w| self.webhook_view(&caller, &state, w))
+                .collect(),
             next_page_token,
         }))
     }

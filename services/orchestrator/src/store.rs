@@ -17,7 +17,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::str::FromStr;
 use std::time::Duration;
 
-use sqlx::postgres::PgPoolOptions;
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions, PgSslMode};
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
 use tokio::sync::{mpsc, oneshot};
 
@@ -254,6 +254,48 @@ fn create_owner_only(path: &std::path::Path) {
     let _ = file.open(path);
 }
 
+/// A failed TLS handshake with PostgreSQL (sqlx reports it as an I/O error) as an error that
+/// says which setting to check; other errors unchanged.
+fn explain_postgres_tls(error: sqlx::Error, server: &str) -> StoreError {
+    let text = error.to_string();
+    let tls = matches!(error, sqlx::Error::Tls(_))
+        || text.contains("peer certificate")
+        || text.contains("certificate verify");
+    if !tls {
+        return StoreError::Db(error);
+    }
+    StoreError::Batch {
+        kind: StoreErrorKind::Internal,
+        message: format!(
+            "the TLS handshake with PostgreSQL at {server} failed ({text}): the server's certificate must chain to the CA named by sslrootcert in orchestrator.store_url and, with sslmode=verify-full, name the host of the URL"
+        ),
+    }
+}
+
+/// Warns when the orchestrator reaches a PostgreSQL server on another host without verifying
+/// its certificate (`sslmode` other than `verify-full` or `verify-ca`): the task store then
+/// travels unauthenticated, readable and changeable on the way.
+fn warn_unverified_postgres(options: &PgConnectOptions) {
+    let verified = matches!(
+        options.get_ssl_mode(),
+        PgSslMode::VerifyFull | PgSslMode::VerifyCa
+    );
+    let host = options.get_host();
+    let local = options.get_socket().is_some()
+        || host.starts_with('/')
+        || host == "localhost"
+        || host
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback());
+    if !verified && !local {
+        tracing::warn!(
+            host,
+            sslmode = ?options.get_ssl_mode(),
+            "the orchestrator reaches PostgreSQL on another host without verifying its certificate; add ?sslmode=verify-full&sslrootcert=/path/to/ca.pem to orchestrator.store_url (docs/orchestrator.md)"
+        );
+    }
+}
+
 impl Store {
     /// Opens (and creates the tables of) the store at `url`: `sqlite://PATH` (the file is
     /// created), `sqlite::memory:`, or `postgres://...`.
@@ -324,11 +366,17 @@ impl Store {
                 .await?;
             Backend::Sqlite(pool)
         } else if url.starts_with("postgres://") || url.starts_with("postgresql://") {
+            // TLS comes from the URL (libpq's parameters): `sslmode=verify-full` with
+            // `sslrootcert=CA.pem` (and `sslcert`/`sslkey` for a client certificate).
+            let options = PgConnectOptions::from_str(url)?;
+            warn_unverified_postgres(&options);
+            let server = format!("{}:{}", options.get_host(), options.get_port());
             let pool = PgPoolOptions::new()
                 .max_connections(8)
                 .acquire_timeout(acquire_timeout)
-                .connect(url)
-                .await?;
+                .connect_with(options)
+                .await
+                .map_err(|e| explain_postgres_tls(e, &server))?;
             Backend::Postgres(pool)
         } else {
             return Err(StoreError::BadUrl(url.to_string()));
@@ -491,6 +539,55 @@ impl Store {
             }
         }
         Ok(labels)
+    }
+
+    /// Who started each of `task_ids` (the identity its first event records; `None` for a
+    /// task started without trust). Tasks without a first event are left out. Reads one event
+    /// per task, so a list can be filtered by starter without folding whole logs.
+    ///
+    /// # Errors
+    /// [`StoreError`] on database failure; [`StoreError::Corrupt`] for a first event that
+    /// does not decode.
+    pub async fn starters_of(
+        &self,
+        task_ids: &[&str],
+    ) -> Result<HashMap<String, Option<String>>, StoreError> {
+        let mut starters = HashMap::new();
+        for chunk in task_ids.chunks(500) {
+            let placeholders: Vec<String> = (1..=chunk.len()).map(|i| format!("${i}")).collect();
+            let sql = format!(
+                "SELECT task_id, body FROM reach_events WHERE seq = 1 AND task_id IN ({})",
+                placeholders.join(", ")
+            );
+            let rows: Vec<(String, String)> = with_pool!(&self.backend, |p| {
+                let mut query = sqlx::query_as(sqlx::AssertSqlSafe(sql.clone()));
+                for id in chunk {
+                    query = query.bind(id.to_string());
+                }
+                query.fetch_all(p).await?
+            });
+            for (task_id, body) in rows {
+                // Only the two fields are read; the rest (the task's input) is skipped, not
+                // built.
+                #[derive(serde::Deserialize)]
+                struct First {
+                    kind: String,
+                    #[serde(default)]
+                    started_by: Option<String>,
+                }
+                let first: First =
+                    serde_json::from_str(&body).map_err(|e| StoreError::Corrupt {
+                        task_id: task_id.clone(),
+                        seq: 1,
+                        message: e.to_string(),
+                    })?;
+                let starter = (first.kind == "task_created")
+                    .then_some(first.started_by)
+                    .flatten();
+                starters.insert(task_id, starter);
+            }
+        }
+        Ok(starters)
     }
 
     /// How many tasks have not ended.

@@ -6,7 +6,10 @@
 //!
 //! With trust on (see [`serve`]), `/health`, `/ready` and `/metrics` stay open to anyone and every
 //! other route needs an operator ([`reach_trust::Trust::check_operator`]); a refusal is 403
-//! with `{"error": "<message>", "reason": "NOT_AUTHORIZED"}`.
+//! with `{"error": "<message>", "reason": "NOT_AUTHORIZED"}`. With trust on or off, the
+//! operator routes and the console answer only requests naming one of the port's hosts
+//! (loopback names and `admin.allowed_hosts`) and changes from their own origin
+//! ([`reach_console::guard::Guard`]); a refusal is 403 saying what to change.
 
 use std::sync::Arc;
 
@@ -17,6 +20,69 @@ use axum::routing::get;
 use axum::{Json, Router};
 use reach_registry::Backend;
 use reach_trust::{Caller, Trust};
+
+/// The `[admin]` section: what the HTTP admin port (`admin_listen`) answers and how many
+/// connections it holds (`docs/configuration.md`).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct AdminConfig {
+    /// Host names (`host` or `host:port`) the operator routes and the console answer besides
+    /// loopback ([`reach_rpc::hosts::LOOPBACK_HOSTS`]): the names browsers and operators use
+    /// to reach the port (a Kubernetes service's DNS names, an ingress host). `/health`,
+    /// `/ready` and `/metrics` answer any name.
+    pub allowed_hosts: Vec<String>,
+    /// Connections served at once (see [`reach_rpc::ConnectionLimits::max_connections`]).
+    pub max_connections: usize,
+    /// Connections one peer address holds at once; 0 for no limit of its own (see
+    /// [`reach_rpc::ConnectionLimits::max_connections_per_peer`]). Kubernetes probes all come
+    /// from the node's kubelet: keep room for them.
+    pub max_connections_per_peer: usize,
+}
+
+impl Default for AdminConfig {
+    fn default() -> Self {
+        Self {
+            allowed_hosts: Vec::new(),
+            max_connections: reach_telemetry::ADMIN_MAX_CONNECTIONS,
+            max_connections_per_peer: reach_telemetry::ADMIN_MAX_CONNECTIONS_PER_PEER,
+        }
+    }
+}
+
+impl AdminConfig {
+    /// The admin port's connection limits: these, with `server`'s handshake and header
+    /// timeouts and shutdown grace (the admin port's header timeout is at most 10 s).
+    pub fn limits(&self, server: &reach_rpc::ConnectionLimits) -> reach_rpc::ConnectionLimits {
+        let admin = reach_telemetry::admin_limits(server.shutdown_grace);
+        reach_rpc::ConnectionLimits {
+            max_connections: self.max_connections,
+            max_connections_per_peer: self.max_connections_per_peer,
+            handshake_timeout: server.handshake_timeout,
+            header_read_timeout: server.header_read_timeout.min(admin.header_read_timeout),
+            ..admin
+        }
+    }
+
+    /// Checks the settings.
+    ///
+    /// # Errors
+    /// A message naming the `admin.*` setting to fix.
+    pub fn validate(&self) -> Result<(), String> {
+        if self.max_connections == 0 {
+            return Err("admin.max_connections is 0; it must be at least 1, such as 256".into());
+        }
+        if let Some(bad) = self
+            .allowed_hosts
+            .iter()
+            .find(|h| h.trim().is_empty() || h.contains(['/', '@', ' ', '\\']))
+        {
+            return Err(format!(
+                "admin.allowed_hosts has {bad:?}, which is no host name; give `host` or `host:port`, such as \"reach-registry.reach.svc\""
+            ));
+        }
+        Ok(())
+    }
+}
 
 /// What the `/agents` routes serve from: the local registry, if any, and the trust that
 /// authorizes their callers.
@@ -63,24 +129,36 @@ pub fn routes(
     registry: Option<Backend>,
     trust: Arc<Trust>,
 ) -> Router {
-    operator_routes(metrics, ready, registry, trust, None)
+    operator_routes(metrics, ready, registry, trust, None, &[])
 }
 
-/// [`routes`], plus `extra` operator routes (the orchestrator's). Without trust nothing
-/// authenticates an operator route's caller, so a page on another site could reach them
-/// through a browser on the same machine — by rebinding a name to the loopback address (and
-/// reading `/tasks/{id}`), or by posting a form (draining agents, retrying tasks): they are
-/// served only for the port's loopback names and same-origin changes
-/// ([`reach_console::guard::Guard`], as the console is). `/health`, `/ready` and `/metrics`
-/// stay open to probes and scrapers by any name.
+/// [`routes`], the operator routes answering `allowed_hosts` besides loopback names.
+pub fn routes_for(
+    metrics: reach_telemetry::metrics::PrometheusHandle,
+    ready: tokio::sync::watch::Receiver<bool>,
+    registry: Option<Backend>,
+    trust: Arc<Trust>,
+    allowed_hosts: &[String],
+) -> Router {
+    operator_routes(metrics, ready, registry, trust, None, allowed_hosts)
+}
+
+/// [`routes`], plus `extra` operator routes (the orchestrator's), answering `allowed_hosts`
+/// besides loopback names. A page on another site could reach them through a browser —
+/// by rebinding a name to the port's address (and reading `/tasks/{id}`), or by posting a
+/// form (draining agents, retrying tasks) — with whatever the browser holds: nothing
+/// without trust, an operator's client certificate with it. So, trust on or off, they are
+/// served only for the port's names and same-origin changes ([`reach_console::guard::Guard`],
+/// as the console is). `/health`, `/ready` and `/metrics` stay open to probes and scrapers by
+/// any name.
 fn operator_routes(
     metrics: reach_telemetry::metrics::PrometheusHandle,
     ready: tokio::sync::watch::Receiver<bool>,
     registry: Option<Backend>,
     trust: Arc<Trust>,
     extra: Option<Router>,
+    allowed_hosts: &[String],
 ) -> Router {
-    let guarded = !trust.is_enabled();
     let mut operator = Router::new()
         .route("/agents", get(agents))
         .route("/agents/{service}", axum::routing::delete(drain_service))
@@ -88,9 +166,7 @@ fn operator_routes(
     if let Some(extra) = extra {
         operator = operator.merge(extra);
     }
-    if guarded {
-        operator = reach_console::guard::Guard::new(&[]).layer(operator);
-    }
+    let operator = reach_console::guard::Guard::new(allowed_hosts).layer(operator);
     reach_telemetry::admin_router(metrics, ready).merge(operator)
 }
 
@@ -100,14 +176,25 @@ pub fn plane_routes(
     metrics: reach_telemetry::metrics::PrometheusHandle,
     plane: &crate::control_plane::ControlPlane,
 ) -> Router {
+    plane_routes_for(metrics, plane, &[])
+}
+
+/// [`plane_routes`], its operator routes and console answering `allowed_hosts` besides
+/// loopback names (`admin.allowed_hosts`).
+pub fn plane_routes_for(
+    metrics: reach_telemetry::metrics::PrometheusHandle,
+    plane: &crate::control_plane::ControlPlane,
+    allowed_hosts: &[String],
+) -> Router {
     let mut routes = operator_routes(
         metrics,
         plane.readiness(),
         plane.registry().cloned(),
         plane.trust().clone(),
         plane.orchestrator().map(|o| o.admin_router()),
+        allowed_hosts,
     );
-    if let Some(console) = console(plane) {
+    if let Some(console) = console_for(plane, allowed_hosts) {
         routes = routes.merge(console.routes());
     }
     routes
@@ -119,6 +206,14 @@ pub fn plane_routes(
 /// without this process's certificate when the plane serves TLS), so their policy judges the
 /// person, never the process.
 pub fn console(plane: &crate::control_plane::ControlPlane) -> Option<reach_console::Console> {
+    console_for(plane, &[])
+}
+
+/// [`console`], answering `allowed_hosts` besides loopback names.
+pub fn console_for(
+    plane: &crate::control_plane::ControlPlane,
+    allowed_hosts: &[String],
+) -> Option<reach_console::Console> {
     if plane.orchestrator().is_none() && plane.registry().is_none() {
         return None;
     }
@@ -164,6 +259,7 @@ pub fn console(plane: &crate::control_plane::ControlPlane) -> Option<reach_conso
             }),
         },
         reach_console::ConsoleConfig {
+            allowed_hosts: allowed_hosts.to_vec(),
             refresh_ms: reach_console::DEFAULT_REFRESH_MS,
             login: trust.is_enabled(),
             ..reach_console::ConsoleConfig::default()
@@ -173,7 +269,8 @@ pub fn console(plane: &crate::control_plane::ControlPlane) -> Option<reach_conso
 
 /// Serves `plane`'s admin routes ([`plane_routes`]) on `listener` with its trust (TLS when it
 /// has certificates, client certificates optional; see
-/// [`reach_telemetry::serve_admin_with_trust`]) until `shutdown` resolves.
+/// [`reach_telemetry::serve_admin_with_trust`]) until `shutdown` resolves, with the default
+/// [`AdminConfig`] and `grace`.
 ///
 /// # Errors
 /// [`reach_trust::TrustError::PlaintextListener`] for a non-loopback listener without TLS
@@ -185,14 +282,41 @@ pub fn serve(
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
     grace: std::time::Duration,
 ) -> Result<tokio::task::JoinHandle<()>, reach_trust::TrustError> {
+    let server = reach_rpc::ConnectionLimits {
+        shutdown_grace: grace,
+        ..reach_rpc::ConnectionLimits::default()
+    };
+    serve_configured(
+        listener,
+        metrics,
+        plane,
+        shutdown,
+        &server,
+        &AdminConfig::default(),
+    )
+}
+
+/// [`serve`] as `admin` says (its hosts and connection limits), with `server`'s timeouts
+/// and shutdown grace ([`AdminConfig::limits`]).
+///
+/// # Errors
+/// As [`serve`].
+pub fn serve_configured(
+    listener: tokio::net::TcpListener,
+    metrics: reach_telemetry::metrics::PrometheusHandle,
+    plane: &crate::control_plane::ControlPlane,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+    server: &reach_rpc::ConnectionLimits,
+    admin: &AdminConfig,
+) -> Result<tokio::task::JoinHandle<()>, reach_trust::TrustError> {
     if let Ok(addr) = listener.local_addr() {
         plane.trust().check_listener(addr)?;
     }
-    Ok(tokio::spawn(reach_telemetry::serve_admin_with_trust(
+    Ok(tokio::spawn(reach_telemetry::serve_admin_with_limits(
         listener,
-        plane_routes(metrics, plane),
+        plane_routes_for(metrics, plane, &admin.allowed_hosts),
         shutdown,
-        grace,
+        admin.limits(server),
         plane.trust().clone(),
     )))
 }
@@ -280,4 +404,51 @@ async fn drain_service(
         ),
     )
         .into_response()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn admin_settings_that_cannot_work_are_refused_naming_their_key() {
+        assert!(AdminConfig::default().validate().is_ok());
+        let none = AdminConfig {
+            max_connections: 0,
+            ..AdminConfig::default()
+        };
+        assert!(
+            none.validate()
+                .unwrap_err()
+                .contains("admin.max_connections")
+        );
+        let bad_host = AdminConfig {
+            allowed_hosts: vec!["https://evil.example/".into()],
+            ..AdminConfig::default()
+        };
+        assert!(
+            bad_host
+                .validate()
+                .unwrap_err()
+                .contains("admin.allowed_hosts")
+        );
+    }
+
+    #[test]
+    fn the_admin_port_takes_the_servers_timeouts_with_a_header_timeout_of_at_most_10s() {
+        let server = reach_rpc::ConnectionLimits {
+            handshake_timeout: std::time::Duration::from_secs(3),
+            shutdown_grace: std::time::Duration::from_secs(7),
+            ..reach_rpc::ConnectionLimits::default()
+        };
+        let limits = AdminConfig::default().limits(&server);
+        assert_eq!(limits.max_connections, 256);
+        assert_eq!(limits.max_connections_per_peer, 64);
+        assert_eq!(limits.handshake_timeout, server.handshake_timeout);
+        assert_eq!(limits.shutdown_grace, server.shutdown_grace);
+        assert_eq!(
+            limits.header_read_timeout,
+            std::time::Duration::from_secs(10)
+        );
+    }
 }

@@ -14,7 +14,8 @@ use serde::{Deserialize, Serialize};
 
 /// The top-level keys of [`ReachConfig`], which `REACH_<KEY>` / `REACH_<KEY>__<FIELD>`
 /// variables may set.
-const SECTIONS: [&str; 11] = [
+const SECTIONS: [&str; 12] = [
+    "admin",
     "agents",
     "mcp",
     "edge",
@@ -39,6 +40,8 @@ pub struct ReachConfig {
     /// Where `reach dev`'s A2A edge serves its JSON-RPC binding and agent cards over HTTP
     /// (`host:port`); empty disables it (the A2A gRPC service stays on `listen`).
     pub edge_listen: String,
+    /// The HTTP admin port's hosts and connection limits (`[admin]`).
+    pub admin: crate::admin::AdminConfig,
     /// The A2A edge's settings (`docs/edges.md`).
     pub edge: reach_edge::a2a::EdgeConfig,
     /// Limits on the gRPC listener's connections: how many at once, how soon they must start
@@ -75,6 +78,7 @@ impl Default for ReachConfig {
             listen: "127.0.0.1:7070".into(),
             admin_listen: "127.0.0.1:7071".into(),
             edge_listen: "127.0.0.1:7072".into(),
+            admin: crate::admin::AdminConfig::default(),
             edge: reach_edge::a2a::EdgeConfig::default(),
             server: reach_rpc::ConnectionLimits::default(),
             registry: RegistryConfig::default(),
@@ -163,6 +167,7 @@ impl ReachConfig {
         self.server
             .validate(self.router.max_message_bytes, "router.max_message_bytes")
             .map_err(|e| ConfigError::Invalid(e.to_string()))?;
+        self.admin.validate().map_err(ConfigError::Invalid)?;
         self.registry
             .validate()
             .map_err(|e| ConfigError::Invalid(e.to_string()))?;

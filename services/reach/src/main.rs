@@ -241,6 +241,15 @@ enum Command {
         /// third of the TTL granted.
         #[arg(long, default_value = "10s", value_parser = lease_ttl)]
         lease_ttl: std::time::Duration,
+        /// A directory of the agents' certificates, as `reach certs init` writes them
+        /// (`agent-<service>.pem`, `agent-<service>-key.pem` for each agent's service, and
+        /// `ca.pem`): every agent then serves and calls over mutual TLS with its own (the helm
+        /// chart mounts them there). Unset: plaintext.
+        #[arg(long, env = "REACH_TLS_DIR")]
+        tls_dir: Option<PathBuf>,
+        /// The trust domain of those certificates.
+        #[arg(long, env = "REACH_TRUST_DOMAIN", default_value = reach_trust::DEFAULT_TRUST_DOMAIN)]
+        trust_domain: String,
         #[command(flatten)]
         model: ModelArgs,
     },
@@ -892,6 +901,8 @@ async fn run(command: Command) -> anyhow::Result<ExitCode> {
             listen_host,
             advertise_host,
             lease_ttl,
+            tls_dir,
+            trust_domain,
             model,
         } => {
             let router = router.unwrap_or_else(|| registry.clone());
@@ -907,6 +918,8 @@ async fn run(command: Command) -> anyhow::Result<ExitCode> {
                 listen_host,
                 advertise_host,
                 lease_ttl,
+                tls_dir,
+                trust_domain,
                 ..Default::default()
             };
             let fleet = reach_agents::fleet::Fleet::start(&registry, &router, &options).await?;
@@ -1074,7 +1087,7 @@ async fn serve(
         if config.admin_listen.is_empty() {
             0
         } else {
-            reach_telemetry::ADMIN_MAX_CONNECTIONS
+            config.admin.max_connections
         },
     );
     let listener = TcpListener::bind(&config.listen)
@@ -1203,12 +1216,13 @@ async fn serve(
                 }
             )?;
         }
-        Some(reach::admin::serve(
+        Some(reach::admin::serve_configured(
             admin_listener,
             metrics,
             &plane,
             async move { token.cancelled().await },
-            config.server.shutdown_grace,
+            &config.server,
+            &config.admin,
         )?)
     } else {
         None

@@ -39,6 +39,22 @@ pub struct RegistryConfig {
     pub backend: Backend,
     /// The etcd cluster, when `backend = "etcd"`.
     pub etcd: EtcdConfig,
+    /// With trust on: the most `Watch` streams one identity may hold open on this replica
+    /// (routers, `registry.routers` of the policy, are not capped per identity: their
+    /// replicas share one). Default 16.
+    pub max_watches_per_identity: usize,
+    /// With trust on: how many of this replica's
+    /// [`MAX_WATCHES`](crate::service::MAX_WATCHES) Watch slots only routers may take, so
+    /// that watchers of other identities never lock routers out. Default 256.
+    pub router_watch_slots: usize,
+    /// With trust on and `health_probe`: how many registrations one identity may make that
+    /// start a health probe, at once (a token bucket's size), before
+    /// `probes_per_second_per_identity` paces it. Default 128.
+    pub probe_burst_per_identity: u32,
+    /// With trust on and `health_probe`: how fast one identity's probe allowance refills,
+    /// in registrations a second; beyond it Register answers RESOURCE_EXHAUSTED
+    /// (`PROBE_RATE_LIMITED`, with when to retry). Default 8.
+    pub probes_per_second_per_identity: u32,
 }
 
 /// Where the registry keeps its instance table.
@@ -150,6 +166,10 @@ impl Default for RegistryConfig {
             strict: false,
             backend: Backend::Memory,
             etcd: EtcdConfig::default(),
+            max_watches_per_identity: 16,
+            router_watch_slots: 256,
+            probe_burst_per_identity: 128,
+            probes_per_second_per_identity: 8,
         }
     }
 }
@@ -186,6 +206,23 @@ impl RegistryConfig {
         }
         if self.probe_timeout.is_zero() {
             return Err(ConfigError::ZeroProbeTimeout);
+        }
+        if self.max_watches_per_identity == 0 {
+            return Err(ConfigError::Limit(
+                "registry.max_watches_per_identity must be at least 1 (routers are not capped by it)".into(),
+            ));
+        }
+        if self.router_watch_slots >= crate::service::MAX_WATCHES {
+            return Err(ConfigError::Limit(format!(
+                "registry.router_watch_slots ({}) must be below the {} Watch streams a registry serves, leaving room for other watchers",
+                self.router_watch_slots,
+                crate::service::MAX_WATCHES
+            )));
+        }
+        if self.probe_burst_per_identity == 0 || self.probes_per_second_per_identity == 0 {
+            return Err(ConfigError::Limit(
+                "registry.probe_burst_per_identity and registry.probes_per_second_per_identity must be at least 1 (set registry.health_probe = false to probe nothing)".into(),
+            ));
         }
         if self.backend == Backend::Etcd {
             // The granted TTLs (the default, and the longest) become etcd leases as they are;
@@ -374,6 +411,9 @@ pub enum ConfigError {
     /// An etcd setting (or a file it names) cannot be used; the message names it and the fix.
     #[error("{0}")]
     Etcd(String),
+    /// A Watch or probe limit is out of range; the message names it and the fix.
+    #[error("{0}")]
+    Limit(String),
 }
 
 #[cfg(test)]
@@ -573,5 +613,43 @@ mod tests {
             "registry.default_lease_ttl (10m) must lie between registry.min_lease_ttl (100ms) and registry.max_lease_ttl (5m)"
         );
         assert_eq!(readable(Duration::from_nanos(2_000_400_000)), "2s");
+    }
+
+    #[test]
+    fn watch_and_probe_limits_are_refused_out_of_range_naming_the_key() {
+        RegistryConfig::default().validate().unwrap();
+        for (config, key) in [
+            (
+                RegistryConfig {
+                    max_watches_per_identity: 0,
+                    ..RegistryConfig::default()
+                },
+                "registry.max_watches_per_identity",
+            ),
+            (
+                RegistryConfig {
+                    router_watch_slots: crate::service::MAX_WATCHES,
+                    ..RegistryConfig::default()
+                },
+                "registry.router_watch_slots (1024)",
+            ),
+            (
+                RegistryConfig {
+                    probes_per_second_per_identity: 0,
+                    ..RegistryConfig::default()
+                },
+                "registry.probes_per_second_per_identity",
+            ),
+            (
+                RegistryConfig {
+                    probe_burst_per_identity: 0,
+                    ..RegistryConfig::default()
+                },
+                "registry.probe_burst_per_identity",
+            ),
+        ] {
+            let message = config.validate().unwrap_err().to_string();
+            assert!(message.contains(key), "{key}: {message}");
+        }
     }
 }

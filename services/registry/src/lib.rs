@@ -16,6 +16,8 @@
 //! - [`etcd_tls`](mod@etcd_tls) — TLS to etcd with rustls (CA, client certificate).
 //! - [`service`] — the `reach.v1.RegistryService` gRPC implementation over a [`Registry`].
 //! - [`probe`] — the first health probe that moves an instance from REGISTERED to READY.
+//! - [`limits`] — with trust on: Watch slots per identity (and held back for routers), and the
+//!   pace of health probes per registrant identity.
 //! - [`tokens`] — one-time join tokens already used.
 //! - [`error`] — [`RegistryError`] and its mapping to gRPC statuses; [`InitError`].
 //! - [`metrics`] — instances per state, lease expiries and RPCs by code.
@@ -28,6 +30,7 @@ pub mod error;
 pub mod etcd;
 #[cfg(feature = "etcd")]
 pub mod etcd_tls;
+pub mod limits;
 pub mod metrics;
 pub mod probe;
 pub mod service;

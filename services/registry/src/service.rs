@@ -19,6 +19,7 @@ use tracing::warn;
 
 use crate::backend::Backend;
 use crate::error::RegistryError;
+use crate::limits::{ProbeLimiter, WatchSlots, Watcher};
 use crate::probe::probe_until_ready;
 use crate::store::{Registry, WatchFrom};
 use crate::tokens::{Refused, UsedTokens};
@@ -29,8 +30,11 @@ pub struct RegistryGrpc {
     backend: Backend,
     trust: Arc<Trust>,
     used_tokens: Arc<UsedTokens>,
-    /// Permits for open Watch streams ([`MAX_WATCHES`]).
-    watches: Arc<tokio::sync::Semaphore>,
+    /// Slots for open Watch streams ([`MAX_WATCHES`]; with trust on, capped per identity with
+    /// slots held back for routers).
+    watches: WatchSlots,
+    /// With trust on: the pace of health probes each registrant identity may start.
+    probes: ProbeLimiter,
 }
 
 impl RegistryGrpc {
@@ -42,11 +46,22 @@ impl RegistryGrpc {
 
     /// Serves `backend` over gRPC, with trust off (see [`RegistryGrpc::with_trust`]).
     pub fn with_backend(backend: Backend) -> Self {
+        let config = backend.view().config();
+        let watches = WatchSlots::new(
+            MAX_WATCHES,
+            config.router_watch_slots,
+            config.max_watches_per_identity,
+        );
+        let probes = ProbeLimiter::new(
+            config.probe_burst_per_identity,
+            config.probes_per_second_per_identity,
+        );
         Self {
             backend,
             trust: Trust::disabled(),
             used_tokens: Arc::default(),
-            watches: Arc::new(tokio::sync::Semaphore::new(MAX_WATCHES)),
+            watches,
+            probes,
         }
     }
 
@@ -55,7 +70,14 @@ impl RegistryGrpc {
     /// and Deregister only by the instance's owner (the identity that registered it) or an
     /// operator, with its lease id (an instance that joined with a join token: its lease id
     /// alone, without credentials); health probes over TLS when `trust` has certificates,
-    /// expecting the agent's identity.
+    /// expecting the agent's identity. Also, with trust on: a registration's capabilities,
+    /// topics and typed gRPC services must be granted by the policy's `serve` rules
+    /// ([`Trust::check_registration`]); its endpoint must be on the registering connection's
+    /// own address or one the policy lets the identity advertise ([`Trust::check_endpoint`]);
+    /// registrations that start health probes are paced per identity; and only routers, edges
+    /// and operators may Watch and ListInstances ([`Trust::check_watcher`]), each identity but
+    /// routers with at most `registry.max_watches_per_identity` Watch streams, out of the
+    /// slots not held back for routers (`registry.router_watch_slots`).
     pub fn with_trust(mut self, trust: Arc<Trust>) -> Self {
         self.trust = trust;
         self
@@ -175,6 +197,7 @@ impl RegistryGrpc {
             .ok()
             .flatten();
         let caller = Caller::of(request.extensions());
+        let peer = request.remote_addr().map(|address| address.ip());
         let request = request.into_inner();
         let spec = request
             .instance
@@ -190,8 +213,18 @@ impl RegistryGrpc {
         {
             let capabilities: Vec<&str> =
                 spec.capabilities.iter().map(|c| c.name.as_str()).collect();
+            let topics: Vec<&str> = spec.topics.iter().map(String::as_str).collect();
+            let grpc_services: Vec<&str> = spec.grpc_services.iter().map(String::as_str).collect();
             self.trust
-                .check_register(&caller, &service, &capabilities)
+                .check_registration(
+                    &caller,
+                    &service,
+                    reach_trust::Served {
+                        capabilities: &capabilities,
+                        topics: &topics,
+                        grpc_services: &grpc_services,
+                    },
+                )
                 .map_err(|denied| denied.to_status())?;
         }
         // Checking descriptors compiles schemas: off the async workers, one at a time.
@@ -200,6 +233,14 @@ impl RegistryGrpc {
             .view()
             .check_off_worker(deadline, move || crate::store::check_spec(spec))
             .await??;
+        // Paced before the endpoint is judged (and its name resolved): refused attempts
+        // count too, as a scanner's would.
+        if self.trust.is_enabled() && self.backend.view().config().health_probe {
+            self.probes.take(caller.name())?;
+        }
+        let probe_endpoint = self
+            .check_advertised(&caller, &service, &endpoint, peer)
+            .await?;
         let join_token = self.claim_join_token(&caller, &service).await?;
         let registration = match self
             .backend
@@ -227,7 +268,7 @@ impl RegistryGrpc {
                 self.backend.view().clone(),
                 crate::store::instance_id(&registration.instance).to_string(),
                 registration.lease_id.clone(),
-                endpoint,
+                probe_endpoint,
                 tls,
             ));
         }
@@ -235,6 +276,64 @@ impl RegistryGrpc {
             lease_id: registration.lease_id,
             lease_ttl: Some(reach_rpc::time::proto_duration(registration.lease_ttl)),
             instance: Some(registration.instance),
+        })
+    }
+
+    /// With trust on, checks the host of a registration's (valid) `endpoint`: an IP address,
+    /// or every address a host name resolves to, must be `peer`'s own or one the policy lets
+    /// the caller advertise, unless the name itself is granted ([`Trust::check_endpoint`]).
+    /// Returns the endpoint this replica's health probe dials: for a name judged by its
+    /// addresses, the address checked, so a name that resolves elsewhere by the time of the
+    /// probe (DNS rebinding) is not dialed. `peer` is the address the registration came
+    /// from, as Reach's server records it (tonic's `TcpConnectInfo`); unknown, it grants
+    /// nothing.
+    async fn check_advertised(
+        &self,
+        caller: &Caller,
+        service: &str,
+        endpoint: &str,
+        peer: Option<std::net::IpAddr>,
+    ) -> Result<String, Status> {
+        if !self.trust.is_enabled() {
+            return Ok(endpoint.to_string());
+        }
+        let uri: http::Uri = endpoint.parse().map_err(|_| {
+            RegistryError::InvalidRegistration(format!(
+                "instance.endpoint {endpoint:?} is not a URL"
+            ))
+        })?;
+        let written = uri.host().unwrap_or_default();
+        let host = written.trim_start_matches('[').trim_end_matches(']');
+        let port = uri.port_u16().unwrap_or_default();
+        if self.trust.advertises_by_name(caller, service, host) {
+            return Ok(endpoint.to_string());
+        }
+        let (addresses, is_name) = match host.parse::<std::net::IpAddr>() {
+            Ok(ip) => (vec![ip], false),
+            Err(_) => (resolve(host, port).await, true),
+        };
+        self.trust
+            .check_endpoint(caller, service, endpoint, host, &addresses, peer)
+            .map_err(|denied| denied.to_status())?;
+        // Of the addresses checked, the probe dials the registrant's own when the name
+        // resolves to it (`localhost` to 127.0.0.1 and ::1, the agent listening on one).
+        let peer = peer.map(reach_trust::policy::canonical_ip);
+        let dialed = addresses
+            .iter()
+            .find(|ip| Some(reach_trust::policy::canonical_ip(**ip)) == peer)
+            .or_else(|| {
+                addresses
+                    .iter()
+                    .find(|ip| peer.is_some_and(|peer| ip.is_ipv4() == peer.is_ipv4()))
+            })
+            .or(addresses.first());
+        Ok(match dialed {
+            Some(ip) if is_name => format!(
+                "{}://{}",
+                uri.scheme_str().unwrap_or("http"),
+                std::net::SocketAddr::new(*ip, port)
+            ),
+            _ => endpoint.to_string(),
         })
     }
 
@@ -296,6 +395,23 @@ impl RegistryGrpc {
 
 /// The most Watch streams a registry serves at once (routers hold one each).
 pub const MAX_WATCHES: usize = 1024;
+
+/// How long resolving a registered endpoint's host name may take (with trust on).
+const RESOLVE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// The addresses `host` resolves to (none when it does not resolve within
+/// [`RESOLVE_TIMEOUT`]).
+async fn resolve(host: &str, port: u16) -> Vec<std::net::IpAddr> {
+    match tokio::time::timeout(RESOLVE_TIMEOUT, tokio::net::lookup_host((host, port))).await {
+        Ok(Ok(addresses)) => addresses.map(|address| address.ip()).collect(),
+        Ok(Err(error)) => {
+            tracing::debug!(%host, %error, "an advertised host name does not resolve");
+            Vec::new()
+        }
+        Err(_) => Vec::new(),
+    }
+}
+
 /// How many events wait, copied, for one watcher to take them.
 const WATCH_SEND_BUFFER: usize = 16;
 
@@ -458,6 +574,10 @@ impl RegistryService for RegistryGrpc {
         &self,
         request: Request<ListInstancesRequest>,
     ) -> Result<Response<ListInstancesResponse>, Status> {
+        let caller = Caller::of(request.extensions());
+        self.trust
+            .check_watcher(&caller, "list")
+            .map_err(|denied| denied.to_status())?;
         let request = request.into_inner();
         let mut list = self
             .backend
@@ -511,6 +631,10 @@ impl RegistryService for RegistryGrpc {
         &self,
         request: Request<WatchRequest>,
     ) -> Result<Response<Self::WatchStream>, Status> {
+        let caller = Caller::of(request.extensions());
+        self.trust
+            .check_watcher(&caller, "watch")
+            .map_err(|denied| denied.to_status())?;
         let request = request.into_inner();
         if request.epoch.len() > MAX_EPOCH_BYTES {
             return Err(Status::invalid_argument(format!(
@@ -526,11 +650,14 @@ impl RegistryService for RegistryGrpc {
                 after_revision: request.after_revision,
             }
         };
-        let Ok(slot) = Arc::clone(&self.watches).try_acquire_owned() else {
-            return Err(Status::resource_exhausted(format!(
-                "the registry serves {MAX_WATCHES} Watch streams already; close unused watches (each router needs one), or spread watchers over more registry replicas"
-            )));
+        let watcher = if !self.trust.is_enabled() {
+            Watcher::Anyone
+        } else if self.trust.is_router(&caller) {
+            Watcher::Router
+        } else {
+            Watcher::Other(caller.name())
         };
+        let slot = self.watches.acquire(watcher)?;
         if let WatchFrom::Resume {
             epoch,
             after_revision,

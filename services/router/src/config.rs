@@ -60,6 +60,13 @@ pub struct RouterConfig {
     /// (`http://10.0.0.5:7070`). Asynchronous replies name it in `reply_to`; empty disables
     /// asynchronous replies on this replica.
     pub advertise_endpoint: String,
+    /// The other router replicas a Reply may be forwarded to, as their `advertise_endpoint`
+    /// URLs. Empty (the default): with trust on, any replica that proves the router identity
+    /// (`spiffe://<trust domain>/router`) in the TLS handshake, so replicas behind a
+    /// Kubernetes Service need no list; with trust off, any `http(s)://host:port`. Set: only
+    /// these (and this replica's own endpoint); a Reply naming another `reply_to` is refused
+    /// before anything is dialed. See docs/router.md, "Asynchronous replies across replicas".
+    pub peers: Vec<String>,
     /// The orchestrator whose message ledger records every routed message of a task
     /// (`OrchestratorService.RecordMessages`); empty disables the ledger. The sink is bounded
     /// and batched: it never slows or fails routing, and counts what it had to drop.
@@ -147,6 +154,7 @@ impl Default for RouterConfig {
             protocol_registry: None,
             validate_payloads: true,
             advertise_endpoint: String::new(),
+            peers: Vec::new(),
             ledger_endpoint: String::new(),
             ledger_sample_rate: 1.0,
             max_async_wait: Duration::from_secs(60),
@@ -211,6 +219,11 @@ impl RouterConfig {
         {
             return Err(ConfigError::RegistryEndpointNotHttp {
                 value: self.registry_endpoint.clone(),
+            });
+        }
+        if let Some(peer) = self.peers.iter().find(|p| !is_reply_peer_url(p)) {
+            return Err(ConfigError::PeerNotUrl {
+                value: peer.clone(),
             });
         }
         if self.rtt_decay.is_zero() {
@@ -292,6 +305,30 @@ impl RouterConfig {
     }
 }
 
+/// The longest `reply_to` (and `peers` entry) accepted, in bytes.
+pub const MAX_REPLY_PEER_URL_BYTES: usize = 512;
+
+/// Whether `url` has the shape of a router replica's URL: `http://` or `https://`, a host and
+/// a port, nothing else (no user info, path, query or fragment), at most
+/// [`MAX_REPLY_PEER_URL_BYTES`].
+pub fn is_reply_peer_url(url: &str) -> bool {
+    if url.len() > MAX_REPLY_PEER_URL_BYTES {
+        return false;
+    }
+    let Ok(uri) = url.parse::<http::Uri>() else {
+        return false;
+    };
+    let scheme_ok = matches!(uri.scheme_str(), Some("http" | "https"));
+    let path_ok = matches!(
+        uri.path_and_query().map(|p| p.as_str()),
+        None | Some("" | "/")
+    );
+    let authority_ok = uri.authority().is_some_and(|a| {
+        !a.as_str().contains('@') && !a.host().is_empty() && a.port_u16().is_some()
+    });
+    scheme_ok && path_ok && authority_ok && !url.contains('#')
+}
+
 /// The smallest `max_message_bytes` accepted, in bytes.
 pub const MIN_MESSAGE_BYTES: usize = 1024;
 
@@ -339,6 +376,14 @@ pub enum ConfigError {
     )]
     RegistryEndpointNotHttp {
         /// The configured value.
+        value: String,
+    },
+    /// An entry of `peers` is not a router URL.
+    #[error(
+        "router.peers entry {value:?} must be a router replica's URL, scheme, host and port only, such as https://10.0.0.5:7070"
+    )]
+    PeerNotUrl {
+        /// The entry.
         value: String,
     },
     /// `rtt_decay` is zero.
@@ -398,6 +443,7 @@ impl ConfigError {
             }
             ConfigError::ReplyBudgetTooSmall { .. } => "max_buffered_reply_bytes",
             ConfigError::RegistryEndpointNotHttp { .. } => "registry_endpoint",
+            ConfigError::PeerNotUrl { .. } => "peers",
             ConfigError::ZeroRttDecay => "rtt_decay",
             ConfigError::ZeroMaxTurn => "max_turn",
             ConfigError::ZeroConnectTimeout => "connect_timeout",
@@ -412,6 +458,35 @@ impl ConfigError {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn reply_peer_urls_are_scheme_host_and_port_only() {
+        for good in [
+            "http://127.0.0.1:7070",
+            "https://10.0.0.5:7070/",
+            "https://router-0.reach:7070",
+        ] {
+            assert!(is_reply_peer_url(good), "{good}");
+        }
+        for bad in [
+            "",
+            "async",
+            "10.0.0.5:7070",
+            "ftp://10.0.0.5:21",
+            "http://10.0.0.5",
+            "http://user:pw@10.0.0.5:7070",
+            "http://10.0.0.5:7070/admin",
+            "http://10.0.0.5:7070/?q=1",
+            "http://10.0.0.5:7070#x",
+        ] {
+            assert!(!is_reply_peer_url(bad), "{bad}");
+        }
+        let long = format!(
+            "http://{}.example:7070",
+            "a".repeat(MAX_REPLY_PEER_URL_BYTES)
+        );
+        assert!(!is_reply_peer_url(&long));
+    }
 
     #[test]
     fn the_defaults_are_valid() {
@@ -460,6 +535,14 @@ mod tests {
                 },
                 "rtt_decay",
                 "router.rtt_decay must be above zero",
+            ),
+            (
+                RouterConfig {
+                    peers: vec!["https://10.0.0.5:7070/admin?x=1".into()],
+                    ..RouterConfig::default()
+                },
+                "peers",
+                "router.peers entry \"https://10.0.0.5:7070/admin?x=1\" must be a router replica's URL",
             ),
             (
                 RouterConfig {

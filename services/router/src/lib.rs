@@ -59,5 +59,5 @@ pub use balance::Policy;
 pub use config::RouterConfig;
 pub use error::{RouteError, StartError};
 pub use key::RouteKey;
-pub use service::Router;
+pub use service::{FORWARDED_REPLY_METADATA, MAX_REPLY_PEERS, REPLIER_METADATA, Router};
 pub use table::RoutingTable;

@@ -664,18 +664,19 @@ gRPC readiness probe without TLS would see.
 
 {{/*
 A cert-manager Certificate for one component, with its SPIFFE ID as the one URI SAN. Call with
-(dict "root" $ "component" "router" "path" "router").
+(dict "root" $ "component" "router" "path" "router"); "name" names the Certificate (and its
+Secret, "<name>-tls") instead of the component (a fleet agent's services).
 */}}
 {{- define "reach.certificate" -}}
 {{- $cm := .root.Values.trust.tls.certManager -}}
 apiVersion: cert-manager.io/v1
 kind: Certificate
 metadata:
-  name: {{ include "reach.componentName" . }}
+  name: {{ .name | default (include "reach.componentName" .) }}
   labels:
     {{- include "reach.labels" . | nindent 4 }}
 spec:
-  secretName: {{ include "reach.tls.secretName" . }}
+  secretName: {{ if .name }}{{ .name }}-tls{{ else }}{{ include "reach.tls.secretName" . }}{{ end }}
   duration: {{ $cm.duration }}
   renewBefore: {{ $cm.renewBefore }}
   # X.509-SVID style: the SPIFFE ID is the identity; peers do not check host names. The
@@ -697,4 +698,143 @@ spec:
     - digital signature
   issuerRef:
     {{- toYaml $cm.issuerRef | nindent 4 }}
+{{- end -}}
+
+{{/*
+The Host values a component's admin port answers on its operator routes and console, as a
+JSON list ([admin] allowed_hosts): the component Service's DNS names, loopback and
+admin.allowedHosts. Call with (dict "root" $ "component" "registry").
+*/}}
+{{- define "reach.admin.allowedHosts" -}}
+{{- $name := include "reach.componentName" . -}}
+{{- $ns := .root.Release.Namespace -}}
+{{- $hosts := list $name (printf "%s.%s" $name $ns) (printf "%s.%s.svc" $name $ns) (printf "%s.%s.svc.cluster.local" $name $ns) "localhost" "127.0.0.1" "::1" -}}
+{{- range (.root.Values.admin.allowedHosts | default list) }}{{ $hosts = append $hosts . }}{{ end -}}
+{{- $hosts | uniq | toJson -}}
+{{- end -}}
+{{- define "reach.adminEnv" -}}
+# The Host values the admin port's operator routes and console answer (DNS rebinding).
+- name: REACH_ADMIN__ALLOWED_HOSTS
+  value: {{ include "reach.admin.allowedHosts" . | quote }}
+{{- end -}}
+
+{{/*
+=== The example fleet (`reach example-agents`): one process, several agent services. ===
+*/}}
+
+{{/* Whether an agent entry (as merged over agentDefaults) runs the example fleet ("true" or ""). */}}
+{{- define "reach.agent.fleet" -}}
+{{- if and .args (eq (toString (first .args)) "example-agents") -}}true{{- end -}}
+{{- end -}}
+
+{{/*
+The services of the example fleet, each with its own identity (spiffe://<trustDomain>/agent/<service>):
+what services/agents/src/fleet.rs starts (the chart tests compare the two).
+*/}}
+{{- define "reach.fleet.services" -}}
+{{- list "coordinator" "ingest" "executor.servicing" "executor.repayment" "executor.credit_report" "executor.origination" | toJson -}}
+{{- end -}}
+
+{{/*
+The Secret cert-manager writes for one fleet service of an agent: "<fullname>-agent-<name>-<service>-tls",
+the service's dots and underscores as dashes. Call with (dict "root" $ "agent" "examples" "service" "executor.servicing").
+*/}}
+{{- define "reach.fleet.certificateName" -}}
+{{- printf "%s-%s" (include "reach.componentName" (dict "root" .root "component" (printf "agent-%s" .agent))) (.service | replace "." "-" | replace "_" "-") -}}
+{{- end -}}
+
+{{/*
+The tls volume of a fleet agent: with cert-manager, its services' Secrets projected into one
+directory as `reach certs init` lays it out (agent-<service>.pem, agent-<service>-key.pem,
+ca.pem); else the agent's Secret, which must hold those files. Call with (dict "root" $ "agent" $agent).
+*/}}
+{{- define "reach.fleet.tlsVolume" -}}
+- name: tls
+{{- if .root.Values.trust.tls.certManager.enabled }}
+  projected:
+    defaultMode: 0440
+    sources:
+      {{- range $i, $service := include "reach.fleet.services" .root | fromJsonArray }}
+      - secret:
+          name: {{ include "reach.fleet.certificateName" (dict "root" $.root "agent" $.agent.name "service" $service) }}-tls
+          items:
+            - key: tls.crt
+              path: agent-{{ $service }}.pem
+            - key: tls.key
+              path: agent-{{ $service }}-key.pem
+            {{- if eq $i 0 }}
+            - key: ca.crt
+              path: ca.pem
+            {{- end }}
+      {{- end }}
+{{- else }}
+  secret:
+    secretName: {{ include "reach.tls.secretName" (dict "root" .root "component" (printf "agent-%s" .agent.name) "agent" .agent.name) }}
+    defaultMode: 0440
+{{- end }}
+{{- end -}}
+
+{{/*
+=== Network policies (networkPolicy, docs/deploy.md "Network policies"). ===
+*/}}
+
+{{/* The peers that are the mesh: this release's pods, then networkPolicy.meshPeers. */}}
+{{- define "reach.networkPolicy.mesh" -}}
+- podSelector:
+    matchLabels:
+      app.kubernetes.io/name: {{ include "reach.name" . }}
+      app.kubernetes.io/instance: {{ .Release.Name }}
+{{- with .Values.networkPolicy.meshPeers }}
+{{ toYaml . }}
+{{- end }}
+{{- end -}}
+
+{{/*
+The NetworkPolicy of a control-plane component: its gRPC port from the mesh (or, with
+"public" peers given, from those; an empty list: anyone), its admin port from the mesh and
+networkPolicy.admin.from, and with "a2a" the edge's A2A port as its gRPC port. Call with
+(dict "root" $ "component" "registry") or (dict "root" $ "component" "edge" "public" .Values.networkPolicy.edge.from "a2a" true).
+*/}}
+{{- define "reach.networkPolicy.component" -}}
+{{- $ctx := dict "root" .root "component" .component -}}
+apiVersion: networking.k8s.io/v1
+kind: NetworkPolicy
+metadata:
+  name: {{ include "reach.componentName" $ctx }}
+  labels:
+    {{- include "reach.labels" $ctx | nindent 4 }}
+spec:
+  podSelector:
+    matchLabels:
+      {{- include "reach.selectorLabels" $ctx | nindent 6 }}
+  policyTypes: [Ingress]
+  ingress:
+    {{- if hasKey . "public" }}
+    # The mesh's public door: its callers authenticate at the edge itself.
+    - ports:
+        - port: grpc
+          protocol: TCP
+        {{- if .a2a }}
+        - port: a2a
+          protocol: TCP
+        {{- end }}
+      {{- with .public }}
+      from:
+        {{- toYaml . | nindent 8 }}
+      {{- end }}
+    {{- else }}
+    - ports:
+        - port: grpc
+          protocol: TCP
+      from:
+        {{- include "reach.networkPolicy.mesh" .root | nindent 8 }}
+    {{- end }}
+    - ports:
+        - port: admin
+          protocol: TCP
+      from:
+        {{- include "reach.networkPolicy.mesh" .root | nindent 8 }}
+        {{- with .root.Values.networkPolicy.admin.from }}
+        {{- toYaml . | nindent 8 }}
+        {{- end }}
 {{- end -}}

@@ -70,7 +70,7 @@ from reach_mesh.runtime import (
     StreamHandler,
 )
 from reach_mesh.tasks import HumanWait, NodeRun, Task, TaskEvent, TaskStatus
-from reach_mesh.trust import TlsConfig
+from reach_mesh.trust import DirectCallers, TlsConfig
 
 __all__ = [
     "MAX_DATA_DEPTH",
@@ -80,6 +80,7 @@ __all__ = [
     "CallOptions",
     "Capability",
     "DataTooDeep",
+    "DirectCallers",
     "Handler",
     "HandlerContext",
     "HandlerResult",

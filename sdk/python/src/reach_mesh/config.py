@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from reach_mesh.capability import is_name
-from reach_mesh.trust import DEFAULT_TRUST_DOMAIN, TlsConfig
+from reach_mesh.trust import DEFAULT_TRUST_DOMAIN, DirectCallers, TlsConfig
 
 __all__ = ["AgentConfig"]
 
@@ -59,6 +59,14 @@ class AgentConfig:
             on Register only (heartbeats authenticate with the lease), for an agent without a
             certificate of its service; ``""`` sends none. A one-time token registers once:
             an agent that must register again (after a registry restart) needs a reusable one.
+        router_identities: when the agent serves TLS, the SPIFFE IDs that may call it (its
+            AgentService, reflection, health) and whose ``x-reach-caller`` is believed; every
+            other peer is refused PERMISSION_DENIED / ``NOT_AUTHORIZED``, so the router's call
+            policy cannot be skipped by dialling the agent (:class:`reach_mesh.DirectCallers`).
+            Empty (the default): ``spiffe://<trust_domain>/router``.
+        probe_identities: when the agent serves TLS, the SPIFFE IDs that may call
+            ``grpc.health.v1`` besides the routers. Empty (the default):
+            ``spiffe://<trust_domain>/registry``, whose health probe makes an instance READY.
     """
 
     service: str
@@ -80,6 +88,17 @@ class AgentConfig:
     trust_domain: str = DEFAULT_TRUST_DOMAIN
     tls: TlsConfig | None = None
     join_token: str = ""
+    router_identities: list[str] = field(default_factory=list)
+    probe_identities: list[str] = field(default_factory=list)
+
+    def direct_callers(self) -> DirectCallers:
+        """Who may call this agent directly when it serves TLS (:attr:`router_identities`,
+        :attr:`probe_identities`, or their defaults).
+
+        Raises:
+            ValueError: an identity is not a SPIFFE ID of the trust domain.
+        """
+        return DirectCallers.of(self.trust_domain, self.router_identities, self.probe_identities)
 
     def validate(self) -> None:
         """Checks the settings, including what the registry would refuse (names, counts), so
@@ -133,6 +152,7 @@ class AgentConfig:
             )
         if self.tls is not None:
             self.tls.validate("agent.tls")
+        self.direct_callers()
         token = self.join_token.strip()
         if token and not all("!" <= char <= "~" for char in token):
             raise ValueError("agent.join_token is not a valid token (it must be printable ASCII)")

@@ -57,7 +57,7 @@ from reach_mesh.ids import new_message_id
 from reach_mesh.message import Message
 from reach_mesh.models import ModelSlots
 from reach_mesh.parts import MAX_DATA_DEPTH, DataTooDeep, Part, PartError, Payload
-from reach_mesh.trust import peer_identity, router_identity, vouched_caller
+from reach_mesh.trust import DirectCallers, peer_identity, vouched_caller
 
 __all__ = ["AGENT_SERVICE", "AgentRuntime", "Handler", "HandlerResult", "RunningAgent", "StreamHandler"]
 
@@ -151,6 +151,16 @@ def _too_large(what: str, size: int, limit: int) -> ReachError:
 
 async def _abort(context: grpc.aio.ServicerContext[Any, Any], error: ReachError) -> None:
     await context.abort(error.code, error.message, trailing_metadata=error.trailing_metadata())
+
+
+def _handler_failed(capability: str, trace_id: str) -> ReachError:
+    """What a handler that raised something other than :class:`ReachError` answers: INTERNAL
+    with a generic message and an error id; the exception (its text may hold anything the
+    handler had at hand) goes to the agent's log under that id, never to the caller. Call it
+    while handling the exception (the log takes it from there)."""
+    error_id = uuid.uuid4()
+    _log.exception("handler for %s failed; error id %s (trace %s)", capability, error_id, trace_id)
+    return ReachError(grpc.StatusCode.INTERNAL, f"handler failed; error id {error_id}; see the agent's log")
 
 
 def _handler_outcome(error: ReachError) -> ReachError:
@@ -305,6 +315,8 @@ class AgentRuntime:
 
         frame_limit = config.max_message_bytes + _grpc.FRAME_OVERHEAD_BYTES
         server = grpc.aio.server(
+            # Serving TLS, the agent answers only routers (and the registry's health probes).
+            interceptors=() if core.callers is None else (core.callers.interceptor(),),
             options=[
                 *_grpc.size_options(frame_limit),
                 *_grpc.KEEPALIVE_OPTIONS,
@@ -634,10 +646,11 @@ class _Core:
 
     def __post_init__(self) -> None:
         self.source = f"{self.config.service}.{self.instance_id}"
-        #: The router whose ``x-reach-caller`` is believed: only when serving TLS.
+        #: Who may call this agent (the routers, whose ``x-reach-caller`` is believed): only
+        #: when serving TLS.
         tls = self.config.tls
-        self.router: str | None = (
-            router_identity(self.config.trust_domain) if tls is not None and tls.cert is not None else None
+        self.callers: DirectCallers | None = (
+            self.config.direct_callers() if tls is not None and tls.cert is not None else None
         )
         self.permits = asyncio.Semaphore(self.config.max_concurrency)
         self.dedupe: DedupeCache[_Outcome] = DedupeCache(
@@ -745,12 +758,12 @@ class _Core:
         """The handler context of ``message``; ``peer`` is the connection's client identity
         (:func:`reach_mesh.trust.peer_identity`), which decides whether ``x-reach-caller`` in
         ``metadata`` is believed."""
-        caller = vouched_caller(self.router, peer, metadata)
+        caller = vouched_caller(self.callers.routers if self.callers is not None else (), peer, metadata)
         return HandlerContext(Message(message), self.instance_id, deadline, metadata, self.model_slots, caller)
 
     def peer(self, context: grpc.aio.ServicerContext[Any, Any]) -> str | None:
         """The SPIFFE ID of ``context``'s client certificate; ``None`` when not serving TLS."""
-        return peer_identity(context) if self.router is not None else None
+        return peer_identity(context) if self.callers is not None else None
 
     # --- handling one message ---
 
@@ -889,11 +902,8 @@ class _Core:
         except PartError as error:
             # data_part() and friends refused what the handler was building its reply from.
             return _unsendable_reply(ctx.capability, error)
-        except Exception as error:
-            _log.exception("handler for %s failed (trace %s)", ctx.capability or "the service", ctx.trace_id)
-            return ReachError(
-                grpc.StatusCode.INTERNAL, f"the handler failed: {type(error).__name__}: {error}"
-            )
+        except Exception:
+            return _handler_failed(ctx.capability or "the service", ctx.trace_id)
         try:
             reply = self.reply(message.header, Payload.of(result), ctx.take_reply_metadata())
             size = reply.ByteSize()
@@ -1002,8 +1012,7 @@ class _AgentServicer(agent_service_pb2_grpc.AgentServiceServicer):
             except Exception as error:
                 if isinstance(error, grpc.aio.AbortError):
                     raise
-                _log.exception("stream handler for %s failed (trace %s)", ctx.capability, ctx.trace_id)
-                failure = ReachError(grpc.StatusCode.INTERNAL, f"the handler failed: {type(error).__name__}: {error}")
+                failure = _handler_failed(ctx.capability, ctx.trace_id)
             finally:
                 ctx.cancel()
         if failure is not None:

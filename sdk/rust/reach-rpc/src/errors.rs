@@ -39,6 +39,10 @@ pub mod reason {
     /// (`instance_id` in the metadata): the message may or may not have been handled, so a
     /// retry must carry the same `message_id` (UNAVAILABLE).
     pub const INSTANCE_LOST: &str = "INSTANCE_LOST";
+    /// A router could not forward an asynchronous reply to the replica its `reply_to` names:
+    /// that replica did not answer as a router of the mesh (unreachable, or it did not prove the
+    /// router identity). Nothing was delivered (UNAVAILABLE).
+    pub const REPLY_PEER_UNAVAILABLE: &str = "REPLY_PEER_UNAVAILABLE";
     /// Every instance is at its concurrency limit and the wait queue is full or timed out;
     /// retry after the hinted delay (`retry_after_ms`).
     pub const OVERLOADED: &str = "OVERLOADED";
@@ -145,6 +149,14 @@ pub mod reason {
     pub const STORE_CONFLICT: &str = "STORE_CONFLICT";
     /// Stored task data cannot be decoded (written by a newer version?): DATA_LOSS.
     pub const STORE_CORRUPT: &str = "STORE_CORRUPT";
+    /// The registry serves as many Watch streams as it may to this caller (its identity's
+    /// cap, or every slot not held back for routers): `RESOURCE_EXHAUSTED`. The orchestrator
+    /// returns it for WatchTask by a caller with `orchestrator.max_watches_per_caller` streams
+    /// open (`identity` and `limit` in the metadata).
+    pub const TOO_MANY_WATCHES: &str = "TOO_MANY_WATCHES";
+    /// The registrant's identity started health probes faster than the registry allows
+    /// (`registry.probes_per_second_per_identity`): `RESOURCE_EXHAUSTED` with RetryInfo.
+    pub const PROBE_RATE_LIMITED: &str = "PROBE_RATE_LIMITED";
 }
 
 /// A status with `code`, `message` and an ErrorInfo of `reason` in [`ERROR_DOMAIN`] carrying

@@ -11,6 +11,8 @@
 //!   against DNS rebinding).
 //! - [`http2`] — the HTTP/2 settings servers and data-path channels advertise, and
 //!   [`http2::endpoint`] to build such a channel.
+//! - [`admission`] — [`admission::Admission`]: a check every request to a [`GrpcServer`]
+//!   passes before routing (an agent answers only routers).
 //! - [`authenticate`] — TLS on accepted connections and each request's caller
 //!   ([`reach_trust::Caller`]), for servers given a [`reach_trust::Trust`].
 //! - [`limits`] — [`limits::ConnectionLimits`]: connections at once, handshake time and
@@ -23,6 +25,7 @@
 //! - [`time`] — conversions between `std::time` and the protobuf well-known types.
 //! - [`usage`] — model token usage in reply metadata ([`usage::TokenUsage`]).
 
+pub mod admission;
 pub mod authenticate;
 pub mod backoff;
 pub mod deadline;

@@ -32,7 +32,8 @@ pub const REGISTRY_LIST_BYTES: usize = 64 << 20;
 pub const DEFAULT_GRACE: Duration = Duration::from_secs(10);
 
 /// Counter: connections a listener closed because of a limit, by `reason`
-/// (`max_connections`, `handshake_timeout`) and `listener` (its local address).
+/// (`max_connections`, `max_connections_per_peer`, `idle_evicted`, `handshake_timeout`) and
+/// `listener` (its local address).
 pub const CONNECTIONS_REFUSED: &str = "reach_server_connections_refused_total";
 /// Gauge: connections a listener is serving, by `listener` (its local address).
 pub const OPEN_CONNECTIONS: &str = "reach_server_open_connections";
@@ -53,21 +54,41 @@ pub const MIN_HANDSHAKE_TIMEOUT: Duration = Duration::from_millis(100);
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct ConnectionLimits {
-    /// Connections served at once. A connection accepted beyond it is closed at once: the peer
-    /// sees the connection end before any response (grpcio reports `UNAVAILABLE`, tonic
-    /// `UNAVAILABLE` or `CANCELLED`, depending on when it notices) and may try another replica;
-    /// counted in [`CONNECTIONS_REFUSED`]. Keep it below the
-    /// process's open-file limit (`ulimit -n`) minus the connections it opens itself.
-    /// Default 10 000.
+    /// Connections served at once. A connection accepted at the limit takes the place of the
+    /// open connection that has been idle longest (no request or stream in progress: one
+    /// still in its TLS handshake, one trickling its request headers, one between requests),
+    /// which is closed (counted in [`CONNECTIONS_REFUSED`] as `idle_evicted`), so a flood of
+    /// idle or slow connections cannot keep a probe out; when every open connection has a
+    /// request in progress, the new one is closed at once instead: the peer sees the
+    /// connection end before any response (grpcio reports `UNAVAILABLE`, tonic `UNAVAILABLE`
+    /// or `CANCELLED`, depending on when it notices) and may try another replica; counted as
+    /// `max_connections`. Keep it below the process's open-file limit (`ulimit -n`) minus the
+    /// connections it opens itself. Default 10 000.
     pub max_connections: usize,
+    /// Connections one peer address (IP, whatever the port) may hold at once; 0 for no limit
+    /// of its own. A connection accepted at it takes the place of that peer's longest-idle
+    /// connection (`idle_evicted`), or is closed at once when all of the peer's connections
+    /// are busy (`max_connections_per_peer`). Peers behind one address (a NAT, a sidecar
+    /// proxy, the kubelet's probes) share it, so leave room for them. Default 0 (none) on
+    /// the gRPC listener.
+    pub max_connections_per_peer: usize,
     /// How long a new connection may take to send its first [`PREFACE_BYTES`] bytes (the
     /// HTTP/2 preface, or the start of an HTTP/1.1 request) before it is closed. Bounds what
     /// a silent or trickling peer costs; after the preface, a peer that stops answering is
     /// closed by the HTTP/2 keepalive ([`crate::http2::KEEPALIVE_INTERVAL`] +
-    /// [`crate::http2::KEEPALIVE_TIMEOUT`], 50 s) or, over HTTP/1.1, after 30 s without
-    /// complete headers. At least [`MIN_HANDSHAKE_TIMEOUT`]. Default 10 s.
+    /// [`crate::http2::KEEPALIVE_TIMEOUT`], 50 s) or, over HTTP/1.1, after
+    /// [`ConnectionLimits::header_read_timeout`] without complete headers. With TLS the
+    /// handshake counts too. At least [`MIN_HANDSHAKE_TIMEOUT`]. Default 10 s.
     #[serde(with = "humantime_serde")]
     pub handshake_timeout: Duration,
+    /// How long an HTTP/1.1 connection may take to send a request's headers, counted from
+    /// when the server starts waiting for them (so it also closes a keep-alive connection idle
+    /// that long between requests). At least [`MIN_HANDSHAKE_TIMEOUT`]. Default 30 s.
+    #[serde(with = "humantime_serde")]
+    pub header_read_timeout: Duration,
+    /// Streams (calls) one HTTP/2 connection may have open at once (`SETTINGS_MAX_CONCURRENT_STREAMS`);
+    /// a client opens more on other connections or waits. At least 1. Default 200.
+    pub http2_max_concurrent_streams: u32,
     /// Bytes of partly received gRPC messages one connection may hold at once, across its
     /// streams. A message that would take the connection past it fails its call or stream with
     /// `RESOURCE_EXHAUSTED`; messages that arrive whole in one read do not count. Must be at
@@ -88,7 +109,10 @@ impl Default for ConnectionLimits {
     fn default() -> Self {
         Self {
             max_connections: 10_000,
+            max_connections_per_peer: 0,
             handshake_timeout: Duration::from_secs(10),
+            header_read_timeout: Duration::from_secs(30),
+            http2_max_concurrent_streams: 200,
             max_buffered_bytes_per_connection: 64 * 1024 * 1024,
             max_buffered_bytes: 1024 * 1024 * 1024,
             shutdown_grace: DEFAULT_GRACE,
@@ -114,6 +138,14 @@ impl ConnectionLimits {
             return Err(LimitsError::HandshakeTimeoutTooShort {
                 value: self.handshake_timeout,
             });
+        }
+        if self.header_read_timeout < MIN_HANDSHAKE_TIMEOUT {
+            return Err(LimitsError::HeaderReadTimeoutTooShort {
+                value: self.header_read_timeout,
+            });
+        }
+        if self.http2_max_concurrent_streams == 0 {
+            return Err(LimitsError::NoStreams);
         }
         if self.max_buffered_bytes_per_connection < max_message_bytes {
             return Err(LimitsError::ConnectionBudgetBelowMessageLimit {
@@ -146,6 +178,17 @@ pub enum LimitsError {
         /// The configured timeout.
         value: Duration,
     },
+    /// `server.header_read_timeout` is below [`MIN_HANDSHAKE_TIMEOUT`].
+    #[error(
+        "server.header_read_timeout is {value:?}; it must be at least {MIN_HANDSHAKE_TIMEOUT:?} (a client needs that long to send its request headers), such as \"30s\""
+    )]
+    HeaderReadTimeoutTooShort {
+        /// The configured timeout.
+        value: Duration,
+    },
+    /// `server.http2_max_concurrent_streams` is 0.
+    #[error("server.http2_max_concurrent_streams is 0; it must be at least 1, such as 200")]
+    NoStreams,
     /// `server.max_buffered_bytes_per_connection` is below the largest message accepted.
     #[error(
         "server.max_buffered_bytes_per_connection is {value} bytes, less than the largest message accepted ({max_message_bytes} bytes, {message_limit_key}), so such a message could never be received; raise it to at least {max_message_bytes}"
@@ -176,6 +219,8 @@ impl LimitsError {
         match self {
             Self::NoConnections => "server.max_connections",
             Self::HandshakeTimeoutTooShort { .. } => "server.handshake_timeout",
+            Self::HeaderReadTimeoutTooShort { .. } => "server.header_read_timeout",
+            Self::NoStreams => "server.http2_max_concurrent_streams",
             Self::ConnectionBudgetBelowMessageLimit { .. } => {
                 "server.max_buffered_bytes_per_connection"
             }
@@ -767,6 +812,27 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn header_and_stream_limits_that_cannot_work_are_refused_naming_their_setting() {
+        let limits = ConnectionLimits::default();
+        assert!(limits.validate(1024, "router.max_message_bytes").is_ok());
+        let error = ConnectionLimits {
+            header_read_timeout: Duration::from_millis(10),
+            ..limits
+        }
+        .validate(1024, "router.max_message_bytes")
+        .unwrap_err();
+        assert_eq!(error.key(), "server.header_read_timeout");
+        assert!(error.to_string().contains("at least"), "{error}");
+        let error = ConnectionLimits {
+            http2_max_concurrent_streams: 0,
+            ..limits
+        }
+        .validate(1024, "router.max_message_bytes")
+        .unwrap_err();
+        assert_eq!(error.key(), "server.http2_max_concurrent_streams");
+    }
 
     fn budgets(connection: usize, listener: usize) -> ConnectionBudgets {
         ConnectionBudgets {

@@ -62,6 +62,8 @@ pub struct GrpcServer {
     /// statuses, then following them.
     ready: tokio::sync::watch::Sender<bool>,
     trust: std::sync::Arc<reach_trust::Trust>,
+    /// The check every request passes before routing ([`GrpcServer::with_admission`]).
+    admission: Option<crate::admission::Admission>,
 }
 
 impl Default for GrpcServer {
@@ -98,7 +100,16 @@ impl GrpcServer {
             conditions: Vec::new(),
             ready: tokio::sync::watch::channel(false).0,
             trust: reach_trust::Trust::disabled(),
+            admission: None,
         }
+    }
+
+    /// Lets through to the services (health and reflection included) only the requests
+    /// `admission` admits; the others are answered with its refusal. It runs after the TLS
+    /// handshake and authentication (see [`crate::admission`]).
+    pub fn with_admission(mut self, admission: crate::admission::Admission) -> Self {
+        self.admission = Some(admission);
+        self
     }
 
     /// Serves with `trust`: TLS when it has certificates (client certificates verified the
@@ -364,6 +375,9 @@ impl GrpcServer {
         if let Some(fallback) = self.fallback {
             router = router.fallback_service(fallback);
         }
+        if let Some(admission) = self.admission {
+            router = router.layer(admission);
+        }
         let router = router.layer(axum::middleware::from_fn(refuse_what_is_not_grpc));
         let health = self.health.clone();
         let names = self.service_names.clone();
@@ -458,10 +472,13 @@ async fn refuse_what_is_not_grpc(
 ///
 /// HTTP/2 connections advertise [`crate::http2::MAX_FRAME_BYTES`] and are pinged every
 /// [`crate::http2::KEEPALIVE_INTERVAL`]; a peer that does not answer a ping within
-/// [`crate::http2::KEEPALIVE_TIMEOUT`] is disconnected. An HTTP/1.1 request whose headers
-/// take over 30 s is dropped. `limits` bounds the connections served at once, the time a new
-/// one has to start speaking, and the bytes of partly received gRPC messages held per
-/// connection and in all (see [`ConnectionLimits`]); the listener's open connections are the
+/// [`crate::http2::KEEPALIVE_TIMEOUT`] is disconnected. `limits` bounds the connections
+/// served at once and per peer address (at either limit, the longest-idle connection is closed
+/// to make room for the new one, so probes get through a flood of idle or slow connections),
+/// the time a new one has to start speaking (TLS handshake included), the time an HTTP/1.1
+/// request's headers may take, the streams of an HTTP/2 connection, and the bytes of partly
+/// received gRPC messages held per connection and in all (see [`ConnectionLimits`]); every
+/// request carries its connection's [`Transport`]; the listener's open connections are the
 /// gauge [`OPEN_CONNECTIONS`], and what the limits closed is counted in
 /// [`CONNECTIONS_REFUSED`]. Each gRPC request message is held to
 /// [`crate::limits::DEFAULT_MAX_MESSAGE_BYTES`] (see [`serve_http_with_message_limits`]).
@@ -590,12 +607,16 @@ pub async fn serve_http_with_challenges(
         router
     };
     let mut builder = Builder::new(TokioExecutor::new());
-    // The timer lets hyper enforce its HTTP/1.1 header read timeout (30 s).
-    builder.http1().timer(TokioTimer::new());
+    // The timer lets hyper enforce its HTTP/1.1 header read timeout.
+    builder
+        .http1()
+        .timer(TokioTimer::new())
+        .header_read_timeout(limits.header_read_timeout);
     builder
         .http2()
         .timer(TokioTimer::new())
         .max_frame_size(crate::http2::MAX_FRAME_BYTES)
+        .max_concurrent_streams(limits.http2_max_concurrent_streams)
         .max_pending_accept_reset_streams(crate::http2::MAX_PENDING_ACCEPT_RESET_STREAMS)
         .max_local_error_reset_streams(crate::http2::MAX_LOCAL_ERROR_RESET_STREAMS)
         .keep_alive_interval(crate::http2::KEEPALIVE_INTERVAL)
@@ -605,69 +626,79 @@ pub async fn serve_http_with_challenges(
         .map_or_else(|_| "unknown".into(), |addr| addr.to_string().into());
     // Metric handles are looked up when used (per connection, not per request), not once here:
     // a handle taken before the process installs its recorder would stay a no-op for good.
-    let mut over_limit = OverLimit::new(listener_name.clone(), limits.max_connections);
+    let mut over_limit = OverLimit::new(listener_name.clone(), limits);
     let listener_budget = BufferBudget::new(limits.max_buffered_bytes);
     let message_limits = std::sync::Arc::new(message_limits);
     let graceful = hyper_util::server::graceful::GracefulShutdown::new();
-    let mut connections = tokio::task::JoinSet::new();
+    let mut connections = Connections::new(limits);
     let mut shutdown = std::pin::pin!(shutdown);
     loop {
         tokio::select! {
             accepted = listener.accept() => match accepted {
-                Ok((tcp, _peer)) => {
-                    if connections.len() >= limits.max_connections {
-                        // Count only connections that are still open.
-                        while connections.try_join_next().is_some() {}
-                    }
-                    if connections.len() >= limits.max_connections {
-                        over_limit.refuse(tcp);
-                    } else {
-                        // Small gRPC frames must not wait for Nagle's algorithm.
-                        let _ = tcp.set_nodelay(true);
-                        let budgets = ConnectionBudgets {
-                            connection: BufferBudget::new(limits.max_buffered_bytes_per_connection),
-                            listener: listener_budget.clone(),
-                            listener_name: listener_name.clone(),
-                            metered: Metered::Requests,
-                            message_limits: message_limits.clone(),
-                        };
-                        let open = OpenConnection::new(&listener_name);
-                        let (router, builder, watcher) =
-                            (router.clone(), builder.clone(), graceful.watcher());
-                        let (listener_name, trust) = (listener_name.clone(), trust.clone());
-                        connections.spawn(async move {
-                            let served = match trust.tls() {
-                                None => {
-                                    let io = HandshakeDeadline::new(tcp, limits.handshake_timeout, listener_name);
-                                    serve_connection(io, router, &builder, watcher, budgets, None).await
-                                }
-                                Some(tls) => {
-                                    let Some((stream, peer)) = crate::authenticate::accept_tls(
-                                        tls,
-                                        tcp,
-                                        limits.handshake_timeout,
-                                        &listener_name,
-                                        client_certificates,
-                                    )
-                                    .await
-                                    else {
-                                        return;
-                                    };
-                                    let io = HandshakeDeadline::new(stream, limits.handshake_timeout, listener_name);
-                                    serve_connection(io, router, &builder, watcher, budgets, Some(peer)).await
-                                }
-                            };
-                            if let Err(error) = served {
-                                tracing::trace!(%error, "connection ended with an error");
+                Ok((tcp, peer_addr)) => {
+                    let peer_ip = peer_addr.ip().to_canonical();
+                    match connections.admit(peer_ip) {
+                        Room::Refused(reason) => over_limit.refuse(tcp, reason),
+                        Room::Made { evicted } => {
+                            if evicted {
+                                over_limit.evicted();
                             }
-                            drop(open);
-                        });
+                            // Small gRPC frames must not wait for Nagle's algorithm.
+                            let _ = tcp.set_nodelay(true);
+                            let budgets = ConnectionBudgets {
+                                connection: BufferBudget::new(limits.max_buffered_bytes_per_connection),
+                                listener: listener_budget.clone(),
+                                listener_name: listener_name.clone(),
+                                metered: Metered::Requests,
+                                message_limits: message_limits.clone(),
+                            };
+                            let open = OpenConnection::new(&listener_name);
+                            let activity = connections.activity();
+                            let tracked = activity.clone();
+                            let connect_info = tonic::transport::server::TcpConnectInfo {
+                                local_addr: tcp.local_addr().ok(),
+                                remote_addr: Some(peer_addr),
+                            };
+                            let (router, builder, watcher) =
+                                (router.clone(), builder.clone(), graceful.watcher());
+                            let (listener_name, trust) = (listener_name.clone(), trust.clone());
+                            let task = async move {
+                                let served = match trust.tls() {
+                                    None => {
+                                        let io = HandshakeDeadline::new(tcp, limits.handshake_timeout, listener_name);
+                                        serve_connection(io, router, &builder, watcher, budgets, activity, connect_info, None).await
+                                    }
+                                    Some(tls) => {
+                                        let Some((stream, peer)) = crate::authenticate::accept_tls(
+                                            tls,
+                                            tcp,
+                                            limits.handshake_timeout,
+                                            &listener_name,
+                                            client_certificates,
+                                        )
+                                        .await
+                                        else {
+                                            return;
+                                        };
+                                        let io = HandshakeDeadline::new(stream, limits.handshake_timeout, listener_name);
+                                        serve_connection(io, router, &builder, watcher, budgets, activity, connect_info, Some(peer)).await
+                                    }
+                                };
+                                if let Err(error) = served {
+                                    tracing::trace!(%error, "connection ended with an error");
+                                }
+                                drop(open);
+                            };
+                            connections.spawn(peer_ip, tracked, task);
+                        }
                     }
                 }
                 Err(error) => wait_after_accept_error(error).await,
             },
-            // Reap finished connections so the set holds only open ones.
-            Some(_) = connections.join_next(), if !connections.is_empty() => {}
+            // Reap finished connections so the table holds only open ones.
+            Some(joined) = connections.set.join_next_with_id(), if !connections.set.is_empty() => {
+                connections.joined(joined);
+            }
             () = &mut shutdown => break,
         }
     }
@@ -677,21 +708,246 @@ pub async fn serve_http_with_challenges(
         .is_err()
     {
         // Connections that ended since the loop stopped reaping are not open any more.
-        while connections.try_join_next().is_some() {}
-        tracing::warn!(grace = ?grace, open = connections.len(), "grace period over; closing remaining connections");
+        connections.reap();
+        tracing::warn!(grace = ?grace, open = connections.open.len(), "grace period over; closing remaining connections");
     }
-    connections.shutdown().await;
+    connections.set.shutdown().await;
+}
+
+/// What one connection is doing, as the accept loop sees it when it must choose a
+/// connection to close: how many of its requests are in progress (until their responses
+/// have been sent whole) and when it last started or finished one.
+struct Activity {
+    in_flight: std::sync::atomic::AtomicUsize,
+    /// Milliseconds from the listener's epoch to the connection's last activity (its accept,
+    /// or a request starting or ending).
+    last_active_ms: std::sync::atomic::AtomicU64,
+    epoch: std::time::Instant,
+}
+
+impl Activity {
+    fn new(epoch: std::time::Instant) -> Self {
+        let activity = Self {
+            in_flight: std::sync::atomic::AtomicUsize::new(0),
+            last_active_ms: std::sync::atomic::AtomicU64::new(0),
+            epoch,
+        };
+        activity.touch();
+        activity
+    }
+
+    fn touch(&self) {
+        let ms = u64::try_from(self.epoch.elapsed().as_millis()).unwrap_or(u64::MAX);
+        self.last_active_ms
+            .store(ms, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// `Some(last activity)` while no request is in progress.
+    fn idle_since(&self) -> Option<u64> {
+        (self.in_flight.load(std::sync::atomic::Ordering::Acquire) == 0).then(|| {
+            self.last_active_ms
+                .load(std::sync::atomic::Ordering::Relaxed)
+        })
+    }
+}
+
+/// A request in progress on a connection, from the moment its head is read until its
+/// response has been sent whole (or dropped).
+struct Busy(std::sync::Arc<Activity>);
+
+impl Busy {
+    fn start(activity: &std::sync::Arc<Activity>) -> Self {
+        activity
+            .in_flight
+            .fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+        activity.touch();
+        Self(activity.clone())
+    }
+}
+
+impl Drop for Busy {
+    fn drop(&mut self) {
+        self.0.touch();
+        self.0
+            .in_flight
+            .fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
+    }
+}
+
+pin_project_lite::pin_project! {
+    /// A response body that keeps its request [`Busy`] until it has been sent (dropped).
+    struct BusyBody {
+        #[pin]
+        inner: axum::body::Body,
+        busy: Busy,
+    }
+}
+
+impl http_body::Body for BusyBody {
+    type Data = bytes::Bytes;
+    type Error = axum::Error;
+
+    fn poll_frame(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<http_body::Frame<Self::Data>, Self::Error>>> {
+        self.project().inner.poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+/// The listener's open connections: their tasks, what each is doing, and how many each peer
+/// address holds, to admit a new connection within `max_connections` and
+/// `max_connections_per_peer` (closing the longest-idle one to make room; see
+/// [`ConnectionLimits::max_connections`]).
+struct Connections {
+    set: tokio::task::JoinSet<()>,
+    open: std::collections::HashMap<tokio::task::Id, OpenEntry>,
+    per_peer: std::collections::HashMap<std::net::IpAddr, usize>,
+    limits: ConnectionLimits,
+    epoch: std::time::Instant,
+}
+
+struct OpenEntry {
+    peer: std::net::IpAddr,
+    activity: std::sync::Arc<Activity>,
+    abort: tokio::task::AbortHandle,
+}
+
+/// Whether a new connection is served.
+enum Room {
+    /// Served; `evicted` when an idle connection was closed to make room.
+    Made { evicted: bool },
+    /// Closed at once: every connection it could replace is busy (the reason label).
+    Refused(&'static str),
+}
+
+impl Connections {
+    fn new(limits: ConnectionLimits) -> Self {
+        Self {
+            set: tokio::task::JoinSet::new(),
+            open: std::collections::HashMap::new(),
+            per_peer: std::collections::HashMap::new(),
+            limits,
+            epoch: std::time::Instant::now(),
+        }
+    }
+
+    /// Decides on a new connection from `peer`: room within both limits, else the room of the
+    /// longest-idle connection (of that peer when the peer is at its own limit), else refused.
+    fn admit(&mut self, peer: std::net::IpAddr) -> Room {
+        self.reap();
+        let mut evicted = false;
+        let per_peer = self.limits.max_connections_per_peer;
+        if per_peer > 0 && self.per_peer.get(&peer).copied().unwrap_or(0) >= per_peer {
+            if !self.evict_idle(Some(peer)) {
+                return Room::Refused("max_connections_per_peer");
+            }
+            evicted = true;
+        }
+        if self.open.len() >= self.limits.max_connections {
+            if !self.evict_idle(None) {
+                return Room::Refused("max_connections");
+            }
+            evicted = true;
+        }
+        Room::Made { evicted }
+    }
+
+    /// A new connection's activity record, for its task and [`Connections::spawn`].
+    fn activity(&self) -> std::sync::Arc<Activity> {
+        std::sync::Arc::new(Activity::new(self.epoch))
+    }
+
+    /// Runs the admitted connection's task, recording `activity` as its.
+    fn spawn(
+        &mut self,
+        peer: std::net::IpAddr,
+        activity: std::sync::Arc<Activity>,
+        task: impl Future<Output = ()> + Send + 'static,
+    ) {
+        let abort = self.set.spawn(task);
+        *self.per_peer.entry(peer).or_default() += 1;
+        self.open.insert(
+            abort.id(),
+            OpenEntry {
+                peer,
+                activity,
+                abort,
+            },
+        );
+    }
+
+    /// Closes the longest-idle connection (of `peer` only, when given); false when there is
+    /// none (every connection has a request in progress).
+    fn evict_idle(&mut self, peer: Option<std::net::IpAddr>) -> bool {
+        let oldest = self
+            .open
+            .iter()
+            .filter(|(_, entry)| peer.is_none_or(|peer| entry.peer == peer))
+            .filter_map(|(id, entry)| entry.activity.idle_since().map(|since| (since, *id)))
+            .min();
+        let Some((_, id)) = oldest else {
+            return false;
+        };
+        if let Some(entry) = self.forget(id) {
+            // Dropping the task's future closes the connection (and its gauge).
+            entry.abort.abort();
+        }
+        true
+    }
+
+    /// Takes the connections whose tasks have ended out of the table.
+    fn reap(&mut self) {
+        while let Some(joined) = self.set.try_join_next_with_id() {
+            self.joined(joined);
+        }
+    }
+
+    /// Records a connection task's end.
+    fn joined(&mut self, joined: Result<(tokio::task::Id, ()), tokio::task::JoinError>) {
+        let id = match joined {
+            Ok((id, ())) => id,
+            Err(error) => error.id(),
+        };
+        self.forget(id);
+    }
+
+    fn forget(&mut self, id: tokio::task::Id) -> Option<OpenEntry> {
+        let entry = self.open.remove(&id)?;
+        if let std::collections::hash_map::Entry::Occupied(mut count) =
+            self.per_peer.entry(entry.peer)
+        {
+            *count.get_mut() -= 1;
+            if *count.get() == 0 {
+                count.remove();
+            }
+        }
+        Some(entry)
+    }
 }
 
 /// Serves one accepted connection (`io`: plaintext, or TLS with the client's `peer` identity,
-/// which every request then carries in its extensions) until it ends or graceful shutdown
-/// closes it.
+/// which every request then carries in its extensions, as do [`Transport`] and
+/// `connect_info`, the addresses tonic's `Request::remote_addr` reads) until it ends or
+/// graceful shutdown closes it; each request is counted in `activity` until its response has
+/// been sent.
+#[allow(clippy::too_many_arguments)]
 async fn serve_connection<T>(
     io: T,
     router: axum::Router,
     builder: &hyper_util::server::conn::auto::Builder<hyper_util::rt::TokioExecutor>,
     watcher: hyper_util::server::graceful::Watcher,
     budgets: ConnectionBudgets,
+    activity: std::sync::Arc<Activity>,
+    connect_info: tonic::transport::server::TcpConnectInfo,
     peer: Option<reach_trust::PeerIdentity>,
 ) -> Result<(), Box<dyn std::error::Error + Send + Sync>>
 where
@@ -700,14 +956,47 @@ where
     use hyper_util::rt::TokioIo;
     use hyper_util::service::TowerToHyperService;
     use tower::ServiceExt;
-    let service = router.map_request(move |mut request: http::Request<_>| {
+    let transport = if peer.is_some() {
+        Transport::Tls
+    } else {
+        Transport::Plaintext
+    };
+    let service = tower::service_fn(move |mut request: http::Request<hyper::body::Incoming>| {
         if let Some(peer) = &peer {
             request.extensions_mut().insert(peer.clone());
         }
-        budgets.meter(request)
+        request.extensions_mut().insert(transport);
+        request.extensions_mut().insert(connect_info.clone());
+        let busy = Busy::start(&activity);
+        let call = router.clone().oneshot(budgets.meter(request));
+        async move {
+            let response = call.await?;
+            Ok::<_, Infallible>(
+                response.map(|inner| axum::body::Body::new(BusyBody { inner, busy })),
+            )
+        }
     });
     let connection = builder.serve_connection(TokioIo::new(io), TowerToHyperService::new(service));
     watcher.watch(connection.into_owned()).await
+}
+
+/// How the connection a request came on is carried, in every request's extensions:
+/// [`Transport::Tls`] when the listener serves TLS (whatever the HTTP version), for what
+/// depends on it, such as whether a cookie is `Secure`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Transport {
+    /// Plain TCP.
+    Plaintext,
+    /// TLS.
+    Tls,
+}
+
+impl Transport {
+    /// The transport of the request with `extensions`; [`Transport::Plaintext`] when no
+    /// Reach server put one there (a request served some other way).
+    pub fn of(extensions: &http::Extensions) -> Self {
+        extensions.get().copied().unwrap_or(Self::Plaintext)
+    }
 }
 
 /// One open connection in [`OPEN_CONNECTIONS`], from accept until its task ends or is cut.
@@ -727,13 +1016,15 @@ impl Drop for OpenConnection {
     }
 }
 
-/// Connections closed because the listener was at `server.max_connections`: each counted in
-/// [`CONNECTIONS_REFUSED`], and logged at most every 10 s (the first refusal of a burst at
-/// once), so a flood does not flood the log too; the counter has the exact totals.
+/// Connections closed because the listener was at `server.max_connections` or a peer at
+/// `server.max_connections_per_peer`: each counted in [`CONNECTIONS_REFUSED`] (reason
+/// `max_connections`, `max_connections_per_peer`, or `idle_evicted` for an idle connection
+/// closed to make room), and logged at most every 10 s (the first of a burst at once), so a
+/// flood does not flood the log too; the counter has the exact totals.
 struct OverLimit {
     listener_name: std::sync::Arc<str>,
-    max_connections: usize,
-    /// Refusals not yet logged.
+    limits: ConnectionLimits,
+    /// Connections closed and not yet logged.
     since_warning: u64,
     last_warning: Option<std::time::Instant>,
 }
@@ -741,21 +1032,30 @@ struct OverLimit {
 impl OverLimit {
     const WARN_EVERY: Duration = Duration::from_secs(10);
 
-    fn new(listener_name: std::sync::Arc<str>, max_connections: usize) -> Self {
+    fn new(listener_name: std::sync::Arc<str>, limits: ConnectionLimits) -> Self {
         Self {
             listener_name,
-            max_connections,
+            limits,
             since_warning: 0,
             last_warning: None,
         }
     }
 
     /// Closes `tcp` at once; the peer sees the connection end before any response.
-    fn refuse(&mut self, tcp: tokio::net::TcpStream) {
+    fn refuse(&mut self, tcp: tokio::net::TcpStream, reason: &'static str) {
         drop(tcp);
+        self.count(reason);
+    }
+
+    /// Counts an idle connection closed to make room for a new one.
+    fn evicted(&mut self) {
+        self.count("idle_evicted");
+    }
+
+    fn count(&mut self, reason: &'static str) {
         metrics::counter!(
             CONNECTIONS_REFUSED,
-            "reason" => "max_connections",
+            "reason" => reason,
             "listener" => self.listener_name.to_string()
         )
         .increment(1);
@@ -766,11 +1066,14 @@ impl OverLimit {
         {
             tracing::warn!(
                 listener = %self.listener_name,
-                max_connections = self.max_connections,
-                refused_since_last_warning = self.since_warning,
-                "at the connection limit (server.max_connections): closing new connections at \
-                 once; raise the limit or add replicas if this is real load \
-                 (reach_server_connections_refused_total counts every one)"
+                max_connections = self.limits.max_connections,
+                max_connections_per_peer = self.limits.max_connections_per_peer,
+                reason,
+                closed_since_last_warning = self.since_warning,
+                "at a connection limit (server.max_connections, server.max_connections_per_peer): \
+                 closing idle connections to make room, and new ones when every connection is \
+                 busy; raise the limits or add replicas if this is real load \
+                 (reach_server_connections_refused_total counts every one by reason)"
             );
             self.since_warning = 0;
             self.last_warning = Some(std::time::Instant::now());

@@ -1,5 +1,7 @@
 //! `ConnectionLimits` against a real server on 127.0.0.1: connections that never start
-//! speaking are closed, connections past `max_connections` are closed at once, and partly
+//! speaking are closed, a connection past `max_connections` (or its peer's
+//! `max_connections_per_peer`) takes the place of the longest-idle one or, when every one is
+//! busy, is closed at once, and partly
 //! received messages may pin only their budget of memory. The peers are raw TCP sockets and
 //! raw HTTP/2 (the `h2` crate), to send exactly what a misbehaving client would.
 
@@ -154,14 +156,19 @@ async fn a_connection_that_sent_its_preface_may_stay_idle_past_the_handshake_tim
 }
 
 #[tokio::test]
-async fn connections_past_max_connections_are_closed_at_once_until_one_ends() {
+async fn connections_past_max_connections_are_closed_at_once_while_all_are_busy_until_one_ends() {
     let addr = serve(ConnectionLimits {
         max_connections: 2,
         ..limits()
     })
     .await;
-    let first = h2_connect(addr).await;
-    let _second = h2_connect(addr).await;
+    // Each connection has a call in progress (its message unfinished), so neither is idle
+    // and neither may be closed to make room.
+    let mut first = h2_connect(addr).await;
+    let _first_call = start_partial_call(&mut first, 1, 0);
+    let mut second = h2_connect(addr).await;
+    let _second_call = start_partial_call(&mut second, 1, 0);
+    tokio::time::sleep(Duration::from_millis(200)).await;
     let mut third = TcpStream::connect(addr).await.unwrap();
     third
         .write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n")
@@ -171,6 +178,7 @@ async fn connections_past_max_connections_are_closed_at_once_until_one_ends() {
 
     // Once one of the two goes away there is room again.
     drop(first);
+    drop(_first_call);
     tokio::time::timeout(Duration::from_secs(3), async {
         while health_check_on_a_new_connection(addr).await.is_err() {
             tokio::time::sleep(Duration::from_millis(20)).await;
@@ -178,6 +186,81 @@ async fn connections_past_max_connections_are_closed_at_once_until_one_ends() {
     })
     .await
     .expect("no room for a new connection after one closed");
+}
+
+#[tokio::test]
+async fn at_max_connections_a_new_connection_takes_the_place_of_the_longest_idle_one() {
+    let addr = serve(ConnectionLimits {
+        max_connections: 2,
+        ..limits()
+    })
+    .await;
+    // Two connections that sent their preface and nothing more: idle.
+    let mut oldest = TcpStream::connect(addr).await.unwrap();
+    oldest
+        .write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n")
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let _newer = h2_connect(addr).await;
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    // A third is served, and the longest-idle one is closed for it.
+    assert_eq!(
+        tokio::time::timeout(
+            Duration::from_secs(3),
+            health_check_on_a_new_connection(addr)
+        )
+        .await
+        .expect("no answer within 3 s")
+        .expect("the new connection was refused"),
+        tonic::Code::Ok
+    );
+    closed_by_server(&mut oldest, Duration::from_secs(1)).await;
+}
+
+#[tokio::test]
+async fn at_max_connections_per_peer_a_peer_replaces_only_its_own_idle_connections() {
+    let addr = serve(ConnectionLimits {
+        max_connections_per_peer: 2,
+        ..limits()
+    })
+    .await;
+    // Another peer address (the whole of 127.0.0.0/8 is loopback) holds an idle connection.
+    let other = tokio::net::TcpSocket::new_v4().unwrap();
+    other.bind("127.0.0.2:0".parse().unwrap()).unwrap();
+    let mut other = other.connect(addr).await.unwrap();
+    other
+        .write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n")
+        .await
+        .unwrap();
+    // 127.0.0.1 opens ten idle connections: at most two of them stay open.
+    let mut mine = Vec::new();
+    for _ in 0..10 {
+        let mut tcp = TcpStream::connect(addr).await.unwrap();
+        tcp.write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n")
+            .await
+            .unwrap();
+        mine.push(tcp);
+    }
+    for tcp in &mut mine[..8] {
+        closed_by_server(tcp, Duration::from_secs(1)).await;
+    }
+    // The other peer's connection was not touched, and 127.0.0.1 still gets answers.
+    let mut buf = [0u8; 1024];
+    let closed = tokio::time::timeout(Duration::from_millis(300), async {
+        loop {
+            match other.read(&mut buf).await {
+                Ok(0) | Err(_) => return,
+                Ok(_) => {} // the server's SETTINGS
+            }
+        }
+    })
+    .await;
+    assert!(closed.is_err(), "the other peer's connection was closed");
+    assert_eq!(
+        health_check_on_a_new_connection(addr).await.unwrap(),
+        tonic::Code::Ok
+    );
 }
 
 /// One health check on a connection of its own; an error when the connection fails.

@@ -62,6 +62,16 @@ pub struct AgentConfig {
     /// agent without a certificate of its service; "" sends none. A one-time token registers
     /// once: an agent that must re-register (after a registry restart) needs a reusable one.
     pub join_token: String,
+    /// When the agent serves TLS: the identities (SPIFFE IDs of the trust domain) that may call
+    /// it — its AgentService, its own gRPC services, reflection — and whose `x-reach-caller`
+    /// is believed. Everyone else is refused PERMISSION_DENIED / NOT_AUTHORIZED, so the
+    /// router's call policy cannot be skipped by dialing the agent (see
+    /// [`crate::callers`]). Empty (the default): `spiffe://<trust_domain>/router`.
+    pub router_identities: Vec<String>,
+    /// When the agent serves TLS: the identities that may call `grpc.health.v1` besides the
+    /// routers. Empty (the default): `spiffe://<trust_domain>/registry`, whose first health
+    /// probe makes an instance READY.
+    pub probe_identities: Vec<String>,
 }
 
 impl Default for AgentConfig {
@@ -87,6 +97,8 @@ impl Default for AgentConfig {
             trust_domain: reach_trust::DEFAULT_TRUST_DOMAIN.into(),
             tls: None,
             join_token: String::new(),
+            router_identities: Vec::new(),
+            probe_identities: Vec::new(),
         }
     }
 }
@@ -132,6 +144,13 @@ impl AgentConfig {
         self
     }
 
+    /// Sets the identities that may call this agent when it serves TLS (see
+    /// [`AgentConfig::router_identities`]).
+    pub fn with_router_identities(mut self, identities: Vec<String>) -> Self {
+        self.router_identities = identities;
+        self
+    }
+
     /// Sets the concurrency limit.
     pub fn with_max_concurrency(mut self, n: usize) -> Self {
         self.max_concurrency = n;
@@ -172,7 +191,24 @@ impl AgentConfig {
         }
         self.server
             .validate(self.max_message_bytes, "agent.max_message_bytes")?;
+        self.direct_callers()?;
         Ok(())
+    }
+}
+
+impl AgentConfig {
+    /// Who may call this agent directly when it serves TLS: [`AgentConfig::router_identities`]
+    /// and [`AgentConfig::probe_identities`], or their defaults.
+    ///
+    /// # Errors
+    /// [`ConfigError::CallerIdentity`] for an identity that is not a SPIFFE ID of the trust
+    /// domain.
+    pub fn direct_callers(&self) -> Result<crate::callers::DirectCallers, ConfigError> {
+        Ok(crate::callers::DirectCallers::from_config(
+            &self.trust_domain,
+            &self.router_identities,
+            &self.probe_identities,
+        )?)
     }
 }
 
@@ -192,4 +228,7 @@ pub enum ConfigError {
     /// An `agent.server.*` setting.
     #[error("agent.{0}")]
     Server(#[from] reach_rpc::limits::LimitsError),
+    /// An `agent.router_identities` or `agent.probe_identities` entry (or the trust domain).
+    #[error(transparent)]
+    CallerIdentity(#[from] crate::callers::CallerIdentityError),
 }

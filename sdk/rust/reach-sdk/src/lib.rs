@@ -21,6 +21,8 @@
 //!
 //! # Layout
 //! - [`config`] — the agent settings, [`AgentConfig`].
+//! - [`callers`] — [`DirectCallers`]: who may call an agent's port directly (routers; the
+//!   registry's health probes) when it serves TLS.
 //! - [`capability`] — [`DescribedCapability`]: a capability with the description and
 //!   input/output JSON Schemas it registers.
 //! - [`handler`] — the [`Handler`] and [`StreamHandler`] traits and the [`HandlerContext`]
@@ -34,6 +36,7 @@
 //! - [`signal`] — SIGTERM / Ctrl-C as a future.
 //! - [`metrics`] — handler latency, messages waiting for a slot and in flight.
 
+pub mod callers;
 pub mod capability;
 pub mod client;
 pub mod config;
@@ -44,6 +47,7 @@ pub mod models;
 pub mod runtime;
 pub mod signal;
 
+pub use callers::DirectCallers;
 pub use capability::DescribedCapability;
 pub use client::{CallOptions, MeshClient};
 pub use config::AgentConfig;

@@ -277,11 +277,14 @@ impl AgentRuntime {
             })
             .map_err(|e| AgentError::Config(format!("agent.tls: {e}")))?,
         };
-        let router_identity = trust
-            .tls()
-            .and_then(|tls| reach_trust::Identity::service(tls.trust_domain(), "router").ok());
+        // Serving TLS, the agent answers only routers (and the registry's health probes), so
+        // that the router's call policy cannot be skipped by dialing the agent.
+        let direct_callers = match trust.tls() {
+            Some(_) => Some(config.direct_callers()?),
+            None => None,
+        };
         let shared = Arc::new(Shared {
-            router_identity,
+            direct_callers: direct_callers.clone(),
             instance_id: Arc::from(config.instance_id.as_str()),
             source: format!("{}.{}", config.service, config.instance_id),
             protocol_version: config.protocol_version.clone(),
@@ -309,6 +312,9 @@ impl AgentRuntime {
             .with_grace(SERVER_GRACE_AFTER_DRAIN)
             .with_limits(config.server)
             .with_trust(trust.clone());
+        if let Some(callers) = &direct_callers {
+            server = server.with_admission(callers.admission());
+        }
         for (name, add) in self.grpc_services {
             grpc_service_names.push(name);
             server = add(server);
@@ -739,8 +745,9 @@ struct Shared {
     /// they read and end (see `reach_rpc::mux::serve`).
     closing: CancellationToken,
     dedupe: DedupeCache<Result<HandleResponse, Status>>,
-    /// The router identity whose `x-reach-caller` is believed, when the agent serves TLS.
-    router_identity: Option<reach_trust::Identity>,
+    /// Who may call this agent (the routers, whose `x-reach-caller` is believed), when it
+    /// serves TLS; `None` when it serves plaintext.
+    direct_callers: Option<crate::callers::DirectCallers>,
 }
 
 /// The metadata key the router names a call's verified caller in.
@@ -748,14 +755,13 @@ const CALLER_METADATA: &str = "x-reach-caller";
 
 impl Shared {
     /// The caller the router vouches for: `vouched` (the `x-reach-caller` value) when the
-    /// connection's peer (`peer`, from the TLS handshake) is the router, else `None`.
+    /// connection's peer (`peer`, from the TLS handshake) is a router, else `None`.
     fn caller(
         &self,
         peer: &reach_trust::Caller,
         vouched: Option<&str>,
     ) -> Option<reach_trust::Identity> {
-        let router = self.router_identity.as_ref()?;
-        if peer.identity() != Some(router) {
+        if !self.direct_callers.as_ref()?.is_router(peer.identity()) {
             return None;
         }
         reach_trust::Identity::parse(vouched?).ok()
@@ -958,6 +964,17 @@ fn too_deep_reply(part: usize, depth: usize) -> Status {
     ))
 }
 
+/// INTERNAL for a handler that panicked (or whose task was cancelled): the caller gets a
+/// generic message with an error id, and the agent's log has the detail under that id; what
+/// the panic said (which may hold anything the handler had at hand) stays in the log.
+fn handler_failed(join: &tokio::task::JoinError) -> Status {
+    let error_id = uuid::Uuid::new_v4();
+    error!(%error_id, error = %join, "handler failed");
+    Status::internal(format!(
+        "handler failed; error id {error_id}; see the agent's log"
+    ))
+}
+
 /// Calls one multiplexed stream may have open at once (beyond the handler concurrency they
 /// wait for a permit, as unary calls do).
 const MAX_OPEN_CALLS_PER_STREAM: usize = 1024;
@@ -1085,7 +1102,7 @@ async fn handle_message(
     // gets that outcome instead of running it again. A panicking handler fails only its call.
     let mut task = tokio::spawn(run);
     let joined = |join: Result<Result<HandleResponse, Status>, tokio::task::JoinError>| {
-        join.unwrap_or_else(|join| Err(Status::internal(format!("handler task failed: {join}"))))
+        join.unwrap_or_else(|join| Err(handler_failed(&join)))
     };
     let settle = cancelled.is_some();
     let cancelled = async move {

@@ -68,13 +68,31 @@ async fn ready_status(ready: tokio::sync::watch::Receiver<bool>) -> impl IntoRes
 /// a few; the rest of the process's file descriptors are for its gRPC port.
 pub const ADMIN_MAX_CONNECTIONS: usize = 256;
 
+/// The most connections one peer address holds on an admin port at once: room for a
+/// node's kubelet probes and a scraper behind one address, while one peer flooding the port
+/// can fill at most a quarter of it (and at either limit a new connection takes the place of
+/// the longest-idle one, so probes get through; see [`reach_rpc::ConnectionLimits`]).
+pub const ADMIN_MAX_CONNECTIONS_PER_PEER: usize = 64;
+
+/// The limits an admin port holds its connections to: at most [`ADMIN_MAX_CONNECTIONS`] at
+/// once and [`ADMIN_MAX_CONNECTIONS_PER_PEER`] per peer address, HTTP/1.1 request headers
+/// within 10 s, `grace` on shutdown, the other defaults of [`reach_rpc::ConnectionLimits`].
+pub fn admin_limits(grace: std::time::Duration) -> reach_rpc::ConnectionLimits {
+    reach_rpc::ConnectionLimits {
+        max_connections: ADMIN_MAX_CONNECTIONS,
+        max_connections_per_peer: ADMIN_MAX_CONNECTIONS_PER_PEER,
+        header_read_timeout: std::time::Duration::from_secs(10),
+        shutdown_grace: grace,
+        ..reach_rpc::ConnectionLimits::default()
+    }
+}
+
 /// Serves `router` on a listener the caller bound until `shutdown` resolves, then lets
 /// requests in progress finish for at most `grace` (the service's `[server] shutdown_grace`;
 /// [`reach_rpc::server::DEFAULT_GRACE`] by default) and returns (see
 /// [`reach_rpc::server::serve_http`]: a client that never finishes its request, or stopped
 /// reading its response, cannot hold the process up). A failed `accept` is logged and
-/// retried, never returned. At most [`ADMIN_MAX_CONNECTIONS`] connections at once, with the
-/// other default [`reach_rpc::ConnectionLimits`].
+/// retried, never returned. Held to [`admin_limits`].
 pub async fn serve_admin(
     listener: tokio::net::TcpListener,
     router: Router,
@@ -104,16 +122,24 @@ pub async fn serve_admin_with_trust(
     grace: std::time::Duration,
     trust: std::sync::Arc<reach_trust::Trust>,
 ) {
+    serve_admin_with_limits(listener, router, shutdown, admin_limits(grace), trust).await;
+}
+
+/// [`serve_admin_with_trust`] held to `limits` (its `shutdown_grace` the grace period) instead
+/// of [`admin_limits`].
+pub async fn serve_admin_with_limits(
+    listener: tokio::net::TcpListener,
+    router: Router,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+    limits: reach_rpc::ConnectionLimits,
+    trust: std::sync::Arc<reach_trust::Trust>,
+) {
     reach_rpc::server::serve_http_with_client_certificates(
         listener,
         router,
         shutdown,
-        grace,
-        reach_rpc::ConnectionLimits {
-            max_connections: ADMIN_MAX_CONNECTIONS,
-            shutdown_grace: grace,
-            ..reach_rpc::ConnectionLimits::default()
-        },
+        limits.shutdown_grace,
+        limits,
         reach_rpc::limits::MessageLimits::default(),
         trust,
         reach_rpc::server::ClientCertificates::Optional,

@@ -54,7 +54,8 @@ pub mod metrics;
 pub mod propagation;
 
 pub use admin::{
-    ADMIN_MAX_CONNECTIONS, ADMIN_PATHS, admin_router, serve_admin, serve_admin_with_trust,
+    ADMIN_MAX_CONNECTIONS, ADMIN_MAX_CONNECTIONS_PER_PEER, ADMIN_PATHS, admin_limits, admin_router,
+    serve_admin, serve_admin_with_limits, serve_admin_with_trust,
 };
 pub use config::{DEFAULT_LOG_FILTER, LogFormat, TelemetryConfig};
 pub use grpc::{GrpcClientTraceLayer, GrpcServerTraceLayer, traced, traced_channel};

@@ -6,7 +6,8 @@
 //!   verifying peers the SPIFFE way.
 //! - [`connector`]: dials outbound channels with them.
 //! - [`token`]: bearer tokens (JWT) verified against configured keys; join tokens.
-//! - [`policy`]: the policy file (serve, call, tasks, operators, open admin paths).
+//! - [`policy`]: the policy file (serve, call, tasks, operators, registry readers, open admin
+//!   paths).
 //! - [`trust`]: [`Trust`], a process's settings and the decisions made with them (private;
 //!   re-exported at the root).
 //! - [`audit`]: records those decisions.
@@ -32,7 +33,7 @@ pub mod token;
 mod trust;
 
 pub use identity::{Caller, DEFAULT_TRUST_DOMAIN, Identity, PeerIdentity, Via};
-pub use policy::{CallGrant, CallTarget, TaskAction};
+pub use policy::{CallGrant, CallTarget, Served, ServedName, TaskAction};
 /// The rustls crate Reach builds on, for certificates and configurations in callers.
 pub use rustls;
 pub use trust::{

@@ -1,6 +1,8 @@
-//! The policy file: who may serve and call which capabilities, who may do what with tasks of
-//! which flows, who is an operator, which admin paths are open. YAML, globs over identities and
-//! names (`*` matches any run of characters, `?` one, `[a-z]` a class); deny by default.
+//! The policy file: who may serve (capabilities, topics, typed gRPC services, from which
+//! addresses) and call which capabilities, who may do what with tasks of which flows, who is
+//! an operator, who may read the registry's instances, which admin paths are open. YAML,
+//! globs over identities and names (`*` matches any run of characters, `?` one, `[a-z]` a
+//! class); deny by default.
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, RwLock};
@@ -56,8 +58,20 @@ struct ServeRuleFile {
     identities: Vec<String>,
     #[serde(default = "everything")]
     services: Vec<String>,
-    #[serde(default = "everything")]
-    capabilities: Vec<String>,
+    /// Omitted: `["*"]`.
+    #[serde(default)]
+    capabilities: Option<Vec<String>>,
+    /// Omitted: the rule's capabilities (topics are named like capabilities, and call rules
+    /// match them as capabilities).
+    #[serde(default)]
+    topics: Option<Vec<String>>,
+    /// Omitted: `["*"]` when the rule grants every capability, else none.
+    #[serde(default)]
+    grpc_services: Option<Vec<String>>,
+    /// Omitted: none (the registering connection's own address only; see
+    /// [`Policy::may_advertise_ip`]).
+    #[serde(default)]
+    endpoints: Vec<String>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -106,6 +120,15 @@ struct AdminFile {
 
 #[derive(Debug, Deserialize, Default)]
 #[serde(deny_unknown_fields)]
+struct RegistryFile {
+    #[serde(default)]
+    watchers: Option<Vec<String>>,
+    #[serde(default)]
+    routers: Option<Vec<String>>,
+}
+
+#[derive(Debug, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
 struct PolicyFile {
     #[serde(default)]
     operators: Option<Vec<String>>,
@@ -117,6 +140,8 @@ struct PolicyFile {
     tasks: Vec<TaskRuleFile>,
     #[serde(default)]
     admin: AdminFile,
+    #[serde(default)]
+    registry: RegistryFile,
 }
 
 fn everything() -> Vec<String> {
@@ -171,6 +196,145 @@ struct ServeRule {
     identities: Names,
     services: Names,
     capabilities: Names,
+    topics: Names,
+    grpc_services: Names,
+    endpoints: Endpoints,
+}
+
+/// What a serve rule's `endpoints` lets an identity advertise: networks (`10.0.0.0/8`, an IP
+/// address) matched against IP addresses, and globs (`*.svc.cluster.local`) matched against
+/// host names as written in the endpoint.
+#[derive(Debug, Default)]
+struct Endpoints {
+    networks: Vec<(std::net::IpAddr, u8)>,
+    hosts: Option<Names>,
+}
+
+impl Endpoints {
+    fn compile(patterns: &[String], field: &str) -> Result<Self, String> {
+        let mut networks = Vec::new();
+        let mut hosts = Vec::new();
+        for pattern in patterns {
+            if let Some(network) = parse_network(pattern)
+                .map_err(|reason| format!("{field}: {pattern:?}: {reason}"))?
+            {
+                networks.push(network);
+            } else {
+                hosts.push(pattern.to_ascii_lowercase());
+            }
+        }
+        let hosts = if hosts.is_empty() {
+            None
+        } else {
+            Some(Names::compile(&hosts, field)?)
+        };
+        Ok(Self { networks, hosts })
+    }
+
+    fn grants_ip(&self, ip: std::net::IpAddr) -> bool {
+        let ip = canonical_ip(ip);
+        self.networks
+            .iter()
+            .any(|&(network, prefix)| in_network(ip, network, prefix))
+    }
+
+    fn grants_host(&self, host: &str) -> bool {
+        self.hosts
+            .as_ref()
+            .is_some_and(|hosts| hosts.matches(&host.to_ascii_lowercase()))
+    }
+}
+
+/// An IPv4-mapped IPv6 address (`::ffff:10.0.0.1`) as the IPv4 address it is.
+pub fn canonical_ip(ip: std::net::IpAddr) -> std::net::IpAddr {
+    match ip {
+        std::net::IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(ip, std::net::IpAddr::V4),
+        v4 => v4,
+    }
+}
+
+/// `Ok(Some(network))` for `ADDRESS/PREFIX` or a bare IP address, `Ok(None)` for anything
+/// else (a host glob), `Err` for a malformed network (`10.0.0.0/33`).
+fn parse_network(pattern: &str) -> Result<Option<(std::net::IpAddr, u8)>, String> {
+    let (address, prefix) = match pattern.split_once('/') {
+        Some((address, prefix)) => (address, Some(prefix)),
+        None => (pattern, None),
+    };
+    let Ok(address) = address.parse::<std::net::IpAddr>() else {
+        return match prefix {
+            Some(_) => Err("not a network: write ADDRESS/PREFIX, such as 10.0.0.0/8".into()),
+            None => Ok(None),
+        };
+    };
+    let address = canonical_ip(address);
+    let bits = if address.is_ipv4() { 32 } else { 128 };
+    let prefix = match prefix {
+        None => bits,
+        Some(prefix) => prefix
+            .parse::<u8>()
+            .ok()
+            .filter(|&prefix| prefix <= bits)
+            .ok_or_else(|| format!("the prefix length must be 0 to {bits}"))?,
+    };
+    Ok(Some((address, prefix)))
+}
+
+fn in_network(ip: std::net::IpAddr, network: std::net::IpAddr, prefix: u8) -> bool {
+    use std::net::IpAddr;
+    match (ip, network) {
+        (IpAddr::V4(ip), IpAddr::V4(network)) => {
+            let mask = u32::MAX.checked_shl(32 - u32::from(prefix)).unwrap_or(0);
+            u32::from(ip) & mask == u32::from(network) & mask
+        }
+        (IpAddr::V6(ip), IpAddr::V6(network)) => {
+            let mask = u128::MAX.checked_shl(128 - u32::from(prefix)).unwrap_or(0);
+            u128::from(ip) & mask == u128::from(network) & mask
+        }
+        _ => false,
+    }
+}
+
+/// What an instance asks to be routed for, for [`Policy::not_served`]: everything the
+/// router delivers to it by name.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Served<'a> {
+    /// The capabilities it serves (`complaint.classify`).
+    pub capabilities: &'a [&'a str],
+    /// The topics it subscribes to (`echo.news`): it receives their publishes.
+    pub topics: &'a [&'a str],
+    /// The typed gRPC services it serves (`secret.v1.Vault`): it receives their calls.
+    pub grpc_services: &'a [&'a str],
+}
+
+/// One name of a [`Served`] set, as [`Policy::not_served`] reports what no rule grants.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ServedName<'a> {
+    /// A capability.
+    Capability(&'a str),
+    /// A topic.
+    Topic(&'a str),
+    /// A typed gRPC service.
+    GrpcService(&'a str),
+}
+
+impl ServedName<'_> {
+    /// `capability NAME`, `topic NAME` or `grpc_service NAME`.
+    pub fn describe(&self) -> String {
+        match self {
+            Self::Capability(name) => format!("capability {name}"),
+            Self::Topic(name) => format!("topic {name}"),
+            Self::GrpcService(name) => format!("grpc_service {name}"),
+        }
+    }
+
+    /// The serve rule field that grants it: `capabilities`, `topics` or `grpc_services`.
+    pub fn field(&self) -> &'static str {
+        match self {
+            Self::Capability(_) => "capabilities",
+            Self::Topic(_) => "topics",
+            Self::GrpcService(_) => "grpc_services",
+        }
+    }
 }
 
 #[derive(Debug)]
@@ -225,7 +389,25 @@ pub struct Policy {
     call: Vec<CallRule>,
     tasks: Vec<TaskRule>,
     open_paths: Names,
+    watchers: Names,
+    routers: Names,
 }
+
+/// The identities that may `Watch` the registry and `ListInstances` when the policy's
+/// `registry.watchers` does not say (besides operators, who always may): routers, edges
+/// (agent cards and tool lists) and registries (a control plane running its router alongside
+/// presents the registry's certificate). `{td}` is the trust domain.
+pub const DEFAULT_WATCHERS: &[&str] = &[
+    "spiffe://{td}/router",
+    "spiffe://{td}/edge",
+    "spiffe://{td}/registry",
+];
+
+/// The identities whose `Watch` streams the registry holds slots back for, and does not cap
+/// per identity, when the policy's `registry.routers` does not say: routers, and registries
+/// (a control plane's router watches with the registry's certificate). `{td}` is the trust
+/// domain.
+pub const DEFAULT_ROUTERS: &[&str] = &["spiffe://{td}/router", "spiffe://{td}/registry"];
 
 impl Policy {
     /// Parses a policy from YAML; `path` names it in errors.
@@ -258,10 +440,26 @@ impl Policy {
             .iter()
             .enumerate()
             .map(|(i, rule)| {
+                let capabilities = rule.capabilities.clone().unwrap_or_else(everything);
+                let topics = rule.topics.clone().unwrap_or_else(|| capabilities.clone());
+                let grpc_services = rule.grpc_services.clone().unwrap_or_else(|| {
+                    if capabilities.iter().any(|pattern| pattern == "*") {
+                        everything()
+                    } else {
+                        Vec::new()
+                    }
+                });
                 Ok(ServeRule {
                     identities: compile(&rule.identities, format!("serve[{i}].identities"))?,
                     services: compile(&rule.services, format!("serve[{i}].services"))?,
-                    capabilities: compile(&rule.capabilities, format!("serve[{i}].capabilities"))?,
+                    capabilities: compile(&capabilities, format!("serve[{i}].capabilities"))?,
+                    topics: compile(&topics, format!("serve[{i}].topics"))?,
+                    grpc_services: compile(&grpc_services, format!("serve[{i}].grpc_services"))?,
+                    endpoints: Endpoints::compile(
+                        &rule.endpoints,
+                        &format!("serve[{i}].endpoints"),
+                    )
+                    .map_err(invalid)?,
                 })
             })
             .collect::<Result<_, PolicyError>>()?;
@@ -301,12 +499,28 @@ impl Policy {
                 .map(|path| (*path).to_string())
                 .collect()
         });
+        let in_domain = |defaults: &[&str]| -> Vec<String> {
+            defaults
+                .iter()
+                .map(|pattern| pattern.replace("{td}", trust_domain))
+                .collect()
+        };
+        let watchers = file
+            .registry
+            .watchers
+            .unwrap_or_else(|| in_domain(DEFAULT_WATCHERS));
+        let routers = file
+            .registry
+            .routers
+            .unwrap_or_else(|| in_domain(DEFAULT_ROUTERS));
         Ok(Self {
             operators: compile(&operators, "operators".into())?,
             serve,
             call,
             tasks,
             open_paths: compile(&open_paths, "admin.open_paths".into())?,
+            watchers: compile(&watchers, "registry.watchers".into())?,
+            routers: compile(&routers, "registry.routers".into())?,
         })
     }
 
@@ -339,6 +553,75 @@ impl Policy {
                 && rule.services.matches(service)
                 && rule.capabilities.matches(capability)
         })
+    }
+
+    /// What of `served` no serve rule lets `caller` serve as `service`, in the order given
+    /// (capabilities, topics, typed gRPC services); empty when all of it is granted. Each name
+    /// may be granted by a different rule.
+    pub fn not_served<'a>(
+        &self,
+        caller: &Caller,
+        service: &str,
+        served: Served<'a>,
+    ) -> Vec<ServedName<'a>> {
+        let rules: Vec<&ServeRule> = self
+            .serve
+            .iter()
+            .filter(|rule| rule.identities.matches(caller.name()) && rule.services.matches(service))
+            .collect();
+        let granted = |name: &ServedName<'_>| {
+            rules.iter().any(|rule| match *name {
+                ServedName::Capability(name) => rule.capabilities.matches(name),
+                ServedName::Topic(name) => rule.topics.matches(name),
+                ServedName::GrpcService(name) => rule.grpc_services.matches(name),
+            })
+        };
+        served
+            .capabilities
+            .iter()
+            .map(|name| ServedName::Capability(name))
+            .chain(served.topics.iter().map(|name| ServedName::Topic(name)))
+            .chain(
+                served
+                    .grpc_services
+                    .iter()
+                    .map(|name| ServedName::GrpcService(name)),
+            )
+            .filter(|name| !granted(name))
+            .collect()
+    }
+
+    /// Whether a serve rule for `caller` as `service` lets it advertise endpoints on the host
+    /// named `host` (a DNS name, matched against the rule's `endpoints` globs; IP addresses
+    /// are judged by [`Policy::may_advertise_ip`]).
+    pub fn may_advertise_host(&self, caller: &Caller, service: &str, host: &str) -> bool {
+        self.serve.iter().any(|rule| {
+            rule.identities.matches(caller.name())
+                && rule.services.matches(service)
+                && rule.endpoints.grants_host(host)
+        })
+    }
+
+    /// Whether a serve rule for `caller` as `service` lets it advertise an endpoint at `ip`
+    /// (one of the rule's `endpoints` networks holds it).
+    pub fn may_advertise_ip(&self, caller: &Caller, service: &str, ip: std::net::IpAddr) -> bool {
+        self.serve.iter().any(|rule| {
+            rule.identities.matches(caller.name())
+                && rule.services.matches(service)
+                && rule.endpoints.grants_ip(ip)
+        })
+    }
+
+    /// Whether `caller` may `Watch` the registry and `ListInstances` (`registry.watchers`,
+    /// by default [`DEFAULT_WATCHERS`]; operators are checked apart).
+    pub fn is_watcher(&self, caller: &Caller) -> bool {
+        caller.identity().is_some() && self.watchers.matches(caller.name())
+    }
+
+    /// Whether `caller` is a router for the registry's Watch slots (`registry.routers`, by
+    /// default [`DEFAULT_ROUTERS`]).
+    pub fn is_router(&self, caller: &Caller) -> bool {
+        caller.identity().is_some() && self.routers.matches(caller.name())
     }
 
     /// What a rule lets `caller` do calling `target`, if one does (the first that matches).
@@ -559,6 +842,19 @@ tasks:
                 "unknown variant",
             ),
             ("callers: []\n", "unknown field"),
+            (
+                "serve:\n  - identities: ['*']\n    endpoints: ['10.0.0.0/33']\n",
+                "serve[0].endpoints: \"10.0.0.0/33\": the prefix length must be 0 to 32",
+            ),
+            (
+                "serve:\n  - identities: ['*']\n    endpoints: ['pods/24']\n",
+                "serve[0].endpoints: \"pods/24\": not a network",
+            ),
+            (
+                "serve:\n  - identities: ['*']\n    topics: ['[']\n",
+                "serve[0].topics",
+            ),
+            ("registry:\n  watch: []\n", "unknown field"),
         ] {
             let error = Policy::parse(yaml, Path::new("p.yaml"), "td")
                 .unwrap_err()
@@ -566,5 +862,33 @@ tasks:
             assert!(error.contains(expected), "{yaml}: {error}");
             assert!(error.contains("p.yaml"), "{error}");
         }
+    }
+
+    #[test]
+    fn endpoint_networks_hold_the_addresses_they_name() {
+        let endpoints = Endpoints::compile(&["10.0.0.0/8".into()], "e").unwrap();
+        assert!(endpoints.grants_ip("10.255.0.1".parse().unwrap()));
+        assert!(endpoints.grants_ip("::ffff:10.0.0.1".parse().unwrap()));
+        assert!(!endpoints.grants_ip("11.0.0.1".parse().unwrap()));
+        assert!(!endpoints.grants_host("10.0.0.1"), "networks are not globs");
+        let endpoints = Endpoints::compile(
+            &[
+                "192.0.2.7".into(),
+                "2001:db8::/32".into(),
+                "*.svc.cluster.local".into(),
+            ],
+            "e",
+        )
+        .unwrap();
+        assert!(endpoints.grants_ip("192.0.2.7".parse().unwrap()));
+        assert!(!endpoints.grants_ip("192.0.2.8".parse().unwrap()));
+        assert!(endpoints.grants_ip("2001:db8:1::1".parse().unwrap()));
+        assert!(!endpoints.grants_ip("2001:db9::1".parse().unwrap()));
+        assert!(endpoints.grants_host("a.ns.svc.cluster.local"));
+        assert!(!endpoints.grants_host("svc.cluster.local.evil.example"));
+        let everything = Endpoints::compile(&["0.0.0.0/0".into(), "::/0".into()], "e").unwrap();
+        assert!(everything.grants_ip("203.0.113.1".parse().unwrap()));
+        assert!(everything.grants_ip("2001:db8::1".parse().unwrap()));
+        assert!(!Endpoints::default().grants_ip("127.0.0.1".parse().unwrap()));
     }
 }

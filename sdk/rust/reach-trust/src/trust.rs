@@ -8,7 +8,9 @@ use serde::{Deserialize, Serialize};
 
 use crate::audit;
 use crate::identity::{Caller, DEFAULT_TRUST_DOMAIN, Identity};
-use crate::policy::{CallGrant, CallTarget, Policy, PolicyError, PolicySource, TaskAction};
+use crate::policy::{
+    CallGrant, CallTarget, Policy, PolicyError, PolicySource, Served, ServedName, TaskAction,
+};
 use crate::tls::{TlsConfig, TlsError, TlsSource};
 use crate::token::{JoinGrant, JwtConfig, TokenError, TokenVerifier};
 
@@ -327,6 +329,29 @@ impl Trust {
         service: &str,
         capabilities: &[&str],
     ) -> Result<(), Denied> {
+        self.check_registration(
+            caller,
+            service,
+            Served {
+                capabilities,
+                ..Served::default()
+            },
+        )
+    }
+
+    /// [`Trust::check_register`] for everything a registration asks to be routed: its
+    /// capabilities, the topics it subscribes to and the typed gRPC services it serves. Once a
+    /// policy is loaded, `serve` rules must grant each (`capabilities`, `topics`,
+    /// `grpc_services`); the refusal names the first not granted, and the others after it.
+    ///
+    /// # Errors
+    /// [`Denied`] naming the identity, the service or name, and what would allow it.
+    pub fn check_registration(
+        &self,
+        caller: &Caller,
+        service: &str,
+        served: Served<'_>,
+    ) -> Result<(), Denied> {
         if !self.is_enabled() {
             return Ok(());
         }
@@ -376,16 +401,174 @@ impl Trust {
             }
         }
         if let Some(policy) = self.policy() {
-            for capability in capabilities {
-                if !policy.may_serve(caller, service, capability) {
-                    return Err(self.refuse(denied(
-                        format!("service {service:?} serving capability {capability}"),
-                        "no serve rule of the policy grants it; add one under `serve:`".into(),
-                    )));
+            let refused = policy.not_served(caller, service, served);
+            if let Some(first) = refused.first() {
+                let verb = match first {
+                    ServedName::Capability(_) => "serving",
+                    ServedName::Topic(_) => "subscribing to",
+                    ServedName::GrpcService(_) => "serving",
+                };
+                let mut reason = format!(
+                    "no serve rule of the policy grants it; add it to the `{}` of a rule under \
+                     `serve:` for this identity and service",
+                    first.field()
+                );
+                if refused.len() > 1 {
+                    const NAMED: usize = 8;
+                    let others: Vec<String> = refused[1..]
+                        .iter()
+                        .take(NAMED)
+                        .map(ServedName::describe)
+                        .collect();
+                    reason.push_str(&format!(
+                        " (not granted either: {}{})",
+                        others.join(", "),
+                        if refused.len() - 1 > NAMED {
+                            format!(" and {} more", refused.len() - 1 - NAMED)
+                        } else {
+                            String::new()
+                        }
+                    ));
                 }
+                return Err(self.refuse(denied(
+                    format!("service {service:?} {verb} {}", first.describe()),
+                    reason,
+                )));
             }
         }
         Ok(())
+    }
+
+    /// Whether `caller` may advertise endpoints on the host name `host` as `service` whatever
+    /// it resolves to: with trust off, operators, and a `serve` rule whose `endpoints` globs
+    /// match the name. Otherwise the addresses it resolves to are judged
+    /// ([`Trust::check_endpoint`]).
+    pub fn advertises_by_name(&self, caller: &Caller, service: &str, host: &str) -> bool {
+        if !self.is_enabled() || self.is_operator(caller) {
+            return true;
+        }
+        host.parse::<std::net::IpAddr>().is_err()
+            && self
+                .policy()
+                .as_deref()
+                .unwrap_or(&self.defaults)
+                .may_advertise_host(caller, service, host)
+    }
+
+    /// May `caller`, registering `service` over a connection from `peer`, advertise an
+    /// endpoint on `host` that resolves to `addresses` (the addresses the registry's health
+    /// probe and routers will dial; for an IP address host, that address)?
+    ///
+    /// With trust off, yes. Operators may advertise any endpoint. Otherwise every address
+    /// must be the peer's own (any loopback address when the peer is on loopback: the same
+    /// machine), or in a network of a `serve` rule's `endpoints` for the caller and service;
+    /// or the host name itself must match one of its globs (`*.svc.cluster.local`), in
+    /// which case its addresses are not judged. An unknown peer address grants nothing.
+    ///
+    /// # Errors
+    /// [`Denied`] naming the endpoint and the address not allowed, and what would allow it.
+    pub fn check_endpoint(
+        &self,
+        caller: &Caller,
+        service: &str,
+        endpoint: &str,
+        host: &str,
+        addresses: &[std::net::IpAddr],
+        peer: Option<std::net::IpAddr>,
+    ) -> Result<(), Denied> {
+        use crate::policy::canonical_ip;
+        if !self.is_enabled() || self.is_operator(caller) {
+            return Ok(());
+        }
+        let policy = self.policy();
+        let policy = policy.as_deref().unwrap_or(&self.defaults);
+        let is_name = host.parse::<std::net::IpAddr>().is_err();
+        if is_name && policy.may_advertise_host(caller, service, host) {
+            return Ok(());
+        }
+        let peer = peer.map(canonical_ip);
+        let own = |ip: std::net::IpAddr| {
+            peer.is_some_and(|peer| peer == ip || (peer.is_loopback() && ip.is_loopback()))
+        };
+        let refused = addresses
+            .iter()
+            .map(|ip| canonical_ip(*ip))
+            .find(|&ip| !own(ip) && !policy.may_advertise_ip(caller, service, ip));
+        let Some(refused) = refused else {
+            if addresses.is_empty() {
+                return Err(self.refuse(Denied {
+                    identity: caller.name().to_string(),
+                    action: "advertise".into(),
+                    target: format!("endpoint {endpoint:?}"),
+                    reason: format!("its host {host:?} resolves to no address"),
+                }));
+            }
+            return Ok(());
+        };
+        let from = peer.map_or_else(
+            || "an unknown address".to_string(),
+            |peer| format!("{peer}"),
+        );
+        let resolved = if is_name {
+            format!(" (its host {host:?} resolves to {refused})")
+        } else {
+            String::new()
+        };
+        Err(self.refuse(Denied {
+            identity: caller.name().to_string(),
+            action: "advertise".into(),
+            target: format!("endpoint {endpoint:?}"),
+            reason: format!(
+                "an instance advertises its own address, and this registration came from \
+                 {from}{resolved}; advertise the address the agent registers from, or let this \
+                 identity advertise it with `endpoints` (networks such as 10.0.0.0/8, or host \
+                 globs such as *.svc.cluster.local) in a `serve:` rule of the policy"
+            ),
+        }))
+    }
+
+    /// May `caller` read the registry's instance table: `Watch` it and `ListInstances`
+    /// (`action`)? With trust off, yes; otherwise operators and the policy's
+    /// `registry.watchers` (by default routers, edges and registries:
+    /// [`crate::policy::DEFAULT_WATCHERS`]).
+    ///
+    /// # Errors
+    /// [`Denied`] saying who may.
+    pub fn check_watcher(&self, caller: &Caller, action: &str) -> Result<(), Denied> {
+        if !self.is_enabled() || self.is_operator(caller) {
+            return Ok(());
+        }
+        let policy = self.policy();
+        if policy
+            .as_deref()
+            .unwrap_or(&self.defaults)
+            .is_watcher(caller)
+        {
+            return Ok(());
+        }
+        let td = self.trust_domain();
+        Err(self.refuse(Denied {
+            identity: caller.name().to_string(),
+            action: action.into(),
+            target: "the registry's instances".into(),
+            reason: format!(
+                "only routers, edges and operators may (spiffe://{td}/router, \
+                 spiffe://{td}/edge, spiffe://{td}/registry and the policy's `operators`, or the \
+                 identities of the policy's `registry.watchers`)"
+            ),
+        }))
+    }
+
+    /// Whether `caller` is a router for the registry's Watch slots (the policy's
+    /// `registry.routers`, by default [`crate::policy::DEFAULT_ROUTERS`]). With trust off,
+    /// no one is: callers are not told apart.
+    pub fn is_router(&self, caller: &Caller) -> bool {
+        self.is_enabled()
+            && self
+                .policy()
+                .as_deref()
+                .unwrap_or(&self.defaults)
+                .is_router(caller)
     }
 
     /// May `caller` call `target`? With no policy, yes; with one, when a `call` rule grants
@@ -523,5 +706,355 @@ impl Trust {
     fn refuse(&self, denied: Denied) -> Denied {
         denied.audit();
         denied
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::net::IpAddr;
+
+    use super::*;
+
+    const TD: &str = "td";
+
+    /// An Ed25519 public key: enough to turn trust on (tokens verified) for these tests,
+    /// which present callers directly.
+    const TOKEN_KEY: &str = "-----BEGIN PUBLIC KEY-----\nMCowBQYDK2VwAyEAwcrOUD1au7vSYk3O16sSh8poJSfBizJVN+eaR6dMr5w=\n-----END PUBLIC KEY-----\n";
+
+    /// Trust on (bearer tokens), with `policy` loaded when given.
+    fn trust(policy: Option<&str>) -> (tempfile::TempDir, Arc<Trust>) {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("jwt.pem"), TOKEN_KEY).unwrap();
+        let policy = policy.map(|yaml| {
+            let path = dir.path().join("policy.yaml");
+            std::fs::write(&path, yaml).unwrap();
+            path
+        });
+        let trust = Trust::load(&TrustConfig {
+            trust_domain: TD.into(),
+            policy,
+            jwt: Some(JwtConfig::new(vec![dir.path().join("jwt.pem")])),
+            ..TrustConfig::default()
+        })
+        .unwrap();
+        assert!(trust.is_enabled());
+        (dir, trust)
+    }
+
+    fn caller(id: &str) -> Caller {
+        Caller::certified(Identity::parse(id).unwrap())
+    }
+
+    fn served<'a>(
+        capabilities: &'a [&'a str],
+        topics: &'a [&'a str],
+        grpc_services: &'a [&'a str],
+    ) -> Served<'a> {
+        Served {
+            capabilities,
+            topics,
+            grpc_services,
+        }
+    }
+
+    const ALPHA: &str = r#"
+serve:
+  - identities: ["spiffe://td/agent/alpha"]
+    capabilities: ["alpha.*"]
+"#;
+
+    #[test]
+    fn topics_and_grpc_services_need_a_serve_rule_like_capabilities() {
+        let (_dir, trust) = trust(Some(ALPHA));
+        let alpha = caller("spiffe://td/agent/alpha");
+        trust
+            .check_registration(
+                &alpha,
+                "alpha",
+                served(&["alpha.ask"], &["alpha.news"], &[]),
+            )
+            .unwrap();
+        let denied = trust
+            .check_registration(&alpha, "alpha", served(&["alpha.ask"], &["echo.news"], &[]))
+            .unwrap_err();
+        assert_eq!(denied.action, "register as");
+        assert_eq!(
+            denied.target,
+            "service \"alpha\" subscribing to topic echo.news"
+        );
+        assert!(denied.reason.contains("`topics`"), "{}", denied.reason);
+        let status = denied.to_status();
+        assert_eq!(status.code(), tonic::Code::PermissionDenied);
+        assert!(
+            status.message().contains("topic echo.news"),
+            "{}",
+            status.message()
+        );
+        // A rule that narrows capabilities grants no typed service unless it lists some.
+        let denied = trust
+            .check_registration(&alpha, "alpha", served(&[], &[], &["secret.v1.Vault"]))
+            .unwrap_err();
+        assert_eq!(
+            denied.target,
+            "service \"alpha\" serving grpc_service secret.v1.Vault"
+        );
+        assert!(
+            denied.reason.contains("`grpc_services`"),
+            "{}",
+            denied.reason
+        );
+        // Every refused name is said, the first as the target.
+        let denied = trust
+            .check_registration(
+                &alpha,
+                "alpha",
+                served(&["beta.x"], &["echo.news"], &["secret.v1.Vault"]),
+            )
+            .unwrap_err();
+        assert_eq!(denied.target, "service \"alpha\" serving capability beta.x");
+        assert!(
+            denied
+                .reason
+                .contains("not granted either: topic echo.news, grpc_service secret.v1.Vault"),
+            "{}",
+            denied.reason
+        );
+        // The old entry point still checks capabilities.
+        assert!(trust.check_register(&alpha, "alpha", &["beta.x"]).is_err());
+        assert!(trust.check_register(&alpha, "alpha", &["alpha.x"]).is_ok());
+    }
+
+    #[test]
+    fn a_rule_granting_every_capability_grants_every_topic_and_grpc_service() {
+        let (_dir, trust) = trust(Some(
+            r#"
+serve:
+  - identities: ["spiffe://td/agent/open"]
+  - identities: ["spiffe://td/agent/star"]
+    capabilities: ["*"]
+  - identities: ["spiffe://td/agent/typed"]
+    capabilities: ["typed.*"]
+    topics: []
+    grpc_services: ["typed.v1.*"]
+"#,
+        ));
+        for name in ["open", "star"] {
+            trust
+                .check_registration(
+                    &caller(&format!("spiffe://td/agent/{name}")),
+                    name,
+                    served(&["any.thing"], &["echo.news"], &["secret.v1.Vault"]),
+                )
+                .unwrap();
+        }
+        let typed = caller("spiffe://td/agent/typed");
+        trust
+            .check_registration(
+                &typed,
+                "typed",
+                served(&["typed.a"], &[], &["typed.v1.Svc"]),
+            )
+            .unwrap();
+        assert!(
+            trust
+                .check_registration(&typed, "typed", served(&[], &["typed.news"], &[]))
+                .is_err(),
+            "topics: [] grants no topic"
+        );
+        assert!(
+            trust
+                .check_registration(&typed, "typed", served(&[], &[], &["typed.v2.Svc"]))
+                .is_err()
+        );
+    }
+
+    #[test]
+    fn without_a_policy_or_with_trust_off_every_name_is_served() {
+        let (_dir, trust) = trust(None);
+        trust
+            .check_registration(
+                &caller("spiffe://td/agent/alpha"),
+                "alpha",
+                served(&["x"], &["echo.news"], &["secret.v1.Vault"]),
+            )
+            .unwrap();
+        Trust::disabled()
+            .check_registration(
+                &Caller::anonymous(),
+                "alpha",
+                served(&["x"], &["echo.news"], &["secret.v1.Vault"]),
+            )
+            .unwrap();
+    }
+
+    fn ip(text: &str) -> IpAddr {
+        text.parse().unwrap()
+    }
+
+    #[test]
+    fn an_endpoint_must_be_the_registrants_own_address_or_granted() {
+        let (_dir, trust) = trust(Some(
+            r#"
+serve:
+  - identities: ["spiffe://td/agent/alpha"]
+  - identities: ["spiffe://td/agent/pods"]
+    endpoints: ["10.0.0.0/8", "fd00::/8", "*.svc.cluster.local"]
+"#,
+        ));
+        let alpha = caller("spiffe://td/agent/alpha");
+        let check = |who: &Caller, service: &str, host: &str, addresses: &[&str], peer: &str| {
+            let addresses: Vec<IpAddr> = addresses.iter().map(|a| ip(a)).collect();
+            trust.check_endpoint(
+                who,
+                service,
+                &format!("http://{host}:8080"),
+                host,
+                &addresses,
+                Some(ip(peer)),
+            )
+        };
+        check(&alpha, "alpha", "10.1.2.3", &["10.1.2.3"], "10.1.2.3").unwrap();
+        // An IPv4-mapped peer address is the IPv4 address.
+        check(
+            &alpha,
+            "alpha",
+            "10.1.2.3",
+            &["10.1.2.3"],
+            "::ffff:10.1.2.3",
+        )
+        .unwrap();
+        let denied = check(&alpha, "alpha", "10.9.9.9", &["10.9.9.9"], "10.1.2.3").unwrap_err();
+        assert_eq!(denied.action, "advertise");
+        assert_eq!(denied.target, "endpoint \"http://10.9.9.9:8080\"");
+        assert!(
+            denied.reason.contains("came from 10.1.2.3"),
+            "{}",
+            denied.reason
+        );
+        assert!(denied.reason.contains("`endpoints`"), "{}", denied.reason);
+        // On loopback, every loopback address is the registrant's machine; nothing else is.
+        check(&alpha, "alpha", "127.0.0.2", &["127.0.0.2"], "127.0.0.1").unwrap();
+        check(
+            &alpha,
+            "alpha",
+            "localhost",
+            &["127.0.0.1", "::1"],
+            "127.0.0.1",
+        )
+        .unwrap();
+        assert!(check(&alpha, "alpha", "192.0.2.7", &["192.0.2.7"], "127.0.0.1").is_err());
+        // A name is judged by every address it resolves to.
+        let denied = check(
+            &alpha,
+            "alpha",
+            "sneaky.example",
+            &["127.0.0.1", "192.0.2.7"],
+            "127.0.0.1",
+        )
+        .unwrap_err();
+        assert!(
+            denied.reason.contains("resolves to 192.0.2.7"),
+            "{}",
+            denied.reason
+        );
+        let denied = check(&alpha, "alpha", "nowhere.invalid", &[], "127.0.0.1").unwrap_err();
+        assert!(
+            denied.reason.contains("resolves to no address"),
+            "{}",
+            denied.reason
+        );
+        // Granted networks and names.
+        let pods = caller("spiffe://td/agent/pods");
+        check(&pods, "pods", "10.200.0.1", &["10.200.0.1"], "10.1.2.3").unwrap();
+        check(&pods, "pods", "fd00::7", &["fd00::7"], "10.1.2.3").unwrap();
+        assert!(check(&pods, "pods", "11.0.0.1", &["11.0.0.1"], "10.1.2.3").is_err());
+        assert!(trust.advertises_by_name(&pods, "pods", "pods.ns.SVC.cluster.local"));
+        assert!(!trust.advertises_by_name(&pods, "pods", "pods.example.com"));
+        assert!(!trust.advertises_by_name(&alpha, "alpha", "pods.ns.svc.cluster.local"));
+        // The grant is alpha's rule's, not pods': alpha may not use pods' networks.
+        assert!(check(&alpha, "alpha", "10.200.0.1", &["10.200.0.1"], "10.1.2.3").is_err());
+        // An unknown peer address grants nothing; operators may advertise anything.
+        assert!(
+            trust
+                .check_endpoint(
+                    &alpha,
+                    "alpha",
+                    "http://10.1.2.3:1",
+                    "10.1.2.3",
+                    &[ip("10.1.2.3")],
+                    None
+                )
+                .unwrap_err()
+                .reason
+                .contains("an unknown address")
+        );
+        let operator = caller("spiffe://td/operator/ops");
+        check(&operator, "alpha", "192.0.2.7", &["192.0.2.7"], "127.0.0.1").unwrap();
+        assert!(trust.advertises_by_name(&operator, "alpha", "anything.example"));
+        // Trust off: anything goes.
+        Trust::disabled()
+            .check_endpoint(
+                &Caller::anonymous(),
+                "alpha",
+                "http://192.0.2.7:22",
+                "192.0.2.7",
+                &[ip("192.0.2.7")],
+                None,
+            )
+            .unwrap();
+    }
+
+    #[test]
+    fn only_routers_edges_registries_and_operators_read_the_registry_by_default() {
+        for policy in [None, Some(ALPHA)] {
+            let (_dir, trust) = trust(policy);
+            for allowed in [
+                "spiffe://td/router",
+                "spiffe://td/edge",
+                "spiffe://td/registry",
+                "spiffe://td/operator/ops",
+            ] {
+                trust.check_watcher(&caller(allowed), "watch").unwrap();
+            }
+            for refused in ["spiffe://td/agent/alpha", "spiffe://td/user/mallory"] {
+                let denied = trust.check_watcher(&caller(refused), "watch").unwrap_err();
+                assert_eq!(denied.target, "the registry's instances");
+                assert!(
+                    denied.reason.contains("registry.watchers"),
+                    "{}",
+                    denied.reason
+                );
+            }
+            assert!(trust.is_router(&caller("spiffe://td/router")));
+            assert!(trust.is_router(&caller("spiffe://td/registry")));
+            assert!(!trust.is_router(&caller("spiffe://td/edge")));
+            assert!(!trust.is_router(&caller("spiffe://td/operator/ops")));
+        }
+        let (_dir, trust) = trust(Some(
+            r#"
+registry:
+  watchers: ["spiffe://td/agent/monitor"]
+  routers: ["spiffe://td/router", "spiffe://td/router-canary"]
+"#,
+        ));
+        trust
+            .check_watcher(&caller("spiffe://td/agent/monitor"), "list")
+            .unwrap();
+        assert!(
+            trust
+                .check_watcher(&caller("spiffe://td/edge"), "list")
+                .is_err(),
+            "the policy's list replaces the default"
+        );
+        trust
+            .check_watcher(&caller("spiffe://td/operator/ops"), "list")
+            .unwrap();
+        assert!(trust.is_router(&caller("spiffe://td/router-canary")));
+        assert!(!trust.is_router(&caller("spiffe://td/registry")));
+        // Trust off: anyone reads, and no one is told apart as a router.
+        Trust::disabled()
+            .check_watcher(&Caller::anonymous(), "watch")
+            .unwrap();
+        assert!(!Trust::disabled().is_router(&Caller::anonymous()));
     }
 }

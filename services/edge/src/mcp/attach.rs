@@ -539,7 +539,9 @@ async fn list_tools(name: &str, peer: &Peer<RoleClient>) -> Result<Vec<Tool>, At
 #[derive(Debug, Clone)]
 pub struct Serving {
     /// The agent settings (registry endpoint, trust, limits); `service` is set to `mcp.<name>`
-    /// when empty.
+    /// when empty. With `agent.tls` the attachment serves TLS and, as every SDK agent, answers
+    /// only the mesh's routers (and the registry's health checks): a tool is called through a
+    /// router, under its call policy, never directly ([`reach_sdk::DirectCallers`]).
     pub agent: AgentConfig,
     /// Where the first runtime listens (`127.0.0.1:0`); a runtime started after a tool list
     /// change listens on the same host, port 0 (the old one still holds the port while it

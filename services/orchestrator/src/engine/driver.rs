@@ -243,7 +243,7 @@ impl Engine {
 
     /// Decides the next step. A decision that evaluates expressions (a condition, a node
     /// input to build) runs on the blocking pool, at most `max_concurrent_evaluations` at
-    /// once, so a slow expression never holds a thread that serves RPCs (each evaluation is
+    /// once and `max_evaluations_per_flow` of one flow's tasks, so a slow expression never holds a thread that serves RPCs (each evaluation is
     /// bounded by its own budget too).
     async fn decide_step(
         &self,
@@ -257,7 +257,7 @@ impl Engine {
         if !evaluates(state, flow) {
             return Ok(decide::decide(state, flow, now, running, bounds, rng));
         }
-        let Ok(permit) = self.inner.evaluations.clone().acquire_owned().await else {
+        let Some(permit) = self.inner.evaluations.acquire(&flow.id).await else {
             return Ok(Step::Park);
         };
         let (state, flow, running, bounds) =

@@ -9,6 +9,7 @@
 //! re-sending after a crash is deduplicated by the receiving SDK.
 //!
 //! # Modules
+//! - [`budget`]: the evaluation slots, shared and per flow.
 //! - [`clock`]: [`Clock`], wall-clock milliseconds that follow tokio's (paused) clock.
 //! - [`decide`]: the decider, a pure function of state, flow, time and a random source,
 //!   dispatching to one module per node kind: `task`, `parallel` (both over the call slots of
@@ -38,6 +39,7 @@ use crate::event::{StoredEvent, TaskState};
 use crate::flows::FlowRegistry;
 use crate::store::{Store, TaskSummary};
 
+pub mod budget;
 mod call;
 pub mod clock;
 mod commands;
@@ -79,6 +81,8 @@ pub struct EngineSettings {
     pub max_node_visits: usize,
     /// Expression evaluations run at once on the blocking pool.
     pub max_concurrent_evaluations: usize,
+    /// Of those, the most one flow's tasks may run at once (see [`budget`]).
+    pub max_evaluations_per_flow: usize,
     /// The `source` written in message headers.
     pub source: String,
 }
@@ -105,8 +109,8 @@ pub(crate) struct Inner {
     /// Bounds the drivers running at once (`max_concurrent_tasks`).
     permits: Arc<Semaphore>,
     /// Bounds the decisions that evaluate expressions, run on the blocking pool
-    /// (`max_concurrent_evaluations`).
-    evaluations: Arc<Semaphore>,
+    /// (`max_concurrent_evaluations` in all, `max_evaluations_per_flow` per flow).
+    evaluations: Arc<budget::EvalBudgets>,
     /// Wakes the timer loop when a new timer is scheduled.
     timer_wake: Notify,
     /// "Task X appended up to seq N", for WatchTask.
@@ -181,7 +185,10 @@ impl Engine {
                 flows,
                 clock,
                 permits: Arc::new(Semaphore::new(settings.max_concurrent_tasks.max(1))),
-                evaluations: Arc::new(Semaphore::new(settings.max_concurrent_evaluations.max(1))),
+                evaluations: budget::EvalBudgets::new(
+                    settings.max_concurrent_evaluations,
+                    settings.max_evaluations_per_flow,
+                ),
                 settings,
                 router,
                 active: Mutex::new(HashMap::new()),
@@ -192,6 +199,11 @@ impl Engine {
                 exclusive,
             }),
         })
+    }
+
+    /// Decisions evaluating expressions right now (at most `max_concurrent_evaluations`).
+    pub fn evaluations_running(&self) -> usize {
+        self.inner.evaluations.running()
     }
 
     /// The store.

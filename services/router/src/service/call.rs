@@ -20,7 +20,7 @@ use tonic::{Code, Request, Response, Status, Streaming};
 use tower::retry::budget::Budget;
 use tracing::{Instrument, debug, warn};
 
-use super::reply::ReplyWaiter;
+use super::reply::{ReplyWaiter, WaitingReply};
 use super::{Router, RouterService};
 use crate::endpoint::InstanceInfo;
 use crate::envelope::{self, TraceOrigin, forwarded_metadata, ids_of, read_deadline, route_key};
@@ -109,6 +109,8 @@ impl Router {
 
     /// Sends `message` to one instance of `key` (among `plan`'s instances when set), retrying
     /// on other instances when that is safe, and returns the reply and where it was handled.
+    /// When `message` asks for an asynchronous reply (`header.reply_to` set), before each
+    /// attempt the instance's service is allowed to reply to its waiting call.
     pub(super) async fn deliver(
         &self,
         key: &RouteKey,
@@ -118,6 +120,11 @@ impl Router {
         deadline: Option<Instant>,
         started: Instant,
     ) -> Result<(ReachMessage, Arc<InstanceInfo>), Status> {
+        let reply_waiter = message
+            .header
+            .as_ref()
+            .filter(|h| !h.reply_to.is_empty())
+            .map(|h| h.message_id.as_str());
         let table = &self.inner.table;
         let idempotent = self.is_idempotent(key);
         self.inner.budget.deposit();
@@ -135,6 +142,9 @@ impl Router {
                     return Err(RouteError::DeadlineExceeded(started.elapsed()).into());
                 }
                 timeout = Some(remaining);
+            }
+            if let Some(message_id) = reply_waiter {
+                self.allow_replier(message_id, &endpoint.info().service);
             }
             // The slot goes with the call: it is released when the call has ended at the
             // instance (its reply, or its acknowledged cancel), not when this future ends.
@@ -265,7 +275,7 @@ impl Router {
                 .waiting_replies
                 .lock()
                 .unwrap_or_else(|p| p.into_inner())
-                .insert(message_id.clone(), tx);
+                .insert(message_id.clone(), WaitingReply::new(tx));
             waiter = Some((rx, ReplyWaiter::new(self, message_id.clone())));
         }
 

@@ -19,13 +19,13 @@ use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 
 use futures::Stream;
+use moka::sync::Cache;
 use reach_proto::v1::router_service_client::RouterServiceClient;
 use reach_proto::v1::router_service_server::{RouterService, RouterServiceServer};
 use reach_proto::v1::{
     CallMuxRequest, CallMuxResponse, CallRequest, CallResponse, PublishRequest, PublishResponse,
-    ReachMessage, ReplyRequest, ReplyResponse, StreamRequest, StreamResponse,
+    ReplyRequest, ReplyResponse, StreamRequest, StreamResponse,
 };
-use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use tonic::transport::Channel;
@@ -52,6 +52,12 @@ pub const TRACE_ID_METADATA: &str = "x-reach-trace-id";
 pub const INSTANCE_ID_METADATA: &str = "x-reach-instance-id";
 /// Request metadata set on a Reply forwarded between router replicas (never forwarded again).
 pub const FORWARDED_REPLY_METADATA: &str = "x-reach-forwarded-reply";
+/// Request metadata of a Reply forwarded between router replicas (with trust on): the identity
+/// of the agent that sent the reply, which the replica holding the call checks. Read only from
+/// router identities.
+pub const REPLIER_METADATA: &str = "x-reach-replier";
+
+pub use reply::{MAX_ENDED_REPLIES, MAX_REPLY_PEERS, REPLY_PEER_IDLE};
 
 pub use crate::metrics::UNROUTED_LABEL;
 
@@ -67,9 +73,14 @@ struct Inner {
     budget: TpsBudget,
     protocols: Option<Arc<ProtocolRegistry>>,
     /// Calls waiting for an asynchronous reply, by request message id.
-    waiting_replies: Mutex<HashMap<String, oneshot::Sender<ReachMessage>>>,
-    /// Clients of other router replicas, by endpoint URL, for forwarding replies.
-    peers: Mutex<HashMap<String, RouterServiceClient<Channel>>>,
+    waiting_replies: Mutex<HashMap<String, reply::WaitingReply>>,
+    /// Calls that waited for an asynchronous reply and ended recently, by request message id,
+    /// with the services that could have replied: their late or repeated replies are answered
+    /// `delivered: false`, anyone else's are refused as for an unknown id. Bounded, expiring.
+    ended_replies: Cache<String, Arc<[String]>>,
+    /// Clients of other router replicas, by endpoint URL, for forwarding replies: only
+    /// replicas a reply was forwarded to successfully; bounded, idle entries expire.
+    peers: Cache<String, RouterServiceClient<Channel>>,
     /// The message ledger sink, when one is configured.
     ledger: Option<LedgerSink>,
     /// Cancelled by [`Router::close_streams`]: CallMux streams stop reading calls.
@@ -151,7 +162,8 @@ impl Router {
                 budget,
                 protocols,
                 waiting_replies: Mutex::new(HashMap::new()),
-                peers: Mutex::new(HashMap::new()),
+                ended_replies: reply::ended_replies_cache(),
+                peers: reply::peer_cache(),
                 ledger,
                 closing: CancellationToken::new(),
                 unrouted_metrics: Arc::new(RouteMetrics::new(UNROUTED_LABEL)),
