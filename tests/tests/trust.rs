@@ -1291,3 +1291,118 @@ fn uuid_like(id: &str) -> bool {
             .iter()
             .all(|g| g.bytes().all(|b| b.is_ascii_hexdigit()))
 }
+
+/// A caller may name any task id in the messages it routes, and the router records them in
+/// that task's ledger: each such entry names the caller the router verified
+/// (`x-reach-caller` in its header metadata, replacing what the caller wrote there), so an
+/// entry planted in someone else's task by an agent is attributed to that agent, never passed
+/// off as the orchestrator's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ledger_entries_name_the_caller_the_router_verified() {
+    use reach_proto::v1::router_service_client::RouterServiceClient;
+
+    let mesh = Mesh::start_as(
+        true,
+        &POLICY.replace(
+            "serve:\n  - identities: [\"*\"]\n",
+            "serve:\n  - identities: [\"*\"]\n    endpoints: [\"127.0.0.0/8\"]\n",
+        ),
+        "router",
+    )
+    .await;
+    let tls = write_identity(&mesh.ca, mesh.dir.path(), "agent-echo", &agent("echo"));
+    let config = reach_sdk::AgentConfig::new("echo", mesh.plane.endpoint())
+        .with_instance_id("echo-1")
+        .with_trust_domain(TD)
+        .with_tls(tls);
+    let runtime = reach_sdk::AgentRuntime::new(config).handle(
+        "echo.say",
+        "1.0.0",
+        |_ctx: reach_sdk::HandlerContext, message: pb::ReachMessage| async move {
+            Ok(message.payload.unwrap_or_default())
+        },
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let (running, _endpoint) = runtime.start(listener).await.unwrap();
+
+    let mut operator = OrchestratorServiceClient::with_interceptor(
+        mesh.anonymous_channel().await,
+        bearer(mesh.operator_token()),
+    );
+    operator
+        .apply_flow(pb::ApplyFlowRequest {
+            yaml: FLOW.into(),
+            ..Default::default()
+        })
+        .await
+        .expect("an operator applies");
+    operator
+        .start_task(pb::StartTaskRequest {
+            flow_id: "approve".into(),
+            task_id: "victim".into(),
+            ..Default::default()
+        })
+        .await
+        .expect("an operator starts a task");
+
+    // Agent `a` routes a message naming the operator's task, claiming to be the orchestrator.
+    let router = RouterServiceClient::new(mesh.channel_as("a", &agent("a")).await);
+    let planted = || pb::CallRequest {
+        message: Some(pb::ReachMessage {
+            header: Some(pb::Header {
+                target: Some(pb::header::Target::Capability("echo.say".into())),
+                task_id: "victim".into(),
+                source: "orchestrator".into(),
+                metadata: [(
+                    "x-reach-caller".to_string(),
+                    "spiffe://reach.test/orchestrator".to_string(),
+                )]
+                .into(),
+                ..Default::default()
+            }),
+            payload: Some(pb::Payload::text("echo.request", "planted")),
+        }),
+    };
+    reach_tests::eventually(Duration::from_secs(10), || {
+        let mut router = router.clone();
+        async move { router.call(planted()).await.is_ok() }
+    })
+    .await;
+
+    let recorded_by = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
+    reach_tests::eventually(Duration::from_secs(10), || {
+        let mut operator = operator.clone();
+        let found = recorded_by.clone();
+        async move {
+            let Ok(dump) = operator
+                .dump_task(pb::DumpTaskRequest {
+                    task_id: "victim".into(),
+                })
+                .await
+            else {
+                return false;
+            };
+            for record in dump.into_inner().records {
+                if let Some(pb::dump_record::Record::Message(entry)) = record.record
+                    && let Some(header) = entry.header
+                {
+                    *found.lock().unwrap() = header
+                        .metadata
+                        .get("x-reach-caller")
+                        .cloned()
+                        .unwrap_or_default();
+                    return true;
+                }
+            }
+            false
+        }
+    })
+    .await;
+    let recorded_by = recorded_by.lock().unwrap().clone();
+    assert_eq!(
+        recorded_by,
+        agent("a").as_str(),
+        "the entry names the agent that routed it, not the caller it claimed"
+    );
+    let _ = running.drain().await;
+}

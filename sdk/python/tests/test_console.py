@@ -364,10 +364,18 @@ def test_the_mesh_page_lists_every_instance(dev: ConsoleProcess, browser: webdri
     shoot(browser, "mesh")
     # The review cancelled above ended FAILED (its on_cancel is a `fail` node): a dead letter
     # with a retry button, which retries it (and it fails there again).
-    row = browser.find_element(By.XPATH, '//table[@id="dead-letters"]//tr[.//a[text()="console-review-3"]]')
+    dead_letter = '//table[@id="dead-letters"]//tr[.//a[text()="console-review-3"]]'
+    row = browser.find_element(By.XPATH, dead_letter)
     assert "cancelled" in row.text, row.text
     shoot(browser, "dead-letters", scroll_to="dead-letters")
-    row.find_element(By.TAG_NAME, "button").click()
+
+    # The page refreshes itself (refresh_ms): a row found before a refresh is stale after it,
+    # so the button is found and clicked in one step, again if a refresh came in between.
+    def retry_clicked() -> bool:
+        browser.find_element(By.XPATH, f"{dead_letter}//button").click()
+        return True
+
+    wait_for(retry_clicked, "the dead letter's retry button")
     wait_for(lambda: "/console/tasks/console-review-3" in browser.current_url, "the retried task's page")
     browser.get(f"{dev.base}/tasks")
     assert wait_for(lambda: browser.find_elements(By.LINK_TEXT, "console-review-1"), "the task list")

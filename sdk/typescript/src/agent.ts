@@ -736,7 +736,11 @@ export class Agent {
     // waits for it. Its outcome is remembered under the message id, so a redelivery gets it
     // instead of running the handler again; a message that never got a slot is not.
     this.#enter();
-    const task = (messageId === "" ? run() : this.#dedupe.once(messageId, run, remembered))
+    // Remembered per caller (the one the router verified): a message id is the caller's to
+    // choose, so keyed by the id alone one principal's answer could be handed to another's
+    // redelivery.
+    const dedupeKey = ctx.caller === undefined ? messageId : `${ctx.caller}\u0000${messageId}`;
+    const task = (messageId === "" ? run() : this.#dedupe.once(dedupeKey, run, remembered))
       .then(
         (outcome): Outcome =>
           outcome ?? {

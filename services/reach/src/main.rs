@@ -1227,9 +1227,15 @@ async fn serve(
     } else {
         None
     };
+    // With TLS the port speaks https: say so, as clients must (`reach agents --endpoint`).
+    let shown_endpoint = if plane.trust().tls().is_some() {
+        endpoint.replacen("http://", "https://", 1)
+    } else {
+        endpoint.clone()
+    };
     writeln!(
         std::io::stdout(),
-        "grpc         {endpoint}  ({}; health and reflection)",
+        "grpc         {shown_endpoint}  ({}; health and reflection)",
         [
             (services.registry, "reach.v1.RegistryService"),
             (services.router, "reach.v1.RouterService"),
@@ -1299,7 +1305,7 @@ async fn serve(
     let _ = futures::FutureExt::now_or_never(&mut terminated);
     // `reach agents` asks a registry: suggest it only where this process runs one.
     let agents_hint = if services.registry {
-        format!("   |   reach agents --endpoint {endpoint}")
+        format!("   |   reach agents --endpoint {shown_endpoint}")
     } else {
         String::new()
     };

@@ -157,6 +157,13 @@ fn tokens_verify_against_the_public_key_and_carry_their_grant() {
     let (ok, _, stderr) = token(&["operator", "--name", "alice", "--ttl", "0s"]);
     assert!(!ok);
     assert!(stderr.contains("ttl"), "{stderr}");
+    // A person's token, for call and tasks rules that name users.
+    let (ok, stdout, stderr) = token(&["user", "--name", "alice"]);
+    assert!(ok, "{stderr}");
+    let (id, _) = verifier.verify(stdout.trim()).unwrap();
+    assert_eq!(id.as_str(), "spiffe://reach.test/user/alice");
+    let (ok, _, stderr) = token(&["user", "--name", "a/b"]);
+    assert!(!ok && stderr.contains("not a user name"), "{stderr}");
     // As docs/security.md writes it: no --ttl, a token for an hour.
     let (ok, stdout, stderr) = token(&["operator", "--name", "alice"]);
     assert!(ok, "{stderr}");

@@ -565,10 +565,18 @@ impl RoutingTable {
             remove_member(state, &id, touched);
         }
         if !routable {
+            // A probe's error names what answered at the endpoint (refused, another
+            // identity): with trust on it is for watchers and operators (`reach agents`), not
+            // for every caller of the route — a registrant could read it back as a port scan.
+            let why = if self.trust.is_enabled() && !instance.health_probe_error.is_empty() {
+                "its health probe has not passed; `reach agents`, as an operator, shows why".into()
+            } else {
+                instance.health_probe_error
+            };
             let unroutable = Unroutable {
                 keys: route_keys(&spec),
                 state: new_state,
-                why: instance.health_probe_error,
+                why,
             };
             state.unroutable.insert(id, unroutable);
             return;

@@ -114,6 +114,16 @@ def _jittered(delay: float) -> float:
     return delay * (1.0 + _BACKOFF_JITTER * random.uniform(-1.0, 1.0))
 #: Bytes remembering one outcome costs beyond its own size (id and bookkeeping).
 _DEDUPE_ENTRY_OVERHEAD: Final = 256
+
+
+def _dedupe_key(caller: str | None, message_id: str) -> str:
+    """What a handled message's outcome is remembered under: its id, per caller when the
+    router verified one. A message id is the caller's to choose (the orchestrator's are derived
+    from task ids), so keyed by the id alone one principal's answer could be handed to
+    another's redelivery."""
+    return f"{caller}\x00{message_id}" if caller else message_id
+
+
 #: The longest a Register, a draining Heartbeat or a Deregister call may take before it counts
 #: as failed, in seconds (the Rust and TypeScript SDKs' 5 s): a hung registry cannot stall the
 #: registration loop past a lease.
@@ -845,7 +855,7 @@ class _Core:
             message_id = message.header.message_id
             if not message_id:
                 return await self._attempt(handler, ctx, message)
-            slot = self.dedupe.slot(message_id)
+            slot = self.dedupe.slot(_dedupe_key(ctx.caller, message_id))
             return await slot.get_or_init(lambda: self._attempt(handler, ctx, message))
 
     async def _attempt(self, handler: Handler, ctx: HandlerContext, message: envelope_pb2.ReachMessage) -> _Outcome:
@@ -884,7 +894,7 @@ class _Core:
             cost = outcome.ByteSize() if isinstance(outcome, envelope_pb2.ReachMessage) else (
                 len(outcome.message.encode()) + len(outcome.details_bytes())
             )
-            self.dedupe.charge(message.header.message_id, _DEDUPE_ENTRY_OVERHEAD + cost)
+            self.dedupe.charge(_dedupe_key(ctx.caller, message.header.message_id), _DEDUPE_ENTRY_OVERHEAD + cost)
         return outcome
 
     async def _call(self, handler: Handler, ctx: HandlerContext, message: envelope_pb2.ReachMessage) -> _Outcome:

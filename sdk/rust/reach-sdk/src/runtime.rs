@@ -1026,6 +1026,14 @@ async fn handle_message(
     let capability = ctx.capability.clone();
     let _in_flight_metric = crate::metrics::in_flight(&capability);
     let message_id = ctx.message_id.clone();
+    // Outcomes are remembered per caller: with trust on, the caller the router verified. A
+    // message id is the caller's to choose (and the orchestrator's are derived from task ids),
+    // so keyed by the id alone one principal could have its answer handed to another's
+    // redelivery (an agent pre-answering a node of someone else's task).
+    let dedupe_key = match &ctx.caller {
+        Some(caller) if !message_id.is_empty() => format!("{caller}\u{0}{message_id}"),
+        _ => message_id.clone(),
+    };
 
     // Cancels the handler when this call goes away (caller cancelled, deadline passed).
     let cancel_on_drop = ctx.cancellation.clone().drop_guard();
@@ -1040,7 +1048,7 @@ async fn handle_message(
         let slot = if message_id.is_empty() {
             Default::default()
         } else {
-            shared.dedupe.slot(&message_id)
+            shared.dedupe.slot(&dedupe_key)
         };
         // A message that never got a handler slot (its caller gave up while it waited, or
         // the instance shut down) was not handled: that is not remembered, so a redelivery
@@ -1088,7 +1096,7 @@ async fn handle_message(
                 if !message_id.is_empty() {
                     shared
                         .dedupe
-                        .charge(&message_id, remembered_bytes(&outcome));
+                        .charge(&dedupe_key, remembered_bytes(&outcome));
                 }
                 Ok(outcome)
             })

@@ -23,6 +23,9 @@ pub enum TokenCommand {
     Join(JoinArgs),
     /// An operator's token (subject spiffe://TD/operator/NAME), for scripts and the CLI.
     Operator(OperatorArgs),
+    /// A person's or a program's token (subject spiffe://TD/user/NAME): what the policy's
+    /// `call` and `tasks` rules name for people, at the edges, the console and the CLI.
+    User(UserArgs),
 }
 
 /// What every token command takes.
@@ -71,6 +74,17 @@ pub struct OperatorArgs {
     pub signing: SigningArgs,
 }
 
+/// `reach token user` arguments.
+#[derive(Debug, Clone, Args)]
+pub struct UserArgs {
+    /// The user's name: the token's subject is spiffe://TD/user/NAME.
+    #[arg(long)]
+    pub name: String,
+    /// The key, lifetime and audience.
+    #[command(flatten)]
+    pub signing: SigningArgs,
+}
+
 /// Parses a token lifetime: more than 0, at most [`MAX_TTL`].
 fn ttl(text: &str) -> Result<Duration, String> {
     let ttl = humantime::parse_duration(text)
@@ -86,7 +100,7 @@ fn ttl(text: &str) -> Result<Duration, String> {
     Ok(ttl)
 }
 
-/// `reach token join | operator`: writes the signed token and a newline to `out`, a note of
+/// `reach token join | operator | user`: writes the signed token and a newline to `out`, a note of
 /// what it grants and when it expires to `notes` (stderr).
 ///
 /// # Errors
@@ -150,6 +164,25 @@ pub fn token(
                 args.signing.ttl,
             );
             (args.signing, claims, format!("operator token {identity}"))
+        }
+        TokenCommand::User(args) => {
+            let identity =
+                Identity::new(&args.signing.trust_domain, &format!("/user/{}", args.name))
+                    .ok()
+                    .filter(|_| !args.name.is_empty() && !args.name.contains('/'))
+                    .ok_or_else(|| {
+                        CliError::Usage(format!(
+                            "--name {:?} is not a user name: use letters, digits, '.', '-', '_'",
+                            args.name
+                        ))
+                    })?;
+            let claims = claims(
+                identity.as_str(),
+                &args.signing.audience,
+                args.signing.issuer.as_deref(),
+                args.signing.ttl,
+            );
+            (args.signing, claims, format!("user token {identity}"))
         }
     };
     let key = std::fs::read(&signing.key).map_err(|e| {

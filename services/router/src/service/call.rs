@@ -31,6 +31,10 @@ use crate::metrics::{self, RouteMetrics};
 use crate::protocol::{AdapterExt, VersionPlan};
 use crate::retry::{Classified, classify};
 
+/// The header metadata key under which a ledger entry names the verified caller that routed
+/// the message (the same key as the gRPC metadata the router sets for agents).
+const CALLER_METADATA: &str = "x-reach-caller";
+
 impl Router {
     /// `RouterService.Call`.
     pub(super) async fn serve_call(
@@ -379,7 +383,20 @@ impl Router {
                     .as_ref()
                     .is_some_and(|h| !h.task_id.is_empty())
             })
-            .map(|sink| (sink, message.clone(), std::time::SystemTime::now()));
+            .map(|sink| {
+                // The ledger says who routed the message: a caller may name any task id, so
+                // its entries are attributed to the identity the router verified (replacing
+                // whatever the caller wrote under that key), never passed off as another's.
+                let mut recorded = message.clone();
+                if self.table().trust().is_enabled()
+                    && let Some(header) = recorded.header.as_mut()
+                {
+                    header
+                        .metadata
+                        .insert(CALLER_METADATA.to_string(), caller.name().to_string());
+                }
+                (sink, recorded, std::time::SystemTime::now())
+            });
         let result = self
             .call_routed(message, metadata, key, caller_deadline, started)
             .instrument(span.clone())
