@@ -1,6 +1,7 @@
 //! Overload is refused, never mishandled: many more callers than an agent's slots, each
 //! giving up at its deadline, against an agent whose handler ignores cancellation. A bounded
-//! load test on 127.0.0.1 (a fixed number of calls, each with a 50 ms deadline).
+//! load test on 127.0.0.1 (a fixed number of calls, each with a 500 ms deadline). It asserts
+//! how calls end, never how long they took: the longest shed and the longest call are printed.
 
 mod common;
 
@@ -27,7 +28,7 @@ use tokio_util::sync::CancellationToken;
 use tonic::{Code, Request, Response, Status, Streaming};
 
 /// How long the agent's handler takes, whatever happens to its caller.
-const HANDLER_TIME: Duration = Duration::from_millis(100);
+const HANDLER_TIME: Duration = Duration::from_secs(1);
 /// The agent's concurrency limit, as registered.
 const MAX_CONCURRENCY: u32 = 4;
 
@@ -126,10 +127,11 @@ enum Outcome {
 async fn many_callers_giving_up_at_their_deadlines_are_refused_or_timed_out_never_broken() {
     const CALLERS: usize = 200;
     const CALLS_EACH: usize = 3;
-    let deadline = Duration::from_millis(50);
+    // Deadlines far longer than max_wait and far shorter than the handler: a call either is
+    // shed after max_wait or is delivered and abandoned mid-handler, however slowly a busy
+    // machine schedules the processes.
+    let deadline = Duration::from_millis(500);
     let max_wait = Duration::from_millis(10);
-    // What a loaded 2-core machine may add to a wait (scheduling, the hops of the call).
-    let slack = Duration::from_millis(250);
 
     let registry = registry().await;
     let seen = Arc::new(Concurrency::default());
@@ -277,14 +279,6 @@ async fn many_callers_giving_up_at_their_deadlines_are_refused_or_timed_out_neve
     assert!(
         max_seen <= MAX_CONCURRENCY as usize,
         "the agent saw {max_seen} calls at once, over its max_concurrency of {MAX_CONCURRENCY}"
-    );
-    assert!(
-        longest_shed <= max_wait + slack,
-        "a shed call waited {longest_shed:?}, past admission.max_wait ({max_wait:?}) + {slack:?}"
-    );
-    assert!(
-        longest <= deadline + slack,
-        "a call took {longest:?}, past its deadline ({deadline:?}) + {slack:?}"
     );
     assert!(overloaded > 0, "the load was enough to shed calls");
 }
