@@ -7,6 +7,10 @@ use serde::{Deserialize, Serialize};
 
 use crate::expr::ExprLimits;
 
+/// The WatchTask streams a caller may have open at once unless configured
+/// (`orchestrator.max_watches_per_caller`).
+pub const DEFAULT_MAX_WATCHES_PER_CALLER: usize = 64;
+
 /// How the orchestrator runs. Every field has a default, so `{}` (or an empty TOML table)
 /// is a working embedded configuration.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -131,7 +135,7 @@ impl Default for OrchestratorConfig {
             max_node_visits: 1000,
             max_concurrent_evaluations: 4,
             max_evaluations_per_flow: 2,
-            max_watches_per_caller: crate::service::DEFAULT_MAX_WATCHES_PER_CALLER,
+            max_watches_per_caller: DEFAULT_MAX_WATCHES_PER_CALLER,
             expressions: ExprLimits::default(),
             webhook_interval: Duration::from_millis(250),
             webhook_backoff: Duration::from_secs(1),

@@ -274,9 +274,7 @@ impl OrchestratorApi {
     }
 }
 
-/// The WatchTask streams a caller may have open at once unless configured
-/// (`orchestrator.max_watches_per_caller`).
-pub const DEFAULT_MAX_WATCHES_PER_CALLER: usize = 64;
+pub use crate::config::DEFAULT_MAX_WATCHES_PER_CALLER;
 
 /// The WatchTask streams open per caller.
 #[derive(Debug)]

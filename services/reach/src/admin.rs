@@ -21,68 +21,7 @@ use axum::{Json, Router};
 use reach_registry::Backend;
 use reach_trust::{Caller, Trust};
 
-/// The `[admin]` section: what the HTTP admin port (`admin_listen`) answers and how many
-/// connections it holds (`docs/configuration.md`).
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct AdminConfig {
-    /// Host names (`host` or `host:port`) the operator routes and the console answer besides
-    /// loopback ([`reach_rpc::hosts::LOOPBACK_HOSTS`]): the names browsers and operators use
-    /// to reach the port (a Kubernetes service's DNS names, an ingress host). `/health`,
-    /// `/ready` and `/metrics` answer any name.
-    pub allowed_hosts: Vec<String>,
-    /// Connections served at once (see [`reach_rpc::ConnectionLimits::max_connections`]).
-    pub max_connections: usize,
-    /// Connections one peer address holds at once; 0 for no limit of its own (see
-    /// [`reach_rpc::ConnectionLimits::max_connections_per_peer`]). Kubernetes probes all come
-    /// from the node's kubelet: keep room for them.
-    pub max_connections_per_peer: usize,
-}
-
-impl Default for AdminConfig {
-    fn default() -> Self {
-        Self {
-            allowed_hosts: Vec::new(),
-            max_connections: reach_telemetry::ADMIN_MAX_CONNECTIONS,
-            max_connections_per_peer: reach_telemetry::ADMIN_MAX_CONNECTIONS_PER_PEER,
-        }
-    }
-}
-
-impl AdminConfig {
-    /// The admin port's connection limits: these, with `server`'s handshake and header
-    /// timeouts and shutdown grace (the admin port's header timeout is at most 10 s).
-    pub fn limits(&self, server: &reach_rpc::ConnectionLimits) -> reach_rpc::ConnectionLimits {
-        let admin = reach_telemetry::admin_limits(server.shutdown_grace);
-        reach_rpc::ConnectionLimits {
-            max_connections: self.max_connections,
-            max_connections_per_peer: self.max_connections_per_peer,
-            handshake_timeout: server.handshake_timeout,
-            header_read_timeout: server.header_read_timeout.min(admin.header_read_timeout),
-            ..admin
-        }
-    }
-
-    /// Checks the settings.
-    ///
-    /// # Errors
-    /// A message naming the `admin.*` setting to fix.
-    pub fn validate(&self) -> Result<(), String> {
-        if self.max_connections == 0 {
-            return Err("admin.max_connections is 0; it must be at least 1, such as 256".into());
-        }
-        if let Some(bad) = self
-            .allowed_hosts
-            .iter()
-            .find(|h| h.trim().is_empty() || h.contains(['/', '@', ' ', '\\']))
-        {
-            return Err(format!(
-                "admin.allowed_hosts has {bad:?}, which is no host name; give `host` or `host:port`, such as \"reach-registry.reach.svc\""
-            ));
-        }
-        Ok(())
-    }
-}
+pub use crate::config::AdminConfig;
 
 /// What the `/agents` routes serve from: the local registry, if any, and the trust that
 /// authorizes their callers.

@@ -44,7 +44,7 @@ pub struct RegistryConfig {
     /// replicas share one). Default 16.
     pub max_watches_per_identity: usize,
     /// With trust on: how many of this replica's
-    /// [`MAX_WATCHES`](crate::service::MAX_WATCHES) Watch slots only routers may take, so
+    /// [`MAX_WATCHES`](crate::limits::MAX_WATCHES) Watch slots only routers may take, so
     /// that watchers of other identities never lock routers out. Default 256.
     pub router_watch_slots: usize,
     /// With trust on and `health_probe`: how many registrations one identity may make that
@@ -212,11 +212,11 @@ impl RegistryConfig {
                 "registry.max_watches_per_identity must be at least 1 (routers are not capped by it)".into(),
             ));
         }
-        if self.router_watch_slots >= crate::service::MAX_WATCHES {
+        if self.router_watch_slots >= crate::limits::MAX_WATCHES {
             return Err(ConfigError::Limit(format!(
                 "registry.router_watch_slots ({}) must be below the {} Watch streams a registry serves, leaving room for other watchers",
                 self.router_watch_slots,
-                crate::service::MAX_WATCHES
+                crate::limits::MAX_WATCHES
             )));
         }
         if self.probe_burst_per_identity == 0 || self.probes_per_second_per_identity == 0 {
@@ -628,7 +628,7 @@ mod tests {
             ),
             (
                 RegistryConfig {
-                    router_watch_slots: crate::service::MAX_WATCHES,
+                    router_watch_slots: crate::limits::MAX_WATCHES,
                     ..RegistryConfig::default()
                 },
                 "registry.router_watch_slots (1024)",

@@ -8,6 +8,9 @@ use std::time::{Duration, Instant};
 use reach_rpc::errors::{reason, status_with_reason, status_with_retry};
 use tonic::{Code, Status};
 
+/// The most Watch streams a registry serves at once (routers hold one each).
+pub const MAX_WATCHES: usize = 1024;
+
 /// Who asks for a Watch slot.
 #[derive(Debug, Clone, Copy)]
 pub enum Watcher<'a> {

@@ -393,8 +393,7 @@ impl RegistryGrpc {
     }
 }
 
-/// The most Watch streams a registry serves at once (routers hold one each).
-pub const MAX_WATCHES: usize = 1024;
+pub use crate::limits::MAX_WATCHES;
 
 /// How long resolving a registered endpoint's host name may take (with trust on).
 const RESOLVE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(2);

@@ -635,13 +635,12 @@ fn property_pointer(error: &jsonschema::ValidationError<'_>) -> String {
 }
 
 #[cfg(test)]
-mod pitfall_tests {
+mod tests {
     use super::*;
-    use serde_json::json;
 
     #[test]
     fn additional_properties_false_inside_all_of_is_found_with_its_pointer() {
-        let trap = json!({
+        let trap = serde_json::json!({
             "type": "object",
             "properties": {"inner": {"allOf": [
                 {"properties": {"a": {"type": "string"}}, "additionalProperties": false},
@@ -659,10 +658,10 @@ mod pitfall_tests {
         assert!(
             !compile_schema(inner)
                 .unwrap()
-                .is_valid(&json!({"a": "x", "b": "y"}))
+                .is_valid(&serde_json::json!({"a": "x", "b": "y"}))
         );
         // The fix passes it, and is no pitfall.
-        let fixed = json!({"allOf": [
+        let fixed = serde_json::json!({"allOf": [
             {"properties": {"a": {"type": "string"}}},
             {"properties": {"b": {"type": "string"}}}
         ], "unevaluatedProperties": false});
@@ -670,11 +669,15 @@ mod pitfall_tests {
         assert!(
             compile_schema(&fixed)
                 .unwrap()
-                .is_valid(&json!({"a": "x", "b": "y"}))
+                .is_valid(&serde_json::json!({"a": "x", "b": "y"}))
         );
-        assert!(!compile_schema(&fixed).unwrap().is_valid(&json!({"c": 1})));
+        assert!(
+            !compile_schema(&fixed)
+                .unwrap()
+                .is_valid(&serde_json::json!({"c": 1}))
+        );
         // A closed branch beside branches that declare nothing is fine.
-        let alone = json!({"allOf": [
+        let alone = serde_json::json!({"allOf": [
             {"properties": {"a": {}}, "additionalProperties": false},
             {"required": ["a"]}
         ]});
@@ -710,11 +713,6 @@ message_types:
             other => panic!("{other:?}"),
         }
     }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
 
     const FILE: &str = r#"
 capabilities:
