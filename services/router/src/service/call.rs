@@ -31,10 +31,6 @@ use crate::metrics::{self, RouteMetrics};
 use crate::protocol::{AdapterExt, VersionPlan};
 use crate::retry::{Classified, classify};
 
-/// The header metadata key under which a ledger entry names the verified caller that routed
-/// the message (the same key as the gRPC metadata the router sets for agents).
-const CALLER_METADATA: &str = "x-reach-caller";
-
 impl Router {
     /// `RouterService.Call`.
     pub(super) async fn serve_call(
@@ -391,9 +387,10 @@ impl Router {
                 if self.table().trust().is_enabled()
                     && let Some(header) = recorded.header.as_mut()
                 {
-                    header
-                        .metadata
-                        .insert(CALLER_METADATA.to_string(), caller.name().to_string());
+                    header.metadata.insert(
+                        crate::envelope::CALLER_METADATA.to_string(),
+                        caller.name().to_string(),
+                    );
                 }
                 (sink, recorded, std::time::SystemTime::now())
             });
